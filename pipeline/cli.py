@@ -1,0 +1,186 @@
+"""`rowgate` command line: parses arguments, calls the core, maps exit codes.
+
+Exit codes (pipeline.errors.ExitCode): 0 ok/PASS, 1 FAIL/ERROR/invalid,
+2 usage or configuration error, 3 nothing failed but something is PENDING.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+from rich.console import Console
+
+from pipeline import __version__
+from pipeline.errors import Error, ExitCode, UsageError
+from pipeline.gates.interface import Status
+
+logger = logging.getLogger("rowgate")
+
+STATUS_EXIT = {Status.PASS: ExitCode.OK, Status.FAIL: ExitCode.FAILED,
+               Status.ERROR: ExitCode.FAILED, Status.PENDING: ExitCode.PENDING}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        _fatal(f"{self.prog}: {message}")
+
+
+def _fatal(message: str) -> NoReturn:
+    print(f"rowgate: error: {message}", file=sys.stderr)
+    sys.exit(int(ExitCode.USAGE))
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="rowgate", description=__doc__,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"rowgate {__version__}")
+    p.add_argument("-v", "--verbose", action="store_true", help="re-raise errors with tracebacks")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    g = sub.add_parser("gate", help="run a row's gates here, seal and sign a bundle")
+    g.add_argument("row", help="row id (rows/ID.toml) or path to a row TOML")
+    g.add_argument("--repo", type=Path, default=Path.cwd(), help="subject repository (default: .)")
+    g.add_argument("--out", type=Path, default=None,
+                   help="evidence dir (default: evidence/ in the current directory)")
+    g.add_argument("--base", default=None, help="base commit (default: merge-base with main)")
+    g.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="operator setting passed to gates (e.g. nvcc=/path/to/nvcc)")
+
+    v = sub.add_parser("verify", help="verify a sealed bundle byte for byte")
+    v.add_argument("bundle", type=Path)
+    v.add_argument("--key", type=Path, help="public key PEM (key-signed bundles)")
+    v.add_argument("--identity", help="expected signer identity (keyless bundles)")
+    v.add_argument("--issuer", help="expected OIDC issuer (keyless bundles)")
+
+    i = sub.add_parser("inspect", help="show a bundle's row, subject, signer and gates")
+    i.add_argument("bundle", type=Path)
+    i.add_argument("--json", action="store_true", help="machine-readable output")
+
+    r = sub.add_parser("rows", help="list rows and which gates can run here")
+    r_sub = r.add_subparsers(dest="rows_command", parser_class=_Parser)
+    rc = r_sub.add_parser("check", help="validate one row file")
+    rc.add_argument("file", type=Path)
+
+    s = sub.add_parser("schemas", help="write schemas/*.schema.json from the models")
+    s.add_argument("--check", action="store_true", help="exit 1 if the checked-in schemas drift")
+    return p
+
+
+def main(args: list[str] | None = None) -> None:
+    logging.basicConfig(format="%(message)s", level=logging.INFO)
+    ns = _parser().parse_args(args)
+    handler = {"gate": _gate, "verify": _verify, "inspect": _inspect, "rows": _rows,
+               "schemas": _schemas}[ns.command]
+    try:
+        code = handler(ns)
+    except Error as exc:
+        exc.log_and_exit(logger, raise_error=ns.verbose)
+    except KeyboardInterrupt:
+        print("rowgate: interrupted", file=sys.stderr)
+        sys.exit(130)
+    sys.exit(int(code))
+
+
+def _options(pairs: list[str]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--option {pair!r}: expected KEY=VALUE")
+        out[key] = value
+    return out
+
+
+def _gate(ns: argparse.Namespace) -> ExitCode:
+    from pipeline import progress, report, rows, runner, signing
+
+    loaded = rows.resolve_row(ns.row)
+    signer = signing.default_signer()
+    out = ns.out or Path.cwd() / "evidence"
+    with progress.progress(len(loaded.row.gates), f"row {loaded.row.id}", ns.quiet) as prog:
+        run = runner.run_row(loaded, ns.repo.resolve(), out.resolve(), signer, prog,
+                             base=ns.base, options=_options(ns.option))
+    console = Console()
+    console.print(report.gate_table(run.results, f"{loaded.row.id}: {run.status.value}"))
+    print(run.bundle)
+    return STATUS_EXIT[run.status]
+
+
+def _open_and_verify(ns: argparse.Namespace):
+    from pipeline import signing
+    from pipeline.evidence import Bundle
+
+    bundle = Bundle.open(ns.bundle)
+    verifier = signing.verifier_for(ns.key, ns.identity, ns.issuer,
+                                    bundle.path / signing.SIGNATURE_FILE)
+    return bundle, bundle.verify(verifier)
+
+
+def _verify(ns: argparse.Namespace) -> ExitCode:
+    bundle, identity = _open_and_verify(ns)
+    print(f"OK {bundle.path}: row {bundle.manifest.row.id}, commit "
+          f"{bundle.manifest.subject.commit[:12]}, {len(bundle.manifest.files)} files, "
+          f"signed by {identity}")
+    return ExitCode.OK
+
+
+def _inspect(ns: argparse.Namespace) -> ExitCode:
+    from pipeline import report
+    from pipeline.evidence import Bundle
+
+    bundle = Bundle.open(ns.bundle)
+    if ns.json:
+        print(report.inspect_json(bundle))
+    else:
+        report.print_inspect(bundle, Console())
+    return ExitCode.OK
+
+
+def _rows(ns: argparse.Namespace) -> ExitCode:
+    from rich.table import Table
+
+    from pipeline import gates, rows
+
+    if ns.rows_command == "check":
+        loaded = rows.load_row(ns.file)
+        print(f"{ns.file}: ok ({loaded.row.id}, {len(loaded.row.gates)} gates, "
+              f"{len(loaded.row.criteria)} criteria)")
+        return ExitCode.OK
+    table = Table(title="rows", title_justify="left")
+    for col in ("row", "target", "gate", "kind", "here"):
+        table.add_column(col, overflow="fold")
+    for loaded in rows.all_rows():
+        row = loaded.row
+        for n, spec in enumerate(row.gates):
+            state, why = gates.availability(row, spec)
+            table.add_row(row.id if n == 0 else "", row.target.arch if n == 0 else "",
+                          spec.id, spec.kind, f"{state}: {why}" if why else state)
+    Console().print(table)
+    return ExitCode.OK
+
+
+def _schemas(ns: argparse.Namespace) -> ExitCode:
+    from pipeline import schemas
+
+    if ns.check:
+        drift = [name for name, schema in schemas.generate().items()
+                 if not (schemas.SCHEMAS_DIR / f"{name}.schema.json").exists()
+                 or (schemas.SCHEMAS_DIR / f"{name}.schema.json").read_text() != schemas.render(schema)]
+        if drift:
+            print(f"schemas drift from the models: {', '.join(drift)} (run nox -s schemas)")
+            return ExitCode.FAILED
+        print("schemas match the models")
+        return ExitCode.OK
+    for path in schemas.write_all():
+        print(path)
+    return ExitCode.OK
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,64 @@
+"""Gate kinds: one interface (`interface.Gate`), one module per kind."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pipeline import device
+from pipeline.gates.host import Host
+from pipeline.gates.interface import (Derived, Gate, GateContext, GateError, GateResult,
+                                      Status, run_gate)
+from pipeline.rows import Row
+
+__all__ = ["Derived", "Gate", "GateContext", "GateError", "GateResult", "Status",
+           "gate_for", "run", "DEVICE_KINDS", "IMPLEMENTED"]
+
+# Kinds that execute on the row's target device (everything but host/build/audit).
+DEVICE_KINDS = {"operator", "phase", "tokens", "throughput", "trace", "accuracy", "abi"}
+
+IMPLEMENTED: dict[str, type[Gate]] = {Host.kind: Host}
+
+
+class NotImplementedGate(Gate):
+    """A kind the row declares that this rowgate cannot run yet: ERROR, never PENDING."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+
+    def measure(self, row: Row, spec: Any, ctx: GateContext) -> None:
+        pass
+
+    def derive(self, row: Row, spec: Any, artifact_dir: Path) -> Derived:
+        return Derived(Status.ERROR, f"not implemented: gate kind {self.kind!r} is not built "
+                                     f"in this version of rowgate")
+
+
+def device_requirement(row: Row, kind: str) -> str | None:
+    """PENDING reason when the kind needs the row's device and none is here."""
+    if kind not in DEVICE_KINDS:
+        return None
+    _, _, why_not = device.select(row.target.arch, row.target.device, row.target.stand_in_arches)
+    return why_not or None
+
+
+def gate_for(kind: str) -> Gate:
+    cls = IMPLEMENTED.get(kind)
+    return cls() if cls else NotImplementedGate(kind)
+
+
+def run(row: Row, spec: Any, ctx: GateContext, bundle_root: Path) -> GateResult:
+    """`run(row, spec, ctx) -> GateResult` for any kind: device check first, so a
+    gate that needs an absent device is PENDING saying so, whatever its kind."""
+    return run_gate(gate_for(spec.kind), row, spec, ctx, bundle_root,
+                    pending=device_requirement(row, spec.kind))
+
+
+def availability(row: Row, spec: Any) -> tuple[str, str]:
+    """What `rowgate rows` shows: ("runs" | "PENDING" | "ERROR", why)."""
+    why_not = device_requirement(row, spec.kind)
+    if why_not:
+        return "PENDING", why_not
+    if spec.kind not in IMPLEMENTED:
+        return "ERROR", f"not implemented: gate kind {spec.kind!r}"
+    return "runs", ""

@@ -1,0 +1,83 @@
+"""Host gate: clean tree, DCO sign-off on every commit since the base, and the
+row's commands run in the subject repo."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import git
+
+from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Status
+from pipeline.rows import HostGate, Row
+
+SIGNED_OFF = re.compile(r"^Signed-off-by: .+ <[^<>@\s]+@[^<>\s]+>\s*$", re.MULTILINE)
+COMMAND_TIMEOUT_S = 1800
+
+
+class Host(Gate):
+    kind = "host"
+
+    def measure(self, row: Row, spec: HostGate, ctx: GateContext) -> None:
+        out = ctx.artifact_dir
+        subject = ctx.subject
+        try:
+            repo = git.Repo(ctx.repo)
+            status = repo.git.status("--porcelain", "--untracked-files=all")
+            commits = list(repo.iter_commits(f"{subject.base}..{subject.commit}"))
+        except git.GitCommandError as exc:
+            raise GateError(f"host gate: git failed in {ctx.repo}: {exc.stderr.strip()}") from exc
+        (out / "status.txt").write_text(status + ("\n" if status else ""))
+        (out / "commits.json").write_text(json.dumps(
+            [{"sha": c.hexsha, "subject": c.summary, "message": c.message} for c in commits],
+            indent=2) + "\n")
+        records = [self._run(i, cmd, ctx) for i, cmd in enumerate(spec.commands)]
+        (out / "commands.json").write_text(json.dumps(records, indent=2) + "\n")
+
+    def _run(self, i: int, argv: list[str], ctx: GateContext) -> dict:
+        ctx.progress.update(f"host: {' '.join(argv)}")
+        log = ctx.artifact_dir / f"command-{i}.log"
+        start = time.monotonic()
+        try:
+            proc = subprocess.run(argv, cwd=ctx.repo, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, timeout=COMMAND_TIMEOUT_S)
+            rc, output = proc.returncode, proc.stdout
+        except FileNotFoundError:
+            rc, output = 127, f"command not found: {argv[0]}\n".encode()
+        except subprocess.TimeoutExpired as exc:
+            rc, output = 124, (exc.stdout or b"") + f"\ntimed out after {COMMAND_TIMEOUT_S}s\n".encode()
+        log.write_bytes(output)
+        return {"argv": argv, "returncode": rc, "log": log.name,
+                "duration_s": round(time.monotonic() - start, 3)}
+
+    def derive(self, row: Row, spec: HostGate, artifact_dir: Path) -> Derived:
+        try:
+            status = (artifact_dir / "status.txt").read_text()
+            commits = json.loads((artifact_dir / "commits.json").read_text())
+            commands = json.loads((artifact_dir / "commands.json").read_text())
+        except (OSError, ValueError) as exc:
+            raise GateError(f"host gate artifacts unreadable in {artifact_dir}: {exc}") from exc
+        dirty = [line for line in status.splitlines() if line.strip()]
+        unsigned = [c for c in commits if not SIGNED_OFF.search(c["message"])]
+        failed = [c for c in commands if c["returncode"] != 0]
+        metrics = {"dirty_paths": len(dirty), "commits_since_base": len(commits),
+                   "commits_without_signoff": len(unsigned), "commands": len(commands),
+                   "commands_failed": len(failed)}
+        problems = []
+        if spec.require_clean and dirty:
+            problems.append(f"working tree not clean: {len(dirty)} path(s), first {dirty[0].strip()!r}")
+        if spec.require_dco and unsigned:
+            c = unsigned[0]
+            problems.append(f"{len(unsigned)} commit(s) without DCO Signed-off-by, first "
+                            f"{c['sha'][:12]} {c['subject']!r}")
+        if failed:
+            c = failed[0]
+            problems.append(f"command {' '.join(c['argv'])!r} exited {c['returncode']} "
+                            f"(log: {c['log']})")
+        if problems:
+            return Derived(Status.FAIL, "; ".join(problems), metrics)
+        return Derived(Status.PASS, f"clean tree, {len(commits)} commit(s) signed off, "
+                                    f"{len(commands)} command(s) passed", metrics)

@@ -1,0 +1,53 @@
+"""Rendering of core objects for people: terminal tables (HTML/Markdown later).
+
+Nothing here computes a verdict; it only shows what a bundle or run holds.
+"""
+
+from __future__ import annotations
+
+import json
+
+from rich.console import Console
+from rich.table import Table
+
+from pipeline.evidence import Bundle
+from pipeline.gates.interface import GateResult, Status
+
+STYLE = {Status.PASS: "green", Status.FAIL: "red", Status.PENDING: "yellow", Status.ERROR: "magenta"}
+KEY_METRICS = 6
+
+
+def _metrics(result: GateResult) -> str:
+    items = list(result.metrics.items())[:KEY_METRICS]
+    return ", ".join(f"{k}={v}" for k, v in items)
+
+
+def gate_table(results: list[GateResult], title: str) -> Table:
+    table = Table(title=title, title_justify="left")
+    for col in ("gate", "kind", "status", "reason", "key metrics"):
+        table.add_column(col, overflow="fold")
+    for r in results:
+        arch = f" [{r.arch}{' stand-in' if r.stand_in else ''}]" if r.arch else ""
+        table.add_row(r.gate_id, r.kind + arch, f"[{STYLE[r.status]}]{r.status.value}[/]",
+                      r.reason, _metrics(r))
+    return table
+
+
+def print_inspect(bundle: Bundle, console: Console) -> None:
+    m = bundle.manifest
+    console.print(f"bundle   {bundle.path}")
+    console.print(f"row      {m.row.id}  ({m.row.file}, sha256 {m.row.sha256[:12]}…)")
+    console.print(f"subject  {m.subject.repo} {m.subject.branch} {m.subject.commit[:12]} "
+                  f"(base {m.subject.base[:12]}, dirty={m.subject.dirty})")
+    console.print(f"signer   {m.signer}")
+    console.print(f"sealed   {m.created}   status [{STYLE[m.status]}]{m.status.value}[/]")
+    console.print(gate_table(bundle.results(), "gates"))
+
+
+def inspect_json(bundle: Bundle) -> str:
+    m = bundle.manifest
+    return json.dumps({
+        "bundle": str(bundle.path), "id": bundle.id, "row": m.row.id,
+        "subject": m.subject.model_dump(), "signer": m.signer.model_dump(),
+        "status": m.status.value, "created": m.created,
+        "gates": [json.loads(r.model_dump_json()) for r in bundle.results()]}, indent=2)

@@ -1,0 +1,70 @@
+"""JSON Schemas generated from the pydantic models, checked in under schemas/,
+and validation against them (jsonschema, Draft 2020-12)."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+from pydantic import BaseModel
+
+from pipeline.errors import VerificationError
+
+SCHEMAS_DIR = Path(__file__).resolve().parent.parent / "schemas"
+
+
+def _models() -> dict[str, type[BaseModel]]:
+    # Imported here: evidence and review import this module.
+    from pipeline.evidence import Manifest
+    from pipeline.gates.interface import GateResult
+    from pipeline.rows import Row
+
+    models: dict[str, type[BaseModel]] = {"manifest": Manifest, "gate-result": GateResult,
+                                          "row": Row}
+    try:
+        from pipeline.review import Attestation, ReviewRecord
+    except ImportError:  # review stage not present in this build
+        return models
+    models.update({"review": ReviewRecord, "attestation": Attestation})
+    return models
+
+
+def generate() -> dict[str, dict[str, Any]]:
+    out = {}
+    for name, model in _models().items():
+        schema = model.model_json_schema()
+        schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+        schema["$id"] = f"https://rowgate.dev/schemas/{name}.schema.json"
+        out[name] = schema
+    return out
+
+
+def render(schema: dict[str, Any]) -> str:
+    return json.dumps(schema, indent=2, sort_keys=True) + "\n"
+
+
+def write_all(directory: Path = SCHEMAS_DIR) -> list[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, schema in generate().items():
+        path = directory / f"{name}.schema.json"
+        path.write_text(render(schema))
+        written.append(path)
+    return written
+
+
+@cache
+def load(name: str) -> dict[str, Any]:
+    return json.loads((SCHEMAS_DIR / f"{name}.schema.json").read_text())
+
+
+def validate(name: str, instance: Any, where: str) -> None:
+    """Validate against the checked-in schema; the first error names file and key."""
+    validator = jsonschema.Draft202012Validator(load(name))
+    error = jsonschema.exceptions.best_match(validator.iter_errors(instance))
+    if error is not None:
+        path = ".".join(str(p) for p in error.absolute_path) or "(top level)"
+        raise VerificationError(f"{where}: schema {name}: {path}: {error.message}")

@@ -1,0 +1,305 @@
+"""Signers and verifiers for evidence bundles, reviews and attestations.
+
+All cryptography is Sigstore's `model-signing` (a directory signed into an
+in-toto Statement v1 inside a Sigstore bundle v0.3, one resource per file) and
+`cryptography` for key generation. There is no unsigned mode.
+
+Backends:
+* `sigstore`: keyless, chosen automatically when an ambient OIDC credential is
+  detected (e.g. a runner job with `id-token: write`);
+* `key`: ECDSA P-256 from `ROWGATE_SIGNING_KEY` (PEM path), else a key created
+  on first use under the user's config dir (announced on stderr).
+"""
+
+from __future__ import annotations
+
+import abc
+import base64
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from pipeline.errors import SigningError, UsageError, VerificationError
+
+SIGNATURE_FILE = "signature.sigstore.json"
+KEY_ENV = "ROWGATE_SIGNING_KEY"
+
+
+class SignerIdentity(BaseModel):
+    """Who signed: a key fingerprint, or an OIDC identity and its issuer."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["key", "sigstore"]
+    id: str
+    """`sha256:<hex>` of the public key PEM (the Sigstore bundle's key hint), or
+    the certificate's identity (email or workflow URI)."""
+    issuer: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.id} ({self.issuer})" if self.issuer else self.id
+
+
+def config_dir() -> Path:
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "rowgate"
+
+
+def _hashing_config(ignore: list[str]):
+    from model_signing import hashing
+
+    # max_workers=None lets model-signing hash files in parallel threads;
+    # hashlib releases the GIL, so this scales with cores.
+    return hashing.Config().use_file_serialization(
+        hashing_algorithm="sha256", allow_symlinks=False,
+        ignore_paths=[Path(p) for p in ignore])
+
+
+def _key_fingerprint(public_pem: bytes) -> str:
+    # Same digest model-signing stores as the bundle's public-key hint, so the
+    # identity can be read back from a signature without the key.
+    return "sha256:" + hashlib.sha256(public_pem).hexdigest()
+
+
+# ------------------------------------------------------------------- signers
+
+
+class Signer(abc.ABC):
+    identity: SignerIdentity
+
+    @abc.abstractmethod
+    def sign(self, directory: Path, signature: Path, ignore: list[str]) -> None:
+        """Sign every file under `directory` except `ignore` into `signature`.
+
+        Raises `SigningError`.
+        """
+
+    @abc.abstractmethod
+    def verifier(self) -> "Verifier":
+        """A verifier that accepts exactly this signer's signatures."""
+
+
+class KeySigner(Signer):
+    def __init__(self, private_key: Path):
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+
+        try:
+            key = serialization.load_pem_private_key(private_key.read_bytes(), password=None)
+        except (OSError, ValueError, TypeError) as exc:
+            raise SigningError(f"signing key {private_key}: cannot load an unencrypted PEM "
+                               f"private key") from exc
+        if not isinstance(key, ec.EllipticCurvePrivateKey) or key.curve.name != "secp256r1":
+            raise SigningError(f"signing key {private_key}: must be ECDSA P-256")
+        self.private_key = private_key
+        self.public_pem = key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        self.identity = SignerIdentity(kind="key", id=_key_fingerprint(self.public_pem))
+
+    def verifier(self) -> "Verifier":
+        return KeyVerifier(self.public_key_file())
+
+    def public_key_file(self) -> Path:
+        """The public half, written under the user's config dir (model-signing reads paths)."""
+        out = config_dir() / "public" / f"{self.identity.id.removeprefix('sha256:')[:16]}.pub.pem"
+        if not out.exists():
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_bytes(self.public_pem)
+        return out
+
+    def sign(self, directory: Path, signature: Path, ignore: list[str]) -> None:
+        from model_signing import signing
+
+        try:
+            (signing.Config().set_hashing_config(_hashing_config(ignore))
+             .use_elliptic_key_signer(private_key=self.private_key)
+             .sign(directory, signature))
+        except (OSError, ValueError) as exc:
+            raise SigningError(f"signing {directory} with key {self.identity.id} failed") from exc
+
+
+class SigstoreSigner(Signer):
+    """Keyless signing with an ambient OIDC token (Fulcio certificate + Rekor)."""
+
+    def __init__(self, token: str):
+        from sigstore.oidc import IdentityToken
+
+        self._token = IdentityToken(token)
+        self.identity = SignerIdentity(kind="sigstore", id=self._token.identity,
+                                       issuer=self._token.issuer)
+
+    def verifier(self) -> "Verifier":
+        return SigstoreVerifier(self.identity.id, self.identity.issuer)
+
+    def sign(self, directory: Path, signature: Path, ignore: list[str]) -> None:
+        from model_signing import signing
+
+        try:
+            (signing.Config().set_hashing_config(_hashing_config(ignore))
+             .use_sigstore_signer(identity_token=str(self._token))
+             .sign(directory, signature))
+        except Exception as exc:  # network/transparency-log errors have no common base
+            raise SigningError(f"keyless signing as {self.identity} failed") from exc
+
+
+def ensure_local_key(announce=lambda msg: print(msg, file=sys.stderr)) -> Path:
+    """The user's rowgate key, created on first use and announced."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key_path = config_dir() / "signing-key.pem"
+    pub_path = config_dir() / "signing-key.pub.pem"
+    if key_path.exists():
+        return key_path
+    key_path.parent.mkdir(parents=True, exist_ok=True)
+    key = ec.generate_private_key(ec.SECP256R1())
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption())
+    fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(pem)
+    pub_path.write_bytes(key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    announce(f"rowgate: created signing key {key_path}; public key {pub_path} "
+             f"(give it to reviewers: rowgate verify --key {pub_path})")
+    return key_path
+
+
+def local_public_key() -> Path:
+    return config_dir() / "signing-key.pub.pem"
+
+
+def _ambient_token() -> str | None:
+    if os.environ.get("ROWGATE_SIGNER") == "key":
+        return None
+    try:
+        from sigstore.oidc import detect_credential
+
+        return detect_credential()
+    except Exception:  # detection probes CI environments; any failure means "none"
+        return None
+
+
+def default_signer(announce=lambda msg: print(msg, file=sys.stderr)) -> Signer:
+    """Keyless when an ambient OIDC credential exists, else the configured key."""
+    token = _ambient_token()
+    if token:
+        return SigstoreSigner(token)
+    env_key = os.environ.get(KEY_ENV)
+    if env_key:
+        return KeySigner(Path(env_key))
+    return KeySigner(ensure_local_key(announce))
+
+
+# ----------------------------------------------------------------- verifiers
+
+
+class Verifier(abc.ABC):
+    @abc.abstractmethod
+    def verify(self, directory: Path, signature: Path) -> SignerIdentity:
+        """Check the signature over every file of `directory`. Raises VerificationError."""
+
+
+def _model_signing_diff(exc: Exception) -> str:
+    text = str(exc)
+    return text.replace("Signature mismatch: ", "").replace("in model '", "in '")
+
+
+class KeyVerifier(Verifier):
+    def __init__(self, public_key: Path):
+        try:
+            self.public_pem = public_key.read_bytes()
+        except OSError as exc:
+            raise UsageError(f"--key {public_key}: cannot read ({exc.strerror})") from exc
+        self.public_key = public_key
+        self.identity = SignerIdentity(kind="key", id=_key_fingerprint(self.public_pem))
+
+    def verify(self, directory: Path, signature: Path) -> SignerIdentity:
+        from model_signing import verifying
+
+        claimed = signature_identity(signature)
+        if claimed.id != self.identity.id:
+            raise VerificationError(f"{SIGNATURE_FILE}: signed by {claimed}, not by the "
+                                    f"expected key {self.identity.id}")
+        try:
+            (verifying.Config().use_elliptic_key_verifier(public_key=self.public_key)
+             .verify(directory, signature))
+        except ValueError as exc:
+            raise VerificationError(f"{SIGNATURE_FILE}: {_model_signing_diff(exc)}") from exc
+        except Exception as exc:  # cryptography raises InvalidSignature (no ValueError base)
+            raise VerificationError(f"{SIGNATURE_FILE}: signature does not verify with key "
+                                    f"{self.identity.id} ({type(exc).__name__})") from exc
+        return self.identity
+
+
+class SigstoreVerifier(Verifier):
+    def __init__(self, identity: str, issuer: str):
+        self.identity = SignerIdentity(kind="sigstore", id=identity, issuer=issuer)
+
+    def verify(self, directory: Path, signature: Path) -> SignerIdentity:
+        from model_signing import verifying
+
+        try:
+            (verifying.Config().use_sigstore_verifier(identity=self.identity.id,
+                                                      oidc_issuer=self.identity.issuer)
+             .verify(directory, signature))
+        except Exception as exc:  # sigstore raises several unrelated types
+            raise VerificationError(f"{SIGNATURE_FILE}: {_model_signing_diff(exc)}") from exc
+        return self.identity
+
+
+def signature_identity(signature: Path) -> SignerIdentity:
+    """Who a signature claims to be from, read without verifying it."""
+    try:
+        doc = json.loads(signature.read_text())
+        material = doc["verificationMaterial"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise VerificationError(f"{SIGNATURE_FILE}: not a Sigstore bundle") from exc
+    if "publicKey" in material:
+        return SignerIdentity(kind="key", id="sha256:" + material["publicKey"].get("hint", "?"))
+    cert = material.get("certificate", {}).get("rawBytes") or (
+        material.get("x509CertificateChain", {}).get("certificates", [{}])[0].get("rawBytes"))
+    if not cert:
+        raise VerificationError(f"{SIGNATURE_FILE}: no key hint and no certificate")
+    return _certificate_identity(base64.b64decode(cert))
+
+
+def _certificate_identity(der: bytes) -> SignerIdentity:
+    from cryptography import x509
+
+    cert = x509.load_der_x509_certificate(der)
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    names = san.get_values_for_type(x509.RFC822Name) or san.get_values_for_type(
+        x509.UniformResourceIdentifier)
+    issuer = ""
+    for ext in cert.extensions:  # Fulcio's OIDC issuer extensions (v2 then v1)
+        if ext.oid.dotted_string in ("1.3.6.1.4.1.57264.1.8", "1.3.6.1.4.1.57264.1.1"):
+            raw = ext.value.value
+            issuer = raw[2:].decode() if raw[:1] == b"\x0c" else raw.decode(errors="replace")
+            break
+    return SignerIdentity(kind="sigstore", id=names[0] if names else "?", issuer=issuer)
+
+
+def verifier_for(key: Path | None, identity: str | None, issuer: str | None,
+                 signature: Path) -> Verifier:
+    """The verifier a CLI invocation asks for; defaults to the local key."""
+    if identity or issuer:
+        if not (identity and issuer):
+            raise UsageError("--identity and --issuer must be given together")
+        return SigstoreVerifier(identity, issuer)
+    if key is not None:
+        return KeyVerifier(key)
+    claimed = signature_identity(signature) if signature.exists() else None
+    if claimed is not None and claimed.kind == "sigstore":
+        raise UsageError(f"bundle is signed keylessly by {claimed}: pass --identity and --issuer")
+    env_key = os.environ.get(KEY_ENV)
+    if env_key:
+        return KeySigner(Path(env_key)).verifier()
+    if local_public_key().exists():
+        return KeyVerifier(local_public_key())
+    raise UsageError("no public key to verify with: pass --key PUB.pem (or --identity/--issuer)")

@@ -1,0 +1,1 @@
+"""Engines a gate drives (oracle, candidate, fallbacks): one interface."""

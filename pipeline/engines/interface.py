@@ -1,0 +1,94 @@
+"""The one engine interface: `generate(workload) -> outputs`.
+
+An engine is started once per arm and kept alive across repeats (vLLM start-up
+is 25-80 s on a CPU); `generate` runs one pass of the workload.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+
+from pipeline.errors import Error
+
+
+class EngineError(Error):
+    """The engine could not start or a request failed."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request of a workload: token-id prompt, fixed output length."""
+
+    id: str
+    cell: str
+    """Matrix cell it belongs to (`i16-c4`)."""
+    prompt_ids: tuple[int, ...]
+    max_tokens: int
+    seed: int
+
+
+@dataclass(frozen=True)
+class WorkloadPass:
+    """Requests of one cell and the concurrency they are sent at."""
+
+    cell: str
+    concurrency: int
+    requests: tuple[Request, ...]
+    temperature: float = 0.0
+    top_k: int = -1
+    top_p: float = 1.0
+    ignore_eos: bool = True
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    id: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    """Log-probability of each generated token under the engine's own distribution."""
+    ttft_s: float | None = None
+    """Time to first token, where streamed."""
+    latency_s: float = 0.0
+    itl_s: tuple[float, ...] = field(default_factory=tuple)
+    """Inter-token latencies, where streamed."""
+
+
+@dataclass(frozen=True)
+class PassResult:
+    outputs: tuple[RequestOutput, ...]
+    wall_s: float
+    """Wall time of the whole pass (first request sent to last token received)."""
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(len(o.token_ids) for o in self.outputs)
+
+
+class Engine(abc.ABC):
+    """An arm. Use as a context manager: start on enter, stop on exit."""
+
+    name: str
+
+    @abc.abstractmethod
+    def start(self) -> None:
+        """Load the model / start the server. Raises EngineError."""
+
+    @abc.abstractmethod
+    def generate(self, work: WorkloadPass) -> PassResult:
+        """Run one pass of one cell at its concurrency. Raises EngineError."""
+
+    @abc.abstractmethod
+    def stop(self) -> None:
+        """Release everything (stop the server by its PID). Must not raise."""
+
+    @abc.abstractmethod
+    def describe(self) -> dict[str, str]:
+        """Engine, exact version, dtype, mode, model digest: recorded in the bundle."""
+
+    def __enter__(self) -> "Engine":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

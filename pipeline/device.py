@@ -98,9 +98,8 @@ def select(arch: str, selector: str = "any", stand_ins: list[str] | None = None
     found = gpus()
     if not found:
         why = nvml_unavailable_reason() or "no GPU visible to NVML"
-        return None, False, f"needs an {arch} device ({selector}); this host has none: {why}"
-    index = _selector_index(selector)
-    candidates = [g for g in found if index is None or g.index == index]
+        return None, False, f"needs an {arch} device{_named(selector)}; this host has no GPU ({why})"
+    candidates = [g for g in found if _matches(g, selector)]
     for g in candidates:
         if g.arch == arch:
             return g, False, ""
@@ -108,15 +107,23 @@ def select(arch: str, selector: str = "any", stand_ins: list[str] | None = None
         if g.arch in (stand_ins or []):
             return g, True, ""
     here = ", ".join(f"{g.name} ({g.arch})" for g in found)
-    return None, False, f"needs an {arch} device ({selector}); this host has {here}"
+    return None, False, f"needs an {arch} device{_named(selector)}; this host has {here}"
 
 
-def _selector_index(selector: str) -> int | None:
-    """`thor:gpu0` -> 0; `any` -> None."""
+def _named(selector: str) -> str:
+    return "" if selector == "any" else f" ({selector})"
+
+
+def _matches(gpu: Gpu, selector: str) -> bool:
+    """`any`; `HOST:gpuN` (index N); `name:TEXT` (TEXT in the device name)."""
+    if selector == "any":
+        return True
+    if selector.startswith("name:"):
+        return selector[5:].lower() in gpu.name.lower()
     tail = selector.rsplit(":", 1)[-1]
     if tail.startswith("gpu") and tail[3:].isdigit():
-        return int(tail[3:])
-    return None
+        return gpu.index == int(tail[3:])
+    return False
 
 
 def launcher_prefix(launcher: list[str]) -> list[str]:

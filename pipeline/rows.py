@@ -133,6 +133,8 @@ class _GateBase(_Model):
     description: str = ""
     required: bool = True
     """A required gate that is not PASS blocks the merge."""
+    device: str = ""
+    """Device selector for this gate alone (e.g. `name:H100`); default the row's."""
 
 
 class HostGate(_GateBase):

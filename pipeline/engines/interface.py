@@ -39,6 +39,8 @@ class WorkloadPass:
     top_k: int = -1
     top_p: float = 1.0
     ignore_eos: bool = True
+    prefix_caching: bool = False
+    """Rows keep it off so every repeat does the full prefill."""
 
 
 @dataclass(frozen=True)

@@ -34,12 +34,19 @@ class NotImplementedGate(Gate):
                                      f"in this version of rowgate")
 
 
-def device_requirement(row: Row, kind: str) -> str | None:
-    """PENDING reason when the kind needs the row's device and none is here."""
-    if kind not in DEVICE_KINDS:
+def device_requirement(row: Row, spec: Any) -> str | None:
+    """PENDING reason when the gate needs the row's device and none is here."""
+    if spec.kind not in DEVICE_KINDS:
         return None
-    _, _, why_not = device.select(row.target.arch, row.target.device, row.target.stand_in_arches)
-    return why_not or None
+    selector = spec.device or row.target.device
+    stand_ins = [] if spec.device else row.target.stand_in_arches
+    _, _, why_not = device.select(row.target.arch, selector, stand_ins)
+    if not why_not:
+        return None
+    declared = [p for p in row.pending if p.gate == spec.id]
+    if declared:  # the row's own words on why, and what unblocks it
+        why_not += f"; {declared[0].reason}; until {declared[0].until}"
+    return why_not
 
 
 def gate_for(kind: str) -> Gate:
@@ -51,12 +58,12 @@ def run(row: Row, spec: Any, ctx: GateContext, bundle_root: Path) -> GateResult:
     """`run(row, spec, ctx) -> GateResult` for any kind: device check first, so a
     gate that needs an absent device is PENDING saying so, whatever its kind."""
     return run_gate(gate_for(spec.kind), row, spec, ctx, bundle_root,
-                    pending=device_requirement(row, spec.kind))
+                    pending=device_requirement(row, spec))
 
 
 def availability(row: Row, spec: Any) -> tuple[str, str]:
     """What `rowgate rows` shows: ("runs" | "PENDING" | "ERROR", why)."""
-    why_not = device_requirement(row, spec.kind)
+    why_not = device_requirement(row, spec)
     if why_not:
         return "PENDING", why_not
     if spec.kind not in IMPLEMENTED:

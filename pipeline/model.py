@@ -1,0 +1,247 @@
+"""The tiny model: a Qwen3-architecture checkpoint built locally and deterministically.
+
+Nothing is downloaded. The weights come from a fixed seed, the tokenizer is a
+WordLevel vocabulary built with `tokenizers`, and the directory holds exactly
+what vLLM and transformers load offline: config.json, model.safetensors,
+tokenizer.json, tokenizer_config.json, generation_config.json.
+
+The lm_head is scaled up so greedy decoding has margins between the top two
+logits far above float32 noise: two correct float32 engines then agree token for
+token, and a disagreement means a real difference, not rounding.
+
+A build is cached by its spec under `build/models/tiny-qwen3/<spec-key>/`; its
+content digest (sha256 over the model files) is recorded beside it and
+checked on every reuse.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from pipeline.errors import UsageError
+
+BUILDER_VERSION = 1
+"""Bumped whenever the bytes a spec builds into change."""
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_ROOT = ROOT / "build" / "models" / "tiny-qwen3"
+MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors",
+               "tokenizer.json", "tokenizer_config.json")
+RECORD_FILE = "rowgate-model.json"
+"""Spec and digest of a build; not part of the digest itself."""
+
+EOS_TOKEN = "<|endoftext|>"
+UNK_TOKEN = "<unk>"
+
+
+class ModelError(UsageError):
+    """A model directory is missing, incomplete or not what its record says."""
+
+
+@dataclass(frozen=True)
+class TinyModelSpec:
+    """Everything a tiny model's bytes depend on."""
+
+    vocab_size: int = 1024
+    hidden_size: int = 128
+    intermediate_size: int = 256
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 64
+    max_position: int = 2048
+    rope_theta: float = 1_000_000.0
+    rms_norm_eps: float = 1e-6
+    seed: int = 0
+    lm_head_scale: float = 8.0
+    """Std of the logits: top-1/top-2 gaps are then O(1), float32 noise O(1e-5)."""
+
+    def key(self) -> str:
+        doc = json.dumps({"builder": BUILDER_VERSION, **asdict(self)}, sort_keys=True)
+        return hashlib.sha256(doc.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What engines and workloads need to know about a model directory."""
+
+    path: Path
+    digest: str
+    vocab_size: int
+    eos_token_id: int
+    special_ids: tuple[int, ...]
+    """Ids a prompt must not contain (EOS, UNK, any added special token)."""
+
+    def describe(self) -> dict[str, str]:
+        return {"model_path": str(self.path), "model_digest": self.digest}
+
+
+# ------------------------------------------------------------------- digest
+
+
+def model_digest(path: Path) -> str:
+    """`sha256:<hex>` over the model files' names and contents, in name order."""
+    h = hashlib.sha256()
+    for name in MODEL_FILES:
+        file = path / name
+        if not file.is_file():
+            raise ModelError(f"{path}: model file {name} is missing")
+        h.update(name.encode() + b"\0")
+        h.update(hashlib.sha256(file.read_bytes()).digest())
+    return "sha256:" + h.hexdigest()
+
+
+def model_info(path: Path) -> ModelInfo:
+    """Read vocab size and special ids of a Qwen3-style model directory."""
+    try:
+        config = json.loads((path / "config.json").read_text())
+        tokenizer = json.loads((path / "tokenizer.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"{path}: cannot read config.json / tokenizer.json") from exc
+    eos = config.get("eos_token_id")
+    eos_ids = eos if isinstance(eos, list) else [eos]
+    special = {t["id"] for t in tokenizer.get("added_tokens", []) if t.get("special")}
+    special.update(i for i in eos_ids if isinstance(i, int))
+    return ModelInfo(path=path, digest=model_digest(path), vocab_size=int(config["vocab_size"]),
+                     eos_token_id=int(eos_ids[0]), special_ids=tuple(sorted(special)))
+
+
+# -------------------------------------------------------------------- build
+
+
+def _config(spec: TinyModelSpec) -> dict:
+    # Written by hand (not Qwen3Config.to_json) so the bytes do not depend on
+    # the installed transformers version.
+    return {
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+        "vocab_size": spec.vocab_size, "hidden_size": spec.hidden_size,
+        "intermediate_size": spec.intermediate_size,
+        "num_hidden_layers": spec.num_layers, "num_attention_heads": spec.num_heads,
+        "num_key_value_heads": spec.num_kv_heads, "head_dim": spec.head_dim,
+        "hidden_act": "silu", "max_position_embeddings": spec.max_position,
+        "rms_norm_eps": spec.rms_norm_eps,
+        "rope_theta": spec.rope_theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": spec.rope_theta},
+        "attention_bias": False, "attention_dropout": 0.0,
+        "tie_word_embeddings": False, "use_sliding_window": False, "sliding_window": None,
+        "max_window_layers": spec.num_layers, "initializer_range": 0.02,
+        "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0,
+        "dtype": "float32", "torch_dtype": "float32", "use_cache": True,
+    }
+
+
+def _weights(spec: TinyModelSpec) -> dict:
+    import torch
+
+    gen = torch.Generator().manual_seed(spec.seed)
+
+    def normal(*shape: int, std: float, mean: float = 0.0):
+        return (torch.randn(*shape, generator=gen, dtype=torch.float32) * std + mean).contiguous()
+
+    def linear(out_f: int, in_f: int):
+        return normal(out_f, in_f, std=in_f ** -0.5)
+
+    h, d = spec.hidden_size, spec.head_dim
+    w = {"model.embed_tokens.weight": normal(spec.vocab_size, h, std=1.0)}
+    for i in range(spec.num_layers):
+        p = f"model.layers.{i}."
+        w[p + "input_layernorm.weight"] = normal(h, std=0.1, mean=1.0)
+        w[p + "self_attn.q_proj.weight"] = linear(spec.num_heads * d, h)
+        w[p + "self_attn.k_proj.weight"] = linear(spec.num_kv_heads * d, h)
+        w[p + "self_attn.v_proj.weight"] = linear(spec.num_kv_heads * d, h)
+        w[p + "self_attn.o_proj.weight"] = linear(h, spec.num_heads * d)
+        w[p + "self_attn.q_norm.weight"] = normal(d, std=0.1, mean=1.0)
+        w[p + "self_attn.k_norm.weight"] = normal(d, std=0.1, mean=1.0)
+        w[p + "post_attention_layernorm.weight"] = normal(h, std=0.1, mean=1.0)
+        w[p + "mlp.gate_proj.weight"] = linear(spec.intermediate_size, h)
+        w[p + "mlp.up_proj.weight"] = linear(spec.intermediate_size, h)
+        w[p + "mlp.down_proj.weight"] = linear(h, spec.intermediate_size)
+    w["model.norm.weight"] = normal(h, std=0.1, mean=1.0)
+    w["lm_head.weight"] = normal(spec.vocab_size, h, std=spec.lm_head_scale * h ** -0.5)
+    return w
+
+
+def _write_tokenizer(spec: TinyModelSpec, out: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {EOS_TOKEN: 0, UNK_TOKEN: 1}
+    vocab.update({f"t{i}": i for i in range(2, spec.vocab_size)})
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK_TOKEN))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens([EOS_TOKEN, UNK_TOKEN])
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOS_TOKEN,
+        "pad_token": EOS_TOKEN, "unk_token": UNK_TOKEN, "model_max_length": spec.max_position,
+        "clean_up_tokenization_spaces": False}, indent=2, sort_keys=True) + "\n")
+
+
+def _write_files(spec: TinyModelSpec, out: Path, weights: dict) -> None:
+    from safetensors.torch import save_file
+
+    (out / "config.json").write_text(json.dumps(_config(spec), indent=2, sort_keys=True) + "\n")
+    (out / "generation_config.json").write_text(json.dumps(
+        {"bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0}, indent=2) + "\n")
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    _write_tokenizer(spec, out)
+
+
+def _publish(tmp: Path, dest: Path, record: dict) -> None:
+    (tmp / RECORD_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    # A rename is atomic: a concurrent or interrupted build never leaves a
+    # half-written model where an engine would load it.
+    os.replace(tmp, dest)
+
+
+def _cached(dest: Path) -> ModelInfo | None:
+    try:
+        record = json.loads((dest / RECORD_FILE).read_text())
+        info = model_info(dest)
+    except (OSError, ValueError, ModelError):
+        return None
+    return info if record.get("digest") == info.digest else None
+
+
+def build_tiny_model(spec: TinyModelSpec = TinyModelSpec(), root: Path | None = None) -> ModelInfo:
+    """Build (or reuse the cached build of) the tiny model for `spec`."""
+    dest = (root or DEFAULT_ROOT) / spec.key()
+    cached = _cached(dest)
+    if cached is not None:
+        return cached
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=dest.parent))
+    try:
+        _write_files(spec, tmp, _weights(spec))
+        digest = model_digest(tmp)
+        _publish(tmp, dest, {"builder": BUILDER_VERSION, "spec": asdict(spec), "digest": digest})
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return model_info(dest)
+
+
+def perturbed_copy(src: Path, dest: Path, tensor: str, index: tuple[int, ...],
+                   delta: float) -> ModelInfo:
+    """A copy of `src` with one weight changed by `delta` (a deliberately wrong candidate)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(src / "model.safetensors"))
+    if tensor not in weights:
+        raise ModelError(f"{src}: no tensor {tensor!r} to perturb")
+    weights[tensor] = weights[tensor].clone()
+    weights[tensor][index] += torch.tensor(delta, dtype=weights[tensor].dtype)
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in MODEL_FILES:
+        if name != "model.safetensors":
+            shutil.copyfile(src / name, dest / name)
+    save_file(weights, str(dest / "model.safetensors"), metadata={"format": "pt"})
+    return model_info(dest)

@@ -242,6 +242,10 @@ class AccuracyGate(_GateBase):
     sampling: Sampling
     num_questions: Annotated[int, Field(gt=0)] = 1319
     max_tokens: Annotated[int, Field(gt=0)] = 1024
+    max_empty_rate: Annotated[float, Field(ge=0, le=1)] = 0.0
+    """Health: largest fraction of outputs with no token before EOS."""
+    max_runaway_rate: Annotated[float, Field(ge=0, le=1)] = 0.05
+    """Health: largest fraction of outputs that hit max_tokens without EOS."""
 
 
 class AbiGate(_GateBase):

@@ -8,12 +8,9 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from pathlib import Path
 from typing import NoReturn
-
-from rich.console import Console
 
 from pipeline import __version__
 from pipeline.errors import Error, ExitCode, UsageError
@@ -67,6 +64,29 @@ def _parser() -> argparse.ArgumentParser:
     rc = r_sub.add_parser("check", help="validate one row file")
     rc.add_argument("file", type=Path)
 
+    rv = sub.add_parser("review", help="review a sealed bundle: APPROVE, REJECT or PENDING, signed")
+    rv.add_argument("bundle", type=Path)
+    rv.add_argument("--repo", type=Path, default=Path.cwd(), help="reviewer's clone (default: .)")
+    rv.add_argument("--row", type=Path, default=None,
+                    help="row file (default: the path the bundle records)")
+    rv.add_argument("--reviews", type=Path, default=None,
+                    help="reviews dir (default: reviews/ in the current directory)")
+    rv.add_argument("--key", type=Path, help="public key PEM of the bundle's signer")
+    rv.add_argument("--identity", help="bundle signer's identity (keyless bundles)")
+    rv.add_argument("--issuer", help="bundle signer's OIDC issuer (keyless bundles)")
+
+    at = sub.add_parser("attest-operator",
+                        help="operator's signed statement on a reviewed bundle's hardware")
+    at.add_argument("review", type=Path, help="REVIEWS/ROW/BUNDLE-ID.review.json")
+    at.add_argument("--note", default="", help="free text recorded in the attestation")
+
+    mg = sub.add_parser("merge", help="local git merge --no-ff of an approved head (never a push)")
+    mg.add_argument("--row", required=True, help="row id or path to a row TOML")
+    mg.add_argument("--repo", type=Path, default=Path.cwd(), help="repository (default: .)")
+    mg.add_argument("--into", default=None, help="target branch (default: the row's merge_into)")
+    mg.add_argument("--reviews", type=Path, default=None,
+                    help="reviews dir (default: reviews/ in the current directory)")
+
     s = sub.add_parser("schemas", help="write schemas/*.schema.json from the models")
     s.add_argument("--check", action="store_true", help="exit 1 if the checked-in schemas drift")
     return p
@@ -76,7 +96,8 @@ def main(args: list[str] | None = None) -> None:
     logging.basicConfig(format="%(message)s", level=logging.INFO)
     ns = _parser().parse_args(args)
     handler = {"gate": _gate, "verify": _verify, "inspect": _inspect, "rows": _rows,
-               "schemas": _schemas}[ns.command]
+               "schemas": _schemas, "review": _review, "attest-operator": _attest_operator,
+               "merge": _merge}[ns.command]
     try:
         code = handler(ns)
     except Error as exc:
@@ -106,7 +127,7 @@ def _gate(ns: argparse.Namespace) -> ExitCode:
     with progress.progress(len(loaded.row.gates), f"row {loaded.row.id}", ns.quiet) as prog:
         run = runner.run_row(loaded, ns.repo.resolve(), out.resolve(), signer, prog,
                              base=ns.base, options=_options(ns.option))
-    console = Console()
+    console = report.console()
     console.print(report.gate_table(run.results, f"{loaded.row.id}: {run.status.value}"))
     print(run.bundle)
     return STATUS_EXIT[run.status]
@@ -138,14 +159,14 @@ def _inspect(ns: argparse.Namespace) -> ExitCode:
     if ns.json:
         print(report.inspect_json(bundle))
     else:
-        report.print_inspect(bundle, Console())
+        report.print_inspect(bundle, report.console())
     return ExitCode.OK
 
 
 def _rows(ns: argparse.Namespace) -> ExitCode:
     from rich.table import Table
 
-    from pipeline import gates, rows
+    from pipeline import gates, report, rows
 
     if ns.rows_command == "check":
         loaded = rows.load_row(ns.file)
@@ -161,8 +182,47 @@ def _rows(ns: argparse.Namespace) -> ExitCode:
             state, why = gates.availability(row, spec)
             table.add_row(row.id if n == 0 else "", row.target.arch if n == 0 else "",
                           spec.id, spec.kind, f"{state}: {why}" if why else state)
-    Console().print(table)
+    report.console().print(table)
     return ExitCode.OK
+
+
+def _reviews_dir(ns: argparse.Namespace) -> Path:
+    return (ns.reviews or Path.cwd() / "reviews").absolute()
+
+
+def _review(ns: argparse.Namespace) -> ExitCode:
+    from pipeline import review, signing
+
+    if ns.key is None and not (ns.identity or ns.issuer):
+        raise UsageError("review: pass --key PUB.pem of the bundle's signer "
+                         "(or --identity and --issuer for a keyless bundle)")
+    verifier = signing.verifier_for(ns.key, ns.identity, ns.issuer,
+                                    ns.bundle / signing.SIGNATURE_FILE)
+    result = review.review(ns.bundle, ns.repo.resolve(), ns.row, verifier,
+                           signing.default_signer(), _reviews_dir(ns))
+    for line in review.describe(result.record):
+        print(line)
+    print(result.path)
+    return review.VERDICT_EXIT[result.record.verdict]
+
+
+def _attest_operator(ns: argparse.Namespace) -> ExitCode:
+    from pipeline import review, signing
+
+    path = review.attest(ns.review, signing.default_signer(), ns.note)
+    print(f"operator attestation for {ns.review.name} signed")
+    print(path)
+    return ExitCode.OK
+
+
+def _merge(ns: argparse.Namespace) -> ExitCode:
+    from pipeline import merge, rows, signing
+
+    result = merge.merge(rows.resolve_row(ns.row), ns.repo.resolve(), ns.into, _reviews_dir(ns),
+                         signing.default_signer())
+    print(result.record.message, file=sys.stderr if result.exit_code else sys.stdout)
+    print(result.path)
+    return result.exit_code
 
 
 def _schemas(ns: argparse.Namespace) -> ExitCode:

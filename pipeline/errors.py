@@ -28,15 +28,18 @@ class Error(Exception):
     def diagnostics(self) -> str:
         """One line (or a few) saying what is wrong and where."""
         text = str(self)
-        if self.__cause__ is not None and str(self.__cause__) not in text:
-            text = f"{text} ({self.__cause__})"
+        cause = str(self.__cause__).strip().splitlines() if self.__cause__ is not None else []
+        if cause and cause[0] not in text:
+            text = f"{text} ({cause[0]})"
         return text
 
     def log_and_exit(self, logger: logging.Logger, raise_error: bool = False) -> NoReturn:
         """Print the diagnostics and exit; with `raise_error` (--verbose) re-raise."""
         if raise_error:
             raise self
-        logger.error(self.diagnostics())
+        logger.debug("exiting %d: %s", int(self.exit_code), type(self).__name__)
+        # stderr directly: the text is the interface (one line per problem), not a log record
+        print(self.diagnostics(), file=sys.stderr)
         sys.exit(int(self.exit_code))
 
 
@@ -53,6 +56,9 @@ class RowError(UsageError):
         self.path = path
         self.problems = problems
         super().__init__("\n".join(f"{path}: {p}" for p in problems))
+
+    def diagnostics(self) -> str:
+        return str(self)  # the problems already say everything; no cause appended
 
 
 class EvidenceError(Error):

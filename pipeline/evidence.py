@@ -15,10 +15,11 @@ import os
 import shutil
 import stat
 import tempfile
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Iterator, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -172,7 +173,7 @@ class Stage:
         results = [by_id[g] for g in order if g in by_id]
         manifest = Manifest(
             rowgate_version=__version__,
-            created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            created=datetime.now(UTC).isoformat(timespec="seconds"),
             row={"id": row.row.id, "file": row_file, "sha256": row.sha256},
             subject=subject, provenance=provenance, signer=signer.identity,
             status=overall_status([r.status for r in results]),

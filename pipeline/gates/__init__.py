@@ -7,8 +7,15 @@ from typing import Any
 
 from pipeline import device
 from pipeline.gates.host import Host
-from pipeline.gates.interface import (Derived, Gate, GateContext, GateError, GateResult,
-                                      Status, run_gate)
+from pipeline.gates.interface import (
+    Derived,
+    Gate,
+    GateContext,
+    GateError,
+    GateResult,
+    Status,
+    run_gate,
+)
 from pipeline.rows import Row
 
 __all__ = ["Derived", "Gate", "GateContext", "GateError", "GateResult", "Status",

@@ -1,0 +1,77 @@
+"""Shared fixtures: isolated signing keys, real git repositories, real rows."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import git
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from tests.support import HOST_GATE, commit_file, write_row
+
+
+def pytest_collection_modifyitems(config, items):
+    """GPU tests need a GPU: skip them here with the reason (never turn failures into skips)."""
+    if shutil.which("nvidia-smi"):
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU (run `nox -s gpu` on a GPU host / device tool)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_config(tmp_path_factory, monkeypatch):
+    """Every test gets its own rowgate config dir (and so its own signing key)."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("config")))
+    monkeypatch.setenv("ROWGATE_SIGNER", "key")  # never pick up ambient CI OIDC in tests
+    monkeypatch.delenv("ROWGATE_SIGNING_KEY", raising=False)
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+
+
+@pytest.fixture
+def make_key(tmp_path):
+    """Factory: a fresh ECDSA P-256 private key PEM on disk."""
+    def _make(name: str = "key") -> Path:
+        key = ec.generate_private_key(ec.SECP256R1())
+        path = tmp_path / f"{name}.pem"
+        path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+        return path
+    return _make
+
+
+@pytest.fixture
+def git_repo(tmp_path) -> git.Repo:
+    """A real repository: main with two signed-off commits, then a feature branch
+    with one signed-off change checked out."""
+    repo = git.Repo.init(tmp_path / "subject", initial_branch="main")
+    with repo.config_writer() as cw:
+        cw.set_value("user", "name", "Test Author")
+        cw.set_value("user", "email", "author@example.com")
+    commit_file(repo, "README.md", "subject\n", "initial")
+    commit_file(repo, "src/kernel.txt", "v1\n", "kernel v1")
+    repo.git.checkout("-b", "feature")
+    commit_file(repo, "src/kernel.txt", "v2\n", "kernel v2")
+    return repo
+
+
+@pytest.fixture
+def host_row(tmp_path) -> Path:
+    return write_row(tmp_path, "TEST-HOST", HOST_GATE)
+
+
+@pytest.fixture
+def sealed(tmp_path, git_repo, host_row):
+    """A real sealed bundle of the host gate over `git_repo`: (bundle path, signer)."""
+    from pipeline import rows, runner, signing
+    from pipeline.progress import PlainProgress
+
+    signer = signing.default_signer(announce=lambda msg: None)
+    run = runner.run_row(rows.load_row(host_row), Path(git_repo.working_dir),
+                         tmp_path / "evidence", signer, PlainProgress(quiet=True))
+    return run.bundle, signer

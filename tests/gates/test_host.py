@@ -1,0 +1,67 @@
+"""Host gate against real git repositories."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline import provenance
+from pipeline.gates.host import Host
+from pipeline.gates.interface import GateContext, Status, run_gate
+from pipeline.rows import load_row
+from tests.support import HOST_GATE, commit_file, write_row
+
+
+def _run(repo_path: Path, row_path: Path, tmp_path: Path):
+    loaded = load_row(row_path)
+    ctx = GateContext(repo=repo_path, artifact_dir=tmp_path / "stage" / "artifacts" / "host",
+                      subject=provenance.subject(repo_path), provenance=provenance.collect())
+    return run_gate(Host(), loaded.row, loaded.row.gates[0], ctx, tmp_path / "stage")
+
+
+def test_clean_signed_repo_passes(git_repo, host_row, tmp_path):
+    result = _run(Path(git_repo.working_dir), host_row, tmp_path)
+    assert result.status is Status.PASS, result.reason
+    assert result.metrics["commits_since_base"] == 1
+    assert "artifacts/host/command-0.log" in result.artifacts
+
+
+def test_dirty_tree_fails(git_repo, host_row, tmp_path):
+    (Path(git_repo.working_dir) / "untracked.txt").write_text("x\n")
+    result = _run(Path(git_repo.working_dir), host_row, tmp_path)
+    assert result.status is Status.FAIL
+    assert "working tree not clean" in result.reason and "untracked.txt" in result.reason
+
+
+def test_unsigned_commit_fails_naming_it(git_repo, host_row, tmp_path):
+    bad = commit_file(git_repo, "src/other.txt", "x\n", "no sign-off here", signoff=False)
+    result = _run(Path(git_repo.working_dir), host_row, tmp_path)
+    assert result.status is Status.FAIL
+    assert bad.hexsha[:12] in result.reason and "without DCO" in result.reason
+    assert result.metrics["commits_without_signoff"] == 1
+
+
+def test_signoff_must_be_a_trailer_with_email(git_repo, host_row, tmp_path):
+    commit_file(git_repo, "src/x.txt", "x\n", "mentions Signed-off-by: inline only", signoff=False)
+    result = _run(Path(git_repo.working_dir), host_row, tmp_path)
+    assert result.status is Status.FAIL
+
+
+def test_failing_command_fails(git_repo, tmp_path):
+    row = write_row(tmp_path, "FAILCMD", HOST_GATE.replace(
+        "print('ok')", "import sys; print('boom'); sys.exit(3)"))
+    result = _run(Path(git_repo.working_dir), row, tmp_path)
+    assert result.status is Status.FAIL and "exited 3" in result.reason
+
+
+def test_missing_command_fails(git_repo, tmp_path):
+    row = write_row(tmp_path, "NOCMD", HOST_GATE.replace('["python", "-c", "print(\'ok\')"]',
+                                                         '["no-such-tool-xyz"]'))
+    result = _run(Path(git_repo.working_dir), row, tmp_path)
+    assert result.status is Status.FAIL and "exited 127" in result.reason
+
+
+def test_derive_is_pure_and_repeatable(git_repo, host_row, tmp_path):
+    result = _run(Path(git_repo.working_dir), host_row, tmp_path)
+    again = Host().derive(load_row(host_row).row, load_row(host_row).row.gates[0],
+                          tmp_path / "stage" / "artifacts" / "host")
+    assert (again.status, again.reason, again.metrics) == (result.status, result.reason, result.metrics)

@@ -1,0 +1,64 @@
+"""Plain helpers shared by tests (fixtures live in conftest.py)."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from pathlib import Path
+
+import git
+
+SIGNOFF = "\n\nSigned-off-by: Test Author <author@example.com>\n"
+
+
+def commit_file(repo: git.Repo, name: str, content: str, message: str, signoff: bool = True) -> git.Commit:
+    path = Path(repo.working_dir) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(content)
+    repo.index.add([name])
+    return repo.index.commit(message + (SIGNOFF if signoff else "\n"))
+
+
+def write_row(directory: Path, row_id: str, body: str) -> Path:
+    """A row file `directory/ROW_ID.toml` with a standard header and the given body."""
+    header = f'''
+        id = "{row_id}"
+        title = "test row"
+        kind = "demo"
+
+        [target]
+        arch = "cpu"
+
+        [arms.oracle]
+        engine = "vllm"
+        version = "0.32.0"
+
+        [arms.candidate]
+        engine = "reference"
+
+        [workload]
+        input_lens = [16]
+        concurrency = [1]
+        output_len = 4
+    '''
+    path = directory / f"{row_id}.toml"
+    path.write_text(textwrap.dedent(header) + textwrap.dedent(body))
+    return path
+
+
+HOST_GATE = '''
+    [[gates]]
+    id = "host"
+    kind = "host"
+    commands = [["python", "-c", "print('ok')"]]
+'''
+
+
+def thaw(path: Path) -> None:
+    """Make a sealed bundle writable again so a test can tamper with it."""
+    for dirpath, _, filenames in os.walk(path):
+        os.chmod(dirpath, 0o755)
+        for f in filenames:
+            p = Path(dirpath) / f
+            if not p.is_symlink():
+                os.chmod(p, 0o644)

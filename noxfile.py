@@ -27,7 +27,7 @@ def _install(session: nox.Session, *extras: str) -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     """Run the test suite (everything but GPU tests; slow tests included)."""
-    _install(session, "test", "stats")
+    _install(session, "test", "stats", "report")
     session.run("pytest", "-m", "not gpu", *session.posargs)
 
 

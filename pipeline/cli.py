@@ -87,8 +87,22 @@ def _parser() -> argparse.ArgumentParser:
     mg.add_argument("--reviews", type=Path, default=None,
                     help="reviews dir (default: reviews/ in the current directory)")
 
+    rp = sub.add_parser("report", help="one page for a bundle: HTML (self-contained) / Markdown")
+    rp.add_argument("bundle", type=Path)
+    rp.add_argument("--html", type=Path, metavar="OUT", help="write the HTML page here")
+    rp.add_argument("--markdown", type=Path, metavar="OUT", help="write the Markdown here "
+                    "(without --html/--markdown it goes to stdout)")
+    rp.add_argument("--reviews", type=Path, default=None,
+                    help="reviews dir (default: reviews/ in the current directory)")
+    rp.add_argument("--key", type=Path, help="public key PEM of the bundle's signer")
+    rp.add_argument("--identity", help="bundle signer's identity (keyless bundles)")
+    rp.add_argument("--issuer", help="bundle signer's OIDC issuer (keyless bundles)")
+
     s = sub.add_parser("schemas", help="write schemas/*.schema.json from the models")
     s.add_argument("--check", action="store_true", help="exit 1 if the checked-in schemas drift")
+    for sp in sub.choices.values():  # `-q` also after the subcommand (`rowgate gate ROW -q`)
+        sp.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
+                        help="no progress output")
     return p
 
 
@@ -97,7 +111,7 @@ def main(args: list[str] | None = None) -> None:
     ns = _parser().parse_args(args)
     handler = {"gate": _gate, "verify": _verify, "inspect": _inspect, "rows": _rows,
                "schemas": _schemas, "review": _review, "attest-operator": _attest_operator,
-               "merge": _merge}[ns.command]
+               "merge": _merge, "report": _report}[ns.command]
     try:
         code = handler(ns)
     except Error as exc:
@@ -160,6 +174,19 @@ def _inspect(ns: argparse.Namespace) -> ExitCode:
         print(report.inspect_json(bundle))
     else:
         report.print_inspect(bundle, report.console())
+    return ExitCode.OK
+
+
+def _report(ns: argparse.Namespace) -> ExitCode:
+    from pipeline import report
+
+    page = report.report_for(ns.bundle, key=ns.key, identity=ns.identity, issuer=ns.issuer,
+                             reviews_dir=ns.reviews)
+    written, markdown = report.publish(page, html_out=ns.html, markdown_out=ns.markdown)
+    if ns.html is None and ns.markdown is None:
+        print(markdown, end="")
+    for path in written if not ns.quiet else ():
+        print(f"rowgate: wrote {path}", file=sys.stderr)
     return ExitCode.OK
 
 

@@ -1,4 +1,4 @@
-"""Rendering of core objects for people: terminal tables (HTML/Markdown later).
+"""Terminal rendering of core objects: rich tables for `rowgate gate` and `inspect`.
 
 Nothing here computes a verdict; it only shows what a bundle or run holds.
 """
@@ -15,6 +15,13 @@ from pipeline.gates.interface import GateResult, Status
 
 STYLE = {Status.PASS: "green", Status.FAIL: "red", Status.PENDING: "yellow", Status.ERROR: "magenta"}
 KEY_METRICS = 6
+PLAIN_WIDTH = 160
+
+
+def console(stderr: bool = False) -> Console:
+    """A console that does not squeeze tables to 80 columns in CI logs and pipes."""
+    c = Console(stderr=stderr)
+    return c if c.is_terminal else Console(stderr=stderr, width=PLAIN_WIDTH)
 
 
 def _metrics(result: GateResult) -> str:

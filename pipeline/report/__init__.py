@@ -1,0 +1,43 @@
+"""Rendering for people: terminal tables, and the one-page report of a bundle.
+
+`build` reads a sealed bundle into a `Report` (pure data); `html`, `markdown`
+and `plots` only lay that data out. Nothing here decides a verdict: the page
+shows the bundle's own status, whether it verified, and the review record's
+verdict when one is filed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline.report import html, markdown
+from pipeline.report.build import build, find_row, read_review, report_for, review_path, verify
+from pipeline.report.model import Report
+from pipeline.report.terminal import STYLE, console, gate_table, inspect_json, print_inspect
+
+__all__ = ["STYLE", "Report", "build", "console", "find_row", "gate_table", "inspect_json", "print_inspect",
+           "publish", "read_review", "report_for", "review_path", "verify"]
+
+
+def _write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def publish(report: Report, html_out: Path | None = None,
+            markdown_out: Path | None = None) -> tuple[list[Path], str]:
+    """Write the requested files and append the runner step summary when there is one.
+
+    Returns (paths written, the Markdown text).
+    """
+    md = markdown.render(report)
+    written = []
+    if html_out is not None:
+        written.append(_write(html_out, html.render(report)))
+    if markdown_out is not None:
+        written.append(_write(markdown_out, md))
+    summary = markdown.append_step_summary(md)
+    if summary is not None:
+        written.append(summary)
+    return written, md

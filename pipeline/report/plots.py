@@ -1,0 +1,97 @@
+"""Figures (report model data) to PNG bytes with matplotlib's Agg canvas.
+
+Nothing is computed here beyond layout: every value drawn comes from the
+figure object. No pyplot (no global state, no GUI backend): each figure is a
+`matplotlib.figure.Figure` on its own `FigureCanvasAgg`.
+"""
+
+from __future__ import annotations
+
+import io
+from functools import singledispatch
+
+from pipeline.errors import UsageError
+from pipeline.report.model import BarFigure, Figure, IntervalFigure, TimelineFigure
+
+DPI = 100
+WIDTH_IN = 9.0
+
+
+def _new(height_in: float):
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure as MplFigure
+    except ImportError as exc:
+        raise UsageError("plots need matplotlib: pip install 'rowgate[report]'") from exc
+    fig = MplFigure(figsize=(WIDTH_IN, height_in), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    # No timestamps/software tag: the same report model gives the same bytes.
+    fig.savefig(buf, format="png", metadata={"Software": None})
+    return buf.getvalue()
+
+
+@singledispatch
+def render(figure: Figure) -> bytes:
+    raise TypeError(f"no plot for {type(figure).__name__}")
+
+
+@render.register
+def _interval(figure: IntervalFigure) -> bytes:
+    fig = _new(3.6)
+    ax = fig.add_subplot()
+    x = range(len(figure.labels))
+    if figure.band is not None:
+        ax.axhspan(*figure.band, color="#d9ead3", label="minimum effect band")
+    if figure.reference is not None:
+        ax.axhline(figure.reference, color="#666666", linewidth=1, linestyle="--",
+                   label="parity")
+    lower = [v - lo for v, lo in zip(figure.values, figure.lows)]
+    upper = [hi - v for v, hi in zip(figure.values, figure.highs)]
+    ax.errorbar(list(x), figure.values, yerr=[lower, upper], fmt="o", color="#1f4e79",
+                ecolor="#1f4e79", capsize=4, label="median ratio, CI")
+    ax.set_xticks(list(x), figure.labels, rotation=30 if len(figure.labels) > 6 else 0)
+    ax.set_ylabel(figure.ylabel)
+    ax.set_title(figure.title, fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    return _png(fig)
+
+
+@render.register
+def _bar(figure: BarFigure) -> bytes:
+    fig = _new(0.6 + 0.35 * max(3, len(figure.labels)))
+    ax = fig.add_subplot()
+    y = range(len(figure.labels))
+    ax.barh(list(y), figure.values, color="#c55a11")
+    ax.set_yticks(list(y), figure.labels)
+    ax.invert_yaxis()
+    ax.set_xlabel(figure.unit)
+    ax.set_title(figure.title, fontsize=10)
+    for i, v in enumerate(figure.values):
+        ax.annotate(f"{v:.3g}", (v, i), xytext=(3, 0), textcoords="offset points",
+                    va="center", fontsize=8)
+    return _png(fig)
+
+
+@render.register
+def _timeline(figure: TimelineFigure) -> bytes:
+    lanes = list(dict.fromkeys(s.lane for s in figure.spans))
+    fig = _new(1.0 + 0.45 * max(2, len(lanes)))
+    ax = fig.add_subplot()
+    palette = ["#1f4e79", "#c55a11", "#548235", "#7030a0", "#bf9000", "#2e75b6"]
+    names = list(dict.fromkeys(s.name for s in figure.spans))
+    for i, lane in enumerate(lanes):
+        spans = [s for s in figure.spans if s.lane == lane]
+        ax.broken_barh([(s.start, s.duration) for s in spans], (i - 0.4, 0.8),
+                       facecolors=[palette[names.index(s.name) % len(palette)] for s in spans])
+    ax.set_yticks(range(len(lanes)), lanes)
+    ax.invert_yaxis()
+    ax.set_xlabel(f"time ({figure.unit}) from the first event")
+    ax.set_title(figure.title, fontsize=10)
+    ax.grid(axis="x", alpha=0.3)
+    return _png(fig)

@@ -1,0 +1,246 @@
+"""One report section per gate result: a generic view, plus richer views by kind.
+
+Every result renders from the generic `GateResult` fields alone (status,
+reason, metrics, cells, artifacts). A kind listed in `SPECIALISED` adds
+tables and figures when the data it recognises is there, and adds nothing
+otherwise, so a gate whose result shape is new still shows in full:
+
+* `throughput`: cells carrying `<prefix>ratio_median`, `<prefix>ratio_ci_low`
+  and `<prefix>ratio_ci_high` (the names `pipeline.stats` writes) become a
+  ratio-with-CI plot and a summary table per prefix;
+* `trace`: numeric metrics or cell metrics whose name contains `idle` become an
+  idle-breakdown bar chart; an artifact in Chrome trace format (a JSON object
+  with `traceEvents`, as torch.profiler and nsys export) becomes a timeline of
+  its complete (`ph: X`) events per stream;
+* `build` / `audit`: cells that name an arch (an `arch` metric, or `sm_XY` in
+  the cell name) become one resource table per arch;
+* `tokens`: cell metrics whose name contains `diverg` (first divergence: request,
+  position, both tokens) become a divergence table; JSON artifacts whose name
+  contains `diverg` holding a list of records are listed too.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline.gates.interface import GateResult, MetricValue
+from pipeline.report.model import BarFigure, Figure, IntervalFigure, Section, Span, Table, TimelineFigure
+from pipeline.report.tables import cells_table, metric_columns, metrics_table, table
+
+RATIO_METRICS = ("ratio_median", "ratio_ci_low", "ratio_ci_high")
+"""Same names as `pipeline.stats.RATIO_METRICS` (not imported: stats needs scipy)."""
+ARCH_IN_NAME = re.compile(r"\bsm_[0-9]{2,3}a?\b")
+MAX_SPANS = 4000
+MAX_ARTIFACT_BYTES = 64 << 20
+"""Larger artifacts are not parsed for the page (the bundle still holds them)."""
+
+
+@dataclass
+class Extra:
+    """What a kind adds to the generic view."""
+
+    tables: list[Table] = field(default_factory=list)
+    figures: list[Figure] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    replaces_cells: bool = False
+    """True when the tables already show every cell metric."""
+
+
+def section_for(result: GateResult, bundle_root: Path) -> Section:
+    special = SPECIALISED.get(result.kind)
+    extra = special(result, bundle_root) if special else Extra()
+    tables = [t for t in (metrics_table(result),) if t]
+    tables += extra.tables
+    if not extra.replaces_cells:
+        cells = cells_table("cell metrics", result.cells)
+        if cells:
+            tables.append(cells)
+    return Section(gate_id=result.gate_id, kind=result.kind, status=result.status,
+                   reason=result.reason, arch=result.arch, stand_in=result.stand_in,
+                   tables=tuple(tables), figures=tuple(extra.figures), notes=tuple(extra.notes),
+                   artifacts=tuple(result.artifacts))
+
+
+def _number(value: MetricValue) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+# ------------------------------------------------------------------ throughput
+
+
+def _ratio_prefixes(cells: dict[str, dict[str, MetricValue]]) -> list[str]:
+    prefixes: dict[str, None] = {}
+    for metrics in cells.values():
+        for key in metrics:
+            if key.endswith(RATIO_METRICS[0]):
+                p = key[: -len(RATIO_METRICS[0])]
+                if all(_number(metrics.get(p + m)) is not None for m in RATIO_METRICS):
+                    prefixes.setdefault(p, None)
+    return list(prefixes)
+
+
+def throughput(result: GateResult, bundle_root: Path) -> Extra:
+    extra = Extra()
+    band = None
+    min_effect = _number(result.metrics.get("min_effect"))
+    if min_effect is not None:
+        band = (1 - min_effect, 1 + min_effect)
+    for p in _ratio_prefixes(result.cells):
+        name = p.strip("._-") or "throughput"
+        rows = [(cell, m) for cell, m in result.cells.items()
+                if all(_number(m.get(p + k)) is not None for k in RATIO_METRICS)]
+        extra.figures.append(IntervalFigure(
+            title=f"{result.gate_id}: candidate / oracle {name}, median with CI per cell",
+            ylabel="candidate / oracle", labels=tuple(c for c, _ in rows),
+            values=tuple(float(m[p + "ratio_median"]) for _, m in rows),
+            lows=tuple(float(m[p + "ratio_ci_low"]) for _, m in rows),
+            highs=tuple(float(m[p + "ratio_ci_high"]) for _, m in rows), band=band))
+        wanted = [k for k in ("median_oracle", "median_candidate", "ratio_median", "ratio_ci_low",
+                              "ratio_ci_high", "p_value", "verdict")
+                  if any(p + k in m for _, m in rows)]
+        extra.tables.append(table(f"{name}: A/B per cell", ("cell", *wanted),
+                                  ([c, *(m.get(p + k) for k in wanted)] for c, m in rows)))
+    return extra
+
+
+# ----------------------------------------------------------------------- trace
+
+
+def _idle_metrics(metrics: dict[str, MetricValue]) -> list[tuple[str, float]]:
+    return [(k, v) for k, v in ((k, _number(v)) for k, v in metrics.items())
+            if "idle" in k and v is not None]
+
+
+def _bar(title: str, items: list[tuple[str, float]]) -> BarFigure:
+    fraction = all(0 <= v <= 1 for _, v in items)
+    return BarFigure(title=title, unit="fraction of the window" if fraction else "value",
+                     labels=tuple(k for k, _ in items), values=tuple(v for _, v in items))
+
+
+def _json_artifact(bundle_root: Path, rel: str) -> object | None:
+    """A JSON artifact inside the bundle, or None (not JSON, too large, outside)."""
+    path = (bundle_root / rel).resolve()
+    if not rel.endswith(".json") or not path.is_relative_to(bundle_root.resolve()):
+        return None
+    try:
+        if not path.is_file() or path.stat().st_size > MAX_ARTIFACT_BYTES:
+            return None
+        return json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+
+
+def chrome_trace_timeline(title: str, doc: object) -> TimelineFigure | None:
+    """Complete events of a Chrome-format trace, per (pid, tid) lane, in ms from the first."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+        return None
+    events = [e for e in doc["traceEvents"] if isinstance(e, dict)]
+    lane_names = {(e.get("pid"), e.get("tid")): str(e.get("args", {}).get("name"))
+                  for e in events if e.get("ph") == "M" and e.get("name") == "thread_name"
+                  and isinstance(e.get("args"), dict)}
+    complete = [e for e in events if e.get("ph") == "X" and _number(e.get("ts")) is not None
+                and _number(e.get("dur")) is not None]
+    gpu = [e for e in complete if str(e.get("cat", "")).lower() in ("kernel", "gpu_memcpy",
+                                                                     "gpu_memset")]
+    chosen = sorted(gpu or complete, key=lambda e: e["ts"])
+    if not chosen:
+        return None
+    t0 = chosen[0]["ts"]
+    spans = tuple(Span(lane=lane_names.get((e.get("pid"), e.get("tid")),
+                                           f"{e.get('pid')}/{e.get('tid')}"),
+                       start=(e["ts"] - t0) / 1000.0, duration=e["dur"] / 1000.0,
+                       name=str(e.get("name", ""))) for e in chosen[:MAX_SPANS])
+    return TimelineFigure(title=title, unit="ms", spans=spans,
+                          omitted=max(0, len(chosen) - MAX_SPANS))
+
+
+def trace(result: GateResult, bundle_root: Path) -> Extra:
+    extra = Extra()
+    idle = _idle_metrics(result.metrics)
+    if idle:
+        extra.figures.append(_bar(f"{result.gate_id}: idle breakdown", idle))
+    for cell, metrics in result.cells.items():
+        idle = _idle_metrics(metrics)
+        if idle:
+            extra.figures.append(_bar(f"{result.gate_id} {cell}: idle breakdown", idle))
+    for rel in result.artifacts:
+        timeline = chrome_trace_timeline(f"{result.gate_id}: {Path(rel).name}",
+                                         _json_artifact(bundle_root, rel))
+        if timeline:
+            extra.figures.append(timeline)
+            if timeline.omitted:
+                extra.notes.append(f"{rel}: timeline shows the first {len(timeline.spans)} "
+                                   f"events; {timeline.omitted} more are in the artifact")
+    return extra
+
+
+# ----------------------------------------------------------------- build/audit
+
+
+def _arch_of(cell: str, metrics: dict[str, MetricValue]) -> str:
+    arch = metrics.get("arch")
+    if isinstance(arch, str) and arch:
+        return arch
+    found = ARCH_IN_NAME.search(cell)
+    return found.group(0) if found else ""
+
+
+def per_arch(result: GateResult, bundle_root: Path) -> Extra:
+    groups: dict[str, dict[str, dict[str, MetricValue]]] = {}
+    for cell, metrics in result.cells.items():
+        arch = _arch_of(cell, metrics)
+        if not arch:
+            return Extra()  # cells are not per arch: the generic table shows them
+        name = ARCH_IN_NAME.sub("", cell).strip("/:._- ") or cell
+        groups.setdefault(arch, {})[name] = {k: v for k, v in metrics.items() if k != "arch"}
+    tables = [cells_table(f"{arch}: {result.kind} per kernel", cells, first_column="kernel")
+              for arch, cells in sorted(groups.items())]
+    return Extra(tables=[t for t in tables if t], replaces_cells=bool(groups))
+
+
+# ---------------------------------------------------------------------- tokens
+
+
+def _records_table(title: str, doc: object) -> Table | None:
+    if not isinstance(doc, list) or not doc or not all(isinstance(d, dict) for d in doc):
+        return None
+    columns = metric_columns(doc)
+    return table(title, columns, ([d.get(c) for c in columns] for d in doc))
+
+
+def tokens(result: GateResult, bundle_root: Path) -> Extra:
+    extra = Extra()
+    keys = [k for k in metric_columns(result.cells.values()) if "diverg" in k]
+    if keys:
+        diverged = {c: m for c, m in result.cells.items()
+                    if any(m.get(k) not in (None, "", False, 0) for k in keys)}
+        if diverged:
+            cols = [k for k in metric_columns(diverged.values())
+                    if "diverg" in k or "token" in k or "agree" in k or "request" in k
+                    or "position" in k]
+            extra.tables.append(table("first divergence per cell", ("cell", *cols),
+                                      ([c, *(m.get(k) for k in cols)]
+                                       for c, m in diverged.items())))
+        else:
+            extra.notes.append("no cell diverged from the oracle")
+    for rel in result.artifacts:
+        if "diverg" in Path(rel).name:
+            records = _records_table(f"divergences ({rel})", _json_artifact(bundle_root, rel))
+            if records:
+                extra.tables.append(records)
+    return extra
+
+
+SPECIALISED: dict[str, Callable[[GateResult, Path], Extra]] = {
+    "throughput": throughput,
+    "trace": trace,
+    "build": per_arch,
+    "audit": per_arch,
+    "tokens": tokens,
+}

@@ -1,0 +1,63 @@
+"""Tables any gate result can be shown as: its metrics, and its cells × metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from pipeline.gates.interface import GateResult, MetricValue
+from pipeline.report.model import Table
+
+MAX_ROWS = 200
+"""Rows shown per table; the sealed artifacts hold every row."""
+
+
+def fmt(value: MetricValue | object) -> str:
+    """One cell of text: 4 significant digits for floats, `—` for missing."""
+    if value is None or value == "":
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[object]],
+          status_column: int | None = None) -> Table:
+    rows = [tuple(fmt(v) for v in r) for r in rows]
+    shown = rows[:MAX_ROWS]
+    return Table(title=title, columns=tuple(columns), rows=tuple(shown),
+                 status_column=status_column, truncated=len(rows) - len(shown))
+
+
+def metric_columns(cells: Iterable[dict[str, MetricValue]]) -> list[str]:
+    """Union of the metric names, in order of first appearance."""
+    seen: dict[str, None] = {}
+    for metrics in cells:
+        for key in metrics:
+            seen.setdefault(key, None)
+    return list(seen)
+
+
+def metrics_table(result: GateResult) -> Table | None:
+    if not result.metrics:
+        return None
+    return table("metrics", ("metric", "value"), result.metrics.items())
+
+
+def cells_table(title: str, cells: dict[str, dict[str, MetricValue]],
+                first_column: str = "cell") -> Table | None:
+    if not cells:
+        return None
+    columns = metric_columns(cells.values())
+    return table(title, (first_column, *columns),
+                 ([name, *(m.get(c) for c in columns)] for name, m in cells.items()))
+
+
+def gates_table(results: Sequence[GateResult]) -> Table:
+    def where(r: GateResult) -> str:
+        return f"{r.arch} (stand-in)" if r.stand_in else r.arch
+
+    return table("gates", ("gate", "kind", "arch", "status", "reason"),
+                 ((r.gate_id, r.kind, where(r), r.status.value, r.reason) for r in results),
+                 status_column=3)

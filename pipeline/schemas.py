@@ -25,10 +25,11 @@ def _models() -> dict[str, type[BaseModel]]:
     models: dict[str, type[BaseModel]] = {"manifest": Manifest, "gate-result": GateResult,
                                           "row": Row}
     try:
+        from pipeline.merge import MergeRecord
         from pipeline.review import Attestation, ReviewRecord
     except ImportError:  # review stage not present in this build
         return models
-    models.update({"review": ReviewRecord, "attestation": Attestation})
+    models.update({"review": ReviewRecord, "attestation": Attestation, "merge": MergeRecord})
     return models
 
 

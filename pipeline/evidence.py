@@ -294,10 +294,13 @@ class Bundle:
                                     f"its manifest is for row {m.row.id!r}")
         if not (self.path / SIGNATURE_FILE).is_file():
             raise VerificationError(f"{SIGNATURE_FILE}: missing")
-        actual = digest_tree(self.path, exclude={MANIFEST_FILE, SIGNATURE_FILE})
+        actual = digest_tree(self.path, exclude={SIGNATURE_FILE})  # every byte, hashed once
+        manifest_digest = actual.pop(MANIFEST_FILE)
         _compare_files(m.files, actual)
         self._check_gate_files()
-        identity = verifier.verify(self.path, self.path / SIGNATURE_FILE)
+        signed = verifier.signed_digests(self.path / SIGNATURE_FILE)
+        _compare_signed(signed, {**actual, MANIFEST_FILE: manifest_digest})
+        identity = verifier.identity
         if identity.id != m.signer.id:
             raise VerificationError(f"{SIGNATURE_FILE}: verified as {identity}, but the manifest "
                                     f"names signer {m.signer}")
@@ -331,6 +334,17 @@ def _compare_files(listed: dict[str, FileDigest], actual: dict[str, FileDigest])
         if got != want:
             raise VerificationError(f"{rel}: sha256 {got.sha256[:16]}… size {got.size} does not "
                                     f"match the manifest's {want.sha256[:16]}… size {want.size}")
+
+
+def _compare_signed(signed: dict[str, str], actual: dict[str, FileDigest]) -> None:
+    """The signature must cover exactly the files on disk, byte for byte."""
+    for rel in sorted(set(signed) | set(actual)):
+        if rel not in signed:
+            raise VerificationError(f"{rel}: not covered by the signature")
+        if rel not in actual:
+            raise VerificationError(f"{rel}: signed but missing from the bundle")
+        if signed[rel] != actual[rel].sha256:
+            raise VerificationError(f"{rel}: sha256 differs from the signed digest")
 
 
 def find_bundles(out_dir: Path, row_id: str | None = None) -> list[Path]:

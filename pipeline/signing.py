@@ -200,9 +200,37 @@ def default_signer(announce=lambda msg: print(msg, file=sys.stderr)) -> Signer:
 
 
 class Verifier(abc.ABC):
+    identity: SignerIdentity
+    """Whom this verifier accepts."""
+
     @abc.abstractmethod
     def verify(self, directory: Path, signature: Path) -> SignerIdentity:
         """Check the signature over every file of `directory`. Raises VerificationError."""
+
+    @abc.abstractmethod
+    def signed_digests(self, signature: Path) -> dict[str, str]:
+        """Check the signature alone and return the sha256 it signs for each file.
+
+        For callers that hash the files themselves (bundles): model-signing's
+        public `verify` re-hashes every file, and a bundle's files are already
+        hashed once to check manifest.json — on multi-GB traces a second pass
+        halves verify throughput. The cryptographic check is still model-signing's
+        (its per-backend verifier classes); only the re-hash is skipped.
+        Raises VerificationError.
+        """
+
+
+def _signed_digests(verifier, signature_cls, signature: Path, who: str) -> dict[str, str]:
+    try:
+        manifest = verifier.verify(signature_cls.read(signature))
+    except Exception as exc:  # cryptography/sigstore raise unrelated exception types
+        raise VerificationError(f"{SIGNATURE_FILE}: signature does not verify as {who} "
+                                f"({type(exc).__name__}: {str(exc)[:120]})") from exc
+    kind = manifest.serialization_type
+    if kind.get("method") != "files" or kind.get("hash_type") != "sha256":
+        raise VerificationError(f"{SIGNATURE_FILE}: signs {kind.get('method')}/"
+                                f"{kind.get('hash_type')}, rowgate expects per-file sha256")
+    return {rd.identifier: rd.digest.digest_hex for rd in manifest.resource_descriptors()}
 
 
 def _model_signing_diff(exc: Exception) -> str:
@@ -236,6 +264,16 @@ class KeyVerifier(Verifier):
                                     f"{self.identity.id} ({type(exc).__name__})") from exc
         return self.identity
 
+    def signed_digests(self, signature: Path) -> dict[str, str]:
+        from model_signing._signing import sign_ec_key, sign_sigstore_pb
+
+        claimed = signature_identity(signature)
+        if claimed.id != self.identity.id:
+            raise VerificationError(f"{SIGNATURE_FILE}: signed by {claimed}, not by the "
+                                    f"expected key {self.identity.id}")
+        return _signed_digests(sign_ec_key.Verifier(self.public_key), sign_sigstore_pb.Signature,
+                               signature, f"key {self.identity.id}")
+
 
 class SigstoreVerifier(Verifier):
     def __init__(self, identity: str, issuer: str):
@@ -251,6 +289,13 @@ class SigstoreVerifier(Verifier):
         except Exception as exc:  # sigstore raises several unrelated types
             raise VerificationError(f"{SIGNATURE_FILE}: {_model_signing_diff(exc)}") from exc
         return self.identity
+
+    def signed_digests(self, signature: Path) -> dict[str, str]:
+        from model_signing._signing import sign_sigstore
+
+        verifier = sign_sigstore.Verifier(identity=self.identity.id,
+                                          oidc_issuer=self.identity.issuer)
+        return _signed_digests(verifier, sign_sigstore.Signature, signature, str(self.identity))
 
 
 def signature_identity(signature: Path) -> SignerIdentity:

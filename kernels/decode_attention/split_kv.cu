@@ -459,9 +459,16 @@ __device__ __forceinline__ void split_kv(const Params& p) {
 
 }  // namespace
 
-#define RG_KERNEL(NAME, KV, D, G, PIPE)                                              \
-  extern "C" __global__ void __launch_bounds__(kThreads) NAME(Params p) {           \
-    split_kv<KV, D, G, PIPE>(p);                                                     \
+// Scalar arguments, not a struct: launchers (cuda.core) pass scalars and pointers.
+#define RG_KERNEL(NAME, KV, D, G, PIPE)                                                  \
+  extern "C" __global__ void __launch_bounds__(kThreads) NAME(                          \
+      const __nv_bfloat16* q, const uint8_t* k, const uint8_t* v, const int* block_table,  \
+      const int* seq_lens, __nv_bfloat16* out, float* ws_acc, float* ws_ml, int* counters, \
+      int bt_stride, int num_kv_heads, int page_shift, int chunk, float qk_scale_log2,     \
+      float v_scale) {                                                                   \
+    const Params p{q, k, v, block_table, seq_lens, out, ws_acc, ws_ml, counters,         \
+                   bt_stride, num_kv_heads, page_shift, chunk, qk_scale_log2, v_scale};  \
+    split_kv<KV, D, G, PIPE>(p);                                                         \
   }
 
 #ifdef RG_ONLY_E5M2_D128_G4

@@ -1,0 +1,156 @@
+"""Build one kernel of kernels.toml for one arch, warnings as errors, cached.
+
+Each build is a directory holding everything the gates and a reviewer need: the
+exact command lines (`build.json`), each tool's log, the PTX, the cubin, and for
+nvcc builds the fatbin and the object that embeds it, with sha256 digests.
+Directories live under `build/kernels/NAME/ARCH/KEY/`, KEY = sha256 of the
+sources, the flags and the toolchain's exact versions: an unchanged re-run
+finds its directory and compiles nothing. Failed builds are cached too (the same
+inputs fail the same way).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline import kernels as kernels_toml
+from pipeline.kernels import KERNELS_DIR, KernelManifest
+from pipeline.toolchains import Toolchain
+
+BUILD_RECORD = "build.json"
+BUILD_ROOT = Path("build") / "kernels"
+COMPILE_TIMEOUT_S = 600
+PTXAS_FLAGS = ["-Werror", "-warn-spills", "-warn-lmem-usage", "-v"]
+NVCC_WARNING_FLAGS = ["-Werror", "all-warnings", "-Xptxas", "-v,-warn-spills,-warn-lmem-usage",
+                      "-Xcompiler", "-Wall,-Wextra,-Werror"]
+CXX_STD = "c++17"
+RECIPE = 1
+"""Bump when the command lines below change: part of every cache key."""
+
+
+@dataclass(frozen=True)
+class BuildDir:
+    path: Path
+    record: dict
+    cached: bool
+
+
+def sm_number(arch: str) -> str:
+    """`sm_90a` -> `90a`."""
+    return arch.removeprefix("sm_")
+
+
+def cache_key(source_digest: str, kernel: dict, arch: str, toolchain: Toolchain) -> str:
+    blob = json.dumps({"recipe": RECIPE, "source": source_digest, "kernel": kernel, "arch": arch,
+                       "toolchain": toolchain.digest()}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def build(repo: Path, manifest: KernelManifest, name: str, arch: str, toolchain: Toolchain,
+          cache_root: Path | None = None) -> BuildDir:
+    """Build kernel `name` for `arch` (or find the cached build). Never raises for a
+    compile failure: that is recorded (return codes, logs) for the gates to judge."""
+    kernel = manifest.kernels[name]
+    digest = kernels_toml.source_digest(repo, manifest, name)
+    key = cache_key(digest, kernel.model_dump(mode="json"), arch, toolchain)
+    final = (cache_root or repo / BUILD_ROOT) / name / arch / key[:24]
+    if (final / BUILD_RECORD).is_file():
+        return BuildDir(final, json.loads((final / BUILD_RECORD).read_text()), cached=True)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{key[:12]}-", dir=final.parent))
+    try:
+        root = repo / KERNELS_DIR
+        src = root / kernel.source
+        includes = [str(root / inc) for inc in manifest.include_dirs]
+        defines = [f"-D{d}" for d in kernel.defines]
+        steps = (_nvrtc_steps if toolchain.kind == "nvrtc" else _nvcc_steps)(
+            name, arch, toolchain, src, includes, defines)
+        record = {"kernel": name, "arch": arch, "source": f"{KERNELS_DIR}/{kernel.source}",
+                  "source_digest": digest, "cache_key": key, "recipe": RECIPE,
+                  "toolchain": toolchain.describe(), "steps": [], "outputs": {}}
+        for step in steps:
+            done = _run(step, work)
+            record["steps"].append(done)
+            if done["returncode"] != 0:
+                break
+        _collect(name, arch, work, record)
+        (work / BUILD_RECORD).write_text(json.dumps(record, indent=2) + "\n")
+        if final.exists():  # a concurrent build got there first: identical inputs
+            shutil.rmtree(work)
+        else:
+            os.replace(work, final)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return BuildDir(final, record, cached=False)
+
+
+def _nvrtc_steps(name: str, arch: str, tc: Toolchain, src: Path, includes: list[str],
+                 defines: list[str]) -> list[dict]:
+    sm = sm_number(arch)
+    nvrtc = [sys.executable, "-m", "pipeline._nvrtc", tc.compiler.path, str(src), f"{name}.ptx",
+             f"--gpu-architecture=compute_{sm}", f"--std={CXX_STD}",
+             *[f"-I{i}" for i in includes], *defines]
+    assert tc.ptxas is not None  # the nvrtc kind always carries its ptxas
+    ptxas = [tc.ptxas.path, f"-arch=sm_{sm}", *PTXAS_FLAGS, "-o", f"{name}.{arch}.cubin",
+             f"{name}.ptx"]
+    return [{"tool": "nvrtc", "argv": nvrtc, "log": "nvrtc.log"},
+            {"tool": "ptxas", "argv": ptxas, "log": "ptxas.log"}]
+
+
+def _nvcc_steps(name: str, arch: str, tc: Toolchain, src: Path, includes: list[str],
+                defines: list[str]) -> list[dict]:
+    sm = sm_number(arch)
+    # SASS for the arch plus its PTX (the portable JIT fallback) in one fatbin;
+    # --keep leaves the exact cubin and fatbin nvcc embedded in the object.
+    argv = [tc.compiler.path, "-c", str(src), "-o", f"{name}.o", f"-std={CXX_STD}",
+            *[f"-I{i}" for i in includes], *defines,
+            "-gencode", f"arch=compute_{sm},code=[sm_{sm},compute_{sm}]",
+            *NVCC_WARNING_FLAGS, "--keep", "--keep-dir", "keep"]
+    return [{"tool": "nvcc", "argv": argv, "log": "nvcc.log", "mkdir": "keep"}]
+
+
+def _run(step: dict, work: Path) -> dict:
+    if "mkdir" in step:
+        (work / step["mkdir"]).mkdir()
+    env = dict(os.environ)
+    # NVRTC's module is ours: make it importable from any working directory.
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(__file__).resolve().parent.parent), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    try:
+        proc = subprocess.run(step["argv"], cwd=work, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, timeout=COMPILE_TIMEOUT_S, env=env,
+                              check=False)
+        rc, out = proc.returncode, proc.stdout
+    except subprocess.TimeoutExpired as exc:
+        rc, out = 124, (exc.stdout or b"") + f"\ntimed out after {COMPILE_TIMEOUT_S}s\n".encode()
+    except OSError as exc:
+        rc, out = 127, f"{step['argv'][0]}: cannot run: {exc.strerror}\n".encode()
+    (work / step["log"]).write_bytes(out)
+    return {"tool": step["tool"], "argv": step["argv"], "returncode": rc, "log": step["log"]}
+
+
+def _collect(name: str, arch: str, work: Path, record: dict) -> None:
+    """Keep the outputs that matter (cubin, PTX, fatbin, object) and digest them."""
+    keep = work / "keep"
+    if keep.is_dir():
+        stem = record["source"].rsplit("/", 1)[-1].removesuffix(".cu")
+        for src, dst in ((f"{stem}.{arch}.cubin", f"{name}.{arch}.cubin"),
+                         (f"{stem}.fatbin", f"{name}.fatbin"), (f"{stem}.ptx", f"{name}.ptx")):
+            if (keep / src).is_file():
+                os.replace(keep / src, work / dst)
+        shutil.rmtree(keep)
+    for out in (f"{name}.ptx", f"{name}.{arch}.cubin", f"{name}.fatbin", f"{name}.o"):
+        if (work / out).is_file():
+            record["outputs"][out] = hashlib.sha256((work / out).read_bytes()).hexdigest()
+    record["cubin"] = f"{name}.{arch}.cubin" if f"{name}.{arch}.cubin" in record["outputs"] else None
+    record["fatbin"] = f"{name}.fatbin" if f"{name}.fatbin" in record["outputs"] else None
+    record["object"] = f"{name}.o" if f"{name}.o" in record["outputs"] else None

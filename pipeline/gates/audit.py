@@ -1,0 +1,234 @@
+"""Audit gate: registers, shared memory, stack, spills and local memory per kernel
+entry point per arch (ptxas report and cuobjdump resource usage), SASS rules, and
+the images embedded in each fatbin/object checked against what the build recorded.
+
+measure builds (from the same cache as the build gate: instant when it already
+ran), then writes under the artifact dir per `ARCH/KERNEL/`: the build, the
+`cuobjdump --dump-resource-usage` text, the SASS dump, and `embedded/` with the
+ELF images `cuobjdump -xelf` extracted; `audit.json` indexes them with the exact
+commands; `kernels.toml` is copied so that derive judges against the budgets
+that were in force, reading nothing outside the artifacts.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline import kernels, resources
+from pipeline.gates.build import Built, build_into, build_problems, gate_arches, read_index
+from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Progress, Status
+from pipeline.rows import AuditGate, Row
+
+AUDIT_INDEX = "audit.json"
+BUDGETS = "kernels.toml"
+TOOL_TIMEOUT_S = 300
+_EXTRACTED = re.compile(r"\.(sm_\w+)\.cubin$")
+
+
+def measure_audit(repo: Path, arches: list[str], names: list[str], options: dict[str, str],
+                  out: Path, progress: Progress, verify_embedded: bool = True) -> None:
+    built = build_into(repo, arches, names, options, out, progress)
+    shutil.copyfile(repo / kernels.KERNELS_DIR / kernels.MANIFEST, out / BUDGETS)
+    entries = []
+    for b in built:
+        progress.update(f"audit {b.kernel} for {b.arch}")
+        entries.append(_inspect(b, out, verify_embedded))
+    (out / AUDIT_INDEX).write_text(json.dumps(entries, indent=2) + "\n")
+
+
+def _tool(argv: list[str], log: Path) -> dict:
+    try:
+        proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              timeout=TOOL_TIMEOUT_S, check=False)
+        rc, text = proc.returncode, proc.stdout
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        rc, text = 127, f"{argv[0]}: {exc}\n".encode()
+    log.write_bytes(text)
+    return {"argv": argv, "returncode": rc, "output": log.name}
+
+
+def _inspect(b: Built, out: Path, verify_embedded: bool) -> dict:
+    record = json.loads((b.dir / "build.json").read_text())
+    entry: dict = {"arch": b.arch, "kernel": b.kernel, "dir": f"{b.arch}/{b.kernel}",
+                   "commands": [], "sass": None, "sass_pending": "", "embedded": [],
+                   "embedded_checked": verify_embedded}
+    cubin = record.get("cubin")
+    tc = b.toolchain
+    if not cubin or tc.cuobjdump is None:
+        entry["sass_pending"] = "no cubin was built" if not cubin else tc.sass_missing
+        return entry
+    cmd = _tool([tc.cuobjdump.path, "--dump-resource-usage", str(b.dir / cubin)],
+                b.dir / "resource-usage.txt")
+    entry["commands"].append(cmd)
+    if tc.sass_missing:
+        entry["sass_pending"] = tc.sass_missing
+    else:
+        entry["commands"].append(_tool([tc.cuobjdump.path, "-sass", str(b.dir / cubin)],
+                                       b.dir / "sass.txt"))
+        entry["sass"] = "sass.txt"
+    if verify_embedded:
+        for container in (record.get("fatbin"), record.get("object")):
+            if container:
+                entry["embedded"] += _extract(tc.cuobjdump.path, b.dir, container, entry)
+    return entry
+
+
+def _extract(cuobjdump: str, build_dir: Path, container: str, entry: dict) -> list[dict]:
+    """`cuobjdump -xelf all` into embedded/CONTAINER/; one record per image."""
+    dest = build_dir / "embedded" / container
+    dest.mkdir(parents=True)
+    with tempfile.TemporaryDirectory(prefix="rowgate-xelf-") as tmp:
+        argv = [cuobjdump, "-xelf", "all", str(build_dir / container)]
+        try:
+            proc = subprocess.run(argv, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  timeout=TOOL_TIMEOUT_S, check=False)
+            rc, text = proc.returncode, proc.stdout
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            rc, text = 127, f"{exc}\n".encode()
+        (dest.parent / f"{container}.xelf.log").write_bytes(text)
+        entry["commands"].append({"argv": argv, "returncode": rc,
+                                  "output": f"embedded/{container}.xelf.log"})
+        images = []
+        for f in sorted(Path(tmp).iterdir()):
+            shutil.copyfile(f, dest / f.name)
+            images.append({"container": container, "file": f"embedded/{container}/{f.name}"})
+    return images
+
+
+# --------------------------------------------------------------------------- derive
+
+
+@dataclass
+class AuditFindings:
+    violations: list[resources.Violation] = field(default_factory=list)
+    pending: list[str] = field(default_factory=list)
+    cells: dict[str, dict] = field(default_factory=dict)
+    images_verified: int = 0
+
+
+def derive_audit(artifact_dir: Path) -> Derived:
+    try:
+        manifest = kernels.parse((artifact_dir / BUDGETS).read_text(), BUDGETS)
+        entries = json.loads((artifact_dir / AUDIT_INDEX).read_text())
+    except (OSError, ValueError) as exc:
+        raise GateError(f"audit artifacts unreadable in {artifact_dir}: {exc}") from exc
+    records = {(e["arch"], e["kernel"]): (e, r) for e, r in read_index(artifact_dir)}
+    found = AuditFindings()
+    for entry in entries:
+        index_entry, record = records[(entry["arch"], entry["kernel"])]
+        _judge(artifact_dir, manifest, entry, index_entry, record, found)
+    metrics = {"entry_points": len(found.cells), "violations": len(found.violations),
+               "embedded_images_verified": found.images_verified,
+               "sass_pending": len(found.pending)}
+    if found.violations:
+        shown = "; ".join(str(v) for v in found.violations[:6])
+        more = f" (+{len(found.violations) - 6} more)" if len(found.violations) > 6 else ""
+        return Derived(Status.FAIL, f"{len(found.violations)} violation(s): {shown}{more}",
+                       metrics, found.cells)
+    if found.pending:
+        return Derived(Status.PENDING, "budgets hold; SASS not checked: " + found.pending[0],
+                       metrics, found.cells)
+    return Derived(Status.PASS, f"{len(found.cells)} entry point(s) within budget, SASS rules "
+                                f"hold, {found.images_verified} embedded image(s) match the build",
+                   metrics, found.cells)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError as exc:
+        raise GateError(f"{path}: unreadable: {exc.strerror}") from exc
+
+
+def _judge(root: Path, manifest: kernels.KernelManifest, entry: dict, index_entry: dict,
+           record: dict, found: AuditFindings) -> None:
+    name, arch = entry["kernel"], entry["arch"]
+    kdir = root / entry["dir"]
+    failed = build_problems(root, index_entry, record)
+    if failed:
+        found.violations.append(resources.Violation(name, "*", arch, "build", failed[0],
+                                                    "a clean build"))
+        return
+    kernel = manifest.kernels[name]
+    ptxas_log = next(s["log"] for s in record["steps"] if s["tool"] in ("ptxas", "nvcc"))
+    report = resources.parse_ptxas(_read(kdir / ptxas_log))
+    usage = resources.parse_resource_usage(_read(kdir / "resource-usage.txt"))
+    sass = resources.parse_sass(_read(kdir / entry["sass"])) if entry["sass"] else None
+    if entry["sass_pending"]:
+        found.pending.append(f"{name} {arch}: {entry['sass_pending']}")
+    if sass is not None and sass.arches and set(sass.arches) != {arch}:
+        found.violations.append(resources.Violation(name, "*", arch, "SASS arch",
+                                                    ", ".join(sass.arches), arch))
+    budget = kernel.budget(arch)
+    for ep in kernel.entry_points:
+        fn = report.get(ep)
+        found.violations += resources.check_budget(name, ep, arch, budget, fn, usage.get(ep))
+        if sass is not None:
+            found.violations += resources.check_sass(name, kernel, ep, arch, sass.opcodes.get(ep))
+        found.cells[f"{name}/{ep}@{arch}"] = _cell(fn, usage.get(ep, {}), budget, sass, ep)
+    _check_images(root, entry, record, found)
+
+
+def _cell(fn: resources.PtxasFunction | None, usage: dict[str, int], budget: kernels.Budget,
+          sass: resources.Sass | None, ep: str) -> dict:
+    fn = fn or resources.PtxasFunction(ep, "")
+    return {"registers": fn.registers, "max_registers": budget.max_registers,
+            "spill_stores": fn.spill_stores, "spill_loads": fn.spill_loads,
+            "stack_frame": fn.stack_frame, "local": max(fn.local, usage.get("LOCAL", 0)),
+            "static_shared": fn.shared, "max_static_shared": budget.max_static_shared_bytes,
+            "shared_with_reserved": usage.get("SHARED"), "cmem0": fn.cmem.get(0, usage.get("CONSTANT[0]")),
+            "barriers": fn.barriers,
+            "sass_instructions": sum(sass.opcodes.get(ep, {}).values()) if sass else None}
+
+
+def _check_images(root: Path, entry: dict, record: dict, found: AuditFindings) -> None:
+    """Each container must embed exactly one ELF, for the build's arch, byte-identical
+    to the cubin the build recorded."""
+    if not entry["embedded_checked"]:
+        return
+    want = record["outputs"][record["cubin"]]
+    arch, name = entry["arch"], entry["kernel"]
+    by_container: dict[str, list[dict]] = {}
+    for image in entry["embedded"]:
+        by_container.setdefault(image["container"], []).append(image)
+    for container in (record.get("fatbin"), record.get("object")):
+        if not container:
+            continue
+        images = by_container.get(container, [])
+        if len(images) != 1:
+            found.violations.append(resources.Violation(
+                name, "*", arch, f"{container} embedded ELF images",
+                f"{len(images)} image(s)", "exactly 1"))
+            continue
+        m = _EXTRACTED.search(images[0]["file"])
+        got_arch = m.group(1) if m else "unknown"
+        digest = resources.sha256_file(root / entry["dir"] / images[0]["file"])
+        if got_arch != arch:
+            found.violations.append(resources.Violation(
+                name, "*", arch, f"{container} embedded image arch", got_arch, arch))
+        elif digest != want:
+            found.violations.append(resources.Violation(
+                name, "*", arch, f"{container} embedded image sha256", digest[:16],
+                f"{want[:16]} (the built cubin)"))
+        else:
+            found.images_verified += 1
+
+
+class Audit(Gate):
+    kind = "audit"
+
+    def measure(self, row: Row, spec: AuditGate, ctx: GateContext) -> None:
+        measure_audit(ctx.repo, gate_arches(row, spec.arches), spec.kernels, ctx.options,
+                      ctx.artifact_dir, ctx.progress, spec.verify_embedded_images)
+
+    def derive(self, row: Row, spec: AuditGate, artifact_dir: Path) -> Derived:
+        return derive_audit(artifact_dir)
+
+    def arch(self, row: Row, ctx: GateContext) -> tuple[str, bool]:
+        return row.target.arch, False

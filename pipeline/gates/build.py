@@ -1,0 +1,202 @@
+"""Build gate: every kernel of kernels.toml for every arch the row builds, warnings
+as errors, with exact compiler versions and command lines; optionally, whether
+the pinned Triton compiles ahead of time for each arch.
+
+Raw artifacts (per arch and kernel, `ARCH/KERNEL/`): `build.json` (command lines,
+return codes, toolchain with exact versions, output digests), each tool's log,
+the PTX, cubin, fatbin and object. `builds.json` indexes them. With
+`aot_reachability`, `triton-aot/ARCH.json` holds Triton's answer per arch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline import cudabuild, kernels, resources, toolchains
+from pipeline.errors import Error
+from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Progress, Status
+from pipeline.rows import BuildGate, Row
+
+INDEX = "builds.json"
+AOT_DIR = "triton-aot"
+AOT_TIMEOUT_S = 600
+
+
+@dataclass(frozen=True)
+class Built:
+    arch: str
+    kernel: str
+    dir: Path
+    """The build's directory as copied under the artifact dir."""
+    toolchain: toolchains.Toolchain
+
+
+def gate_arches(row: Row, spec_arches: list[str]) -> list[str]:
+    return list(spec_arches) or row.build_arches()
+
+
+def build_into(repo: Path, arches: list[str], names: list[str], options: dict[str, str],
+               out: Path, progress: Progress) -> list[Built]:
+    """Build (or find cached) each kernel for each arch and copy each build to
+    `out/ARCH/KERNEL/`; write the index. Raises GateError when a toolchain or
+    kernels.toml is unusable (the gate broke, nothing was measured)."""
+    try:
+        manifest = kernels.load(repo)
+        plan = [(arch, name) for arch in arches for name in manifest.select(names, arch)]
+        chains = {arch: toolchains.for_arch(arch, options.get("nvcc")) for arch in arches}
+    except Error as exc:
+        raise GateError(exc.diagnostics()) from exc
+    if not plan:
+        raise GateError(f"nothing to build: no kernel in kernels.toml targets "
+                        f"{', '.join(arches)}")
+    built = []
+    for arch, name in plan:
+        progress.update(f"build {name} for {arch} ({chains[arch].short()})")
+        b = cudabuild.build(repo, manifest, name, arch, chains[arch])
+        dest = out / arch / name
+        if dest.exists():
+            shutil.rmtree(dest)
+        shutil.copytree(b.path, dest)
+        built.append(Built(arch, name, dest, chains[arch]))
+    (out / INDEX).write_text(json.dumps(
+        [{"arch": b.arch, "kernel": b.kernel, "dir": f"{b.arch}/{b.kernel}"} for b in built],
+        indent=2) + "\n")
+    return built
+
+
+def read_index(artifact_dir: Path) -> list[tuple[dict, dict]]:
+    """[(index entry, build.json)] from a build's artifacts; GateError if unreadable."""
+    try:
+        index = json.loads((artifact_dir / INDEX).read_text())
+        return [(e, json.loads((artifact_dir / e["dir"] / cudabuild.BUILD_RECORD).read_text()))
+                for e in index]
+    except (OSError, ValueError, KeyError) as exc:
+        raise GateError(f"build artifacts unreadable in {artifact_dir}: {exc}") from exc
+
+
+def build_problems(artifact_dir: Path, entry: dict, record: dict) -> list[str]:
+    """Why one build failed (return codes, diagnostics with their text), or []."""
+    problems = []
+    for step in record["steps"]:
+        try:
+            log = (artifact_dir / entry["dir"] / step["log"]).read_text(errors="replace")
+        except OSError as exc:
+            raise GateError(f"{entry['dir']}/{step['log']}: unreadable: {exc.strerror}") from exc
+        diags = resources.diagnostics(log, step["tool"])
+        if step["returncode"] != 0 or diags:
+            first = diags[0] if diags else "(no output)"
+            more = f" (+{len(diags) - 1} more line(s))" if len(diags) > 1 else ""
+            problems.append(f"{record['kernel']} {record['arch']}: {step['tool']} exited "
+                            f"{step['returncode']}: {first}{more}")
+    if not problems and not record.get("cubin"):
+        problems.append(f"{record['kernel']} {record['arch']}: no cubin was produced")
+    return problems
+
+
+def derive_builds(artifact_dir: Path) -> Derived:
+    builds = read_index(artifact_dir)
+    problems: list[str] = []
+    cells: dict[str, dict] = {}
+    metrics: dict = {"builds": len(builds)}
+    for entry, record in builds:
+        failed = build_problems(artifact_dir, entry, record)
+        problems += failed
+        tc = record["toolchain"]
+        metrics[f"toolchain_{record['arch']}"] = _toolchain_line(tc)
+        cells[f"{record['kernel']}@{record['arch']}"] = {
+            "status": "FAIL" if failed else "PASS",
+            "cubin_sha256": record["outputs"].get(record.get("cubin") or "", ""),
+            "toolchain": _toolchain_line(tc)}
+    metrics["builds_failed"] = sum(1 for c in cells.values() if c["status"] == "FAIL")
+    aot = _derive_aot(artifact_dir, metrics, cells)
+    if problems:
+        return Derived(Status.FAIL, "; ".join(problems) + aot, metrics, cells)
+    arches = sorted({r["arch"] for _, r in builds})
+    return Derived(Status.PASS, f"{len(builds)} build(s) clean with warnings as errors "
+                                f"({', '.join(arches)})" + aot, metrics, cells)
+
+
+def _toolchain_line(tc: dict) -> str:
+    parts = [f"{tc['name']} {tc['compiler']['version']}"]
+    if tc.get("ptxas"):
+        parts.append(f"ptxas {tc['ptxas']['version']}")
+    if tc.get("host_compiler"):
+        parts.append(f"g++ {tc['host_compiler']['version']}")
+    return " + ".join(parts)
+
+
+# ------------------------------------------------------------ Triton AOT reachability
+
+
+def measure_aot(arches: list[str], out: Path, progress: Progress) -> None:
+    """Ask the installed (pinned) Triton to compile a representative kernel ahead of
+    time for each arch, in a subprocess with a private cache: the answer is a fact."""
+    (out / AOT_DIR).mkdir(parents=True, exist_ok=True)
+    for arch in arches:
+        progress.update(f"Triton AOT for {arch}")
+        with tempfile.TemporaryDirectory(prefix="rowgate-triton-") as cache:
+            env = dict(os.environ, TRITON_CACHE_DIR=cache,
+                       PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[2]),
+                                                   os.environ.get("PYTHONPATH", "")]))
+            argv = [sys.executable, "-m", "pipeline._triton_aot", arch]
+            try:
+                proc = subprocess.run(argv, capture_output=True, text=True, env=env,
+                                      timeout=AOT_TIMEOUT_S, check=False)
+                stdout, stderr, rc = proc.stdout, proc.stderr, proc.returncode
+            except subprocess.TimeoutExpired:
+                stdout, stderr, rc = "", f"timed out after {AOT_TIMEOUT_S}s", 124
+        try:
+            answer = json.loads(stdout)
+        except ValueError:
+            answer = {"arch": arch, "reachable": False, "triton": None,
+                      "error": f"probe exited {rc}: {stderr.strip()[-2000:]}"}
+        answer["argv"] = argv
+        (out / AOT_DIR / f"{arch}.json").write_text(json.dumps(answer, indent=2) + "\n")
+        (out / AOT_DIR / f"{arch}.stderr.log").write_text(stderr)
+
+
+def _derive_aot(artifact_dir: Path, metrics: dict, cells: dict) -> str:
+    files = sorted((artifact_dir / AOT_DIR).glob("sm_*.json"))
+    said = []
+    for f in files:
+        try:
+            a = json.loads(f.read_text())
+        except (OSError, ValueError) as exc:
+            raise GateError(f"{f}: unreadable: {exc}") from exc
+        metrics[f"triton_aot_{a['arch']}"] = "yes" if a["reachable"] else "no"
+        cells[f"triton-aot@{a['arch']}"] = {"reachable": a["reachable"], "triton": a["triton"],
+                                            "error": a.get("error") or ""}
+        said.append(f"{a['arch']} {'yes' if a['reachable'] else 'no: ' + _first(a['error'])}")
+    if not files:
+        return ""
+    version = json.loads(files[0].read_text()).get("triton") or "not installed"
+    return f"; Triton {version} AOT: " + ", ".join(said)
+
+
+def _first(text: str | None) -> str:
+    lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
+    fatal = [ln for ln in lines if "fatal" in ln or "error" in ln.lower()]
+    return (fatal[-1] if fatal else lines[0] if lines else "unknown")[:200]
+
+
+class Build(Gate):
+    kind = "build"
+
+    def measure(self, row: Row, spec: BuildGate, ctx: GateContext) -> None:
+        arches = gate_arches(row, spec.arches)
+        build_into(ctx.repo, arches, spec.kernels, ctx.options, ctx.artifact_dir, ctx.progress)
+        if spec.aot_reachability:
+            measure_aot(arches, ctx.artifact_dir, ctx.progress)
+
+    def derive(self, row: Row, spec: BuildGate, artifact_dir: Path) -> Derived:
+        return derive_builds(artifact_dir)
+
+    def arch(self, row: Row, ctx: GateContext) -> tuple[str, bool]:
+        return row.target.arch, False

@@ -1,0 +1,162 @@
+"""kernels/kernels.toml: what to build, for which arches, and the budgets to hold.
+
+The only place that file is parsed. The format is documented at its top and in
+docs/build.md; unknown keys are errors naming the file and the key.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import tomllib
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from pipeline.errors import UsageError
+from pipeline.rows import ARCH_PATTERN
+
+KERNELS_DIR = "kernels"
+MANIFEST = "kernels.toml"
+Arch = Annotated[str, Field(pattern=ARCH_PATTERN)]
+Bytes = Annotated[int, Field(ge=0)]
+
+
+class KernelsError(UsageError):
+    """kernels.toml is missing or malformed, or names something that is not there."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BudgetOverride(_Model):
+    """Budget keys as written: any subset; `all` then the arch's table apply."""
+
+    max_registers: Annotated[int, Field(gt=0, le=255)] | None = None
+    max_spill_stores: Bytes | None = None
+    max_spill_loads: Bytes | None = None
+    max_stack_bytes: Bytes | None = None
+    max_local_bytes: Bytes | None = None
+    max_static_shared_bytes: Bytes | None = None
+
+
+class Budget(_Model):
+    """The resolved budget of one kernel on one arch (per entry point)."""
+
+    max_registers: int | None = None
+    """None: no register budget (ptxas' own limit applies)."""
+    max_spill_stores: int = 0
+    max_spill_loads: int = 0
+    max_stack_bytes: int = 0
+    max_local_bytes: int = 0
+    max_static_shared_bytes: int | None = None
+
+
+class SassRule(_Model):
+    entry_points: list[str] = ["*"]
+    """fnmatch patterns over the kernel's entry points."""
+    arches: list[Arch] = []
+    """Arches the rule applies to; empty means all of the kernel's arches."""
+    forbid: list[str] = []
+    """Opcode families (text before the first dot) that must not appear."""
+    require: list[str] = []
+    """Opcode families that must appear at least once."""
+
+    def applies(self, entry: str, arch: str) -> bool:
+        return (not self.arches or arch in self.arches) and any(
+            fnmatch.fnmatchcase(entry, p) for p in self.entry_points)
+
+
+class Kernel(_Model):
+    source: str
+    """The .cu file, relative to kernels/."""
+    entry_points: Annotated[list[str], Field(min_length=1)]
+    arches: Annotated[list[Arch], Field(min_length=1)]
+    defines: list[str] = []
+    budgets: dict[Literal["all"] | Arch, BudgetOverride] = {}
+    sass: list[SassRule] = []
+
+    @model_validator(mode="after")
+    def _budget_arches_are_built(self) -> "Kernel":
+        stray = [a for a in self.budgets if a != "all" and a not in self.arches]
+        if stray:
+            raise ValueError(f"budgets for {', '.join(stray)}: not in arches {self.arches}")
+        return self
+
+    def budget(self, arch: str) -> Budget:
+        merged: dict[str, int] = {}
+        for key in ("all", arch):
+            if key in self.budgets:
+                merged.update(self.budgets[key].model_dump(exclude_none=True))
+        return Budget(**merged)
+
+    def rules(self, entry: str, arch: str) -> list[SassRule]:
+        return [r for r in self.sass if r.applies(entry, arch)]
+
+
+class KernelManifest(_Model):
+    version: Literal[1]
+    include_dirs: list[str] = ["include"]
+    kernels: dict[str, Kernel]
+
+    def select(self, names: list[str], arch: str) -> list[str]:
+        """Kernels to build for `arch`: `names` (all when empty) that target it.
+
+        Raises KernelsError for a named kernel that does not exist or does not
+        list the arch: asking for it and silently building nothing would pass.
+        """
+        for name in names:
+            if name not in self.kernels:
+                raise KernelsError(f"kernel {name!r}: not in {MANIFEST} "
+                                   f"(known: {', '.join(sorted(self.kernels))})")
+            if arch not in self.kernels[name].arches:
+                raise KernelsError(f"kernel {name!r}: does not target {arch} "
+                                   f"(arches: {', '.join(self.kernels[name].arches)})")
+        return [n for n in (names or sorted(self.kernels)) if arch in self.kernels[n].arches]
+
+
+def parse(text: str, where: str) -> KernelManifest:
+    """Parse kernels.toml text; `where` names the file in errors."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise KernelsError(f"{where}: {exc}") from exc
+    try:
+        return KernelManifest.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        key = ".".join(str(p) for p in err["loc"])
+        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+        raise KernelsError(f"{where}: {key}: {msg}") from None
+
+
+def load(repo: Path) -> KernelManifest:
+    path = repo / KERNELS_DIR / MANIFEST
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise KernelsError(f"{path}: cannot read: {exc.strerror}") from exc
+    manifest = parse(text, str(path))
+    for name, kernel in manifest.kernels.items():
+        if not (repo / KERNELS_DIR / kernel.source).is_file():
+            raise KernelsError(f"{path}: kernels.{name}.source: {kernel.source} does not exist")
+    return manifest
+
+
+def source_digest(repo: Path, manifest: KernelManifest, name: str) -> str:
+    """sha256 over the kernel's source and every file under the include dirs.
+
+    Every header counts (not just the ones included): a cache keyed on less could
+    serve a stale build after a header edit.
+    """
+    root = repo / KERNELS_DIR
+    files = [root / manifest.kernels[name].source]
+    for inc in manifest.include_dirs:
+        files += sorted(p for p in (root / inc).rglob("*") if p.is_file())
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.relative_to(root).as_posix().encode() + b"\0")
+        h.update(hashlib.sha256(f.read_bytes()).digest())
+    return h.hexdigest()

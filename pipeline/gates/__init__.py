@@ -6,6 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import device
+from pipeline.gates.audit import Audit
+from pipeline.gates.build import Build
 from pipeline.gates.host import Host
 from pipeline.gates.interface import (
     Derived,
@@ -24,7 +26,7 @@ __all__ = ["Derived", "Gate", "GateContext", "GateError", "GateResult", "Status"
 # Kinds that execute on the row's target device (everything but host/build/audit).
 DEVICE_KINDS = {"operator", "phase", "tokens", "throughput", "trace", "accuracy", "abi"}
 
-IMPLEMENTED: dict[str, type[Gate]] = {Host.kind: Host}
+IMPLEMENTED: dict[str, type[Gate]] = {Host.kind: Host, Build.kind: Build, Audit.kind: Audit}
 
 
 class NotImplementedGate(Gate):

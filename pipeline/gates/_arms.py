@@ -1,0 +1,160 @@
+"""What the engine-driven gates (tokens, throughput, accuracy) share.
+
+The row's model (the tiny model is built here, real weights must already be on
+the machine), the workload passes and their digest, and the arms started once
+per gate run and stopped on every way out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+from pipeline import device
+from pipeline.engines.interface import Engine, EngineError, WorkloadPass
+from pipeline.errors import Error
+from pipeline.gates.interface import GateContext, GateError
+from pipeline.model import ModelInfo
+from pipeline.rows import Arm, ModelRef, Row
+
+TINY_MODEL = "tiny-qwen3"
+CANDIDATE_MODEL_OPTION = "candidate_model"
+"""`--option candidate_model=DIR`: the candidate arm loads this model directory
+instead of the row's (e.g. a quantized checkpoint); its digest is recorded."""
+
+
+def row_model(row: Row) -> ModelRef:
+    if not row.models:
+        raise GateError(f"row {row.id}: declares no [[models]]; the engine gates need one")
+    return row.models[0]
+
+
+def model_requirement(row: Row) -> str | None:
+    """PENDING reason when the row's model is neither buildable nor on this machine."""
+    if not row.models:
+        return None  # measure raises: a row without a model is an ERROR, not PENDING
+    ref = row.models[0]
+    if ref.name == TINY_MODEL:
+        return None
+    if not ref.weights:
+        return f"model {ref.id} ({ref.name}): the row names no local weights path"
+    if not (Path(ref.weights) / "config.json").is_file():
+        return f"model {ref.id} ({ref.name}): weights not on this machine ({ref.weights})"
+    return None
+
+
+def resolve_model(row: Row) -> ModelInfo:
+    """Build the tiny model, or read the row's local weights directory."""
+    from pipeline.model import build_tiny_model, model_info
+
+    ref = row_model(row)
+    try:
+        return build_tiny_model() if ref.name == TINY_MODEL else model_info(Path(ref.weights))
+    except Error as exc:
+        raise GateError(f"model {ref.id}: {exc.diagnostics()}") from exc
+
+
+def candidate_model(model: ModelInfo, ctx: GateContext) -> ModelInfo:
+    path = ctx.options.get(CANDIDATE_MODEL_OPTION)
+    if not path:
+        return model
+    from pipeline.model import model_info
+
+    try:
+        return model_info(Path(path))
+    except Error as exc:
+        raise GateError(f"--option {CANDIDATE_MODEL_OPTION}={path}: {exc.diagnostics()}") from exc
+
+
+def workload_passes(row: Row, model: ModelInfo) -> list[WorkloadPass]:
+    from pipeline.workload import build_passes
+
+    try:
+        return build_passes(row.workload, model.vocab_size, model.special_ids)
+    except Error as exc:
+        raise GateError(f"workload: {exc.diagnostics()}") from exc
+
+
+def digest(passes: list[WorkloadPass]) -> str:
+    from pipeline.workload import workload_digest
+
+    return workload_digest(passes)
+
+
+def select_cells(passes: list[WorkloadPass], cells: list[str]) -> list[WorkloadPass]:
+    """The passes of `cells` (all when empty), refusing names not in the matrix."""
+    if not cells:
+        return passes
+    known = {p.cell for p in passes}
+    unknown = [c for c in cells if c not in known]
+    if unknown:
+        raise GateError(f"cells {unknown}: not in the workload matrix ({', '.join(sorted(known))})")
+    return [p for p in passes if p.cell in cells]
+
+
+def device_name(row: Row) -> str:
+    """`cpu` for a CPU row, else `cuda:N` for the GPU `device.select` picks."""
+    if row.target.arch == "cpu":
+        return "cpu"
+    gpu, _, why_not = device.select(row.target.arch, row.target.device,
+                                    row.target.stand_in_arches)
+    if gpu is None:
+        raise GateError(f"no device: {why_not}")
+    return f"cuda:{gpu.index}"
+
+
+def measured_arch(row: Row) -> tuple[str, bool]:
+    """(arch the engines run on, whether it is a stand-in) for `Gate.arch`."""
+    if row.target.arch == "cpu":
+        return "cpu", False
+    gpu, stand_in, _ = device.select(row.target.arch, row.target.device,
+                                     row.target.stand_in_arches)
+    return (gpu.arch, stand_in) if gpu else ("", False)
+
+
+def gpu_index(row: Row) -> int | None:
+    name = device_name(row)
+    return int(name.split(":")[1]) if name.startswith("cuda:") else None
+
+
+@contextlib.contextmanager
+def started(arms: dict[str, tuple[Arm, ModelInfo]], row: Row, ctx: GateContext,
+            options: dict[str, str] | None = None) -> Iterator[dict[str, Engine]]:
+    """Start each arm once; stop every started arm however the block exits.
+    `options` (the gate's own, e.g. `endpoint`) override the operator's."""
+    from pipeline import engines
+
+    dev = device_name(row)
+    opts = {**ctx.options, **(options or {})}
+    with contextlib.ExitStack() as stack:
+        out: dict[str, Engine] = {}
+        for role, (arm, model) in arms.items():
+            ctx.progress.update(f"starting {role} ({arm.engine.value}) on {dev}")
+            try:
+                engine = engines.create(arm, model.path, device=dev, options=opts)
+                stack.enter_context(engine)
+            except Error as exc:
+                raise GateError(f"{role} arm ({arm.engine.value}) did not start: "
+                                f"{exc.diagnostics()}") from exc
+            out[role] = engine
+        yield out
+
+
+def generate(engine: Engine, role: str, work: WorkloadPass) -> object:
+    try:
+        return engine.generate(work)
+    except EngineError as exc:
+        raise GateError(f"{role} arm failed on cell {work.cell}: {exc.diagnostics()}") from exc
+
+
+def write_json(path: Path, doc: object) -> None:
+    path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+
+
+def read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise GateError(f"artifact {path.name} unreadable in {path.parent}: {exc}") from exc

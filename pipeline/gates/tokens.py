@@ -1,0 +1,232 @@
+"""Tokens gate: the candidate's token ids against the pinned oracle's.
+
+measure runs the identical workload through the oracle (or reads a signed
+oracle record when `spec.oracle_record` is set) and through the candidate, and
+writes the raw per-request token ids and logprobs of both arms, both workload
+digests and both engine descriptions. derive compares them:
+
+* exact (default): every request's ids must equal the oracle's, at the
+  oracle's precision; the first divergence (request, position, both tokens,
+  both logprobs) is the reason.
+* quantized (`spec.quantized`): position-wise agreement rate over the oracle's
+  tokens must reach `min_agreement`, and the largest |logprob difference| over
+  the positions before each request's first divergence (same context, same
+  token, so the numbers are comparable) must stay within
+  `max_logprob_divergence`.
+
+Arms whose workload digests differ did not run the same workload: ERROR.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.errors import Error
+from pipeline.gates import _arms
+from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Status
+from pipeline.rows import Row, TokensGate
+
+META = "meta.json"
+ARM_FILES = {"oracle": "oracle.jsonl", "candidate": "candidate.jsonl"}
+
+
+class Tokens(Gate):
+    kind = "tokens"
+
+    def requirements(self, row: Row, spec: TokensGate, ctx: GateContext) -> str | None:
+        return _arms.model_requirement(row)
+
+    def arch(self, row: Row, ctx: GateContext) -> tuple[str, bool]:
+        return _arms.measured_arch(row)
+
+    # ------------------------------------------------------------- measure
+
+    def measure(self, row: Row, spec: TokensGate, ctx: GateContext) -> None:
+        model = _arms.resolve_model(row)
+        passes = _arms.workload_passes(row, model)
+        cand_model = _arms.candidate_model(model, ctx)
+        arms = {"candidate": (row.arms.candidate, cand_model)}
+        if spec.oracle_record:
+            oracle = _record_side(spec.oracle_record, ctx)
+        else:
+            arms = {"oracle": (row.arms.oracle, model), **arms}
+        with _arms.started(arms, row, ctx) as engines:
+            sides = {role: _run_side(role, engine, passes, ctx)
+                     for role, engine in engines.items()}
+        if spec.oracle_record:
+            sides["oracle"] = oracle
+        for role, side in sides.items():
+            _write_outputs(ctx.artifact_dir / ARM_FILES[role], side.outputs)
+        _arms.write_json(ctx.artifact_dir / META, {
+            "model_digest": model.digest,
+            "cells": [p.cell for p in passes],
+            **{role: side.meta for role, side in sides.items()}})
+
+    # -------------------------------------------------------------- derive
+
+    def derive(self, row: Row, spec: TokensGate, artifact_dir: Path) -> Derived:
+        meta = _arms.read_json(artifact_dir / META)
+        source = _source_text(meta["oracle"])
+        digests = (meta["oracle"]["workload_digest"], meta["candidate"]["workload_digest"])
+        if digests[0] != digests[1]:
+            return Derived(Status.ERROR, f"workload digest differs across arms: oracle "
+                                         f"{digests[0]} ({source}), candidate {digests[1]}")
+        if not spec.quantized and row.arms.candidate.dtype != row.arms.oracle.dtype:
+            return Derived(Status.ERROR, f"exact token comparison needs the candidate at the "
+                                         f"oracle's precision ({row.arms.oracle.dtype}), not "
+                                         f"{row.arms.candidate.dtype}; declare quantized = true "
+                                         f"with agreement thresholds for a quantized arm")
+        oracle = _read_outputs(artifact_dir / ARM_FILES["oracle"])
+        candidate = {o["id"]: o for o in _read_outputs(artifact_dir / ARM_FILES["candidate"])}
+        missing = [o["id"] for o in oracle if o["id"] not in candidate]
+        if missing or len(candidate) != len(oracle):
+            raise GateError(f"tokens artifacts in {artifact_dir}: the arms answered different "
+                            f"requests (candidate lacks {missing[:3]}, "
+                            f"{len(candidate)} vs {len(oracle)} outputs)")
+        diffs = [compare_request(o, candidate[o["id"]]) for o in oracle]
+        return _verdict(spec, diffs, source)
+
+
+# ------------------------------------------------------------------ sides
+
+
+@dataclass(frozen=True)
+class _Side:
+    outputs: list[dict]
+    meta: dict
+
+
+def _run_side(role: str, engine, passes, ctx: GateContext) -> _Side:
+    outputs = []
+    for work in passes:
+        ctx.progress.update(f"tokens: {role} cell {work.cell} ({len(work.requests)} requests)")
+        result = _arms.generate(engine, role, work)
+        outputs += [{"id": o.id, "cell": work.cell, "token_ids": list(o.token_ids),
+                     "logprobs": list(o.logprobs)} for o in result.outputs]
+    return _Side(outputs, {"source": "live", "engine": engine.describe(),
+                           "workload_digest": _arms.digest(passes)})
+
+
+def _record_side(path_text: str, ctx: GateContext) -> _Side:
+    """The oracle's outputs from a signed record (verified by pipeline.oracle)."""
+    from pipeline import oracle
+
+    path = Path(path_text)
+    path = path if path.is_absolute() else ctx.repo / path
+    ctx.progress.update(f"tokens: reading oracle record {path}")
+    try:
+        record = oracle.load_record(path)
+    except Error as exc:
+        raise GateError(f"oracle record {path}: {exc.diagnostics()}") from exc
+    outputs = [{"id": o.id, "cell": o.cell, "token_ids": list(o.token_ids),
+                "logprobs": list(o.logprobs)} for o in record.outputs]
+    return _Side(outputs, {"source": "record", "record": str(path_text),
+                           "record_sha256": record.sha256, "engine": record.engine,
+                           "workload_digest": record.workload_digest,
+                           "model_digest": record.model_digest})
+
+
+def _source_text(meta: dict) -> str:
+    if meta.get("source") == "record":
+        return f"oracle record {meta['record']} (sha256 {meta['record_sha256'][:16]})"
+    return "live oracle"
+
+
+def _write_outputs(path: Path, outputs: list[dict]) -> None:
+    path.write_text("".join(json.dumps(o, sort_keys=True) + "\n" for o in outputs))
+
+
+def _read_outputs(path: Path) -> list[dict]:
+    try:
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except (OSError, ValueError) as exc:
+        raise GateError(f"artifact {path.name} unreadable in {path.parent}: {exc}") from exc
+
+
+# -------------------------------------------------------------- comparison
+
+
+@dataclass(frozen=True)
+class RequestDiff:
+    id: str
+    cell: str
+    oracle_tokens: int
+    agreeing: int
+    """Positions (over the oracle's length) where both arms emitted the same id."""
+    first_divergence: int | None
+    """First position where the ids differ (or one sequence ends); None if equal."""
+    max_logprob_divergence: float
+    """Max |logprob difference| over the positions before the first divergence."""
+    tokens: tuple[int | None, int | None] = (None, None)
+    logprobs: tuple[float | None, float | None] = (None, None)
+    """(oracle, candidate) id and logprob at the first divergence."""
+
+
+def compare_request(oracle: dict, candidate: dict) -> RequestDiff:
+    o_ids, c_ids = oracle["token_ids"], candidate["token_ids"]
+    o_lp, c_lp = oracle["logprobs"], candidate["logprobs"]
+    first = next((i for i, (a, b) in enumerate(zip(o_ids, c_ids)) if a != b), None)
+    if first is None and len(o_ids) != len(c_ids):
+        first = min(len(o_ids), len(c_ids))  # one arm stopped early or ran on
+    prefix = len(o_ids) if first is None else first
+    lp_div = max((abs(a - b) for a, b in zip(o_lp[:prefix], c_lp[:prefix])), default=0.0)
+    diff = RequestDiff(id=oracle["id"], cell=oracle["cell"], oracle_tokens=len(o_ids),
+                       agreeing=sum(a == b for a, b in zip(o_ids, c_ids)),
+                       first_divergence=first, max_logprob_divergence=lp_div)
+    if first is None:
+        return diff
+
+    def at(seq: list, i: int):
+        return seq[i] if i < len(seq) else None
+
+    return RequestDiff(**{**diff.__dict__,
+                          "tokens": (at(o_ids, first), at(c_ids, first)),
+                          "logprobs": (at(o_lp, first), at(c_lp, first))})
+
+
+def _summary(diffs: list[RequestDiff]) -> dict:
+    total = sum(d.oracle_tokens for d in diffs)
+    return {"requests": len(diffs),
+            "mismatched_requests": sum(d.first_divergence is not None for d in diffs),
+            "agreement": round(sum(d.agreeing for d in diffs) / total, 9) if total else 1.0,
+            "max_logprob_divergence": round(max((d.max_logprob_divergence for d in diffs),
+                                                default=0.0), 9)}
+
+
+def _describe(d: RequestDiff) -> str:
+    (ot, ct), (ol, cl) = d.tokens, d.logprobs
+
+    def lp(v: float | None) -> str:
+        return "none" if v is None else f"{v:.6f}"
+
+    return (f"request {d.id} (cell {d.cell}) position {d.first_divergence}: oracle token "
+            f"{ot} (logprob {lp(ol)}), candidate token {ct} (logprob {lp(cl)})")
+
+
+def _verdict(spec: TokensGate, diffs: list[RequestDiff], source: str) -> Derived:
+    cells: dict[str, list[RequestDiff]] = {}
+    for d in diffs:
+        cells.setdefault(d.cell, []).append(d)
+    metrics = _summary(diffs)
+    first = next((d for d in diffs if d.first_divergence is not None), None)
+    metrics.update(oracle_source=source,
+                   first_divergence_request=first.id if first else None,
+                   first_divergence_position=first.first_divergence if first else None)
+    per_cell = {cell: _summary(ds) for cell, ds in cells.items()}
+    if spec.quantized:
+        ok = (metrics["agreement"] >= spec.min_agreement
+              and metrics["max_logprob_divergence"] <= spec.max_logprob_divergence)
+        text = (f"agreement {metrics['agreement']:.4f} (min {spec.min_agreement}), max logprob "
+                f"divergence {metrics['max_logprob_divergence']:.6f} (max "
+                f"{spec.max_logprob_divergence}) against the {source}")
+        if first:
+            text += f"; first divergence at {_describe(first)}"
+        return Derived(Status.PASS if ok else Status.FAIL, text, metrics, per_cell)
+    if first is None:
+        return Derived(Status.PASS, f"all {len(diffs)} requests token-identical to the "
+                                    f"{source}", metrics, per_cell)
+    return Derived(Status.FAIL, f"{metrics['mismatched_requests']} of {len(diffs)} requests "
+                                f"differ from the {source}; first divergence at "
+                                f"{_describe(first)}", metrics, per_cell)

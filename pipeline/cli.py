@@ -51,9 +51,7 @@ def _parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser("verify", help="verify a sealed bundle byte for byte")
     v.add_argument("bundle", type=Path)
-    v.add_argument("--key", type=Path, help="public key PEM (key-signed bundles)")
-    v.add_argument("--identity", help="expected signer identity (keyless bundles)")
-    v.add_argument("--issuer", help="expected OIDC issuer (keyless bundles)")
+    _add_verifier_args(v)
 
     i = sub.add_parser("inspect", help="show a bundle's row, subject, signer and gates")
     i.add_argument("bundle", type=Path)
@@ -106,9 +104,23 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _add_verifier_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--key", type=Path, help="public key PEM (key-signed bundles)")
+    p.add_argument("--identity", help="expected signer identity (keyless bundles)")
+    p.add_argument("--issuer", help="expected OIDC issuer (keyless bundles)")
+
+
+def _check_verifier_args(ns: argparse.Namespace) -> None:
+    if bool(getattr(ns, "identity", None)) != bool(getattr(ns, "issuer", None)):
+        _fatal("--identity and --issuer must be given together")
+    if getattr(ns, "key", None) and getattr(ns, "identity", None):
+        _fatal("--key and --identity/--issuer are alternatives: give one")
+
+
 def main(args: list[str] | None = None) -> None:
     logging.basicConfig(format="%(message)s", level=logging.INFO)
     ns = _parser().parse_args(args)
+    _check_verifier_args(ns)
     handler = {"gate": _gate, "verify": _verify, "inspect": _inspect, "rows": _rows,
                "schemas": _schemas, "review": _review, "attest-operator": _attest_operator,
                "merge": _merge, "report": _report}[ns.command]

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import device
+from pipeline.gates.accuracy import Accuracy
 from pipeline.gates.audit import Audit
 from pipeline.gates.build import Build
 from pipeline.gates.host import Host
@@ -18,6 +19,8 @@ from pipeline.gates.interface import (
     Status,
     run_gate,
 )
+from pipeline.gates.throughput import Throughput
+from pipeline.gates.tokens import Tokens
 from pipeline.rows import Row
 
 __all__ = ["Derived", "Gate", "GateContext", "GateError", "GateResult", "Status",
@@ -26,7 +29,9 @@ __all__ = ["Derived", "Gate", "GateContext", "GateError", "GateResult", "Status"
 # Kinds that execute on the row's target device (everything but host/build/audit).
 DEVICE_KINDS = {"operator", "phase", "tokens", "throughput", "trace", "accuracy", "abi"}
 
-IMPLEMENTED: dict[str, type[Gate]] = {Host.kind: Host, Build.kind: Build, Audit.kind: Audit}
+IMPLEMENTED: dict[str, type[Gate]] = {Host.kind: Host, Build.kind: Build, Audit.kind: Audit,
+                                      Tokens.kind: Tokens, Throughput.kind: Throughput,
+                                      Accuracy.kind: Accuracy}
 
 
 class NotImplementedGate(Gate):

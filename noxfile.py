@@ -52,6 +52,20 @@ def schemas(session: nox.Session) -> None:
     session.run("rowgate", "schemas", *session.posargs)
 
 
+@nox.session(default=False)
+def review(session: nox.Session) -> None:
+    """Review a sealed bundle: `nox -s review -- BUNDLE --key PUB.pem [--repo ..]`."""
+    _install(session)
+    session.run("rowgate", "review", *session.posargs)
+
+
+@nox.session(default=False)
+def merge(session: nox.Session) -> None:
+    """Merge an approved head locally: `nox -s merge -- --row ROW [--repo ..]`."""
+    _install(session)
+    session.run("rowgate", "merge", *session.posargs)
+
+
 def _gate_session(name: str, row: str) -> None:
     @nox.session(name=name, default=False)
     def _session(session: nox.Session) -> None:

@@ -8,6 +8,7 @@ Every outcome (merged, already merged, refused) is written as a signed record
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -133,11 +134,11 @@ def _find_review(reviews_dir: Path, row_id: str, head: str) -> tuple[Path, Revie
         except Error:
             continue  # not a review record we can read: it cannot approve anything
         if record.subject is not None and record.subject.commit == head:
-            found.append((record.created, path.name, path, record))
+            found.append((record.created, path.stat().st_mtime_ns, path.name, path, record))
     if not found:
         raise _Refused("review", f"no review of HEAD {head[:12]} in {reviews_dir / row_id} "
                                  f"(run rowgate review on a bundle of this commit)")
-    _, _, path, record = max(found)
+    *_, path, record = max(found, key=lambda item: item[:3])  # the latest review
     return path, record
 
 
@@ -218,9 +219,11 @@ def _merged_tree(repo: git.Repo, into: str, head: str) -> str:
     try:
         out = repo.git.merge_tree("--write-tree", "--name-only", into, head)
     except git.GitCommandError as exc:
-        lines = [x for x in (exc.stdout or "").strip().strip("'").splitlines()[1:] if x.strip()]
+        # --name-only: the tree, then the conflicted paths, a blank line, messages
+        body = (exc.stdout or "").strip().strip("'").splitlines()[1:]
+        paths = list(itertools.takewhile(str.strip, body))
         if exc.status == 1:
-            files = ", ".join(lines[:3]) or "?"
+            files = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
             raise _Refused("conflict", f"merging HEAD into {into} conflicts ({files})") from exc
         raise RepoError(f"git merge-tree failed: {(exc.stderr or '').strip()}") from exc
     return out.splitlines()[0].strip()

@@ -17,6 +17,19 @@ ROW_SESSIONS = {
     "gate-megakernel": "KERNEL-CUDA-DECODE-MEGAKERNEL",
     "gate-xqa-sm70": "SM70-XQA-E5M2-DECODE",
 }
+# Toolchain extras a row's build/audit gates need (pyproject: cuda12 = sm_70,
+# cuda13 = sm_90/sm_110, aot = the Triton that the AOT reachability probe pins).
+ROW_EXTRAS = {
+    "gate-thor": ("cuda13", "aot"),
+    "gate-megakernel": ("cuda13",),
+    "gate-xqa-sm70": ("cuda12",),
+}
+# `rowgate build` per arch, each in its own venv with its own toolchain extra.
+BUILD_SESSIONS = {
+    "build-sm70": (("sm_70",), "cuda12"),
+    "build-sm90": (("sm_90", "sm_90a"), "cuda13"),
+    "build-sm110": (("sm_110",), "cuda13"),
+}
 
 
 def _install(session: nox.Session, *extras: str) -> None:
@@ -27,7 +40,7 @@ def _install(session: nox.Session, *extras: str) -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     """Run the test suite (everything but GPU tests; slow tests included)."""
-    _install(session, "test", "stats", "report")
+    _install(session, "test", "stats", "report", "cuda12", "cuda13")
     session.run("pytest", "-m", "not gpu", *session.posargs)
 
 
@@ -69,7 +82,7 @@ def merge(session: nox.Session) -> None:
 def _gate_session(name: str, row: str) -> None:
     @nox.session(name=name, default=False)
     def _session(session: nox.Session) -> None:
-        _install(session, "stats")
+        _install(session, "stats", *ROW_EXTRAS.get(name, ()))
         # 3 = nothing failed but something is PENDING (absent hardware): an honest
         # outcome for rows whose target device is not on this machine.
         codes = [0] if row.startswith("DEMO") else [0, 3]
@@ -80,6 +93,20 @@ def _gate_session(name: str, row: str) -> None:
 
 for _name, _row in ROW_SESSIONS.items():
     _gate_session(_name, _row)
+
+
+def _build_session(name: str, arches: tuple[str, ...], extra: str) -> None:
+    @nox.session(name=name, default=False)
+    def _session(session: nox.Session) -> None:
+        _install(session, extra)
+        flags = [f for arch in arches for f in ("--arch", arch)]
+        session.run("rowgate", "build", *flags, *session.posargs)
+
+    _session.__doc__ = f"Build and audit kernels/ for {', '.join(arches)} ([{extra}] toolchain)."
+
+
+for _name, (_arches, _extra) in BUILD_SESSIONS.items():
+    _build_session(_name, _arches, _extra)
 
 
 @nox.session(default=False)

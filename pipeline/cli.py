@@ -96,6 +96,16 @@ def _parser() -> argparse.ArgumentParser:
     rp.add_argument("--identity", help="bundle signer's identity (keyless bundles)")
     rp.add_argument("--issuer", help="bundle signer's OIDC issuer (keyless bundles)")
 
+    bd = sub.add_parser("build", help="build kernels/ for an arch (warnings as errors), audit "
+                                      "budgets and SASS, print each kernel's resources")
+    bd.add_argument("--arch", action="append", required=True, metavar="sm_XX",
+                    help="arch to build (repeatable): sm_70, sm_90, sm_90a, sm_110, …")
+    bd.add_argument("--kernel", action="append", default=[], help="kernel name (default: all)")
+    bd.add_argument("--repo", type=Path, default=Path.cwd(), help="repository (default: .)")
+    bd.add_argument("--aot", action="store_true", help="also probe Triton AOT reachability")
+    bd.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                    help="toolchain setting (e.g. nvcc=/path/to/nvcc)")
+
     s = sub.add_parser("schemas", help="write schemas/*.schema.json from the models")
     s.add_argument("--check", action="store_true", help="exit 1 if the checked-in schemas drift")
     for sp in sub.choices.values():  # `-q` also after the subcommand (`rowgate gate ROW -q`)
@@ -121,7 +131,7 @@ def main(args: list[str] | None = None) -> None:
     logging.basicConfig(format="%(message)s", level=logging.INFO)
     ns = _parser().parse_args(args)
     _check_verifier_args(ns)
-    handler = {"gate": _gate, "verify": _verify, "inspect": _inspect, "rows": _rows,
+    handler = {"build": _build, "gate": _gate, "verify": _verify, "inspect": _inspect, "rows": _rows,
                "schemas": _schemas, "review": _review, "attest-operator": _attest_operator,
                "merge": _merge, "report": _report}[ns.command]
     try:
@@ -157,6 +167,26 @@ def _gate(ns: argparse.Namespace) -> ExitCode:
     console.print(report.gate_table(run.results, f"{loaded.row.id}: {run.status.value}"))
     print(run.bundle)
     return STATUS_EXIT[run.status]
+
+
+def _build(ns: argparse.Namespace) -> ExitCode:
+    import re
+
+    from pipeline import progress, report
+    from pipeline.gates import audit
+
+    for arch in ns.arch:
+        if not re.fullmatch(r"sm_[0-9]{2,3}a?", arch):
+            raise UsageError(f"--arch {arch!r}: expected sm_NN (e.g. sm_70, sm_90a, sm_110)")
+    with progress.progress(None, f"build {'+'.join(ns.arch)}", ns.quiet) as prog:
+        result = audit.local_build(ns.repo.resolve(), ns.arch, ns.kernel, _options(ns.option),
+                                   prog, aot=ns.aot)
+    console = report.console()
+    console.print(audit.resource_table(result))
+    for name, derived in (("build", result.build), ("audit", result.audit)):
+        console.print(f"{name}: {derived.status.value}: {derived.reason}", markup=False)
+    console.print(f"artifacts: {result.out}", markup=False)
+    return STATUS_EXIT[result.status]
 
 
 def _open_and_verify(ns: argparse.Namespace):

@@ -134,9 +134,12 @@ def derive_audit(artifact_dir: Path) -> Derived:
     if found.pending:
         return Derived(Status.PENDING, "budgets hold; SASS not checked: " + found.pending[0],
                        metrics, found.cells)
+    bare = sum(1 for e in entries if e["embedded_checked"] and not e["embedded"])
+    images = f"{found.images_verified} embedded image(s) match the build"
+    if bare:
+        images += f", {bare} NVRTC build(s) are bare cubins (no fatbin to unpack)"
     return Derived(Status.PASS, f"{len(found.cells)} entry point(s) within budget, SASS rules "
-                                f"hold, {found.images_verified} embedded image(s) match the build",
-                   metrics, found.cells)
+                                f"hold, {images}", metrics, found.cells)
 
 
 def _read(path: Path) -> str:
@@ -232,3 +235,59 @@ class Audit(Gate):
 
     def arch(self, row: Row, ctx: GateContext) -> tuple[str, bool]:
         return row.target.arch, False
+
+
+# ------------------------------------------------------------- `rowgate build` (no bundle)
+
+
+@dataclass(frozen=True)
+class LocalBuild:
+    """What `rowgate build --arch` found: the build and audit verdicts, and where."""
+
+    build: Derived
+    audit: Derived
+    out: Path
+
+    @property
+    def status(self) -> Status:
+        order = [Status.ERROR, Status.FAIL, Status.PENDING, Status.PASS]
+        return min((self.build.status, self.audit.status), key=order.index)
+
+
+def local_build(repo: Path, arches: list[str], names: list[str], options: dict[str, str],
+                progress: Progress, aot: bool = False) -> LocalBuild:
+    """Build and audit outside a bundle into build/reports/ARCHES/ (replaced each run;
+    the build cache makes an unchanged re-run instant). Raises GateError."""
+    from pipeline.gates.build import derive_builds, measure_aot
+
+    out = repo / "build" / "reports" / "+".join(arches)
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    measure_audit(repo, arches, names, options, out, progress)
+    if aot:
+        measure_aot(arches, out, progress)
+    return LocalBuild(derive_builds(out), derive_audit(out), out)
+
+
+def resource_table(result: LocalBuild):
+    """A rich Table: one row per kernel entry point per arch, used / budget."""
+    from rich.table import Table
+
+    def frac(used, budget) -> str:
+        used = "-" if used is None else str(used)
+        return used if budget is None else f"{used} / {budget}"
+
+    table = Table(title=f"kernel resources (build {result.build.status.value}, "
+                        f"audit {result.audit.status.value})", title_justify="left")
+    for col in ("kernel", "entry point", "arch", "regs", "static smem B", "stack B",
+                "spill st/ld B", "local B", "cmem[0] B", "SASS insns"):
+        table.add_column(col, overflow="fold")
+    for key, c in sorted(result.audit.cells.items(), key=lambda kv: kv[0].rsplit("@", 1)[::-1]):
+        name_ep, arch = key.rsplit("@", 1)
+        kernel, ep = name_ep.split("/", 1)
+        table.add_row(kernel, ep, arch, frac(c["registers"], c["max_registers"]),
+                      frac(c["static_shared"], c["max_static_shared"]), str(c["stack_frame"]),
+                      f"{c['spill_stores']}/{c['spill_loads']}", str(c["local"]), str(c["cmem0"]),
+                      "-" if c["sass_instructions"] is None else str(c["sass_instructions"]))
+    return table

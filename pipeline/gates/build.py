@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 from pipeline import cudabuild, kernels, resources, toolchains
@@ -155,11 +156,20 @@ def measure_aot(arches: list[str], out: Path, progress: Progress) -> None:
         try:
             answer = json.loads(stdout)
         except ValueError:
-            answer = {"arch": arch, "reachable": False, "triton": None,
+            # The probe died (LLVM aborts on an arch it cannot select for): its
+            # stderr is the answer; the version comes from the installed metadata.
+            answer = {"arch": arch, "reachable": False, "triton": _installed("triton"),
                       "error": f"probe exited {rc}: {stderr.strip()[-2000:]}"}
         answer["argv"] = argv
         (out / AOT_DIR / f"{arch}.json").write_text(json.dumps(answer, indent=2) + "\n")
         (out / AOT_DIR / f"{arch}.stderr.log").write_text(stderr)
+
+
+def _installed(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def _derive_aot(artifact_dir: Path, metrics: dict, cells: dict) -> str:

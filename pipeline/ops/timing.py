@@ -1,0 +1,80 @@
+"""GPU timing with CUDA events: warm-up, an L2 flush before each timed launch,
+variants interleaved in alternating order (never always the same one first)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+L2_FLUSH_BYTES = 256 << 20   # several times the H200's 60 MB L2
+
+
+class L2Flush:
+    """Writes a buffer larger than L2 so every timed launch starts cold."""
+
+    def __init__(self, device: torch.device):
+        self.buf = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device=device)
+
+    def __call__(self) -> None:
+        self.buf.fill_(0x5A5A5A5A)
+
+
+def event_time_us(fn: Callable[[], object], flush: L2Flush | None) -> float:
+    """One launch timed with events around it (after an optional flush)."""
+    if flush is not None:
+        flush()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1000.0
+
+
+def interleaved(fns: dict[str, Callable[[], object]], *, repeats: int, device: torch.device,
+                warmup: int = 3, flush: bool = True) -> dict:
+    """`repeats` samples per variant; round i runs the variants in rotated order
+    (A B, B A, …), so no variant always runs first."""
+    l2 = L2Flush(device) if flush else None
+    names = list(fns)
+    for _ in range(warmup):
+        for name in names:
+            fns[name]()
+    torch.cuda.synchronize(device)
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    order: list[list[str]] = []
+    for i in range(repeats):
+        k = i % len(names)
+        round_order = names[k:] + names[:k]
+        order.append(round_order)
+        for name in round_order:
+            samples[name].append(event_time_us(fns[name], l2))
+    return {"samples_us": samples, "order": order}
+
+
+def graph_replay_us(fn: Callable[[], object], *, device: torch.device, launches: int = 50,
+                    replays: int = 20) -> list[float]:
+    """GPU time per launch from CUDA-graph replays of `launches` back-to-back
+    calls (no host launch gaps): one sample per replay."""
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for _ in range(launches):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize(device)
+    out = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        out.append(start.elapsed_time(end) * 1000.0 / launches)
+    return out

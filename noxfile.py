@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import nox
@@ -41,7 +42,18 @@ def _install(session: nox.Session, *extras: str) -> None:
 def tests(session: nox.Session) -> None:
     """Run the test suite (everything but GPU tests; slow tests included)."""
     _install(session, "test", "stats", "report", "cuda12", "cuda13")
+    _ensure_chromium(session)
     session.run("pytest", "-m", "not gpu", *session.posargs)
+
+
+def _ensure_chromium(session: nox.Session) -> None:
+    """tests/test_report.py renders the report in Debian's headless chromium, which a
+    fresh machine lacks: install it when we are root (CI is); else that test skips."""
+    if shutil.which("chromium") or not shutil.which("apt-get") or os.geteuid() != 0:
+        return
+    env = {"DEBIAN_FRONTEND": "noninteractive"}
+    session.run("apt-get", "update", "-qq", external=True, env=env)
+    session.run("apt-get", "install", "-y", "-qq", "chromium", external=True, env=env)
 
 
 @nox.session(default=bool(shutil.which("nvidia-smi")))

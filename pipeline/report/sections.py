@@ -14,13 +14,15 @@ otherwise, so a gate whose result shape is new still shows in full:
   its complete (`ph: X`) events per stream;
 * `build` / `audit`: cells that name an arch (an `arch` metric, or `sm_XY` in
   the cell name) become one resource table per arch;
-* `tokens`: cell metrics whose name contains `diverg` (first divergence: request,
-  position, both tokens) become a divergence table; JSON artifacts whose name
-  contains `diverg` holding a list of records are listed too.
+* `tokens`: the two arms' sealed outputs (`oracle.jsonl`, `candidate.jsonl`)
+  are compared with the tokens gate's own `compare_request`, and every request
+  that diverges is listed (position, both tokens, both logprobs); JSON
+  artifacts whose name contains `diverg` holding a list of records are listed too.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 from collections.abc import Callable
@@ -29,7 +31,7 @@ from pathlib import Path
 
 from pipeline.gates.interface import GateResult, MetricValue
 from pipeline.report.model import BarFigure, Figure, IntervalFigure, Section, Span, Table, TimelineFigure
-from pipeline.report.tables import cells_table, metric_columns, metrics_table, table
+from pipeline.report.tables import cells_table, metric_columns, metrics_table, natural_key, table
 
 RATIO_METRICS = ("ratio_median", "ratio_ci_low", "ratio_ci_high")
 """Same names as `pipeline.stats.RATIO_METRICS` (not imported: stats needs scipy)."""
@@ -51,6 +53,8 @@ class Extra:
 
 
 def section_for(result: GateResult, bundle_root: Path) -> Section:
+    ordered = dict(sorted(result.cells.items(), key=lambda kv: natural_key(kv[0])))
+    result = result.model_copy(update={"cells": ordered})
     special = SPECIALISED.get(result.kind)
     extra = special(result, bundle_root) if special else Extra()
     tables = [t for t in (metrics_table(result),) if t]
@@ -91,7 +95,8 @@ def throughput(result: GateResult, bundle_root: Path) -> Extra:
     min_effect = _number(result.metrics.get("min_effect"))
     if min_effect is not None:
         band = (1 - min_effect, 1 + min_effect)
-    for p in _ratio_prefixes(result.cells):
+    prefixes = _ratio_prefixes(result.cells)
+    for p in prefixes:
         name = p.strip("._-") or "throughput"
         rows = [(cell, m) for cell, m in result.cells.items()
                 if all(_number(m.get(p + k)) is not None for k in RATIO_METRICS)]
@@ -101,12 +106,24 @@ def throughput(result: GateResult, bundle_root: Path) -> Extra:
             values=tuple(float(m[p + "ratio_median"]) for _, m in rows),
             lows=tuple(float(m[p + "ratio_ci_low"]) for _, m in rows),
             highs=tuple(float(m[p + "ratio_ci_high"]) for _, m in rows), band=band))
-        wanted = [k for k in ("median_oracle", "median_candidate", "ratio_median", "ratio_ci_low",
-                              "ratio_ci_high", "p_value", "verdict")
-                  if any(p + k in m for _, m in rows)]
+        wanted = _ab_columns(p, [q for q in prefixes if q != p and q.startswith(p)],
+                             metric_columns(m for _, m in rows))
         extra.tables.append(table(f"{name}: A/B per cell", ("cell", *wanted),
-                                  ([c, *(m.get(p + k) for k in wanted)] for c, m in rows)))
+                                  ([c, *(m.get(k) for k in wanted)] for c, m in rows)))
     return extra
+
+
+def _ab_columns(prefix: str, longer: list[str], keys: list[str]) -> list[str]:
+    """The A/B summary columns of one prefix (medians, ratio and CI, p, verdict),
+    leaving out those of longer prefixes (`ttft_` when the prefix is empty)."""
+    order = ("median_oracle", "median_candidate", "ratio_median", "ratio_ci_low",
+             "ratio_ci_high", "p_value", "verdict")
+
+    def rank(key: str) -> int:
+        return next((i for i, t in enumerate(order) if t in key[len(prefix):]), len(order))
+
+    mine = [k for k in keys if k.startswith(prefix) and not any(k.startswith(q) for q in longer)]
+    return sorted((k for k in mine if rank(k) < len(order)), key=rank)
 
 
 # ----------------------------------------------------------------------- trace
@@ -126,13 +143,18 @@ def _bar(title: str, items: list[tuple[str, float]]) -> BarFigure:
 def _json_artifact(bundle_root: Path, rel: str) -> object | None:
     """A JSON artifact inside the bundle, or None (not JSON, too large, outside)."""
     path = (bundle_root / rel).resolve()
-    if not rel.endswith(".json") or not path.is_relative_to(bundle_root.resolve()):
+    if not rel.endswith((".json", ".json.gz")) or not path.is_relative_to(bundle_root.resolve()):
         return None
     try:
         if not path.is_file() or path.stat().st_size > MAX_ARTIFACT_BYTES:
             return None
-        return json.loads(path.read_bytes())
-    except (OSError, ValueError):
+        if rel.endswith(".gz"):  # Kineto traces are saved gzipped
+            with gzip.open(path) as f:
+                data = f.read(MAX_ARTIFACT_BYTES + 1)
+        else:
+            data = path.read_bytes()
+        return json.loads(data) if len(data) <= MAX_ARTIFACT_BYTES else None
+    except (OSError, ValueError, EOFError):  # gzip.BadGzipFile is an OSError
         return None
 
 
@@ -214,21 +236,44 @@ def _records_table(title: str, doc: object) -> Table | None:
     return table(title, columns, ([d.get(c) for c in columns] for d in doc))
 
 
+def _jsonl(path: Path) -> list[dict]:
+    if not path.is_file() or path.stat().st_size > MAX_ARTIFACT_BYTES:
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _request_divergences(result: GateResult, bundle_root: Path) -> Table | None:
+    """Every request whose ids differ, by the tokens gate's own comparison of the
+    two arms' sealed outputs (`oracle.jsonl`, `candidate.jsonl`)."""
+    try:
+        from pipeline.gates.tokens import ARM_FILES, compare_request
+    except ImportError:
+        return None
+    by_name = {Path(a).name: bundle_root / a for a in result.artifacts}
+    if not all(name in by_name for name in ARM_FILES.values()):
+        return None
+    try:
+        arms = {arm: {o["id"]: o for o in _jsonl(by_name[name])} for arm, name in ARM_FILES.items()}
+        diffs = [compare_request(o, arms["candidate"][rid]) for rid, o in arms["oracle"].items()
+                 if rid in arms["candidate"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # an older or newer output format: the gate's own tables still show
+    rows = [(d.id, d.cell, d.first_divergence, d.tokens[0], d.tokens[1], d.logprobs[0],
+             d.logprobs[1], f"{d.agreeing}/{d.oracle_tokens}")
+            for d in diffs if d.first_divergence is not None]
+    return table("requests that diverge from the oracle", (
+        "request", "cell", "first divergence (position)", "oracle token", "candidate token",
+        "oracle logprob", "candidate logprob", "agreeing / oracle tokens"), rows)
+
+
 def tokens(result: GateResult, bundle_root: Path) -> Extra:
     extra = Extra()
-    keys = [k for k in metric_columns(result.cells.values()) if "diverg" in k]
-    if keys:
-        diverged = {c: m for c, m in result.cells.items()
-                    if any(m.get(k) not in (None, "", False, 0) for k in keys)}
-        if diverged:
-            cols = [k for k in metric_columns(diverged.values())
-                    if "diverg" in k or "token" in k or "agree" in k or "request" in k
-                    or "position" in k]
-            extra.tables.append(table("first divergence per cell", ("cell", *cols),
-                                      ([c, *(m.get(k) for k in cols)]
-                                       for c, m in diverged.items())))
+    divergences = _request_divergences(result, bundle_root)
+    if divergences is not None:
+        if divergences.rows:
+            extra.tables.append(divergences)
         else:
-            extra.notes.append("no cell diverged from the oracle")
+            extra.notes.append("every request is token-identical to the oracle")
     for rel in result.artifacts:
         if "diverg" in Path(rel).name:
             records = _records_table(f"divergences ({rel})", _json_artifact(bundle_root, rel))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 
 from pipeline.gates.interface import GateResult, MetricValue
@@ -9,6 +10,12 @@ from pipeline.report.model import Table
 
 MAX_ROWS = 200
 """Rows shown per table; the sealed artifacts hold every row."""
+
+
+def natural_key(name: str) -> tuple:
+    """`i16-c4` before `i1024-c1`: numbers compare as numbers (bundles store keys sorted)."""
+    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p)
+                 for p in re.split(r"(\d+)", name) if p)
 
 
 def fmt(value: MetricValue | object) -> str:

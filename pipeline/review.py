@@ -41,12 +41,14 @@ from pipeline.gates.interface import GateError, GateResult, MetricValue, Status
 from pipeline.provenance import Host, Subject, main_branch, open_repo
 from pipeline.rows import Comparison, Criterion, LoadedRow, Row, StopAction, StopCondition, load_row
 from pipeline.signing import (
+    SIGNATURE_FILE,
     KeyVerifier,
     Signer,
     SignerIdentity,
     SigstoreVerifier,
     Verifier,
     config_dir,
+    signature_identity,
 )
 
 ROW_ID = r"^[A-Z0-9][A-Z0-9-]*$"
@@ -397,6 +399,11 @@ def rederive(row: Row, bundle: Bundle, sealed: GateResult) -> tuple[GateResult, 
     except GateError as exc:
         why = f"cannot be re-derived from its artifacts: {exc.diagnostics()}"
         return sealed, "inconsistent", why
+    except (ValueError, KeyError, TypeError, IndexError, OSError) as exc:
+        # Signed artifacts can still be malformed (a buggy or hostile producer); a
+        # derive that trips on them yields no evidence, not a crashed review.
+        why = f"cannot be re-derived from its artifacts: {type(exc).__name__}: {exc}"
+        return sealed, "inconsistent", why
     again = sealed.model_copy(update={"status": derived.status, "reason": derived.reason,
                                       "metrics": derived.metrics, "cells": derived.cells})
     again = GateResult.model_validate_json(again.model_dump_json())
@@ -682,11 +689,14 @@ def _check_reviews_dir(reviews_dir: Path, repo: git.Repo) -> None:
 def review(bundle_path: Path, repo_path: Path, row_file: Path | None, verifier: Verifier,
            signer: Signer, reviews_dir: Path) -> ReviewResult:
     """Review one bundle and write the signed record."""
-    bundle = Bundle.open(bundle_path)
-    m = bundle.manifest
-    _fresh_reviewer(signer.identity, m.signer)
     repo = open_repo(repo_path)
     _check_reviews_dir(reviews_dir, repo)
+    try:
+        bundle = Bundle.open(bundle_path)
+    except VerificationError as exc:
+        return _unreadable(Path(bundle_path), exc, verifier, signer, reviews_dir)
+    m = bundle.manifest
+    _fresh_reviewer(signer.identity, m.signer)
     ref = BundleRef(id=bundle.id, path=str(bundle.path), signer=m.signer,
                     verifier=BundleVerifierRef.of(verifier), status=m.status, created=m.created)
     base = dict(rowgate_version=__version__, created=now(), row_id=m.row.id, bundle=ref,
@@ -710,6 +720,30 @@ def review(bundle_path: Path, repo_path: Path, row_file: Path | None, verifier: 
                           freshness=fresh, gates=ev.gates, criteria=ev.criteria,
                           stop_conditions=ev.stops, implementation=ev.admissions,
                           pending=ev.pending, **base)
+    return _finish(record, signer, reviews_dir)
+
+
+def _unreadable(path: Path, exc: VerificationError, verifier: Verifier, signer: Signer,
+                reviews_dir: Path) -> ReviewResult:
+    """A bundle whose manifest cannot be read is still REJECTed on the record, filed
+    under the names its directory claims (ROW/BUNDLE-ID)."""
+    path = path.absolute()
+    if not (re.fullmatch(ROW_ID, path.parent.name) and re.fullmatch(r"[0-9a-f]{16}", path.name)):
+        raise exc
+    claimed = None
+    if (path / SIGNATURE_FILE).is_file():
+        try:
+            claimed = signature_identity(path / SIGNATURE_FILE)
+        except VerificationError:
+            claimed = None
+    if claimed is not None:
+        _fresh_reviewer(signer.identity, claimed)
+    reason = f"invalid bundle: {exc.diagnostics()}"
+    record = ReviewRecord(rowgate_version=__version__, created=now(), verdict=Verdict.REJECT,
+                          summary=f"REJECT: {reason}", reasons=[reason], row_id=path.parent.name,
+                          bundle=BundleRef(id=path.name, path=str(path), signer=claimed,
+                                           verifier=BundleVerifierRef.of(verifier)),
+                          reviewer=signer.identity)
     return _finish(record, signer, reviews_dir)
 
 

@@ -129,6 +129,18 @@ def test_bundle_that_does_not_verify_is_rejected_with_the_reason(world):
     assert record.summary.startswith("REJECT: invalid bundle: artifacts/host/status.txt: sha256")
 
 
+def test_bundle_whose_manifest_is_unreadable_is_rejected_on_the_record(world):
+    bundle = world.gate(world.row())
+    thaw(bundle)
+    (bundle / "manifest.json").write_text("{ not json")
+    code, out, _ = world.review(bundle, world.row())
+    assert code == 1
+    path, record = _record(out)
+    assert path == world.reviews / "TEST-REVIEW" / f"{bundle.name}.review.json"
+    assert record.summary.startswith("REJECT: invalid bundle: manifest.json: not JSON")
+    assert record.bundle.signer is not None and record.subject is None
+
+
 def test_pending_gate_makes_the_verdict_pending(world):
     row = world.row(HOST_ROW + '''
         [[gates]]

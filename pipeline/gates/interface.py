@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import abc
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -87,11 +88,27 @@ class Derived:
 
 
 class Progress(Protocol):
-    """Progress is passed in so gates never print (cf. pip-audit's AuditState)."""
+    """Progress is passed in so gates never print (cf. pip-audit's AuditState).
 
-    def update(self, message: str) -> None: ...
+    `pipeline.progress` implements it (rich bars on a terminal, plain lines in
+    CI, nothing with --quiet). Long loops open a sub-task with a total::
 
-    def advance(self, total: int | None = None) -> None: ...
+        with ctx.progress.task(f"build {arch}", total=len(kernels)) as t:
+            for k in kernels:
+                t.update(f"nvcc {k}")
+                ...
+                t.advance()
+    """
+
+    def update(self, message: str) -> None:
+        """Say what is happening now (one short line)."""
+
+    def advance(self, total: int | None = None) -> None:
+        """One step done; `total`, when given, (re)sets how many steps there are."""
+
+    def task(self, label: str, total: int | None = None) -> AbstractContextManager["Progress"]:
+        """A sub-task (builds per arch, repeats per cell, oracle runs) shown until
+        the `with` block ends; the yielded `Progress` counts its own steps."""
 
 
 class _SilentProgress:
@@ -100,6 +117,9 @@ class _SilentProgress:
 
     def advance(self, total: int | None = None) -> None:
         pass
+
+    def task(self, label: str, total: int | None = None) -> AbstractContextManager[Progress]:
+        return nullcontext(self)
 
 
 @dataclass

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Prog
 from pipeline.rows import BuildGate, Row
 
 INDEX = "builds.json"
+_SAYS = re.compile(r"\b(error|warning|fatal)\b", re.IGNORECASE)
 AOT_DIR = "triton-aot"
 AOT_TIMEOUT_S = 600
 
@@ -92,10 +94,11 @@ def build_problems(artifact_dir: Path, entry: dict, record: dict) -> list[str]:
             raise GateError(f"{entry['dir']}/{step['log']}: unreadable: {exc.strerror}") from exc
         diags = resources.diagnostics(log, step["tool"])
         if step["returncode"] != 0 or diags:
-            first = diags[0] if diags else "(no output)"
-            more = f" (+{len(diags) - 1} more line(s))" if len(diags) > 1 else ""
+            # The warning/error lines themselves, not the "In function …" context.
+            said = [d.strip() for d in diags if _SAYS.search(d)] or diags[:1] or ["(no output)"]
+            text = " | ".join(said[:3]) + (f" (+{len(said) - 3} more)" if len(said) > 3 else "")
             problems.append(f"{record['kernel']} {record['arch']}: {step['tool']} exited "
-                            f"{step['returncode']}: {first}{more}")
+                            f"{step['returncode']}: {text}")
     if not problems and not record.get("cubin"):
         problems.append(f"{record['kernel']} {record['arch']}: no cubin was produced")
     return problems

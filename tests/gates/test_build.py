@@ -1,0 +1,242 @@
+"""Build and audit gates with real compilers (CUDA 12.8 NVRTC + ptxas for sm_70, CUDA 13
+nvcc for sm_90 / sm_110, from the cuda12/cuda13 extras). Failing cases build the
+fixtures in tests/fixtures/kernels/, never anything in kernels/.
+
+Compile time is kept modest: each repository is built once per session and the
+build cache (build/kernels/…) serves every later use.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import textwrap
+from pathlib import Path
+
+import git
+import pytest
+
+from pipeline import cudabuild, kernels, toolchains
+from pipeline.gates import audit, build
+from pipeline.gates.interface import Status
+from pipeline.progress import PlainProgress
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+FIXTURES = REPO / "tests" / "fixtures" / "kernels"
+QUIET = PlainProgress(quiet=True)
+ARCHES = ["sm_70", "sm_90", "sm_110"]
+
+
+def _fixture_repo(root: Path, source: str, arches: list[str], extra: str = "") -> Path:
+    """A repository whose kernels/ holds one fixture kernel and its kernels.toml."""
+    (root / "kernels" / "include").mkdir(parents=True)
+    shutil.copyfile(FIXTURES / source, root / "kernels" / source)
+    entry = source.removesuffix(".cu") if source != "clean.cu" else "scale"
+    (root / "kernels" / "kernels.toml").write_text(textwrap.dedent(f'''
+        version = 1
+        [kernels.k]
+        source = "{source}"
+        entry_points = ["{entry}"]
+        arches = {json.dumps(arches)}
+    ''') + textwrap.dedent(extra))
+    return root
+
+
+@pytest.fixture(scope="session")
+def kernels_repo(tmp_path_factory) -> Path:
+    """A copy of the real kernels/, built and audited once for the session."""
+    root = tmp_path_factory.mktemp("kernels-repo")
+    shutil.copytree(REPO / "kernels", root / "kernels")
+    return root
+
+
+@pytest.fixture(scope="session")
+def audited(kernels_repo, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("audit")
+    audit.measure_audit(kernels_repo, ARCHES, [], {}, out, QUIET)
+    return out
+
+
+def test_clean_build_of_kernels_for_every_arch(audited):
+    derived = build.derive_builds(audited)
+    assert derived.status is Status.PASS, derived.reason
+    assert derived.metrics["builds"] == 3 and derived.metrics["builds_failed"] == 0
+    assert derived.metrics["toolchain_sm_70"] == "cuda-12.8-nvrtc 12.8.93 + ptxas 12.8.93"
+    assert derived.metrics["toolchain_sm_110"].startswith("cuda-13-nvcc 13.5.37 + g++ ")
+    record = json.loads((audited / "sm_110" / "decode_attention" / "build.json").read_text())
+    argv = record["steps"][0]["argv"]
+    assert argv[argv.index("-Werror") + 1] == "all-warnings"
+    assert "-v,-warn-spills,-warn-lmem-usage" in argv and "-Wall,-Wextra,-Werror" in argv
+    assert "arch=compute_110,code=[sm_110,compute_110]" in argv
+
+
+def test_audit_of_kernels_passes_with_resources_per_entry_point(audited):
+    derived = audit.derive_audit(audited)
+    assert derived.status is Status.PASS, derived.reason
+    # 4 entry points x 3 arches; sm_90 and sm_110 each embed one image in the fatbin
+    # and one in the object; the sm_70 NVRTC build is a bare cubin.
+    assert derived.metrics["entry_points"] == 12
+    assert derived.metrics["embedded_images_verified"] == 4
+    cell = derived.cells["decode_attention/decode_attention_e5m2_hd128@sm_70"]
+    assert 0 < cell["registers"] <= cell["max_registers"]
+    assert cell["spill_stores"] == cell["spill_loads"] == cell["stack_frame"] == 0
+    assert (audited / "sm_70" / "decode_attention" / "sass.txt").read_text().count("code for sm_70")
+
+
+def test_unchanged_rebuild_is_served_from_the_cache(kernels_repo, audited):
+    manifest = kernels.load(kernels_repo)
+    again = cudabuild.build(kernels_repo, manifest, "decode_attention", "sm_90",
+                            toolchains.for_arch("sm_90"))
+    assert again.cached
+    (kernels_repo / "kernels" / "include" / "rowgate" / "extra.cuh").write_text("#pragma once\n")
+    try:
+        key = cudabuild.cache_key(kernels.source_digest(kernels_repo, manifest, "decode_attention"),
+                                  manifest.kernels["decode_attention"].model_dump(mode="json"),
+                                  "sm_90", toolchains.for_arch("sm_90"))
+        assert key != again.record["cache_key"]  # any header edit invalidates
+    finally:
+        (kernels_repo / "kernels" / "include" / "rowgate" / "extra.cuh").unlink()
+
+
+def test_tampered_embedded_image_fails_the_audit(audited, tmp_path):
+    copy = tmp_path / "audit"
+    shutil.copytree(audited, copy)
+    image = next((copy / "sm_90" / "decode_attention" / "embedded" / "decode_attention.fatbin")
+                 .glob("*.cubin"))
+    image.write_bytes(image.read_bytes() + b"\0")
+    derived = audit.derive_audit(copy)
+    assert derived.status is Status.FAIL
+    assert "decode_attention.fatbin embedded image sha256" in derived.reason
+
+
+@pytest.mark.parametrize("arch", ["sm_70", "sm_90"])
+def test_device_code_warning_fails_with_its_text(tmp_path, arch):
+    repo = _fixture_repo(tmp_path, "warn_device.cu", [arch])
+    build.build_into(repo, [arch], [], {}, tmp_path / "out", QUIET)
+    derived = build.derive_builds(tmp_path / "out")
+    assert derived.status is Status.FAIL
+    assert 'variable "unused_in_device_code" was declared but never referenced' in derived.reason
+    assert ("nvrtc exited 0" if arch == "sm_70" else "nvcc exited") in derived.reason
+
+
+def test_host_code_warning_fails_with_its_text(tmp_path):
+    repo = _fixture_repo(tmp_path, "warn_host.cu", ["sm_90"])
+    build.build_into(repo, ["sm_90"], [], {}, tmp_path / "out", QUIET)
+    derived = build.derive_builds(tmp_path / "out")
+    assert derived.status is Status.FAIL
+    assert "format" in derived.reason and "expects argument of type" in derived.reason
+
+
+@pytest.mark.parametrize("arch", ["sm_70", "sm_90"])
+def test_spilling_kernel_fails_under_werror(tmp_path, arch):
+    repo = _fixture_repo(tmp_path, "spill.cu", [arch])
+    build.build_into(repo, [arch], [], {}, tmp_path / "out", QUIET)
+    derived = build.derive_builds(tmp_path / "out")
+    assert derived.status is Status.FAIL
+    assert "Registers are spilled to local memory in function 'spill'" in derived.reason
+
+
+def test_register_budget_below_real_count_names_both_numbers(tmp_path):
+    repo = _fixture_repo(tmp_path, "clean.cu", ["sm_90"], '''
+        [kernels.k.budgets.all]
+        max_registers = 4
+    ''')
+    audit.measure_audit(repo, ["sm_90"], [], {}, tmp_path / "out", QUIET)
+    assert build.derive_builds(tmp_path / "out").status is Status.PASS
+    derived = audit.derive_audit(tmp_path / "out")
+    used = derived.cells["k/scale@sm_90"]["registers"]
+    assert derived.status is Status.FAIL and used > 4
+    assert f"k/scale sm_90: registers {used} exceeds budget 4" in derived.reason
+
+
+def test_sass_rule_violation_fails(tmp_path):
+    repo = _fixture_repo(tmp_path, "clean.cu", ["sm_70"], '''
+        [[kernels.k.sass]]
+        forbid = ["STG"]
+        require = ["HMMA"]
+    ''')
+    audit.measure_audit(repo, ["sm_70"], [], {}, tmp_path / "out", QUIET)
+    derived = audit.derive_audit(tmp_path / "out")
+    assert derived.status is Status.FAIL
+    assert "k/scale sm_70: SASS forbids STG: 1 STG instruction(s)" in derived.reason
+    assert "SASS requires HMMA: no HMMA instruction" in derived.reason
+
+
+def test_triton_aot_reachability_is_recorded_per_arch(tmp_path, audited):
+    out = tmp_path / "out"
+    shutil.copytree(audited, out)
+    build.measure_aot(["sm_90", "sm_110"], out, QUIET)
+    derived = build.derive_builds(out)
+    assert derived.status is Status.PASS  # reachability is a fact, not a verdict
+    sm90 = json.loads((out / "triton-aot" / "sm_90.json").read_text())
+    assert sm90["reachable"] is True and sm90["triton"] and sm90["cubin_bytes"] > 0
+    sm110 = derived.cells["triton-aot@sm_110"]
+    assert sm110["reachable"] or sm110["error"]  # yes, or the exact error
+    assert f"Triton {sm90['triton']} AOT: sm_110 " in derived.reason
+
+
+ROW = '''
+id = "TEST-BUILD-SM70"
+title = "build and audit for sm_70 in a sealed bundle"
+kind = "kernel-pr"
+
+[target]
+arch = "sm_70"
+build_arches = ["sm_70", "sm_110"]
+
+[arms.oracle]
+engine = "vllm"
+version = "0.32.0"
+
+[arms.candidate]
+engine = "reference"
+
+[workload]
+input_lens = [16]
+concurrency = [1]
+output_len = 4
+
+[[gates]]
+id = "build"
+kind = "build"
+
+[[gates]]
+id = "audit"
+kind = "audit"
+'''
+
+
+def test_row_build_and_audit_pass_in_a_sealed_bundle(tmp_path, kernels_repo):
+    from pipeline import rows, runner, signing
+    from pipeline.evidence import Bundle
+
+    repo = git.Repo.init(tmp_path / "subject", initial_branch="main")
+    with repo.config_writer() as cw:
+        cw.set_value("user", "name", "Test Author")
+        cw.set_value("user", "email", "author@example.com")
+    root = Path(repo.working_dir)
+    shutil.copytree(REPO / "kernels", root / "kernels")
+    (root / ".gitignore").write_text("build/\n")
+    repo.index.add(["kernels", ".gitignore"])
+    repo.index.commit("kernels\n\nSigned-off-by: Test Author <author@example.com>\n")
+    # Share the session's build cache: same sources, same toolchains, same keys.
+    shutil.copytree(kernels_repo / "build", root / "build")
+    row_path = tmp_path / "TEST-BUILD-SM70.toml"
+    row_path.write_text(ROW)
+
+    signer = signing.default_signer(announce=lambda msg: None)
+    run = runner.run_row(rows.load_row(row_path), root, tmp_path / "evidence", signer, QUIET)
+    results = {r.gate_id: r for r in run.results}
+    assert results["build"].status is Status.PASS, results["build"].reason
+    assert results["audit"].status is Status.PASS, results["audit"].reason
+    bundle = Bundle.open(run.bundle)
+    bundle.verify(signer.verifier())
+    files = set(bundle.manifest.files)
+    for arch, log in (("sm_70", "ptxas.log"), ("sm_110", "nvcc.log")):
+        assert f"artifacts/build/{arch}/decode_attention/{log}" in files
+        assert f"artifacts/audit/{arch}/decode_attention/sass.txt" in files
+    # derive is pure: re-running it on the sealed artifacts gives the recorded result.
+    again = audit.Audit().derive(None, None, run.bundle / "artifacts" / "audit")
+    assert (again.status, again.reason) == (results["audit"].status, results["audit"].reason)

@@ -18,6 +18,7 @@ import git
 from pydantic import BaseModel, ConfigDict
 
 from pipeline import __version__
+from pipeline._records import file_sha256, now, sign_record, verify_record, write_record
 from pipeline.errors import Error, ExitCode, RepoError, UsageError
 from pipeline.evidence import Bundle
 from pipeline.gates.host import SIGNED_OFF
@@ -27,13 +28,8 @@ from pipeline.review import (
     ReviewRecord,
     Verdict,
     attestation_path,
-    file_sha256,
     load_attestation,
     load_review,
-    now,
-    sign_record,
-    verify_record,
-    write_record,
 )
 from pipeline.rows import LoadedRow
 from pipeline.signing import Signer, SignerIdentity

@@ -10,8 +10,7 @@ The review trusts nothing it can recompute. In order it
 Records are single JSON files beside their signatures:
 `REVIEWS/ROW/BUNDLE-ID.review.json` + `BUNDLE-ID.review.sigstore.json`, and the
 operator's `BUNDLE-ID.attestation.json` + `BUNDLE-ID.attestation.sigstore.json`.
-model-signing signs directories, so a record is signed (and verified) as a
-directory holding just that one file; the signed statement names the file.
+How a single file is signed: `pipeline._records`.
 """
 
 from __future__ import annotations
@@ -19,27 +18,32 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import re
-import shutil
-import tempfile
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from enum import Enum
 from pathlib import Path
 from typing import Literal
 
 import git
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from pipeline import __version__, schemas
+from pipeline import __version__
+from pipeline._records import file_sha256, now, read_record, sign_record, write_record
 from pipeline.device import Gpu
 from pipeline.errors import ExitCode, UsageError, VerificationError
-from pipeline.evidence import Bundle, canonical_json
+from pipeline.evidence import Bundle
 from pipeline.gates import gate_for
 from pipeline.gates.interface import GateError, GateResult, MetricValue, Status
 from pipeline.provenance import Host, Subject, main_branch, open_repo
-from pipeline.rows import Comparison, Criterion, LoadedRow, Row, StopAction, StopCondition, load_row
+from pipeline.rows import (
+    Comparison,
+    Criterion,
+    LoadedRow,
+    Row,
+    StopAction,
+    StopCondition,
+    load_row,
+)
 from pipeline.signing import (
     SIGNATURE_FILE,
     KeyVerifier,
@@ -241,84 +245,12 @@ class Attestation(_Model):
 # ------------------------------------------------------------ record files
 
 
-def now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
-
-
-def signature_path(record: Path) -> Path:
-    """`X.review.json` -> `X.review.sigstore.json`."""
-    return record.with_name(record.name.removesuffix(".json") + ".sigstore.json")
-
-
-def write_record(model: BaseModel, schema: str, path: Path) -> bytes:
-    """Schema-check and write atomically; returns the bytes written."""
-    data = json.loads(model.model_dump_json())
-    schemas.validate(schema, data, str(path))
-    raw = canonical_json(data)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "wb") as f:
-        f.write(raw)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return raw
-
-
-def read_record(model: type[BaseModel], schema: str, path: Path):
-    try:
-        raw = json.loads(path.read_bytes())
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot read ({exc.strerror})") from exc
-    except ValueError as exc:
-        raise VerificationError(f"{path}: not JSON ({exc})") from exc
-    schemas.validate(schema, raw, str(path))
-    try:
-        return model.model_validate(raw)
-    except ValidationError as exc:
-        raise VerificationError(f"{path}: {exc.errors()[0]['msg']}") from exc
-
-
-def _single_file_dir(record: Path, tmp: str) -> Path:
-    holder = Path(tmp) / record.name.removesuffix(".json")
-    holder.mkdir()
-    shutil.copyfile(record, holder / record.name)
-    return holder
-
-
-def sign_record(signer: Signer, record: Path) -> Path:
-    """Sign one record file; the signature goes beside it."""
-    sig = signature_path(record)
-    with tempfile.TemporaryDirectory(prefix="rowgate-sign-") as tmp:
-        holder = _single_file_dir(record, tmp)
-        signer.sign(holder, Path(tmp) / "signature.json", ignore=[])
-        shutil.copyfile(Path(tmp) / "signature.json", sig)
-    return sig
-
-
-def verify_record(verifier: Verifier, record: Path) -> SignerIdentity:
-    """Verify a record against its signature; raises VerificationError naming the file."""
-    sig = signature_path(record)
-    if not sig.is_file():
-        raise VerificationError(f"{record}: no signature ({sig.name} missing)")
-    with tempfile.TemporaryDirectory(prefix="rowgate-verify-") as tmp:
-        holder = _single_file_dir(record, tmp)
-        try:
-            return verifier.verify(holder, sig)
-        except VerificationError as exc:
-            raise VerificationError(f"{record.name}: {exc.diagnostics()}") from exc
-
-
 def review_path(reviews_dir: Path, row_id: str, bundle_id: str) -> Path:
     return reviews_dir / row_id / f"{bundle_id}.review.json"
 
 
 def attestation_path(review: Path) -> Path:
     return review.with_name(review.name.removesuffix(".review.json") + ".attestation.json")
-
-
-def file_sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 # --------------------------------------------------------------- freshness

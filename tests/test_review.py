@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import review, schemas, signing
+from pipeline import _records, review, schemas, signing
 from pipeline.errors import VerificationError
 from pipeline.evidence import Bundle
 from pipeline.gates.interface import GateResult, Status
@@ -41,11 +41,11 @@ def test_approve_writes_a_signed_schema_valid_record(world):
     assert record.freshness.moved == []
     reviewer = world.as_reviewer()
     assert record.reviewer == reviewer.identity
-    assert review.verify_record(reviewer.verifier(), path) == reviewer.identity
+    assert _records.verify_record(reviewer.verifier(), path) == reviewer.identity
     # the signature covers the record: one changed byte and it no longer verifies
     path.write_text(path.read_text().replace('"APPROVE"', '"APPROVE" '))
     with pytest.raises(VerificationError):
-        review.verify_record(reviewer.verifier(), path)
+        _records.verify_record(reviewer.verifier(), path)
 
 
 def test_review_with_the_bundle_signers_key_is_refused(world):
@@ -213,9 +213,9 @@ def test_operator_attestation_is_signed_by_the_bundles_signer(world):
     assert path == review_file.with_name(f"{bundle.name}.attestation.json")
     att = review.load_attestation(path)
     assert (att.bundle_id, att.review_sha256, att.note) == (
-        bundle.name, review.file_sha256(review_file), "H200 in rack 4")
+        bundle.name, _records.file_sha256(review_file), "H200 in rack 4")
     assert att.operator == operator.identity
-    assert review.verify_record(operator.verifier(), path) == operator.identity
+    assert _records.verify_record(operator.verifier(), path) == operator.identity
 
 
 # ------------------------------------------------ judging, on constructed results

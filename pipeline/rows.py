@@ -152,6 +152,9 @@ class BuildGate(_GateBase):
     """Kernel names from kernels/kernels.toml; empty means all."""
     aot_reachability: bool = False
     """Also record whether the pinned Triton compiles ahead of time per arch."""
+    aot_arches: list[Annotated[str, Field(pattern=ARCH_PATTERN)]] = []
+    """Arches the Triton AOT probe asks about (e.g. ones a release omits); empty
+    means the arches built."""
 
 
 class AuditGate(_GateBase):

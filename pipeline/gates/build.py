@@ -118,7 +118,7 @@ def derive_builds(artifact_dir: Path) -> Derived:
             "status": "FAIL" if failed else "PASS",
             "cubin_sha256": record["outputs"].get(record.get("cubin") or "", ""),
             "toolchain": _toolchain_line(tc)}
-    metrics["builds_failed"] = sum(1 for c in cells.values() if c["status"] == "FAIL")
+    metrics["failed_builds"] = sum(1 for c in cells.values() if c["status"] == "FAIL")
     aot = _derive_aot(artifact_dir, metrics, cells)
     if problems:
         return Derived(Status.FAIL, "; ".join(problems) + aot, metrics, cells)
@@ -206,7 +206,7 @@ class Build(Gate):
         arches = gate_arches(row, spec.arches)
         build_into(ctx.repo, arches, spec.kernels, ctx.options, ctx.artifact_dir, ctx.progress)
         if spec.aot_reachability:
-            measure_aot(arches, ctx.artifact_dir, ctx.progress)
+            measure_aot(spec.aot_arches or arches, ctx.artifact_dir, ctx.progress)
 
     def derive(self, row: Row, spec: BuildGate, artifact_dir: Path) -> Derived:
         return derive_builds(artifact_dir)

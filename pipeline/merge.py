@@ -23,13 +23,14 @@ from pipeline.errors import Error, ExitCode, RepoError, UsageError
 from pipeline.evidence import Bundle
 from pipeline.gates.host import SIGNED_OFF
 from pipeline.gates.interface import Status
-from pipeline.provenance import main_branch, open_repo
+from pipeline.provenance import open_repo
 from pipeline.review import (
     ReviewRecord,
     Verdict,
     attestation_path,
     load_attestation,
     load_review,
+    local_branch,
 )
 from pipeline.rows import LoadedRow
 from pipeline.signing import Signer, SignerIdentity
@@ -270,7 +271,7 @@ def _git_merge(repo: git.Repo, branch: str, into: str, head: str, message: str) 
 def merge(loaded: LoadedRow, repo_path: Path, into: str | None, reviews_dir: Path,
           signer: Signer) -> MergeResult:
     repo = open_repo(repo_path)
-    into = main_branch(repo, into or loaded.row.review.merge_into)
+    into = local_branch(repo, into or loaded.row.review.merge_into)
     if repo.head.is_detached:
         raise UsageError(f"{repo.working_dir}: HEAD is detached; check out the branch to merge")
     branch = repo.active_branch.name

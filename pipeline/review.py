@@ -30,11 +30,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from pipeline import __version__
 from pipeline._records import file_sha256, now, read_record, sign_record, write_record
 from pipeline.device import Gpu
-from pipeline.errors import ExitCode, UsageError, VerificationError
+from pipeline.errors import ExitCode, RepoError, UsageError, VerificationError
 from pipeline.evidence import Bundle
 from pipeline.gates import gate_for
 from pipeline.gates.interface import GateError, GateResult, MetricValue, Status
-from pipeline.provenance import Host, Subject, main_branch, open_repo
+from pipeline.provenance import Host, Subject, open_repo
 from pipeline.rows import (
     Comparison,
     Criterion,
@@ -256,6 +256,17 @@ def attestation_path(review: Path) -> Path:
 # --------------------------------------------------------------- freshness
 
 
+def local_branch(repo: git.Repo, name: str) -> str:
+    """`name` if it is a local branch; rowgate never fetches, so a branch that exists
+    only as a remote-tracking ref is the user's to create."""
+    if name in repo.heads:
+        return name
+    tracking = [r.name for r in repo.refs if isinstance(r, git.RemoteReference)
+                and r.remote_head == name]
+    hint = f" (create it: git branch {name} {tracking[0]})" if tracking else ""
+    raise RepoError(f"{repo.working_dir}: no local branch {name}{hint}")
+
+
 def expected_base(repo: git.Repo, commit: git.Commit, main: str) -> str | None:
     """The base `provenance.subject` would record for `commit` now."""
     bases = repo.merge_base(commit, repo.heads[main].commit)
@@ -290,7 +301,7 @@ def freshness(repo: git.Repo, subject: Subject, into: str, row_sha256: str,
     if label and head != subject.commit:
         moved.append(f"stale: {label} moved from {subject.commit[:12]} to {head[:12]}")
     if commit is not None:
-        base = expected_base(repo, commit, main_branch(repo, into)) or ""
+        base = expected_base(repo, commit, local_branch(repo, into)) or ""
         if base != subject.base:
             moved.append(f"stale: base moved: merge-base with {into} is now "
                          f"{base[:12] or '(none)'}, the bundle recorded {subject.base[:12]}")

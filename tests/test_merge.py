@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import git
@@ -221,3 +222,32 @@ def test_conflicting_change_is_refused(world):
     commit_file(world.repo, "src/kernel.txt", "v9\n", "kernel v9 on main")
     world.repo.git.checkout(feature)
     assert "conflicts (src/kernel.txt)" in _refused(world, row, "conflict")
+
+
+def test_bundle_from_another_machine_is_reviewed_and_merged_in_the_reviewers_clone(world, tmp_path):
+    """The gate machine's repo and evidence stay there; the reviewer has a clone and a
+    copy of the bundle (and the row), and the gate repo is the clone's remote."""
+    row = world.row()
+    sealed = world.gate(row)
+    clone = git.Repo.clone_from(world.repo_dir, tmp_path / "reviewer" / "clone")
+    world.repo = clone  # from here on, everything happens in the reviewer's clone
+    # the clone checked out the remote's HEAD (feature); main is only origin/main
+    code, _, err = world.review(sealed, row)
+    assert code == 2
+    assert err.strip().endswith("no local branch main (create it: git branch main origin/main)")
+    clone.git.branch("main", "origin/main")
+    with clone.config_writer() as cw:
+        cw.set_value("user", "name", "Reviewer")
+        cw.set_value("user", "email", "reviewer@example.com")
+    moved = tmp_path / "reviewer" / "inbox" / sealed.parent.name / sealed.name
+    shutil.copytree(sealed, moved)
+    gate_refs = _refs(git.Repo(tmp_path / "subject"))
+
+    code, out, err = world.review(moved, row)
+    assert code == 0, err
+    assert review.load_review(Path(out[-1])).bundle.path == str(moved)
+    code, out, err = world.merge(row)
+    assert code == 0, err
+    merge = clone.heads.main.commit
+    assert "Signed-off-by: Reviewer <reviewer@example.com>" in merge.message
+    assert _refs(git.Repo(tmp_path / "subject")) == gate_refs  # origin untouched

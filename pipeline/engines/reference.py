@@ -1,0 +1,443 @@
+"""rowgate's own decode engine for Qwen3-architecture models: torch, paged KV cache.
+
+It reads the same config.json + model.safetensors as vLLM and runs the decode
+loop itself: a paged KV cache (block table, page size 16), continuous batching
+at the pass's concurrency, greedy or seeded sampling. Attention over the paged
+cache is a parameter (`decode_attention`): on a CPU the torch implementation
+below; on a GPU the kernels of `pipeline/ops` plug in with the same signature.
+Mode `graph` (CUDA only) replays the decode step from a captured CUDA graph;
+sampling stays outside the graph.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from pipeline import __version__
+from pipeline.engines.interface import (
+    Engine,
+    EngineError,
+    PassResult,
+    Request,
+    RequestOutput,
+    WorkloadPass,
+)
+from pipeline.model import model_info
+
+PAGE_SIZE = 16
+
+DecodeAttention = Callable[..., torch.Tensor]
+"""`(q[B,H,D], k_cache[N,P,KV,D], v_cache[N,P,KV,D], block_tables[B,M] int32,
+context_lens[B] int32, scale) -> out[B,H,D]`: one query token per sequence,
+attending to the first `context_lens[b]` cached tokens of its block table."""
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def torch_paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                                 block_tables: torch.Tensor, context_lens: torch.Tensor,
+                                 scale: float) -> torch.Tensor:
+    """Paged decode attention in torch ops (static shapes, so CUDA-graph capturable)."""
+    b, h, d = q.shape
+    kv = k_cache.shape[2]
+    tokens = block_tables.shape[1] * k_cache.shape[1]
+    k = k_cache[block_tables].reshape(b, tokens, kv, d)
+    v = v_cache[block_tables].reshape(b, tokens, kv, d)
+    qg = q.view(b, kv, h // kv, d)
+    scores = torch.einsum("bkgd,btkd->bkgt", qg.float(), k.float()) * scale
+    pad = torch.arange(tokens, device=q.device)[None, :] >= context_lens[:, None]
+    scores = scores.masked_fill(pad[:, None, None, :], float("-inf"))
+    out = torch.einsum("bkgt,btkd->bkgd", scores.softmax(-1), v.float())
+    return out.reshape(b, h, d).to(q.dtype)
+
+
+# -------------------------------------------------------------------- model
+
+
+@dataclass(frozen=True)
+class Qwen3Config:
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position: int
+    eos_token_id: int
+
+    @classmethod
+    def load(cls, path: Path) -> "Qwen3Config":
+        try:
+            c = json.loads((path / "config.json").read_text())
+            rope = c.get("rope_parameters") or {}
+            eos = c.get("eos_token_id", 0)
+            return cls(vocab_size=c["vocab_size"], hidden_size=c["hidden_size"],
+                       num_layers=c["num_hidden_layers"], num_heads=c["num_attention_heads"],
+                       num_kv_heads=c["num_key_value_heads"],
+                       head_dim=c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"],
+                       rms_norm_eps=c["rms_norm_eps"],
+                       rope_theta=float(rope.get("rope_theta", c.get("rope_theta", 10000.0))),
+                       max_position=c["max_position_embeddings"],
+                       eos_token_id=eos[0] if isinstance(eos, list) else eos)
+        except (OSError, ValueError, KeyError) as exc:
+            raise EngineError(f"{path}/config.json: not a readable Qwen3 config") from exc
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (xf * weight.float()).to(x.dtype)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Neox-style rotary embedding (rotate halves), as Qwen3 uses. cos/sin: [T, D/2]."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class Qwen3Model:
+    """Weights + forward passes over a paged KV cache."""
+
+    def __init__(self, path: Path, device: str, dtype: torch.dtype,
+                 decode_attention: DecodeAttention):
+        from safetensors.torch import load_file
+
+        self.cfg = Qwen3Config.load(path)
+        try:
+            raw = load_file(str(path / "model.safetensors"), device="cpu")
+        except (OSError, ValueError) as exc:
+            raise EngineError(f"{path}/model.safetensors: cannot load") from exc
+        self.w = {k: v.to(device=device, dtype=dtype) for k, v in raw.items()}
+        self.device, self.dtype = device, dtype
+        self.decode_attention = decode_attention
+        self.scale = self.cfg.head_dim ** -0.5
+        # Same float32 derivation as HF / vLLM's rotary cache.
+        inv_freq = 1.0 / (self.cfg.rope_theta ** (
+            torch.arange(0, self.cfg.head_dim, 2, dtype=torch.int64).float() / self.cfg.head_dim))
+        freqs = torch.outer(torch.arange(self.cfg.max_position, dtype=torch.float32), inv_freq)
+        self.cos = freqs.cos().to(device=device, dtype=dtype)
+        self.sin = freqs.sin().to(device=device, dtype=dtype)
+
+    def _qkv(self, i: int, x: torch.Tensor, positions: torch.Tensor):
+        c, p = self.cfg, f"model.layers.{i}.self_attn."
+        t = x.shape[0]
+        q = (x @ self.w[p + "q_proj.weight"].T).view(t, c.num_heads, c.head_dim)
+        k = (x @ self.w[p + "k_proj.weight"].T).view(t, c.num_kv_heads, c.head_dim)
+        v = (x @ self.w[p + "v_proj.weight"].T).view(t, c.num_kv_heads, c.head_dim)
+        q = _rms_norm(q, self.w[p + "q_norm.weight"], c.rms_norm_eps)
+        k = _rms_norm(k, self.w[p + "k_norm.weight"], c.rms_norm_eps)
+        cos, sin = self.cos[positions], self.sin[positions]
+        return _rope(q, cos, sin), _rope(k, cos, sin), v
+
+    def _mlp(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        p = f"model.layers.{i}.mlp."
+        gate = x @ self.w[p + "gate_proj.weight"].T
+        up = x @ self.w[p + "up_proj.weight"].T
+        return (F.silu(gate) * up) @ self.w[p + "down_proj.weight"].T
+
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                cache: "PagedKVCache", attend: Callable) -> torch.Tensor:
+        """Logits of each token; K/V written to `slots`; `attend(layer, q, k, v)` -> out."""
+        c = self.cfg
+        x = self.w["model.embed_tokens.weight"][ids]
+        for i in range(c.num_layers):
+            p = f"model.layers.{i}."
+            h = _rms_norm(x, self.w[p + "input_layernorm.weight"], c.rms_norm_eps)
+            q, k, v = self._qkv(i, h, positions)
+            cache.write(i, slots, k, v)
+            a = attend(i, q, k, v).reshape(x.shape[0], c.num_heads * c.head_dim)
+            x = x + a @ self.w[p + "self_attn.o_proj.weight"].T
+            h = _rms_norm(x, self.w[p + "post_attention_layernorm.weight"], c.rms_norm_eps)
+            x = x + self._mlp(i, h)
+        x = _rms_norm(x, self.w["model.norm.weight"], c.rms_norm_eps)
+        return (x @ self.w["lm_head.weight"].T).float()
+
+    def prefill(self, ids: torch.Tensor, slots: torch.Tensor, cache: "PagedKVCache"):
+        """One sequence's prompt, causal attention over itself; returns last-token logits."""
+        positions = torch.arange(ids.shape[0], device=self.device)
+        group = self.cfg.num_heads // self.cfg.num_kv_heads
+
+        def attend(_i, q, k, v):
+            out = F.scaled_dot_product_attention(
+                q.transpose(0, 1), k.repeat_interleave(group, 1).transpose(0, 1),
+                v.repeat_interleave(group, 1).transpose(0, 1), is_causal=True, scale=self.scale)
+            return out.transpose(0, 1)
+
+        return self.forward(ids, positions, slots, cache, attend)[-1]
+
+    def decode(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+               block_tables: torch.Tensor, context_lens: torch.Tensor,
+               cache: "PagedKVCache") -> torch.Tensor:
+        """One new token per sequence, attending to its paged cache; returns logits [B, V]."""
+
+        def attend(i, q, _k, _v):
+            return self.decode_attention(q, cache.k[i], cache.v[i], block_tables, context_lens,
+                                         self.scale)
+
+        return self.forward(ids, positions, slots, cache, attend)
+
+
+class PagedKVCache:
+    """Per-layer K/V pages `[1 + num_blocks, PAGE_SIZE, kv_heads, head_dim]` and a free list.
+
+    Block 0 is never handed out: block tables are padded with it and CUDA-graph
+    capture writes its scratch K/V there, so no live sequence is touched.
+    """
+
+    def __init__(self, cfg: Qwen3Config, num_blocks: int, device: str, dtype: torch.dtype):
+        shape = (1 + num_blocks, PAGE_SIZE, cfg.num_kv_heads, cfg.head_dim)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.num_layers)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.num_layers)]
+        self.num_blocks = num_blocks
+        self.free = deque(range(1, 1 + num_blocks))
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.k[layer].view(-1, *k.shape[1:]).index_copy_(0, slots, k)
+        self.v[layer].view(-1, *v.shape[1:]).index_copy_(0, slots, v)
+
+    def allocate(self) -> int:
+        if not self.free:
+            raise EngineError("reference engine: KV cache out of blocks")
+        return self.free.popleft()
+
+    def release(self, blocks: list[int]) -> None:
+        self.free.extend(blocks)
+
+
+# ----------------------------------------------------------------- sampling
+
+
+def sample(logits: torch.Tensor, work: WorkloadPass,
+           generators: list[torch.Generator | None]) -> tuple[list[int], list[float]]:
+    """Next token per row and its log-probability under the raw (unscaled) distribution.
+
+    Greedy when temperature is 0 (argmax, first index on ties); otherwise
+    temperature, top-k, top-p, then one draw from each request's own seeded
+    generator, so a request's tokens do not depend on its batch neighbours.
+    """
+    logprobs = torch.log_softmax(logits, dim=-1)
+    if work.temperature == 0.0:
+        ids = logits.argmax(dim=-1)
+    else:
+        scaled = logits / work.temperature
+        if work.top_k > 0:
+            kth = scaled.topk(min(work.top_k, scaled.shape[-1]), dim=-1).values[:, -1:]
+            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+        if work.top_p < 1.0:
+            sorted_l, order = scaled.sort(dim=-1, descending=True)
+            probs = sorted_l.softmax(-1)
+            drop = probs.cumsum(-1) - probs > work.top_p  # keep the token that crosses top_p
+            sorted_l = sorted_l.masked_fill(drop, float("-inf"))
+            scaled = torch.full_like(scaled, float("-inf")).scatter(-1, order, sorted_l)
+        probs = scaled.softmax(-1)
+        ids = torch.cat([torch.multinomial(probs[r], 1, generator=g)
+                         for r, g in enumerate(generators)])
+    chosen = logprobs.gather(-1, ids[:, None])[:, 0]
+    return ids.tolist(), chosen.tolist()
+
+
+# ------------------------------------------------------------------- engine
+
+
+@dataclass
+class _Seq:
+    request: Request
+    admitted: float
+    blocks: list[int] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+    generator: torch.Generator | None = None
+
+    @property
+    def length(self) -> int:
+        return len(self.request.prompt_ids) + len(self.tokens)
+
+    def output(self) -> RequestOutput:
+        itl = tuple(b - a for a, b in zip(self.times, self.times[1:]))
+        return RequestOutput(id=self.request.id, token_ids=tuple(self.tokens),
+                             logprobs=tuple(self.logprobs),
+                             ttft_s=self.times[0] - self.admitted if self.times else None,
+                             latency_s=(self.times[-1] if self.times else self.admitted)
+                             - self.admitted, itl_s=itl)
+
+
+class ReferenceEngine(Engine):
+    """rowgate's decode engine; `mode` eager (any device) or graph (CUDA)."""
+
+    name = "reference"
+
+    def __init__(self, model_dir: Path, *, device: str = "cpu", mode: str = "eager",
+                 dtype: str = "float32", decode_attention: DecodeAttention | None = None,
+                 max_blocks: int = 0):
+        if mode not in ("eager", "graph", "default"):
+            raise EngineError(f"reference engine: mode {mode!r} is not eager or graph")
+        if mode == "graph" and not device.startswith("cuda"):
+            raise EngineError(f"reference engine: mode graph needs a CUDA device, not {device!r}")
+        if dtype not in DTYPES:
+            raise EngineError(f"reference engine: dtype {dtype!r} is not one of {sorted(DTYPES)}")
+        self.model_dir = Path(model_dir)
+        self.device, self.mode, self.dtype = device, "eager" if mode == "default" else mode, dtype
+        self.decode_attention = decode_attention or torch_paged_decode_attention
+        self.max_blocks = max_blocks
+        self.model: Qwen3Model | None = None
+        self.cache: PagedKVCache | None = None
+        self._graphs: _DecodeGraphs | None = None
+        self._digest = ""
+
+    # -- lifecycle
+
+    def start(self) -> None:
+        self._digest = model_info(self.model_dir).digest
+        self.model = Qwen3Model(self.model_dir, self.device, DTYPES[self.dtype],
+                                self.decode_attention)
+        if self.mode == "graph":
+            self._graphs = _DecodeGraphs(self.model)
+
+    def stop(self) -> None:
+        self.model = self.cache = self._graphs = None
+
+    def describe(self) -> dict[str, str]:
+        return {"engine": "reference", "version": f"rowgate {__version__}",
+                "torch": torch.__version__, "device": self.device, "mode": self.mode,
+                "dtype": self.dtype, "page_size": str(PAGE_SIZE),
+                "decode_attention": getattr(self.decode_attention, "__qualname__",
+                                            repr(self.decode_attention)),
+                "model_path": str(self.model_dir), "model_digest": self._digest}
+
+    # -- one pass
+
+    def _ensure_cache(self, work: WorkloadPass) -> None:
+        longest = max(len(r.prompt_ids) + r.max_tokens for r in work.requests)
+        if longest > self.model.cfg.max_position:
+            raise EngineError(f"{work.cell}: {longest} tokens exceed the model's "
+                              f"max_position_embeddings {self.model.cfg.max_position}")
+        need = max(self.max_blocks, work.concurrency * math.ceil(longest / PAGE_SIZE))
+        if self.cache is None or self.cache.num_blocks < need:
+            self.cache = PagedKVCache(self.model.cfg, need, self.device, DTYPES[self.dtype])
+            if self._graphs is not None:
+                self._graphs.reset(self.cache)
+
+    def _slots(self, seq: _Seq, start: int, stop: int) -> list[int]:
+        while len(seq.blocks) * PAGE_SIZE < stop:
+            seq.blocks.append(self.cache.allocate())
+        return [seq.blocks[p // PAGE_SIZE] * PAGE_SIZE + p % PAGE_SIZE for p in range(start, stop)]
+
+    def _admit(self, request: Request, work: WorkloadPass) -> _Seq:
+        seq = _Seq(request=request, admitted=time.perf_counter())
+        if work.temperature > 0.0:
+            seq.generator = torch.Generator(device=self.device).manual_seed(request.seed)
+        n = len(request.prompt_ids)
+        ids = torch.tensor(request.prompt_ids, device=self.device)
+        slots = torch.tensor(self._slots(seq, 0, n), device=self.device)
+        logits = self.model.prefill(ids, slots, self.cache)[None]
+        self._append([seq], logits, work)
+        return seq
+
+    def _append(self, seqs: list[_Seq], logits: torch.Tensor, work: WorkloadPass) -> None:
+        ids, lps = sample(logits, work, [s.generator for s in seqs])
+        now = time.perf_counter()
+        for seq, tok, lp in zip(seqs, ids, lps):
+            seq.tokens.append(tok)
+            seq.logprobs.append(lp)
+            seq.times.append(now)
+
+    def _decode_step(self, seqs: list[_Seq], work: WorkloadPass) -> None:
+        dev = self.device
+        # The newest token is not in the cache yet: it is this step's input.
+        positions = [s.length - 1 for s in seqs]
+        slots = [self._slots(s, p, p + 1)[0] for s, p in zip(seqs, positions)]
+        width = max(len(s.blocks) for s in seqs)
+        tables = [s.blocks + [0] * (width - len(s.blocks)) for s in seqs]
+        args = (torch.tensor([s.tokens[-1] for s in seqs], device=dev),
+                torch.tensor(positions, device=dev), torch.tensor(slots, device=dev),
+                torch.tensor(tables, device=dev, dtype=torch.int32),
+                torch.tensor([p + 1 for p in positions], device=dev, dtype=torch.int32))
+        if self._graphs is not None:
+            logits = self._graphs.run(*args)
+        else:
+            logits = self.model.decode(*args, self.cache)
+        self._append(seqs, logits, work)
+
+    def _done(self, seq: _Seq, work: WorkloadPass) -> bool:
+        if len(seq.tokens) >= seq.request.max_tokens:
+            return True
+        return not work.ignore_eos and seq.tokens[-1] == self.model.cfg.eos_token_id
+
+    def generate(self, work: WorkloadPass) -> PassResult:
+        if self.model is None:
+            raise EngineError("reference engine: generate() before start()")
+        self._ensure_cache(work)
+        waiting, running, finished = deque(work.requests), [], {}
+        start = time.perf_counter()
+        with torch.inference_mode():
+            while waiting or running:
+                while waiting and len(running) < work.concurrency:
+                    running.append(self._admit(waiting.popleft(), work))
+                for seq in [s for s in running if self._done(s, work)]:
+                    running.remove(seq)
+                    self.cache.release(seq.blocks)
+                    finished[seq.request.id] = seq.output()
+                if waiting and len(running) < work.concurrency:
+                    continue  # refill freed slots before the next decode step
+                if running:
+                    self._decode_step(running, work)
+        wall = time.perf_counter() - start
+        return PassResult(outputs=tuple(finished[r.id] for r in work.requests), wall_s=wall)
+
+
+class _DecodeGraphs:
+    """CUDA graphs of the decode step, one per batch size, over fixed-width block tables."""
+
+    def __init__(self, model: Qwen3Model):
+        self.model = model
+        self.width = math.ceil(model.cfg.max_position / PAGE_SIZE)
+        self.graphs: dict[int, tuple] = {}
+        self.cache: PagedKVCache | None = None
+
+    def reset(self, cache: PagedKVCache) -> None:
+        self.cache, self.graphs = cache, {}
+
+    def _capture(self, batch: int):
+        dev = self.model.device
+        static = (torch.zeros(batch, dtype=torch.long, device=dev),
+                  torch.zeros(batch, dtype=torch.long, device=dev),
+                  torch.zeros(batch, dtype=torch.long, device=dev),
+                  torch.zeros(batch, self.width, dtype=torch.int32, device=dev),
+                  torch.ones(batch, dtype=torch.int32, device=dev))
+        # Warm up on a side stream (allocator, lazy kernels) before capture.
+        # Slot 0 is a scratch write: real slots are copied in before each replay.
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            self.model.decode(*static, self.cache)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = self.model.decode(*static, self.cache)
+        return graph, static, out
+
+    def run(self, ids, positions, slots, tables, context_lens) -> torch.Tensor:
+        batch = ids.shape[0]
+        if batch not in self.graphs:
+            self.graphs[batch] = self._capture(batch)
+        graph, static, out = self.graphs[batch]
+        padded = torch.zeros(batch, self.width, dtype=torch.int32, device=tables.device)
+        padded[:, :tables.shape[1]] = tables
+        for dst, src in zip(static, (ids, positions, slots, padded, context_lens)):
+            dst.copy_(src)
+        graph.replay()
+        return out.clone()

@@ -1,0 +1,147 @@
+"""The reference engine: paged attention, batching and sampling, against HF transformers."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from pipeline.engines import create
+from pipeline.engines.interface import EngineError
+from pipeline.engines.reference import (
+    PAGE_SIZE,
+    ReferenceEngine,
+    torch_paged_decode_attention,
+)
+from pipeline.rows import Arm, EngineKind
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model):
+    with ReferenceEngine(tiny_model.path) as eng:
+        yield eng
+
+
+@pytest.fixture(scope="module")
+def greedy(engine, demo_passes):
+    return [engine.generate(p) for p in demo_passes]
+
+
+def test_paged_attention_equals_dense_attention():
+    gen = torch.Generator().manual_seed(0)
+    heads, kv_heads, dim, blocks = 4, 2, 32, 12
+    lens = [1, PAGE_SIZE - 1, PAGE_SIZE, PAGE_SIZE + 1, 40]
+    k_cache = torch.randn(blocks, PAGE_SIZE, kv_heads, dim, generator=gen)
+    v_cache = torch.randn(blocks, PAGE_SIZE, kv_heads, dim, generator=gen)
+    order = torch.randperm(blocks, generator=gen).tolist()  # scattered pages
+    tables, q = [], torch.randn(len(lens), heads, dim, generator=gen)
+    for n in lens:
+        need = -(-n // PAGE_SIZE)
+        tables.append([order.pop() for _ in range(need)] + [0] * (3 - need))
+    out = torch_paged_decode_attention(q, k_cache, v_cache, torch.tensor(tables, dtype=torch.int32),
+                                       torch.tensor(lens, dtype=torch.int32), dim ** -0.5)
+    for b, n in enumerate(lens):
+        k = k_cache[tables[b]].reshape(-1, kv_heads, dim)[:n].repeat_interleave(2, 1)
+        v = v_cache[tables[b]].reshape(-1, kv_heads, dim)[:n].repeat_interleave(2, 1)
+        want = torch.softmax(torch.einsum("hd,thd->ht", q[b], k) * dim ** -0.5, -1)
+        torch.testing.assert_close(out[b], torch.einsum("ht,thd->hd", want, v))
+
+
+def test_greedy_equals_transformers(tiny_model, demo_passes, greedy):
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tiny_model.path, dtype=torch.float32)
+    for work, result in zip(demo_passes[::2], greedy[::2]):  # c1 cells; c4 are checked below
+        for req, out in zip(work.requests, result.outputs):
+            seq = hf.generate(torch.tensor([req.prompt_ids]), max_new_tokens=req.max_tokens,
+                              min_new_tokens=req.max_tokens, do_sample=False,
+                              output_logits=True, return_dict_in_generate=True)
+            assert tuple(seq.sequences[0, len(req.prompt_ids):].tolist()) == out.token_ids
+            want = [torch.log_softmax(s[0], -1)[t].item() for s, t in zip(seq.logits, out.token_ids)]
+            torch.testing.assert_close(torch.tensor(out.logprobs), torch.tensor(want),
+                                       rtol=0, atol=1e-4)
+
+
+def test_outputs_do_not_depend_on_concurrency(greedy):
+    by_cell = {r.outputs[0].id.split("-r")[0]: r for r in greedy}
+    for length in (16, 64):
+        c1, c4 = by_cell[f"i{length}-c1"], by_cell[f"i{length}-c4"]
+        assert [o.token_ids for o in c1.outputs] == [o.token_ids for o in c4.outputs]
+
+
+def test_timings_and_lengths(greedy, demo_passes):
+    for work, result in zip(demo_passes, greedy):
+        assert [o.id for o in result.outputs] == [r.id for r in work.requests]
+        for out in result.outputs:
+            assert len(out.token_ids) == len(out.logprobs) == 16
+            assert len(out.itl_s) == 15
+            assert 0 <= out.ttft_s <= out.latency_s <= result.wall_s
+            assert all(lp <= 0 for lp in out.logprobs)
+        assert result.output_tokens == 64
+
+
+def test_more_requests_than_concurrency_and_odd_lengths(engine, demo_passes):
+    work = demo_passes[1]
+    reqs = tuple(dataclasses.replace(r, id=f"x{i}", max_tokens=3 + 7 * i)
+                 for i, r in enumerate(work.requests * 2))
+    result = engine.generate(dataclasses.replace(work, concurrency=3, requests=reqs))
+    assert [len(o.token_ids) for o in result.outputs] == [3 + 7 * i for i in range(8)]
+    # A request's tokens are the same whoever shares its batch.
+    assert result.outputs[4].token_ids[:3] == result.outputs[0].token_ids
+
+
+def test_seeded_sampling(engine, demo_passes):
+    work = dataclasses.replace(demo_passes[1], temperature=1.0, top_k=20, top_p=0.95)
+    a, b = engine.generate(work), engine.generate(work)
+    assert [o.token_ids for o in a.outputs] == [o.token_ids for o in b.outputs]
+    reseeded = dataclasses.replace(work, requests=tuple(
+        dataclasses.replace(r, seed=r.seed + 1) for r in work.requests))
+    c = engine.generate(reseeded)
+    assert [o.token_ids for o in a.outputs] != [o.token_ids for o in c.outputs]
+
+
+def test_top_k_one_is_greedy(engine, demo_passes, greedy):
+    work = dataclasses.replace(demo_passes[1], temperature=0.7, top_k=1)
+    assert [o.token_ids for o in engine.generate(work).outputs] == \
+        [o.token_ids for o in greedy[1].outputs]
+
+
+def test_natural_eos_stops_early(tiny_model, demo_passes, greedy):
+    # Make the first greedy token of request 0 the model's EOS: it must stop there.
+    import json
+    import shutil
+
+    eos = greedy[0].outputs[0].token_ids[0]
+    path = tiny_model.path.parent / "eos-variant"
+    shutil.copytree(tiny_model.path, path, dirs_exist_ok=True)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "eos_token_id": eos}))
+    with ReferenceEngine(path) as eng:
+        out = eng.generate(dataclasses.replace(demo_passes[0], ignore_eos=False)).outputs
+    assert out[0].token_ids == (eos,)
+    assert all(eos not in o.token_ids[:-1] for o in out)
+
+
+def test_factory_and_refusals(tiny_model):
+    eng = create(Arm(engine=EngineKind.REFERENCE, mode="eager"), tiny_model.path)
+    assert isinstance(eng, ReferenceEngine)
+    with pytest.raises(EngineError, match="needs a CUDA device"):
+        ReferenceEngine(tiny_model.path, mode="graph")
+    with pytest.raises(EngineError, match="generate\\(\\) before start"):
+        eng.generate(None)
+    with pytest.raises(EngineError, match="not implemented"):
+        create(Arm(engine=EngineKind.LLAMA_CPP), tiny_model.path)
+
+
+def test_describe_records_model_digest(engine, tiny_model):
+    info = engine.describe()
+    assert info["model_digest"] == tiny_model.digest
+    assert info["engine"] == "reference" and info["dtype"] == "float32"
+    assert info["decode_attention"] == "torch_paged_decode_attention"
+
+
+def test_context_longer_than_the_model_is_refused(engine, demo_passes):
+    work = demo_passes[0]
+    req = dataclasses.replace(work.requests[0], max_tokens=5000)
+    with pytest.raises(EngineError, match="max_position_embeddings"):
+        engine.generate(dataclasses.replace(work, requests=(req,)))

@@ -583,11 +583,10 @@ def judge(row: Row, results: dict[str, GateResult], ev: Evaluation) -> None:
 
 
 def verdict_of(rejects: list[str], pendings: list[str]) -> tuple[Verdict, str]:
-    if rejects:
-        more = f" (+{len(rejects) - 1} more)" if len(rejects) > 1 else ""
-        return Verdict.REJECT, f"REJECT: {rejects[0]}{more}"
-    if pendings:
-        return Verdict.PENDING, "PENDING: " + "; ".join(pendings)
+    for verdict, reasons in ((Verdict.REJECT, rejects), (Verdict.PENDING, pendings)):
+        if reasons:
+            more = f" (+{len(reasons) - 1} more)" if len(reasons) > 1 else ""
+            return verdict, f"{verdict.value}: {reasons[0]}{more}"
     return Verdict.APPROVE, "APPROVE"
 
 
@@ -705,12 +704,12 @@ VERDICT_EXIT = {Verdict.APPROVE: ExitCode.OK, Verdict.REJECT: ExitCode.FAILED,
 
 def describe(record: ReviewRecord) -> list[str]:
     """Plain lines for a terminal: the summary, then the per-criterion table."""
-    lines = [f"{record.row_id} bundle {record.bundle.id}: {record.summary}"]
-    for reason in record.reasons[1:]:
-        lines.append(f"  also: {reason}")
+    lines = [f"{record.row_id} bundle {record.bundle.id}: {record.verdict.value}"]
+    lines += [f"  {reason}" for reason in record.reasons]
     for c in record.criteria:
         measured = ", ".join(f"{k}={v}" for k, v in c.measured.items()) or "-"
-        detail = f" ({c.detail})" if c.detail else ""
+        # a pending criterion's detail repeats its gate's reason, listed above
+        detail = f" ({c.detail})" if c.detail and c.outcome is not Outcome.PENDING else ""
         lines.append(f"  criterion {c.id}: {c.outcome.value}: {c.gate}.{c.metric} "
                      f"{c.comparison.symbol} {c.threshold:g} [{c.arch}] measured {measured}"
                      f"{detail}")

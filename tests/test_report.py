@@ -30,12 +30,13 @@ from pipeline import provenance, report, rows, signing, stats
 from pipeline.evidence import Bundle, Stage
 from pipeline.gates.interface import GateResult, Status
 from pipeline.report import html, markdown, plots
-from pipeline.report.model import BarFigure, IntervalFigure, TimelineFigure
+from pipeline.report.model import BarFigure, ImageFigure, IntervalFigure, TimelineFigure
 from tests.support import thaw, write_row
 
 CELLS = ["i16-c1", "i16-c4", "i1024-c1", "i1024-c4"]
-FIGURES = 3
-"""Plots of the rich bundle: throughput ratios with CIs, idle breakdown, trace timeline."""
+FIGURES = 4
+"""Plots of the rich bundle: throughput ratios with CIs, idle breakdown, trace timeline,
+and the PNG the audit gate sealed."""
 
 RICH_GATES = '''
     [[gates]]
@@ -130,6 +131,8 @@ def _seal_rich(tmp_path: Path, repo: Path, key: Path) -> Path:
 
     for gate in ("audit", "tokens", "throughput", "trace", "operator"):
         stage.artifact_dir(gate).mkdir(parents=True)
+    (stage.artifact_dir("audit") / "registers.png").write_bytes(
+        plots.render(BarFigure("registers per kernel", "registers", ("split_kv",), (128.0,))))
     add(GateResult(gate_id="audit", kind="audit", status=Status.PASS, reason="within budgets",
                    cells={"sm_90/split_kv": {"registers": 128, "spill_stores": 0, "stack": 0},
                           "sm_70/split_kv": {"registers": 96, "spill_stores": 0, "stack": 16}}))
@@ -230,6 +233,9 @@ def test_rich_bundle_sections(rich, tmp_path):
     sections = {s.gate_id: s for s in page.sections}
 
     audit = sections["audit"]
+    (image,) = audit.figures
+    assert isinstance(image, ImageFigure) and image.title == "audit: artifacts/audit/registers.png"
+    assert image.png == (bundle / "artifacts/audit/registers.png").read_bytes()
     assert [t.title for t in audit.tables] == ["sm_70: audit per kernel", "sm_90: audit per kernel"]
     assert audit.tables[1].rows == (("split_kv", "128", "0", "0"),)
 
@@ -255,6 +261,21 @@ def test_rich_bundle_sections(rich, tmp_path):
 
     pending = [(p.source, p.gate) for p in page.pending]
     assert pending == [("gate", "operator"), ("row", "operator")]
+
+
+def test_a_trace_gate_with_its_own_plots_shows_those_instead(tmp_path):
+    from pipeline.report.sections import section_for
+
+    (tmp_path / "artifacts/trace").mkdir(parents=True)
+    png = plots.render(BarFigure("idle", "fraction", ("gap",), (0.2,)))
+    (tmp_path / "artifacts/trace/idle-breakdown.png").write_bytes(png)
+    (tmp_path / "artifacts/trace/not-a.png").write_bytes(b"GIF89a")
+    result = GateResult(gate_id="trace", kind="trace", status=Status.PASS, reason="r",
+                        metrics={"oracle.graph.idle_fraction": 0.2},
+                        artifacts=["artifacts/trace/idle-breakdown.png",
+                                   "artifacts/trace/not-a.png", "artifacts/../../outside.png"])
+    (figure,) = section_for(result, tmp_path).figures
+    assert isinstance(figure, ImageFigure) and figure.png == png
 
 
 def test_an_unknown_shape_degrades_to_the_generic_tables(tmp_path):
@@ -342,6 +363,7 @@ def test_markdown_has_the_tables_and_escapes_pipes(rich, tmp_path):
     assert "| tokens | tokens | — | ❌ FAIL | 1 of 2 requests differ \\| first at r1 position 2 |" in md
     assert "- **operator** (gate): no sm_110 GPU here (NVML sees none)" in md
     assert "_2 plot(s) in the HTML report: trace: idle breakdown; trace: trace.json.gz_" in md
+    assert "_1 plot(s) in the HTML report: audit: artifacts/audit/registers.png_" in md
 
 
 def test_step_summary_is_appended_in_a_runner_job(sealed, tmp_path, monkeypatch, capsys):

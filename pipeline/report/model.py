@@ -67,7 +67,15 @@ class BarFigure:
     values: tuple[float, ...]
 
 
-Figure = Union[IntervalFigure, TimelineFigure, BarFigure]
+@dataclass(frozen=True)
+class ImageFigure:
+    """A PNG the gate itself sealed into the bundle (e.g. the trace gate's timeline)."""
+
+    title: str
+    png: bytes = field(repr=False)
+
+
+Figure = Union[IntervalFigure, TimelineFigure, BarFigure, ImageFigure]
 
 
 @dataclass(frozen=True)

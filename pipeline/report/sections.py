@@ -8,10 +8,12 @@ otherwise, so a gate whose result shape is new still shows in full:
 * `throughput`: cells carrying `<prefix>ratio_median`, `<prefix>ratio_ci_low`
   and `<prefix>ratio_ci_high` (the names `pipeline.stats` writes) become a
   ratio-with-CI plot and a summary table per prefix;
-* `trace`: numeric metrics or cell metrics whose name contains `idle` become an
-  idle-breakdown bar chart; an artifact in Chrome trace format (a JSON object
-  with `traceEvents`, as torch.profiler and nsys export) becomes a timeline of
-  its complete (`ph: X`) events per stream;
+* any kind: PNG artifacts (plots the gate drew itself) are shown as sealed;
+* `trace`: when the gate sealed no PNG of its own, numeric metrics or cell
+  metrics whose name contains `idle` become an idle-breakdown bar chart, and an
+  artifact in Chrome trace format (a JSON object with `traceEvents`, as
+  torch.profiler / Kineto writes it, gzipped or not) becomes a timeline of its
+  device (`kernel`, `gpu_memcpy`, `gpu_memset`) complete events per stream;
 * `build` / `audit`: cells that name an arch (an `arch` metric, or `sm_XY` in
   the cell name) become one resource table per arch;
 * `tokens`: the two arms' sealed outputs (`oracle.jsonl`, `candidate.jsonl`)
@@ -30,13 +32,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.gates.interface import GateResult, MetricValue
-from pipeline.report.model import BarFigure, Figure, IntervalFigure, Section, Span, Table, TimelineFigure
+from pipeline.report.model import (
+    BarFigure,
+    Figure,
+    ImageFigure,
+    IntervalFigure,
+    Section,
+    Span,
+    Table,
+    TimelineFigure,
+)
 from pipeline.report.tables import cells_table, metric_columns, metrics_table, natural_key, table
 
 RATIO_METRICS = ("ratio_median", "ratio_ci_low", "ratio_ci_high")
 """Same names as `pipeline.stats.RATIO_METRICS` (not imported: stats needs scipy)."""
 ARCH_IN_NAME = re.compile(r"\bsm_[0-9]{2,3}a?\b")
 MAX_SPANS = 4000
+MAX_IMAGE_BYTES = 8 << 20
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 MAX_ARTIFACT_BYTES = 64 << 20
 """Larger artifacts are not parsed for the page (the bundle still holds them)."""
 
@@ -57,6 +70,7 @@ def section_for(result: GateResult, bundle_root: Path) -> Section:
     result = result.model_copy(update={"cells": ordered})
     special = SPECIALISED.get(result.kind)
     extra = special(result, bundle_root) if special else Extra()
+    extra.figures += sealed_images(result, bundle_root)
     tables = [t for t in (metrics_table(result),) if t]
     tables += extra.tables
     if not extra.replaces_cells:
@@ -67,6 +81,24 @@ def section_for(result: GateResult, bundle_root: Path) -> Section:
                    reason=result.reason, arch=result.arch, stand_in=result.stand_in,
                    tables=tuple(tables), figures=tuple(extra.figures), notes=tuple(extra.notes),
                    artifacts=tuple(result.artifacts))
+
+
+def _inside(bundle_root: Path, rel: str) -> Path | None:
+    path = (bundle_root / rel).resolve()
+    return path if path.is_relative_to(bundle_root.resolve()) and path.is_file() else None
+
+
+def sealed_images(result: GateResult, bundle_root: Path) -> list[ImageFigure]:
+    """PNG artifacts of any gate (its own plots), shown as sealed."""
+    images = []
+    for rel in result.artifacts:
+        path = _inside(bundle_root, rel) if rel.endswith(".png") else None
+        if path is None or path.stat().st_size > MAX_IMAGE_BYTES:
+            continue
+        data = path.read_bytes()
+        if data.startswith(PNG_SIGNATURE):
+            images.append(ImageFigure(title=f"{result.gate_id}: {rel}", png=data))
+    return images
 
 
 def _number(value: MetricValue) -> float | None:
@@ -142,11 +174,11 @@ def _bar(title: str, items: list[tuple[str, float]]) -> BarFigure:
 
 def _json_artifact(bundle_root: Path, rel: str) -> object | None:
     """A JSON artifact inside the bundle, or None (not JSON, too large, outside)."""
-    path = (bundle_root / rel).resolve()
-    if not rel.endswith((".json", ".json.gz")) or not path.is_relative_to(bundle_root.resolve()):
+    path = _inside(bundle_root, rel) if rel.endswith((".json", ".json.gz")) else None
+    if path is None:
         return None
     try:
-        if not path.is_file() or path.stat().st_size > MAX_ARTIFACT_BYTES:
+        if path.stat().st_size > MAX_ARTIFACT_BYTES:
             return None
         if rel.endswith(".gz"):  # Kineto traces are saved gzipped
             with gzip.open(path) as f:
@@ -184,6 +216,8 @@ def chrome_trace_timeline(title: str, doc: object) -> TimelineFigure | None:
 
 def trace(result: GateResult, bundle_root: Path) -> Extra:
     extra = Extra()
+    if any(rel.endswith(".png") for rel in result.artifacts):
+        return extra  # the gate drew its own timeline and idle breakdown: those are shown
     idle = _idle_metrics(result.metrics)
     if idle:
         extra.figures.append(_bar(f"{result.gate_id}: idle breakdown", idle))
@@ -249,8 +283,8 @@ def _request_divergences(result: GateResult, bundle_root: Path) -> Table | None:
         from pipeline.gates.tokens import ARM_FILES, compare_request
     except ImportError:
         return None
-    by_name = {Path(a).name: bundle_root / a for a in result.artifacts}
-    if not all(name in by_name for name in ARM_FILES.values()):
+    by_name = {Path(a).name: _inside(bundle_root, a) for a in result.artifacts}
+    if not all(by_name.get(name) for name in ARM_FILES.values()):
         return None
     try:
         arms = {arm: {o["id"]: o for o in _jsonl(by_name[name])} for arm, name in ARM_FILES.items()}

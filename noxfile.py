@@ -41,7 +41,7 @@ def _install(session: nox.Session, *extras: str) -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     """Run the test suite (everything but GPU tests; slow tests included)."""
-    _install(session, "test", "stats", "report", "cuda12", "cuda13")
+    _install(session, "test", "stats", "report", "cuda12", "cuda13", "trace")
     _ensure_chromium(session)
     session.run("pytest", "-m", "not gpu", *session.posargs)
 
@@ -59,7 +59,7 @@ def _ensure_chromium(session: nox.Session) -> None:
 @nox.session(default=bool(shutil.which("nvidia-smi")))
 def gpu(session: nox.Session) -> None:
     """Run the GPU tests (needs an NVIDIA GPU)."""
-    _install(session, "test", "stats")
+    _install(session, "test", "stats", "trace")
     session.run("pytest", "-m", "gpu", *session.posargs)
 
 

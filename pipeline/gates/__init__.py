@@ -21,6 +21,7 @@ from pipeline.gates.interface import (
 )
 from pipeline.gates.throughput import Throughput
 from pipeline.gates.tokens import Tokens
+from pipeline.gates.trace import Trace
 from pipeline.rows import Row
 
 __all__ = ["Derived", "Gate", "GateContext", "GateError", "GateResult", "Status",
@@ -31,7 +32,7 @@ DEVICE_KINDS = {"operator", "phase", "tokens", "throughput", "trace", "accuracy"
 
 IMPLEMENTED: dict[str, type[Gate]] = {Host.kind: Host, Build.kind: Build, Audit.kind: Audit,
                                       Tokens.kind: Tokens, Throughput.kind: Throughput,
-                                      Accuracy.kind: Accuracy}
+                                      Accuracy.kind: Accuracy, Trace.kind: Trace}
 
 
 class NotImplementedGate(Gate):

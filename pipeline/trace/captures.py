@@ -1,0 +1,206 @@
+"""A set of captures (arm × mode) judged together: validity, analysis, verdict, files.
+
+Each capture lives in `DIR/<role>-<mode>/` (trace, clocks, capture record).
+Eager is analysed before graph so a graph trace, whose replayed kernels have
+no launching op and so no shapes, can take the bytes of the eager forward
+when both ran the same kernels. The verdict is about capacity after graph
+replay: it comes from the graph capture when there is one.
+
+Used by the trace gate and by `benchmarks/trace_capture.py`; imports nothing
+of the gate framework, so it runs wherever torch and this package do.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.trace import analysis, events, validity
+from pipeline.trace.analysis import Analysis
+from pipeline.trace.capture import CAPTURE_FILE, CLOCKS_FILE, TRACE_FILE
+from pipeline.trace.validity import Validity
+
+ANALYSIS_FILE = "analysis.json"
+KERNELS_FILE = "kernels.csv"
+TIMELINE_FILE = "timeline.png"
+HTA_FILE = "hta.json"
+IDLE_FILE = "idle-breakdown.png"
+MODE_ORDER = {"eager": 0, "graph": 1, "persistent": 2}
+
+
+class CaptureSetError(events.TraceError):
+    """A capture directory is missing or incomplete."""
+
+
+@dataclass(frozen=True)
+class Judging:
+    """What a row declares about its captures."""
+
+    arm_delay: int
+    steps: int
+    clock_tolerance: float
+    material_idle_fraction: float
+    graph_route_proof: bool = False
+
+
+@dataclass(frozen=True)
+class Result:
+    role: str
+    mode: str
+    analysis: Analysis | None
+    """None when the trace has no range to analyse (it is refused anyway)."""
+    validity: Validity
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}-{self.mode}"
+
+
+def pairs(roles: list[str], modes: list[str]) -> list[tuple[str, str]]:
+    return [(r, m) for r in roles for m in sorted(modes, key=lambda m: MODE_ORDER.get(m, 9))]
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise CaptureSetError(f"{path}: missing or unreadable") from exc
+
+
+def analyse(judging: Judging, out: Path, which: list[tuple[str, str]]) -> list[Result]:
+    """Validity and analysis of every capture, from its raw files alone."""
+    expect = validity.Expect(arm_delay=judging.arm_delay, steps=judging.steps,
+                             clock_tolerance=judging.clock_tolerance)
+    reference: dict[str, list] = {}
+    results = []
+    for role, mode in which:
+        d = out / f"{role}-{mode}"
+        trace = events.load(d / TRACE_FILE)
+        clocks = _read_json(d / CLOCKS_FILE)
+        record = _read_json(d / CAPTURE_FILE)
+        v = validity.validate(trace, clocks, expect)
+        a = None
+        if validity.the_range(trace) is not None:
+            a = analysis.analyze(trace, mode, record["copy_ceiling"]["bytes_per_s"],
+                                 judging.material_idle_fraction, reference.get(role))
+            if mode == "eager":
+                reference[role] = analysis.bytes_reference(a.items)
+        results.append(Result(role, mode, a, v))
+    return results
+
+
+def headline(a: Analysis) -> dict:
+    t, c = a.temporal["summary"], a.capacity
+    return {"step_us": t["step_us_median"], "idle_fraction": t["idle_fraction"],
+            "gap_fraction": c["gap_fraction"], "tail_fraction": c["tail_fraction"],
+            "bandwidth_fraction": c["bandwidth_fraction"],
+            "recoverable_idle_fraction": c["recoverable_idle_fraction"],
+            "launch_delay_us_median": a.launches.get("launch_delay_us_median"),
+            "distinct_paths": a.path["distinct_paths"],
+            "work_per_step": a.path["work_per_step"][0] if a.path["work_per_step"] else 0,
+            "graph_route_proved": a.graph["proved"]}
+
+
+def verdict_from(results: list[Result]) -> Result | None:
+    usable = [r for r in results if r.analysis is not None and r.validity.valid]
+    for r in usable:
+        if r.mode == "graph":
+            return r
+    return usable[-1] if usable else None
+
+
+def route_detail(g: dict) -> str:
+    if not g.get("supported"):
+        return g.get("why", "")
+    return (f"{g['graph_kernels']} graph kernel(s) over {g['steps_replayed']}/{g['steps']} "
+            f"step(s), {g['eager_forward_kernels']} eager forward kernel(s)"
+            + (f", first {g['first_eager'][:60]!r}" if g.get("first_eager") else ""))
+
+
+@dataclass(frozen=True)
+class Summary:
+    ok: bool
+    reason: str
+    metrics: dict
+    verdict: Result | None
+
+
+def summarize(results: list[Result], judging: Judging) -> Summary:
+    """Gate-level metrics (the names rows' criteria use), per-capture metrics prefixed
+    `<role>.<mode>.`, and the reason."""
+    metrics: dict = {}
+    problems: list[str] = []
+    for r in results:
+        p = f"{r.role}.{r.mode}."
+        metrics.update({p + k: r.validity.metrics[k] for k in (
+            "valid", "ranges", "primer_kernels_in_range", "sm_clock_spread")})
+        if not r.validity.valid:
+            problems.append(f"{r.role} {r.mode} trace refused: {r.validity.reason()}")
+        if r.analysis is not None:
+            metrics.update({p + k: v for k, v in headline(r.analysis).items()})
+            if judging.graph_route_proof and r.mode == "graph" and not r.analysis.graph["proved"]:
+                problems.append(f"{r.role} graph: no CUDA-graph route proof "
+                                f"({route_detail(r.analysis.graph)})")
+    vs = [r.validity for r in results]
+    spreads = [v.metrics["sm_clock_spread"] for v in vs if v.metrics["sm_clock_spread"] is not None]
+    metrics.update(valid=int(all(v.valid for v in vs)),
+                   ranges=max((v.metrics["ranges"] for v in vs), default=0),
+                   primer_kernels_in_range=sum(v.metrics["primer_kernels_in_range"] or 0
+                                               for v in vs),
+                   sm_clock_spread=max(spreads) if spreads else None)
+    chosen = verdict_from(results)
+    if chosen is not None:
+        c = chosen.analysis.capacity
+        metrics.update(recoverable_idle_fraction=c["recoverable_idle_fraction"],
+                       capacity_verdict=c["verdict"], verdict_capture=chosen.name)
+    if problems:
+        return Summary(False, "; ".join(problems), metrics, chosen)
+    return Summary(True, _pass_reason(len(results), chosen), metrics, chosen)
+
+
+def _pass_reason(n: int, chosen: Result | None) -> str:
+    if chosen is None:
+        return f"{n} valid trace(s)"
+    c = chosen.analysis.capacity
+    tails = "n/a on a CPU trace" if c["tail_fraction"] is None else f"{c['tail_fraction']:.1%}"
+    return (f"{n} valid single delayed range(s); {chosen.role} {chosen.mode}: recoverable idle "
+            f"capacity {c['recoverable_idle_fraction']:.1%} of step time (gaps "
+            f"{c['gap_fraction']:.1%}, wave tails {tails}, bandwidth "
+            f"{c['bandwidth_fraction']:.1%}): {c['verdict']} "
+            f"(threshold {c['material_idle_fraction']:.0%})")
+
+
+# ------------------------------------------------------------ reviewer files
+
+
+def write_reviewer_files(results: list[Result], out: Path, title: str) -> None:
+    """Per capture: analysis JSON (with the executing path), per-kernel CSV, timeline PNG,
+    HTA's breakdown; across captures: the idle-breakdown PNG."""
+    from pipeline.trace import holistic, plots
+
+    shown = {}
+    for r in results:
+        d = out / r.name
+        doc = {"validity": {"valid": r.validity.valid, "reason": r.validity.reason(),
+                            "checks": [c.__dict__ for c in r.validity.checks],
+                            "metrics": r.validity.metrics}}
+        if r.analysis is not None:
+            doc.update(r.analysis.summary(), executing_path=r.analysis.path["steps"])
+            _write_csv(d / KERNELS_FILE, r.analysis.rows())
+            plots.timeline(r.analysis, f"{title} {r.role} {r.mode}", d / TIMELINE_FILE)
+            shown[f"{r.role} {r.mode}"] = r.analysis
+        (d / ANALYSIS_FILE).write_text(json.dumps(doc, indent=1, default=str) + "\n")
+        (d / HTA_FILE).write_text(json.dumps(holistic.breakdown(events.read_doc(d / TRACE_FILE)),
+                                             indent=1, default=str) + "\n")
+    if shown:
+        plots.idle_breakdown(shown, out / IDLE_FILE)
+
+
+def _write_csv(path: Path, rows: list[dict]) -> None:
+    with path.open("w", newline="") as f:
+        if rows:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)

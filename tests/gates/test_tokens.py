@@ -179,20 +179,15 @@ def test_reference_engine_equals_the_vllm_oracle(vllm_run):
 
 
 @pytest.mark.slow
-def test_perturbed_candidate_is_caught_against_the_vllm_oracle(vllm_run, perturbed):
-    """The vLLM oracle's sealed outputs vs a perturbed reference candidate."""
-    row_path, _, stage = vllm_run
-    truth = first_divergence(row_path, build_tiny_model().path, perturbed.path)
+def test_perturbed_candidate_is_caught_against_the_vllm_oracle(perturbed, tmp_path):
+    row = tiny_row(tmp_path, "TOK-VLLM-PERTURBED", TOKENS, oracle="vllm", input_lens="[16, 40]",
+                   output_len=12)
+    # ground truth from the reference engine, which the test above shows equals vLLM
+    truth = first_divergence(row, build_tiny_model().path, perturbed.path)
     assert truth is not None
-    oracle = [json.loads(x) for x in
-              (stage / "artifacts/tokens/oracle.jsonl").read_text().splitlines()]
-    row = load_row(row_path).row
-    info = build_tiny_model()
-    with ReferenceEngine(perturbed.path) as eng:
-        outputs = {o.id: o for w in build_passes(row.workload, info.vocab_size,
-                                                 info.special_ids)
-                   for o in eng.generate(w).outputs}
-    diffs = [compare_request(o, {"token_ids": list(outputs[o["id"]].token_ids),
-                                 "logprobs": list(outputs[o["id"]].logprobs)}) for o in oracle]
-    first = next(d for d in diffs if d.first_divergence is not None)
-    assert (first.id, first.first_divergence) == truth[:2]
+    result = run_one(Tokens(), row, "tokens", tmp_path / "stage",
+                     options={"candidate_model": str(perturbed.path)})
+    assert result.status is Status.FAIL, result.reason
+    assert (result.metrics["first_divergence_request"],
+            result.metrics["first_divergence_position"]) == truth[:2]
+    assert f"oracle token {truth[2]} " in result.reason

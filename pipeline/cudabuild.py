@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -22,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline import kernels as kernels_toml
+from pipeline import resources, toolchains
+from pipeline.errors import Error
 from pipeline.kernels import KERNELS_DIR, KernelManifest
 from pipeline.toolchains import Toolchain
 
@@ -34,6 +37,11 @@ NVCC_WARNING_FLAGS = ["-Werror", "all-warnings", "-Xptxas", "-v,-warn-spills,-wa
 CXX_STD = "c++17"
 RECIPE = 1
 """Bump when the command lines below change: part of every cache key."""
+_SAYS = re.compile(r"\b(error|warning|fatal)\b", re.IGNORECASE)
+
+
+class BuildFailed(Error):
+    """A kernel did not build clean (a warning counts): names the kernel, arch and line."""
 
 
 @dataclass(frozen=True)
@@ -154,3 +162,34 @@ def _collect(name: str, arch: str, work: Path, record: dict) -> None:
     record["cubin"] = f"{name}.{arch}.cubin" if f"{name}.{arch}.cubin" in record["outputs"] else None
     record["fatbin"] = f"{name}.fatbin" if f"{name}.fatbin" in record["outputs"] else None
     record["object"] = f"{name}.o" if f"{name}.o" in record["outputs"] else None
+
+
+def problems(build_dir: Path, record: dict) -> list[str]:
+    """Why a build failed (return codes, warning/error lines quoted), or [] when clean.
+    Reads the logs in `build_dir`; raises OSError when one is missing."""
+    out = []
+    for step in record["steps"]:
+        log = (build_dir / step["log"]).read_text(errors="replace")
+        diags = resources.diagnostics(log, step["tool"])
+        if step["returncode"] != 0 or diags:
+            # The warning/error lines themselves, not the "In function …" context.
+            said = [d.strip() for d in diags if _SAYS.search(d)] or diags[:1] or ["(no output)"]
+            text = " | ".join(said[:3]) + (f" (+{len(said) - 3} more)" if len(said) > 3 else "")
+            out.append(f"{record['kernel']} {record['arch']}: {step['tool']} exited "
+                       f"{step['returncode']}: {text}")
+    if not out and not record.get("cubin"):
+        out.append(f"{record['kernel']} {record['arch']}: no cubin was produced")
+    return out
+
+
+def cubin(repo: Path, name: str, arch: str, nvcc: str | None = None) -> Path:
+    """The cubin of kernel `name` for `arch`, built (or found in the cache) exactly as
+    the build gate builds it. For loaders (pipeline/ops). Raises KernelsError,
+    ToolchainError, or BuildFailed quoting the first problem."""
+    manifest = kernels_toml.load(repo)
+    manifest.select([name], arch)
+    built = build(repo, manifest, name, arch, toolchains.for_arch(arch, nvcc))
+    failed = problems(built.path, built.record)
+    if failed:
+        raise BuildFailed(f"{failed[0]} (logs: {built.path})")
+    return built.path / built.record["cubin"]

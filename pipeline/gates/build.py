@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -21,13 +20,12 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from pipeline import cudabuild, kernels, resources, toolchains
+from pipeline import cudabuild, kernels, toolchains
 from pipeline.errors import Error
 from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Progress, Status
 from pipeline.rows import BuildGate, Row
 
 INDEX = "builds.json"
-_SAYS = re.compile(r"\b(error|warning|fatal)\b", re.IGNORECASE)
 AOT_DIR = "triton-aot"
 AOT_TIMEOUT_S = 600
 
@@ -85,23 +83,11 @@ def read_index(artifact_dir: Path) -> list[tuple[dict, dict]]:
 
 
 def build_problems(artifact_dir: Path, entry: dict, record: dict) -> list[str]:
-    """Why one build failed (return codes, diagnostics with their text), or []."""
-    problems = []
-    for step in record["steps"]:
-        try:
-            log = (artifact_dir / entry["dir"] / step["log"]).read_text(errors="replace")
-        except OSError as exc:
-            raise GateError(f"{entry['dir']}/{step['log']}: unreadable: {exc.strerror}") from exc
-        diags = resources.diagnostics(log, step["tool"])
-        if step["returncode"] != 0 or diags:
-            # The warning/error lines themselves, not the "In function …" context.
-            said = [d.strip() for d in diags if _SAYS.search(d)] or diags[:1] or ["(no output)"]
-            text = " | ".join(said[:3]) + (f" (+{len(said) - 3} more)" if len(said) > 3 else "")
-            problems.append(f"{record['kernel']} {record['arch']}: {step['tool']} exited "
-                            f"{step['returncode']}: {text}")
-    if not problems and not record.get("cubin"):
-        problems.append(f"{record['kernel']} {record['arch']}: no cubin was produced")
-    return problems
+    """Why one build (copied under `artifact_dir/entry["dir"]`) failed, or []."""
+    try:
+        return cudabuild.problems(artifact_dir / entry["dir"], record)
+    except OSError as exc:
+        raise GateError(f"{entry['dir']}: build log unreadable: {exc}") from exc
 
 
 def derive_builds(artifact_dir: Path) -> Derived:

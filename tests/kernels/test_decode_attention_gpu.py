@@ -40,14 +40,10 @@ def module():
     dev.set_current()
     path = os.environ.get("ROWGATE_DECODE_CUBIN")
     if not path:
-        from pipeline import cudabuild, kernels, toolchains
+        from pipeline import cudabuild
 
         major, minor = torch.cuda.get_device_capability()
-        arch = f"sm_{major}{minor}"
-        built = cudabuild.build(REPO, kernels.load(REPO), "decode_attention", arch,
-                                toolchains.for_arch(arch))
-        assert built.record["cubin"], f"build failed: {built.path}"
-        path = str(built.path / built.record["cubin"])
+        path = str(cudabuild.cubin(REPO, "decode_attention", f"sm_{major}{minor}"))
     data = Path(path).read_bytes()
     code = cc.ObjectCode.from_cubin(data) if hasattr(cc.ObjectCode, "from_cubin") \
         else cc.ObjectCode(data, "cubin")

@@ -50,6 +50,7 @@ RICH_GATES = '''
     [[gates]]
     id = "throughput"
     kind = "throughput"
+    min_effect = 0.03
 
     [[gates]]
     id = "trace"
@@ -87,7 +88,7 @@ def _throughput() -> GateResult:
                        "tok_s_median_oracle": m.pop("median_oracle"), **m,
                        "verdict": stats.verdict(cmp, min_effect=0.02, alpha=0.05).value}
     return GateResult(gate_id="throughput", kind="throughput", status=Status.FAIL,
-                      reason="1 cell(s) worse", metrics={"cells": 4, "min_effect": 0.02},
+                      reason="1 cell(s) worse", metrics={"cells": 4},
                       cells=cells, arch="sm_90")
 
 
@@ -244,7 +245,7 @@ def test_rich_bundle_sections(rich, tmp_path):
     assert isinstance(fig, IntervalFigure) and fig.labels == tuple(CELLS)
     sealed = Bundle.open(bundle).gate_result("throughput").cells
     assert fig.values == tuple(sealed[c]["ratio_median"] for c in CELLS)
-    assert fig.band == pytest.approx((0.98, 1.02))
+    assert fig.band == pytest.approx((0.97, 1.03))  # the row's min_effect
     ab = next(t for t in tp.tables if t.title.endswith("A/B per cell"))
     assert {"tok_s_median_oracle", "ratio_ci_low", "p_value", "verdict"} <= set(ab.columns)
 

@@ -160,6 +160,13 @@ def _pending(results: list[GateResult], row: Row | None,
     return tuple(items)
 
 
+def _spec(row: Row | None, gate_id: str) -> object | None:
+    try:
+        return row.gate(gate_id) if row is not None else None
+    except KeyError:
+        return None
+
+
 def build(bundle: Bundle, verification: Verification, review: ReviewSummary | None = None,
           row: Row | None = None, row_note: str = "") -> Report:
     """The page for one bundle. Reads the bundle's files; computes no verdict."""
@@ -171,7 +178,7 @@ def build(bundle: Bundle, verification: Verification, review: ReviewSummary | No
         row_note=row_note, created=m.created, rowgate_version=m.rowgate_version,
         status=m.status, signer=str(m.signer), verification=verification, review=review,
         facts=_facts(bundle, verification), gates=gates_table(results),
-        sections=tuple(section_for(r, bundle.path) for r in results),
+        sections=tuple(section_for(r, bundle.path, _spec(row, r.gate_id)) for r in results),
         pending=_pending(results, row, review))
 
 

@@ -65,11 +65,13 @@ class Extra:
     """True when the tables already show every cell metric."""
 
 
-def section_for(result: GateResult, bundle_root: Path) -> Section:
+def section_for(result: GateResult, bundle_root: Path, spec: object | None = None) -> Section:
+    """`spec` is the row's gate spec when the row file is at hand (it may add the
+    row's thresholds to a plot); the section is complete without it."""
     ordered = dict(sorted(result.cells.items(), key=lambda kv: natural_key(kv[0])))
     result = result.model_copy(update={"cells": ordered})
     special = SPECIALISED.get(result.kind)
-    extra = special(result, bundle_root) if special else Extra()
+    extra = special(result, bundle_root, spec) if special else Extra()
     extra.figures += sealed_images(result, bundle_root)
     tables = [t for t in (metrics_table(result),) if t]
     tables += extra.tables
@@ -121,10 +123,12 @@ def _ratio_prefixes(cells: dict[str, dict[str, MetricValue]]) -> list[str]:
     return list(prefixes)
 
 
-def throughput(result: GateResult, bundle_root: Path) -> Extra:
+def throughput(result: GateResult, bundle_root: Path, spec: object | None) -> Extra:
     extra = Extra()
     band = None
     min_effect = _number(result.metrics.get("min_effect"))
+    if min_effect is None:
+        min_effect = getattr(spec, "min_effect", None)
     if min_effect is not None:
         band = (1 - min_effect, 1 + min_effect)
     prefixes = _ratio_prefixes(result.cells)
@@ -214,7 +218,7 @@ def chrome_trace_timeline(title: str, doc: object) -> TimelineFigure | None:
                           omitted=max(0, len(chosen) - MAX_SPANS))
 
 
-def trace(result: GateResult, bundle_root: Path) -> Extra:
+def trace(result: GateResult, bundle_root: Path, spec: object | None) -> Extra:
     extra = Extra()
     if any(rel.endswith(".png") for rel in result.artifacts):
         return extra  # the gate drew its own timeline and idle breakdown: those are shown
@@ -247,7 +251,7 @@ def _arch_of(cell: str, metrics: dict[str, MetricValue]) -> str:
     return found.group(0) if found else ""
 
 
-def per_arch(result: GateResult, bundle_root: Path) -> Extra:
+def per_arch(result: GateResult, bundle_root: Path, spec: object | None) -> Extra:
     groups: dict[str, dict[str, dict[str, MetricValue]]] = {}
     for cell, metrics in result.cells.items():
         arch = _arch_of(cell, metrics)
@@ -300,7 +304,7 @@ def _request_divergences(result: GateResult, bundle_root: Path) -> Table | None:
         "oracle logprob", "candidate logprob", "agreeing / oracle tokens"), rows)
 
 
-def tokens(result: GateResult, bundle_root: Path) -> Extra:
+def tokens(result: GateResult, bundle_root: Path, spec: object | None) -> Extra:
     extra = Extra()
     divergences = _request_divergences(result, bundle_root)
     if divergences is not None:
@@ -316,7 +320,7 @@ def tokens(result: GateResult, bundle_root: Path) -> Extra:
     return extra
 
 
-SPECIALISED: dict[str, Callable[[GateResult, Path], Extra]] = {
+SPECIALISED: dict[str, Callable[[GateResult, Path, object | None], Extra]] = {
     "throughput": throughput,
     "trace": trace,
     "build": per_arch,

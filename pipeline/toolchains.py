@@ -33,6 +33,8 @@ from pipeline.errors import Error
 NVRTC_ARCHES = ("sm_70", "sm_72")
 CUDA12_INSTALL = "pip install 'rowgate[cuda12]' (nox -s build-sm70)"
 CUDA13_INSTALL = "pip install 'rowgate[cuda13]' (nox -s build-sm90 / build-sm110)"
+EXPLICIT = "explicit path"
+"""`Tool.package` of binaries given by path (gate option) rather than found in a wheel."""
 _VERSION = re.compile(r"release (\d+\.\d+), V(\d+\.\d+\.\d+)")
 
 
@@ -164,7 +166,7 @@ def _cuda13(nvcc: str | None) -> Toolchain:
         path = Path(nvcc)
         if not path.is_file():
             raise ToolchainError(f"option nvcc={nvcc}: no such file")
-        compiler = Tool(str(path), binary_version(str(path)), "(explicit nvcc)", "")
+        compiler = Tool(str(path), binary_version(str(path)), EXPLICIT, "")
     else:
         compiler = _tool("nvidia-cuda-nvcc", "nvidia/cu13/bin/nvcc", CUDA13_INSTALL)
     if not compiler.version.startswith("13."):
@@ -182,12 +184,31 @@ def _host_compiler() -> Tool:
         raise ToolchainError("nvcc needs a host C++ compiler: no g++ or gcc on PATH")
     out = subprocess.run([gcc, "-dumpfullversion"], capture_output=True, text=True, timeout=60,
                          check=False).stdout.strip()
-    return Tool(gcc, out, "(system)", "")
+    return Tool(gcc, out, "system", "")
 
 
 def _sibling_or_wheel(compiler: Tool, name: str, dist: str) -> Tool:
     """An explicit nvcc's own cuobjdump/nvdisasm first: one toolkit, one version."""
     sibling = Path(compiler.path).parent / name
-    if compiler.package == "(explicit nvcc)" and sibling.is_file():
-        return Tool(str(sibling), binary_version(str(sibling)), "(explicit nvcc)", "")
+    if compiler.package == EXPLICIT and sibling.is_file():
+        return Tool(str(sibling), binary_version(str(sibling)), EXPLICIT, "")
     return _tool(dist, f"nvidia/cu13/bin/{name}", CUDA13_INSTALL)
+
+
+def installed() -> dict[str, str]:
+    """Provenance: each toolchain present here with its tools' exact versions.
+    Never raises; a toolchain that is absent or broken says so in its value."""
+    out = {}
+    for arch in ("sm_70", "sm_90"):
+        try:
+            tc = for_arch(arch)
+        except Error as exc:
+            out["cuda-12.8-nvrtc" if uses_nvrtc(arch) else "cuda-13-nvcc"] = \
+                f"unavailable: {exc.diagnostics()}"
+            continue
+        tools = [("ptxas", tc.ptxas), ("cuobjdump", tc.cuobjdump), ("nvdisasm", tc.nvdisasm),
+                 ("g++", tc.host_compiler)]
+        out[tc.name] = ", ".join([tc.compiler.version] + [
+            f"{name} {tool.version} ({' '.join(filter(None, (tool.package, tool.package_version)))})"
+            for name, tool in tools if tool is not None])
+    return out

@@ -1,0 +1,59 @@
+"""Toolchains found in the installed wheels (the cuda12 / cuda13 extras), pinned."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from pipeline import toolchains
+
+
+def test_sm70_is_cuda_12_8_nvrtc_with_12_8_sass_tools():
+    tc = toolchains.for_arch("sm_70")
+    assert (tc.name, tc.kind) == ("cuda-12.8-nvrtc", "nvrtc")
+    assert tc.compiler.version == tc.compiler.package_version == "12.8.93"
+    assert tc.ptxas is not None and tc.ptxas.version == "12.8.93"
+    # CUDA 13's cuobjdump refuses sm_70 SASS: these must be a 12.x build.
+    assert tc.cuobjdump is not None and tc.cuobjdump.version.startswith("12.8.")
+    assert tc.nvdisasm is not None and tc.nvdisasm.version.startswith("12.8.")
+    assert tc.sass_missing == ""
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_90a", "sm_110"])
+def test_sm90_and_thor_are_cuda_13_nvcc(arch):
+    tc = toolchains.for_arch(arch)
+    assert (tc.name, tc.kind, tc.compiler.version) == ("cuda-13-nvcc", "nvcc", "13.5.37")
+    assert tc.compiler.package == "nvidia-cuda-nvcc"
+    assert tc.cuobjdump.version == tc.nvdisasm.version == "13.5.37"
+    assert tc.host_compiler is not None and tc.host_compiler.version
+
+
+def test_explicit_nvcc_is_used_and_recorded():
+    wheel = toolchains.for_arch("sm_110")
+    tc = toolchains.for_arch("sm_110", nvcc=wheel.compiler.path)
+    assert tc.compiler.package == toolchains.EXPLICIT and tc.compiler.version == "13.5.37"
+    # Its own sibling cuobjdump comes with it: one toolkit, one version.
+    assert tc.cuobjdump.package == toolchains.EXPLICIT
+
+
+def test_explicit_nvcc_must_exist_and_be_cuda_13(tmp_path):
+    with pytest.raises(toolchains.ToolchainError, match="no such file"):
+        toolchains.for_arch("sm_90", nvcc=str(tmp_path / "nvcc"))
+    cuda12_binary = toolchains.for_arch("sm_70").ptxas.path  # a real CUDA 12.8 tool
+    with pytest.raises(toolchains.ToolchainError, match=r"is CUDA 12\.8\.93.*need CUDA 13"):
+        toolchains.for_arch("sm_90", nvcc=cuda12_binary)
+
+
+def test_cache_identity_is_versions_not_paths():
+    tc = toolchains.for_arch("sm_90")
+    moved = replace(tc, compiler=replace(tc.compiler, path="/elsewhere/nvcc"))
+    assert moved.digest() == tc.digest()
+    bumped = replace(tc, compiler=replace(tc.compiler, version="13.5.38"))
+    assert bumped.digest() != tc.digest()
+
+
+def test_installed_reports_both_toolchains():
+    got = toolchains.installed()
+    assert got["cuda-12.8-nvrtc"].startswith("12.8.93, ptxas 12.8.93")
+    assert got["cuda-13-nvcc"].startswith("13.5.37, cuobjdump 13.5.37")

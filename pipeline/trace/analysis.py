@@ -174,6 +174,7 @@ def _gpu_work(trace: Trace, steps: list[Step]) -> list[Work]:
     ops = list(trace.cpu_ops)
     starts = [o.ts for o in ops]
     out: list[Work] = []
+    by_op: dict[tuple, list[Work]] = {}
     for e in trace.device:
         launch = launches.get(e.correlation)
         anchor = launch.ts if launch else e.ts
@@ -183,7 +184,7 @@ def _gpu_work(trace: Trace, steps: list[Step]) -> list[Work]:
         kind = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}[e.cat]
         op = _innermost_op(ops, starts, launch.ts, launch.tid) if launch else None
         a = e.args
-        out.append(Work(
+        w = Work(
             step=j, index=0, name=e.name, kind=kind, ts=e.ts, dur=e.dur,
             grid=tuple(a["grid"]) if "grid" in a else None,
             block=tuple(a["block"]) if "block" in a else None,
@@ -191,7 +192,15 @@ def _gpu_work(trace: Trace, steps: list[Step]) -> list[Work]:
             launch=launch.name if launch else None, launch_ts=launch.ts if launch else None,
             launch_end=launch.end if launch else None,
             origin=_origin(launch, anchor, forwards, runs),
-            bytes=(a.get("bytes") if kind != "kernel" else (op_bytes(op) if op else None))))
+            bytes=(a.get("bytes") if kind != "kernel" else (op_bytes(op) if op else None)))
+        out.append(w)
+        if op is not None and kind == "kernel":
+            by_op.setdefault((op.ts, op.tid, op.name), []).append(w)
+    for group in by_op.values():
+        # One op, several kernels (split-K GEMM + reduce): the op's bytes once, on its
+        # longest kernel; the others count as time with unknown bytes (conservative).
+        for w in sorted(group, key=lambda w: -w.dur)[1:]:
+            w.bytes = None
     return out
 
 
@@ -315,7 +324,7 @@ def blocks_per_sm(props: dict, threads: int, registers: int, shared_memory: int)
     warps = max(1, math.ceil(threads / warp))
     cc = (int(props.get("computeMajor", 9)), int(props.get("computeMinor", 0)))
     limits = [MAX_BLOCKS_PER_SM.get(cc, 32),
-              int(props["maxThreadsPerMultiProcessor"]) // (warps * warp)]
+              int(props["maxThreadsPerMultiprocessor"]) // (warps * warp)]
     if registers:
         per_warp = math.ceil(registers * warp / REG_ALLOC_UNIT) * REG_ALLOC_UNIT
         limits.append((int(props["regsPerMultiprocessor"]) // per_warp) // warps)
@@ -353,9 +362,16 @@ def wave_tails(items: list[Work], props: dict | None) -> dict:
 # --------------------------------------------------------------- bandwidth
 
 
-def bandwidth(items: list[Work], ceiling_bytes_per_s: float) -> dict:
+def bandwidth(items: list[Work], ceiling_bytes_per_s: float,
+              step_bytes: int | None = None) -> dict:
     """Achieved bytes/s where bytes are known; the time above bytes ÷ ceiling that the
-    tail share does not already explain is the bandwidth shortfall."""
+    tail share does not already explain is the bandwidth shortfall.
+
+    Per kernel where its bytes are known. Where none are (a graph replay whose
+    kernels could not be matched to the eager path), per step: the eager forward's
+    bytes against the replayed forward's busy time (`step_bytes`), so capacity lost
+    inside kernels still shows after graph replay.
+    """
     known = [w for w in items if w.bytes and w.dur > 0]
     for w in known:
         w.achieved_bytes_per_s = w.bytes / (w.dur * 1e-6)
@@ -367,15 +383,28 @@ def bandwidth(items: list[Work], ceiling_bytes_per_s: float) -> dict:
             w.tail_us = min(w.tail_us, above)
         w.bandwidth_us = above - (w.tail_us or 0.0)
     busy = sum(w.dur for w in items) or 1.0
+    steps = sorted({w.step for w in items})
+    doc = {"ceiling_bytes_per_s": ceiling_bytes_per_s, "work_with_bytes": len(known),
+           "busy_time_with_bytes_fraction": sum(w.dur for w in known) / busy,
+           "method": "per kernel" if known else "none", "step_shortfall_us": 0.0}
+    if not known and step_bytes:
+        floor_us = step_bytes / ceiling_bytes_per_s * 1e6
+        short = 0.0
+        for j in steps:
+            model = _model_kernels(items, j)
+            spent = sum(w.dur - (w.tail_us or 0.0) for w in model)
+            short += max(0.0, spent - floor_us)
+        doc.update(method="per step, bytes of the eager forward", step_shortfall_us=short,
+                   bytes_per_step=step_bytes, bandwidth_floor_us_per_step=floor_us)
+        return doc
     moved = sum(w.bytes for w in known)
     spent = sum(w.dur for w in known) * 1e-6
-    return {"ceiling_bytes_per_s": ceiling_bytes_per_s, "work_with_bytes": len(known),
-            "busy_time_with_bytes_fraction": sum(w.dur for w in known) / busy,
-            "achieved_bytes_per_s": moved / spent if spent else None,
-            "achieved_of_ceiling": (moved / spent / ceiling_bytes_per_s) if spent else None,
-            "bytes_per_step": moved / max(1, len({w.step for w in known})),
-            "bandwidth_floor_us_per_step": moved / max(1, len({w.step for w in known}))
-            / ceiling_bytes_per_s * 1e6}
+    per_step = moved / max(1, len({w.step for w in known}))
+    doc.update(achieved_bytes_per_s=moved / spent if spent else None,
+               achieved_of_ceiling=(moved / spent / ceiling_bytes_per_s) if spent else None,
+               bytes_per_step=per_step,
+               bandwidth_floor_us_per_step=per_step / ceiling_bytes_per_s * 1e6)
+    return doc
 
 
 def _model_kernels(items: list[Work], step: int) -> list[Work]:
@@ -408,14 +437,15 @@ def bytes_reference(items: list[Work]) -> list[tuple[str, int | None]]:
 # ------------------------------------------------------------ capacity
 
 
-def capacity(items: list[Work], temporal_doc: dict, material: float, waves: dict) -> dict:
+def capacity(items: list[Work], temporal_doc: dict, material: float, waves: dict,
+             bandwidth_doc: dict) -> dict:
     """Recoverable share of step time, each part separately: idle gaps between work,
     last-wave tail waste inside kernels, and bandwidth shortfall inside kernels.
     A part the trace cannot support (tails on a CPU trace) is None, not zero."""
     total = sum(p["step_us"] for p in temporal_doc["per_step"]) or 1.0
     gaps = sum(p["idle_us"] for p in temporal_doc["per_step"]) / total
     tails = sum(w.tail_us or 0.0 for w in items) / total if waves.get("supported") else None
-    bw = sum(w.bandwidth_us or 0.0 for w in items) / total
+    bw = (sum(w.bandwidth_us or 0.0 for w in items) + bandwidth_doc["step_shortfall_us"]) / total
     recoverable = min(1.0, gaps + (tails or 0.0) + bw)
     return {"gap_fraction": gaps, "tail_fraction": tails, "bandwidth_fraction": bw,
             "inside_kernels_fraction": (tails or 0.0) + bw,
@@ -490,15 +520,17 @@ def analyze(trace: Trace, mode: str, ceiling_bytes_per_s: float, material: float
         raise events.TraceError(f"{trace.path}: no range to analyse")
     steps = timed_steps(trace, rng)
     items = work_items(trace, steps)
-    if trace.has_gpu:
+    step_bytes = None
+    if trace.has_gpu and reference:
         transfer_bytes(items, reference)
+        step_bytes = sum(b for _, b in reference if b) or None
     props = trace.device_properties[0] if trace.has_gpu and trace.device_properties else None
     waves = wave_tails(items, props)
-    bw = bandwidth(items, ceiling_bytes_per_s)
+    bw = bandwidth(items, ceiling_bytes_per_s, step_bytes)
     tmp = temporal(items, steps, trace.has_gpu)
     return Analysis(mode=mode, steps=steps, items=items, path=executing_path(items, steps),
                     temporal=tmp, launches=launch_delays(items, trace.has_gpu), waves=waves,
-                    bandwidth=bw, capacity=capacity(items, tmp, material, waves),
+                    bandwidth=bw, capacity=capacity(items, tmp, material, waves, bw),
                     graph=graph_route(trace, items))
 
 

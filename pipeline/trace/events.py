@@ -129,7 +129,9 @@ def from_dict(doc: dict, path: str = "<memory>") -> Trace:
     return Trace(
         path=path, base_ns=int(doc.get("baseTimeNanoseconds", 0)),
         device_properties=tuple(doc.get("deviceProperties") or ()),
-        annotations=tuple(s for s in spans if s.cat in ("user_annotation", "gpu_user_annotation")),
+        # Host-side markers only: Kineto mirrors each record_function onto the GPU
+        # timeline as `gpu_user_annotation`, which would count every range twice.
+        annotations=tuple(s for s in spans if s.cat == "user_annotation"),
         cpu_ops=tuple(s for s in spans if s.cat == "cpu_op"),
         runtime=tuple(s for s in spans if s.cat in RUNTIME_CATS),
         device=tuple(s for s in spans if s.cat in DEVICE_CATS),

@@ -59,6 +59,12 @@ def breakdown(doc: dict) -> dict:
                 temporal = ta.get_temporal_breakdown(visualize=False)
                 idle, _ = ta.get_idle_time_breakdown(
                     visualize=False, consecutive_kernel_delay=CONSECUTIVE_KERNEL_DELAY_US)
+        except Exception as exc:  # noqa: BLE001
+            # HTA is a second opinion in a reviewer file, never an input to a verdict:
+            # its failure (pandas / trace-format drift raises many kinds) is recorded
+            # with its type and message, and rowgate's own breakdown stands.
+            return {"supported": False, "why": f"HTA failed on this trace: "
+                                               f"{type(exc).__name__}: {exc}"}
         finally:
             hta_log.setLevel(level)
     from importlib.metadata import version

@@ -16,7 +16,7 @@ from pipeline.trace.events import Span, Trace
 
 KERNEL_ARGS = ("grid", "block", "registers per thread", "shared memory")
 DEVICE_PROPS = ("numSms", "regsPerMultiprocessor", "sharedMemPerMultiprocessor",
-                "maxThreadsPerMultiProcessor")
+                "maxThreadsPerMultiprocessor")
 IDLE_CLOCK_FRACTION = 0.5
 """An SM clock below half the maximum inside the range is an idle / downclocked state."""
 

@@ -6,7 +6,7 @@ whose right answers are known by construction. Real GPU captures come from
 `benchmarks/trace_capture.py --device cuda` and are checked in under
 `tests/data/traces/gpu-*` (the scenario tests run over them when present).
 The event layout copies what Kineto writes (`cat`, `args` keys, correlation
-ids, `deviceProperties` as an H200 reports them).
+ids, `deviceProperties` with Kineto's key names, as an H200 reports them).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 H200 = {"id": 0, "name": "NVIDIA H200", "totalGlobalMem": 150_000_000_000, "computeMajor": 9,
         "computeMinor": 0, "maxThreadsPerBlock": 1024, "maxThreadsPerMultiprocessor": 2048,
-        "maxThreadsPerMultiProcessor": 2048, "regsPerBlock": 65536,
+        "regsPerBlock": 65536,
         "regsPerMultiprocessor": 65536, "warpSize": 32, "sharedMemPerBlock": 49152,
         "sharedMemPerMultiprocessor": 233472, "numSms": 132, "sharedMemPerBlockOptin": 232448}
 BASE_NS = 1_790_000_000_000_000_000
@@ -35,6 +35,8 @@ class Kernel:
     """Device idle time before this kernel starts."""
     launch_late: bool = False
     """Launch call ends after the previous kernel ended (the device waits on the host)."""
+    split: float = 0.0
+    """Duration of a second kernel the same op launches (split-K reduce); 0: none."""
 
 
 @dataclass
@@ -88,6 +90,13 @@ class Builder:
                 self._kernel(k, begin, self.corr)
                 kernels_out.append((k, begin))
                 prev_end = begin + k.dur
+                if k.split:
+                    self.corr += 1
+                    self._x("cuda_runtime", "cudaLaunchKernel", launch_ts + 3.5, 1.0,
+                            args={"correlation": self.corr})
+                    reduce = Kernel(f"{k.name}_reduce", k.split, grid=(1, 1, 1))
+                    self._kernel(reduce, prev_end + 1.0, self.corr)
+                    prev_end += 1.0 + k.split
                 host = launch_ts + 5.0
             dev = prev_end
             fwd["dur"] = host - fwd["ts"]

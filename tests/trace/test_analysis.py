@@ -244,3 +244,29 @@ def test_hta_reads_a_gpu_trace():
     assert 0 < idle_pct < 100 and not math.isnan(idle_pct)
     cats = {r["idle_category"] for r in out["idle"]}
     assert cats <= {"host_wait", "kernel_wait", "other"} and cats
+
+
+def test_an_op_with_two_kernels_counts_its_bytes_once():
+    """Split-K GEMV: the GEMM kernel and its reduce share one op's bytes."""
+    k = gs.Kernel("gemv_splitk", 10.0, split=2.0)
+    a = analyse(gs.Builder().doc([[k]]))
+    by = {w.name: w for w in a.items}
+    assert by["gemv_splitk"].bytes == GEMV_BYTES
+    assert by["gemv_splitk_reduce"].bytes is None
+    assert a.bandwidth["bytes_per_step"] == GEMV_BYTES
+
+
+def test_graph_path_unlike_the_eager_one_falls_back_to_step_bytes():
+    """Capacity inside kernels must still show after graph replay when the replayed
+    kernels cannot be matched one to one with the eager forward."""
+    eager = analyse(gs.Builder().doc([[gs.Kernel("gemv", 10.0), gs.Kernel("gemv", 10.0)]] * 2))
+    ref = analysis.bytes_reference(eager.items)
+    fused = [gs.Kernel("fused_gemv", 20.0, grid=(264, 1, 1), block=(1024, 1, 1), registers=64,
+                       gap_before=0.5)]
+    g = analyse(gs.Builder(mode="graph").doc([fused] * 2), "graph", reference=ref)
+    assert all(w.bytes is None for w in g.items)
+    assert g.bandwidth["method"] == "per step, bytes of the eager forward"
+    floor = 2 * GEMV_BYTES / CEILING * 1e6
+    assert g.bandwidth["step_shortfall_us"] == pytest.approx(2 * (20.0 - floor))
+    total = sum(p["step_us"] for p in g.temporal["per_step"])
+    assert g.capacity["bandwidth_fraction"] == pytest.approx(2 * (20.0 - floor) / total)

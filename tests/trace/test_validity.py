@@ -183,3 +183,14 @@ def test_kernel_started_before_the_range_is_refused():
     k["ts"] = rng["ts"] - 5.0
     v = judge(doc, gs.stable_clocks(doc))
     assert "started before the range opened" in v.reason()
+
+
+def test_gpu_mirror_of_the_markers_is_not_a_second_range():
+    """Kineto copies each record_function onto the GPU timeline (`gpu_user_annotation`)."""
+    doc = _gpu_doc()
+    mirrors = [dict(e, cat="gpu_user_annotation", tid=7) for e in doc["traceEvents"]
+               if e.get("cat") == "user_annotation"]
+    doc["traceEvents"] += mirrors
+    v = judge(doc, gs.stable_clocks(doc))
+    assert v.valid, v.reason()
+    assert v.metrics["ranges"] == 1 and v.metrics["steps_in_range"] == 4

@@ -156,6 +156,14 @@ def _cuda12() -> Toolchain:
                        f"(CUDA 12.8 cuobjdump/nvdisasm): {CUDA12_INSTALL}")
     except ToolchainError as exc:
         missing = f"no CUDA 12.x cuobjdump/nvdisasm for sm_70 SASS ({exc.diagnostics()})"
+    if missing:
+        # A 13.x cuobjdump still reads sm_70 resource usage and unpacks images;
+        # only its disassembly refuses sm_70.
+        try:
+            cuobjdump = _tool("nvidia-cuda-cuobjdump", "nvidia/cu13/bin/cuobjdump", CUDA13_INSTALL)
+        except ToolchainError:
+            pass  # keep the 13.x one a newer triton bundles, if any
+        nvdisasm = None
     return Toolchain(name=f"cuda-{api}-nvrtc", kind="nvrtc",
                      compiler=Tool(str(lib), pkg, "nvidia-cuda-nvrtc-cu12", pkg), ptxas=ptxas,
                      cuobjdump=cuobjdump, nvdisasm=nvdisasm, sass_missing=missing)

@@ -56,16 +56,18 @@ def _tool(argv: list[str], log: Path) -> dict:
 def _inspect(b: Built, out: Path, verify_embedded: bool) -> dict:
     record = json.loads((b.dir / "build.json").read_text())
     entry: dict = {"arch": b.arch, "kernel": b.kernel, "dir": f"{b.arch}/{b.kernel}",
-                   "commands": [], "sass": None, "sass_pending": "", "embedded": [],
-                   "embedded_checked": verify_embedded}
+                   "commands": [], "resource_usage": None, "sass": None, "sass_pending": "",
+                   "embedded": [], "embedded_checked": verify_embedded}
     cubin = record.get("cubin")
     tc = b.toolchain
-    if not cubin or tc.cuobjdump is None:
-        entry["sass_pending"] = "no cubin was built" if not cubin else tc.sass_missing
+    if not cubin:  # the build failed: derive reports that first
         return entry
-    cmd = _tool([tc.cuobjdump.path, "--dump-resource-usage", str(b.dir / cubin)],
-                b.dir / "resource-usage.txt")
-    entry["commands"].append(cmd)
+    if tc.cuobjdump is None:
+        entry["sass_pending"] = tc.sass_missing
+        return entry
+    entry["commands"].append(_tool([tc.cuobjdump.path, "--dump-resource-usage",
+                                    str(b.dir / cubin)], b.dir / "resource-usage.txt"))
+    entry["resource_usage"] = "resource-usage.txt"
     if tc.sass_missing:
         entry["sass_pending"] = tc.sass_missing
     else:
@@ -161,7 +163,8 @@ def _judge(root: Path, manifest: kernels.KernelManifest, entry: dict, index_entr
     kernel = manifest.kernels[name]
     ptxas_log = next(s["log"] for s in record["steps"] if s["tool"] in ("ptxas", "nvcc"))
     report = resources.parse_ptxas(_read(kdir / ptxas_log))
-    usage = resources.parse_resource_usage(_read(kdir / "resource-usage.txt"))
+    usage = (resources.parse_resource_usage(_read(kdir / entry["resource_usage"]))
+             if entry["resource_usage"] else {})
     sass = resources.parse_sass(_read(kdir / entry["sass"])) if entry["sass"] else None
     if entry["sass_pending"]:
         found.pending.append(f"{name} {arch}: {entry['sass_pending']}")

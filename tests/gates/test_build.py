@@ -240,3 +240,17 @@ def test_row_build_and_audit_pass_in_a_sealed_bundle(tmp_path, kernels_repo):
     # derive is pure: re-running it on the sealed artifacts gives the recorded result.
     again = audit.Audit().derive(None, None, run.bundle / "artifacts" / "audit")
     assert (again.status, again.reason) == (results["audit"].status, results["audit"].reason)
+
+
+def test_sass_that_cannot_be_checked_here_is_pending_with_the_reason(audited, tmp_path):
+    copy = tmp_path / "audit"
+    shutil.copytree(audited, copy)
+    entries = json.loads((copy / "audit.json").read_text())
+    for e in entries:
+        if e["arch"] == "sm_70":
+            e["sass"], e["sass_pending"] = None, "no CUDA 12.x cuobjdump/nvdisasm for sm_70 SASS"
+    (copy / "audit.json").write_text(json.dumps(entries))
+    derived = audit.derive_audit(copy)
+    assert derived.status is Status.PENDING
+    assert derived.reason == ("budgets hold; SASS not checked: decode_attention sm_70: "
+                              "no CUDA 12.x cuobjdump/nvdisasm for sm_70 SASS")

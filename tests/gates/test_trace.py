@@ -5,6 +5,7 @@ cannot step."""
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -118,3 +119,20 @@ def test_arm_on_another_engine_is_an_error(tmp_path):
 
 def test_trace_kind_is_registered():
     assert gates.IMPLEMENTED["trace"] is Trace
+
+
+def test_sealed_bundle_holds_the_trace_and_verifies(tmp_path, git_repo):
+    """Through the runner: capture, seal, sign, verify; the raw trace is in the bundle."""
+    from pipeline import runner, signing
+    from pipeline.evidence import Bundle
+    from pipeline.progress import PlainProgress
+
+    row = trace_row(tmp_path, "TRACE-SEAL", primer=2, delay=3)
+    signer = signing.default_signer(announce=lambda msg: None)
+    run = runner.run_row(load_row(row), Path(git_repo.working_dir), tmp_path / "evidence",
+                         signer, PlainProgress(quiet=True))
+    result = next(r for r in run.results if r.gate_id == "trace")
+    assert result.status is Status.PASS, result.reason
+    bundle = Bundle.open(run.bundle)
+    bundle.verify(signer.verifier())
+    assert "artifacts/trace/candidate-eager/trace.json.gz" in result.artifacts

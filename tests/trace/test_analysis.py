@@ -270,3 +270,25 @@ def test_graph_path_unlike_the_eager_one_falls_back_to_step_bytes():
     assert g.bandwidth["step_shortfall_us"] == pytest.approx(2 * (20.0 - floor))
     total = sum(p["step_us"] for p in g.temporal["per_step"])
     assert g.capacity["bandwidth_fraction"] == pytest.approx(2 * (20.0 - floor) / total)
+
+
+# ------------------------------------------- real GPU captures, when checked in
+
+
+GPU_DELAYED = [n for n in planted.scenarios() if n.startswith("gpu-") and n.endswith("-delayed")]
+
+
+@pytest.mark.parametrize("name", GPU_DELAYED)
+def test_real_gpu_capture_supports_every_measure(name):
+    """H200 captures from `benchmarks/trace_capture.py --device cuda` (checked in by the
+    integrator): kernel records carry what waves need, the graph capture proves its
+    route and the eager one does not, and HTA reads them."""
+    doc, _, record = planted.scenario(name)
+    a = analysis.analyze(events.from_dict(doc), record["mode"], CEILING, 0.10)
+    assert a.waves["supported"] and a.waves["kernels"] > 0
+    assert a.launches["supported"] and a.launches["kernels"] > 0
+    names = {tuple(w["name"] for w in step) for step in a.path["steps"]}
+    assert len(names) == 1  # grids may change as the block table grows; the kernels do not
+    assert a.graph["proved"] is (record["mode"] == "graph")
+    assert a.capacity["tail_fraction"] is not None
+    assert holistic.breakdown(doc)["supported"] is True

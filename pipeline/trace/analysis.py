@@ -282,10 +282,12 @@ def temporal(items: list[Work], steps: list[Step], gpu: bool) -> dict:
         mine = sorted((w for w in items if w.step == j), key=lambda w: w.ts)
         busy = _union([(max(w.ts, lo), min(w.end, hi)) for w in mine if w.end > lo and w.ts < hi])
         idle = dict.fromkeys(kinds, 0.0)
-        cursor = lo
+        cursor, k = lo, 0
         for a, b in busy + [(hi, hi)]:
             if a > cursor:
-                nxt = next((w for w in mine if w.ts >= a), None) if a < hi else None
+                while k < len(mine) and mine[k].ts < a:  # both sorted: one pass per step
+                    k += 1
+                nxt = mine[k] if a < hi and k < len(mine) else None
                 idle[_classify_gap(nxt, cursor, a - cursor, gpu)] += a - cursor
             cursor = max(cursor, b)
         busy_us = sum(b - a for a, b in busy)

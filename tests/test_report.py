@@ -219,6 +219,24 @@ def test_review_record_gives_the_verdict(sealed, tmp_path):
     assert page.review.signature == "no signature file beside it"
 
 
+def test_a_real_review_gives_the_headline_and_its_tables(tmp_path, monkeypatch, capsys):
+    from tests.review_support import World
+
+    world = World(tmp_path, monkeypatch, capsys)
+    row = world.row()
+    bundle = world.gate(row)
+    code, _, err = world.review(bundle, row)
+    assert code == 0, err
+    page = report.report_for(bundle, key=world.gate_pub, reviews_dir=world.reviews)
+    assert page.verification.verified and (page.verdict, page.status) == ("APPROVE", Status.PASS)
+    assert page.verdict_source.startswith("review ") and page.review.reason.startswith("APPROVE")
+    assert page.review.signature == f"{bundle.name}.review.sigstore.json"
+    crit = next(t for t in page.review.tables if t.title == "criteria")
+    row_ = dict(zip(crit.columns, crit.rows[0]))
+    assert (row_["id"], row_["outcome"], row_["measured"]) == ("commands-pass", "pass", "(gate)=0")
+    assert "Review: ✅ APPROVE" in markdown.render(page)
+
+
 def test_unreadable_review_record_is_shown_not_hidden(sealed, tmp_path):
     bundle, _ = sealed
     record = report.review_path(tmp_path, Bundle.open(bundle))

@@ -68,11 +68,23 @@ def _flat(value: object) -> object:
     return value
 
 
+COLUMN_ORDER = ("id", "gate_id", "gate", "kind", "metric", "comparison", "threshold", "cells",
+                "arch", "stand_in", "required", "measured", "status", "outcome", "triggered",
+                "admitted", "action", "rederived", "dependents")
+"""Record fields first in this order (records are stored with sorted keys); the rest,
+long texts such as `reason`, `detail`, `says`, after them."""
+
+
+def _ordered(columns: list[str]) -> list[str]:
+    known = [c for c in COLUMN_ORDER if c in columns]
+    return known + [c for c in columns if c not in known]
+
+
 def _records(title: str, records: object, status: str | None) -> Table | None:
     if not isinstance(records, list) or not records:
         return None
     records = [r for r in records if isinstance(r, dict)]
-    columns = metric_columns(records)
+    columns = _ordered(metric_columns(records))
     return table(title, columns, ([_flat(r.get(c)) for c in columns] for r in records),
                  columns.index(status) if status in columns else None)
 
@@ -98,6 +110,9 @@ def read_review(path: Path) -> ReviewSummary | None:
                                 str(p.get("until", "")))
                     for p in doc.get("pending") or [] if isinstance(p, dict))
     reviewer = doc.get("reviewer")
+    if isinstance(reviewer, dict) and isinstance(reviewer.get("id"), str):
+        issuer = reviewer.get("issuer")
+        reviewer = f"{reviewer['id']} ({issuer})" if issuer else reviewer["id"]
     signature = path.with_name(path.name.removesuffix(".json") + ".sigstore.json")
     tables = (_records(title, doc.get(key), status) for key, title, status in REVIEW_TABLES)
     return ReviewSummary(
@@ -155,8 +170,9 @@ def _pending(results: list[GateResult], row: Row | None,
              if r.status is Status.PENDING]
     if row is not None:
         items += [PendingItem("row", p.gate, p.reason, p.until) for p in row.pending]
-    if review is not None:
-        items += review.pending
+    if review is not None:  # what the review adds; a gate's own reason is listed once
+        known = {(p.gate, p.reason) for p in items}
+        items += [p for p in review.pending if (p.gate, p.reason) not in known]
     return tuple(items)
 
 

@@ -234,7 +234,12 @@ class Audit(Gate):
                       ctx.artifact_dir, ctx.progress, spec.verify_embedded_images)
 
     def derive(self, row: Row, spec: AuditGate, artifact_dir: Path) -> Derived:
-        return derive_audit(artifact_dir)
+        try:
+            return derive_audit(artifact_dir)
+        except (KeyError, TypeError, IndexError) as exc:
+            # Artifacts of another layout (an older rowgate) or edited by hand.
+            raise GateError(f"audit artifacts in {artifact_dir} are not in this rowgate's "
+                            f"format: missing or malformed {exc}") from exc
 
     def arch(self, row: Row, ctx: GateContext) -> tuple[str, bool]:
         return row.target.arch, False

@@ -195,7 +195,11 @@ class Build(Gate):
             measure_aot(spec.aot_arches or arches, ctx.artifact_dir, ctx.progress)
 
     def derive(self, row: Row, spec: BuildGate, artifact_dir: Path) -> Derived:
-        return derive_builds(artifact_dir)
+        try:
+            return derive_builds(artifact_dir)
+        except (KeyError, TypeError, IndexError) as exc:
+            raise GateError(f"build artifacts in {artifact_dir} are not in this rowgate's "
+                            f"format: missing or malformed {exc}") from exc
 
     def arch(self, row: Row, ctx: GateContext) -> tuple[str, bool]:
         return row.target.arch, False

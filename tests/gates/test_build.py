@@ -254,3 +254,16 @@ def test_sass_that_cannot_be_checked_here_is_pending_with_the_reason(audited, tm
     assert derived.status is Status.PENDING
     assert derived.reason == ("budgets hold; SASS not checked: decode_attention sm_70: "
                               "no CUDA 12.x cuobjdump/nvdisasm for sm_70 SASS")
+
+
+def test_malformed_artifacts_are_a_gate_error_not_a_crash(audited, tmp_path):
+    from pipeline.gates.interface import GateError
+
+    copy = tmp_path / "audit"
+    shutil.copytree(audited, copy)
+    entries = json.loads((copy / "audit.json").read_text())
+    del entries[0]["resource_usage"]
+    (copy / "audit.json").write_text(json.dumps(entries))
+    with pytest.raises(GateError, match="not in this rowgate's format: missing or malformed "
+                                        "'resource_usage'"):
+        audit.Audit().derive(None, None, copy)

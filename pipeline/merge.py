@@ -270,7 +270,13 @@ def _git_merge(repo: git.Repo, branch: str, into: str, head: str, message: str) 
 
 def merge(loaded: LoadedRow, repo_path: Path, into: str | None, reviews_dir: Path,
           signer: Signer) -> MergeResult:
-    repo = open_repo(repo_path)
+    """Merge the checked-out head into `into` if every precondition holds; record it."""
+    with open_repo(repo_path) as repo:  # closing ends git's persistent cat-file processes
+        return _merge(loaded, repo, into, reviews_dir, signer)
+
+
+def _merge(loaded: LoadedRow, repo: git.Repo, into: str | None, reviews_dir: Path,
+           signer: Signer) -> MergeResult:
     into = local_branch(repo, into or loaded.row.review.merge_into)
     if repo.head.is_detached:
         raise UsageError(f"{repo.working_dir}: HEAD is detached; check out the branch to merge")

@@ -31,7 +31,7 @@ from pipeline import __version__
 from pipeline._records import file_sha256, now, read_record, sign_record, write_record
 from pipeline.device import Gpu
 from pipeline.errors import ExitCode, RepoError, UsageError, VerificationError
-from pipeline.evidence import Bundle
+from pipeline.evidence import BUNDLE_ID_LEN, Bundle
 from pipeline.gates import gate_for
 from pipeline.gates.interface import GateError, GateResult, MetricValue, Status
 from pipeline.provenance import Host, Subject, open_repo
@@ -56,6 +56,9 @@ from pipeline.signing import (
 )
 
 ROW_ID = r"^[A-Z0-9][A-Z0-9-]*$"
+BUNDLE_ID = rf"^[0-9a-f]{{{BUNDLE_ID_LEN}}}$"
+REVIEW_SUFFIX = ".review.json"
+ATTESTATION_SUFFIX = ".attestation.json"
 GATE_LEVEL = "(gate)"
 """Key of the gate-level value in a criterion's `measured` table."""
 CHECKOUT = Path(__file__).resolve().parent.parent
@@ -246,11 +249,11 @@ class Attestation(_Model):
 
 
 def review_path(reviews_dir: Path, row_id: str, bundle_id: str) -> Path:
-    return reviews_dir / row_id / f"{bundle_id}.review.json"
+    return reviews_dir / row_id / f"{bundle_id}{REVIEW_SUFFIX}"
 
 
 def attestation_path(review: Path) -> Path:
-    return review.with_name(review.name.removesuffix(".review.json") + ".attestation.json")
+    return review.with_name(review.name.removesuffix(REVIEW_SUFFIX) + ATTESTATION_SUFFIX)
 
 
 # --------------------------------------------------------------- freshness
@@ -631,7 +634,12 @@ def _check_reviews_dir(reviews_dir: Path, repo: git.Repo) -> None:
 def review(bundle_path: Path, repo_path: Path, row_file: Path | None, verifier: Verifier,
            signer: Signer, reviews_dir: Path) -> ReviewResult:
     """Review one bundle and write the signed record."""
-    repo = open_repo(repo_path)
+    with open_repo(repo_path) as repo:  # closing ends git's persistent cat-file processes
+        return _review(bundle_path, repo, row_file, verifier, signer, reviews_dir)
+
+
+def _review(bundle_path: Path, repo: git.Repo, row_file: Path | None, verifier: Verifier,
+            signer: Signer, reviews_dir: Path) -> ReviewResult:
     _check_reviews_dir(reviews_dir, repo)
     try:
         bundle = Bundle.open(bundle_path)
@@ -670,7 +678,7 @@ def _unreadable(path: Path, exc: VerificationError, verifier: Verifier, signer: 
     """A bundle whose manifest cannot be read is still REJECTed on the record, filed
     under the names its directory claims (ROW/BUNDLE-ID)."""
     path = path.absolute()
-    if not (re.fullmatch(ROW_ID, path.parent.name) and re.fullmatch(r"[0-9a-f]{16}", path.name)):
+    if not (re.fullmatch(ROW_ID, path.parent.name) and re.fullmatch(BUNDLE_ID, path.name)):
         raise exc
     claimed = None
     if (path / SIGNATURE_FILE).is_file():
@@ -692,6 +700,9 @@ def _unreadable(path: Path, exc: VerificationError, verifier: Verifier, signer: 
 def _finish(record: ReviewRecord, signer: Signer, reviews_dir: Path) -> ReviewResult:
     if not re.fullmatch(ROW_ID, record.row_id):
         raise UsageError(f"bundle row id {record.row_id!r} is not a row id")
+    if not re.fullmatch(BUNDLE_ID, record.bundle.id):
+        # the record is filed under the bundle's name: refuse names that are not ids
+        raise VerificationError(f"{record.bundle.path}: directory name is not a bundle id")
     path = review_path(reviews_dir, record.row_id, record.bundle.id)
     write_record(record, "review", path)
     sign_record(signer, path)
@@ -732,6 +743,9 @@ def attest(review_file: Path, signer: Signer, note: str = "") -> Path:
 
     The operator is the identity that produced (signed) the bundle: it is the one
     that was at the hardware. Its signature on the bundle is checked first."""
+    if not review_file.name.endswith(REVIEW_SUFFIX):
+        raise UsageError(f"{review_file}: not a review record (expected ROW/BUNDLE-ID"
+                         f"{REVIEW_SUFFIX})")
     record = load_review(review_file)
     bundle = Bundle.open(Path(record.bundle.path))
     if bundle.id != record.bundle.id:

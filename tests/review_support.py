@@ -76,6 +76,7 @@ class World:
         self.evidence = tmp / "evidence"
         self.reviews = tmp / "reviews"
         self.repo = git.Repo.init(tmp / "subject", initial_branch="main")
+        self.repos = [self.repo]
         with self.repo.config_writer() as cw:
             cw.set_value("user", "name", "Test Author")
             cw.set_value("user", "email", "author@example.com")
@@ -83,6 +84,16 @@ class World:
         commit_file(self.repo, "src/kernel.txt", "v1\n", "kernel v1")
         self.repo.git.checkout("-b", "feature")
         commit_file(self.repo, "src/kernel.txt", "v2\n", "kernel v2")
+
+    def close(self) -> None:
+        """End git's persistent cat-file processes of every repo a test opened."""
+        for repo in self.repos:
+            repo.close()
+
+    def open(self, path: Path) -> git.Repo:
+        repo = git.Repo(path)
+        self.repos.append(repo)
+        return repo
 
     @property
     def repo_dir(self) -> Path:

@@ -14,8 +14,10 @@ from tests.review_support import HOST_ROW, World, commit_file, thaw
 
 
 @pytest.fixture
-def world(tmp_path, monkeypatch, capsys) -> World:
-    return World(tmp_path, monkeypatch, capsys)
+def world(tmp_path, monkeypatch, capsys):
+    world = World(tmp_path, monkeypatch, capsys)
+    yield world
+    world.close()
 
 
 def _approved(world: World, row: Path | None = None) -> tuple[Path, Path]:
@@ -52,6 +54,7 @@ def _refs(repo: git.Repo) -> str:
 
 def test_approved_head_is_merged_with_trailers_and_the_remote_is_untouched(world, tmp_path):
     remote = git.Repo.init(tmp_path / "remote.git", bare=True, initial_branch="main")
+    world.repos.append(remote)
     world.repo.create_remote("origin", remote.git_dir)
     world.repo.git.push("origin", "main", "feature")  # test setup only: the remote has refs
     before = _refs(remote)
@@ -230,6 +233,7 @@ def test_bundle_from_another_machine_is_reviewed_and_merged_in_the_reviewers_clo
     row = world.row()
     sealed = world.gate(row)
     clone = git.Repo.clone_from(world.repo_dir, tmp_path / "reviewer" / "clone")
+    world.repos.append(clone)
     world.repo = clone  # from here on, everything happens in the reviewer's clone
     # the clone checked out the remote's HEAD (feature); main is only origin/main
     code, _, err = world.review(sealed, row)
@@ -241,7 +245,7 @@ def test_bundle_from_another_machine_is_reviewed_and_merged_in_the_reviewers_clo
         cw.set_value("user", "email", "reviewer@example.com")
     moved = tmp_path / "reviewer" / "inbox" / sealed.parent.name / sealed.name
     shutil.copytree(sealed, moved)
-    gate_refs = _refs(git.Repo(tmp_path / "subject"))
+    gate_refs = _refs(world.open(tmp_path / "subject"))
 
     code, out, err = world.review(moved, row)
     assert code == 0, err
@@ -250,4 +254,4 @@ def test_bundle_from_another_machine_is_reviewed_and_merged_in_the_reviewers_clo
     assert code == 0, err
     merge = clone.heads.main.commit
     assert "Signed-off-by: Reviewer <reviewer@example.com>" in merge.message
-    assert _refs(git.Repo(tmp_path / "subject")) == gate_refs  # origin untouched
+    assert _refs(world.open(tmp_path / "subject")) == gate_refs  # origin untouched

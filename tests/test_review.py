@@ -17,8 +17,10 @@ from tests.review_support import HOST_ROW, World, commit_file, thaw
 
 
 @pytest.fixture
-def world(tmp_path, monkeypatch, capsys) -> World:
-    return World(tmp_path, monkeypatch, capsys)
+def world(tmp_path, monkeypatch, capsys):
+    world = World(tmp_path, monkeypatch, capsys)
+    yield world
+    world.close()
 
 
 def _record(lines: list[str]) -> tuple[Path, review.ReviewRecord]:
@@ -296,3 +298,21 @@ def test_missing_metric_rejects():
     ev = _judge([_result("trace", "trace", recoverable_idle_fraction=0.5)])
     assert ev.criteria[0].outcome is Outcome.MISSING
     assert ev.rejects == ["criterion trace-valid: gate trace has no gate-level metric 'valid'"]
+
+
+def test_attest_operator_wants_a_review_record(world, tmp_path):
+    other = tmp_path / "notes.json"
+    other.write_text("{}")
+    world.as_gate()
+    code, _, err = world.cli("attest-operator", other)
+    assert code == 2 and "not a review record" in err
+
+
+def test_bundle_under_a_name_that_is_not_its_id_is_refused_without_a_record(world, tmp_path):
+    bundle = world.gate(world.row())
+    renamed = bundle.with_name("latest")
+    bundle.rename(renamed)
+    code, out, err = world.review(renamed, world.row())
+    assert code == 1 and out == []
+    assert "directory name is not a bundle id" in err
+    assert not list(world.reviews.rglob("*.json"))

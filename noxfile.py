@@ -42,7 +42,7 @@ def _install(session: nox.Session, *extras: str) -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     """Run the test suite (everything but GPU tests; slow tests included)."""
-    _install(session, "test", "stats", "report", "cuda12", "cuda13", "trace")
+    _install(session, "test", "stats", "report", "cuda12", "cuda13", "trace", "ops")
     _ensure_chromium(session)
     session.run("pytest", "-m", "not gpu", *session.posargs)
 

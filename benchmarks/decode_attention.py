@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import functools
 import json
 import os
 import re
@@ -172,10 +173,10 @@ def bench_large(cubin: Path, dev, repeats: int, ceiling: float) -> dict:
     out = torch.empty_like(fp8.q)
 
     def split(inp, variant):
-        return lambda: op.decode_attention(
-            inp.q, inp.k_cache, inp.v_cache, inp.block_table, inp.seq_lens,
-            max_seq_len=length, cubin=cubin, k_scale=inp.k_scale, v_scale=inp.v_scale,
-            variant=variant, out=out)
+        args = (inp.q, inp.k_cache, inp.v_cache, inp.block_table, inp.seq_lens)
+        planned = op.DecodeAttention(*args, max_seq_len=length, cubin=cubin,
+                                     k_scale=inp.k_scale, v_scale=inp.v_scale, variant=variant)
+        return lambda: planned.run(*args, out=out)
 
     fns = {"e5m2_baseline": split(fp8, "baseline"), "e5m2_pipelined": split(fp8, "pipelined"),
            "bf16_baseline": split(bf, "baseline"), "bf16_pipelined": split(bf, "pipelined"),
@@ -214,15 +215,27 @@ def bench_small(cubin: Path, dev, repeats: int) -> dict:
     dense = [dense_bf16(1, hkv, length, dim, dev, gen) for _ in range(n_inputs)]
     outs = [torch.empty_like(x.q) for x in inputs]
     state = {"i": 0}
+    plans = {v: op.DecodeAttention(inputs[0].q, inputs[0].k_cache, inputs[0].v_cache,
+                                   inputs[0].block_table, inputs[0].seq_lens,
+                                   max_seq_len=length, cubin=cubin, k_scale=inputs[0].k_scale,
+                                   v_scale=inputs[0].v_scale, variant=v)
+             for v in ("baseline", "pipelined")}
 
     def call(variant):
+        planned = plans[variant]
+
         def fn():
             i = state["i"] = (state["i"] + 1) % n_inputs
             x = inputs[i]
-            return op.decode_attention(x.q, x.k_cache, x.v_cache, x.block_table, x.seq_lens,
-                                       max_seq_len=length, cubin=cubin, k_scale=x.k_scale,
-                                       v_scale=x.v_scale, variant=variant, out=outs[i])
+            return planned.run(x.q, x.k_cache, x.v_cache, x.block_table, x.seq_lens, outs[i])
         return fn
+
+    def unplanned():
+        i = state["i"] = (state["i"] + 1) % n_inputs
+        x = inputs[i]
+        return op.decode_attention(x.q, x.k_cache, x.v_cache, x.block_table, x.seq_lens,
+                                   max_seq_len=length, cubin=cubin, k_scale=x.k_scale,
+                                   v_scale=x.v_scale, out=outs[i])
 
     def sdpa():
         i = state["i"] = (state["i"] + 1) % n_inputs
@@ -231,7 +244,8 @@ def bench_small(cubin: Path, dev, repeats: int) -> dict:
     fns = {"e5m2_baseline": call("baseline"), "e5m2_pipelined": call("pipelined"),
            "sdpa_bf16_dense": sdpa}
     res = {"shape": "B1x1024 GQA32/8 D128 page64 e5m2", "rotating_inputs": n_inputs,
-           "variants": {}}
+           "launcher": "cuLaunchKernel" if plans["baseline"].launcher.raw is not None
+           else "cuda.core launch", "variants": {}}
     names = list(fns)
     graph = {n: [] for n in names}
     wall = {n: [] for n in names}
@@ -249,6 +263,31 @@ def bench_small(cubin: Path, dev, repeats: int) -> dict:
                 fns[n]()
             torch.cuda.synchronize(dev)
             wall[n].append((time.perf_counter() - t0) / calls * 1e6)
+    for _ in range(20):
+        unplanned()
+    torch.cuda.synchronize(dev)
+    t0 = time.perf_counter()
+    for _ in range(400):
+        unplanned()
+    torch.cuda.synchronize(dev)
+    res["unplanned_call_us"] = (time.perf_counter() - t0) / 400 * 1e6
+    # where a call's host time goes: the launch alone, and torch's own launch
+    launcher, x = plans["baseline"].launcher, inputs[0]
+    ptrs = (x.q.data_ptr(), x.k_cache.data_ptr(), x.v_cache.data_ptr(),
+            x.block_table.data_ptr(), x.seq_lens.data_ptr(), outs[0].data_ptr(),
+            plans["baseline"].ws_acc.data_ptr(), plans["baseline"].ws_ml.data_ptr(),
+            plans["baseline"].counters.data_ptr())
+    stream = torch.cuda.current_stream(dev).cuda_stream
+    for name, fn in (("launch_only_us", lambda: launcher(stream, ptrs)),
+                     ("torch_zero_launch_us", lambda: outs[0].zero_())):
+        for _ in range(20):
+            fn()
+        torch.cuda.synchronize(dev)
+        t0 = time.perf_counter()
+        for _ in range(400):
+            fn()
+        torch.cuda.synchronize(dev)
+        res[name] = (time.perf_counter() - t0) / 400 * 1e6
     for n in names:
         res["variants"][n] = {"gpu_us_graph_samples": graph[n], "gpu_us_median": median(graph[n]),
                               "gpu_spread": spread(graph[n]), "call_us_samples": wall[n],
@@ -268,13 +307,13 @@ def phase_attribution(build_rec: dict, dev, repeats: int) -> dict:
     inp = make_inputs(case, dev)
     out = torch.empty_like(inp.q)
     fns = {}
+    args = (inp.q, inp.k_cache, inp.v_cache, inp.block_table, inp.seq_lens)
     for n, name in PHASES.items():
         cub = Path(build_rec["cubins"][f"phase{n}"])
         for variant in ("baseline", "pipelined"):
-            fns[f"{variant}:{name}"] = (lambda c=cub, v=variant: op.decode_attention(
-                inp.q, inp.k_cache, inp.v_cache, inp.block_table, inp.seq_lens,
-                max_seq_len=ctx, cubin=c, k_scale=inp.k_scale, v_scale=inp.v_scale,
-                variant=v, out=out))
+            planned = op.DecodeAttention(*args, max_seq_len=ctx, cubin=cub, k_scale=inp.k_scale,
+                                         v_scale=inp.v_scale, variant=variant)
+            fns[f"{variant}:{name}"] = functools.partial(planned.run, *args, out=out)
     samples = timing.interleaved(fns, repeats=repeats, device=dev, flush=True)
     med = {k: median(v) for k, v in samples["samples_us"].items()}
     res = {"shape": f"B16 ragged max {ctx} (lens {lens}) e5m2 GQA32/8 D128 page64",
@@ -402,6 +441,10 @@ def summary(results: dict) -> None:
     small = results.get("bench_small", {})
     for name, v in small.get("variants", {}).items():
         log(f"B1x1K   {name:22s} gpu {v['gpu_us_median']:7.2f} us  call {v['call_us_median']:7.2f} us")
+    if "unplanned_call_us" in small:
+        log(f"B1x1K   unplanned decode_attention() call {small['unplanned_call_us']:.2f} us "
+            f"(launcher {small['launcher']}); launch only {small['launch_only_us']:.2f} us; "
+            f"torch zero_() {small['torch_zero_launch_us']:.2f} us")
     ph = results.get("phase", {})
     for variant, att in ph.get("attribution_us", {}).items():
         log(f"phase {variant}: " + ", ".join(f"{k.split(' ')[0]}={v:.1f}" for k, v in att.items()))

@@ -23,6 +23,14 @@
 // Every sum is taken in a fixed order that does not depend on which variant
 // runs or which CTA finishes last, so the baseline (PIPE=false) and the
 // software-pipelined candidate (PIPE=true) are bitwise equal by construction.
+// The candidate differs only in when loads are issued: the next tile's K (V)
+// rows are loaded into registers while the current tile is converted and
+// multiplied, and the first V tile is requested before the softmax barrier.
+//
+// Two math paths, one schedule: sm_80+ uses mma.sync (m16n8k16, f16 operands
+// for E5M2, bf16 for bf16, f32 accumulators); sm_70/75 use f32 FMAs with
+// shuffle reduce-scatter. E5M2 -> f16 is exact (a byte permute), so QK on the
+// tensor cores sees exactly the cached values; P is rounded to the operand type.
 //
 // RG_PHASE selects a timing variant for phase attribution (never for results):
 //   0 full  1 no K load  2 no V load  3 QK twice  4 PV twice  5 conversion twice
@@ -43,6 +51,7 @@ constexpr int kTile = 16;  // tokens per warp tile; divides every supported page
 
 struct E5M2 { static constexpr int kBytes = 1; };
 struct BF16 { static constexpr int kBytes = 2; };
+static_assert(E5M2::kBytes == 1 && BF16::kBytes == 2, "cache element sizes");
 
 template <class KV, int D, int G>
 struct Cfg {
@@ -269,180 +278,606 @@ __device__ __forceinline__ void phase_barrier() {
 #endif
 }
 
+struct Ctx {  // what every phase of one CTA knows
+  int b, h, hq, start, n_tok, n_tiles, tid, warp, lane;
+};
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+// ============================================================ FMA path (sm_70/75)
+// One lane group of LPT lanes per token row; partial dots reduce-scattered.
+
 template <class KV, int D, int G, bool PIPE>
-__device__ __forceinline__ void split_kv(const Params& p) {
-  static_assert(G % 4 == 0, "score rows are read as float4");
+__device__ __forceinline__ void phase_a(const Params& p, const Ctx& c, float* scores, uint8_t*) {
   using C = Cfg<KV, D, G>;
-  extern __shared__ __align__(16) float smem[];
-  __shared__ float s_ml[2 * G];
-  __shared__ int s_last;
-
-  const int s = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int sub = lane % C::LPT, grp = lane / C::LPT;
-  const int hq = p.num_kv_heads * G;
-  const int len = p.seq_lens[b];
-  const int nsplit = min((len + p.chunk - 1) / p.chunk, (int)gridDim.x);
-  if (len <= 0) {  // nothing to attend to: a defined output instead of a stale one
-    if (s == 0)
-      for (int i = tid; i < G * D; i += kThreads)
-        p.out[((size_t)b * hq + h * G) * D + i] = __float2bfloat16(0.f);
-    return;
-  }
-  if (s >= nsplit) return;
-  const int start = s * p.chunk;
-  const int n_tok = min(len, start + p.chunk) - start;
-  const int n_tiles = (n_tok + kTile - 1) / kTile;
-  float* scores = smem;  // [chunk][G]; later reused for the cross-warp reduction
-
-  // ---- phase A: K load + conversion, QK, score publication
-  {
-    float qf[G][C::VEC];
-    const __nv_bfloat16* qb = p.q + ((size_t)b * hq + h * G) * D + sub * C::VEC;
+  const int sub = c.lane % C::LPT, grp = c.lane / C::LPT;
+  float qf[G][C::VEC];
+  const __nv_bfloat16* qb = p.q + ((size_t)c.b * c.hq + c.h * G) * D + sub * C::VEC;
 #pragma unroll
-    for (int g = 0; g < G; ++g) {
+  for (int g = 0; g < G; ++g) {
 #pragma unroll
-      for (int c = 0; c < C::VEC / 8; ++c) {
-        const uint4 x = __ldg(reinterpret_cast<const uint4*>(qb + (size_t)g * D) + c);
-        const uint32_t w[4] = {x.x, x.y, x.z, x.w};
+    for (int k = 0; k < C::VEC / 8; ++k) {
+      const uint4 x = __ldg(reinterpret_cast<const uint4*>(qb + (size_t)g * D) + k);
+      const uint32_t w[4] = {x.x, x.y, x.z, x.w};
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          qf[g][8 * c + 2 * i] = __uint_as_float(w[i] << 16) * p.qk_scale_log2;
-          qf[g][8 * c + 2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u) * p.qk_scale_log2;
-        }
+      for (int i = 0; i < 4; ++i) {
+        qf[g][8 * k + 2 * i] = __uint_as_float(w[i] << 16) * p.qk_scale_log2;
+        qf[g][8 * k + 2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u) * p.qk_scale_log2;
       }
     }
-    Raw<C::WORDS> kr[C::U], kn[C::U];
-    int t = warp;
-    if (PIPE && t < n_tiles)
-      load_tile<KV, D, G>(kr, tile_base<KV, D, C::VEC>(p, p.k, b, h, start + t * kTile, sub),
-                          min(kTile, n_tok - t * kTile), grp);
-    for (; t < n_tiles; t += kWarps) {
-      const int tok0 = start + t * kTile;
-      const int valid = min(kTile, n_tok - t * kTile);
+  }
+  Raw<C::WORDS> kr[C::U], kn[C::U];
+  int t = c.warp;
+  if (PIPE && t < c.n_tiles)
+    load_tile<KV, D, G>(kr, tile_base<KV, D, C::VEC>(p, p.k, c.b, c.h, c.start + t * kTile, sub),
+                        min(kTile, c.n_tok - t * kTile), grp);
+  for (; t < c.n_tiles; t += kWarps) {
+    const int tok0 = c.start + t * kTile;
+    const int valid = min(kTile, c.n_tok - t * kTile);
 #if RG_PHASE == 1
-      fake_tile<KV, D, G>(kr, tok0, lane);
+    fake_tile<KV, D, G>(kr, tok0, c.lane);
+#else
+    if (PIPE) {
+      const int tn = t + kWarps;
+      if (tn < c.n_tiles)
+        load_tile<KV, D, G>(kn, tile_base<KV, D, C::VEC>(p, p.k, c.b, c.h, c.start + tn * kTile, sub),
+                            min(kTile, c.n_tok - tn * kTile), grp);
+    } else {
+      load_tile<KV, D, G>(kr, tile_base<KV, D, C::VEC>(p, p.k, c.b, c.h, tok0, sub), valid, grp);
+    }
+#endif
+    float part[C::NV];
+    qk_tile<KV, D, G>(qf, kr, part);
+    ReduceScatter<C::NV, C::LPT / 2>::run(part, c.lane);
+#pragma unroll
+    for (int i = 0; i < C::R; ++i) {
+      const int idx = sub * C::R + i, u = idx / G, g = idx % G;
+      const int tt = u * C::GROUPS + grp;
+#if RG_PHASE == 7
+      if (tt < valid && part[i] == 12345.f)  // practically never: keeps the math alive
+#else
+      if (tt < valid)
+#endif
+        scores[(size_t)(t * kTile + tt) * G + g] = part[i];
+    }
+    if (PIPE) {
+#pragma unroll
+      for (int u = 0; u < C::U; ++u) kr[u] = kn[u];
+    }
+  }
+}
+
+template <class KV, int D, int G, bool PIPE>
+struct PhaseC {
+  using C = Cfg<KV, D, G>;
+  Raw<C::WORDS> vr[C::U], vn[C::U];
+
+  // The candidate starts its first V tile before the softmax barrier.
+  __device__ __forceinline__ void prefetch(const Params& p, const Ctx& c, uint8_t*) {
+    if (PIPE && c.warp < c.n_tiles && RG_PHASE != 2)
+      load_tile<KV, D, G>(vr, tile_base<KV, D, C::VEC>(p, p.v, c.b, c.h, c.start + c.warp * kTile,
+                                                        c.lane % C::LPT),
+                          min(kTile, c.n_tok - c.warp * kTile), c.lane / C::LPT);
+  }
+
+  // PV over the warp's tiles, then the per-warp result into red[warp][G][D].
+  __device__ __forceinline__ void run(const Params& p, const Ctx& c, float* scores, uint8_t*) {
+    const int sub = c.lane % C::LPT, grp = c.lane / C::LPT;
+    float acc[G][C::VEC];
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+#pragma unroll
+      for (int j = 0; j < C::VEC; ++j) acc[g][j] = 0.f;
+    for (int t = c.warp; t < c.n_tiles; t += kWarps) {
+      const int tok0 = c.start + t * kTile;
+      const int valid = min(kTile, c.n_tok - t * kTile);
+#if RG_PHASE == 2
+      fake_tile<KV, D, G>(vr, tok0, c.lane);
 #else
       if (PIPE) {
         const int tn = t + kWarps;
-        if (tn < n_tiles)
-          load_tile<KV, D, G>(kn, tile_base<KV, D, C::VEC>(p, p.k, b, h, start + tn * kTile, sub),
-                              min(kTile, n_tok - tn * kTile), grp);
+        if (tn < c.n_tiles)
+          load_tile<KV, D, G>(vn, tile_base<KV, D, C::VEC>(p, p.v, c.b, c.h, c.start + tn * kTile, sub),
+                              min(kTile, c.n_tok - tn * kTile), grp);
       } else {
-        load_tile<KV, D, G>(kr, tile_base<KV, D, C::VEC>(p, p.k, b, h, tok0, sub), valid, grp);
+        load_tile<KV, D, G>(vr, tile_base<KV, D, C::VEC>(p, p.v, c.b, c.h, tok0, sub), valid, grp);
       }
 #endif
-      float part[C::NV];
-      qk_tile<KV, D, G>(qf, kr, part);
-      ReduceScatter<C::NV, C::LPT / 2>::run(part, lane);
-#pragma unroll
-      for (int i = 0; i < C::R; ++i) {
-        const int idx = sub * C::R + i, u = idx / G, g = idx % G;
-        const int tt = u * C::GROUPS + grp;
-#if RG_PHASE == 7
-        if (tt < valid && part[i] == 12345.f)  // practically never: keeps the math alive
-#else
-        if (tt < valid)
-#endif
-          scores[(size_t)(t * kTile + tt) * G + g] = part[i];
-      }
+      pv_tile<KV, D, G>(scores, t, valid, grp, vr, acc);
       if (PIPE) {
 #pragma unroll
-        for (int u = 0; u < C::U; ++u) kr[u] = kn[u];
+        for (int u = 0; u < C::U; ++u) vr[u] = vn[u];
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+#pragma unroll
+      for (int j = 0; j < C::VEC; ++j)
+#pragma unroll
+        for (int o = C::LPT; o < 32; o <<= 1) acc[g][j] += __shfl_xor_sync(0xffffffffu, acc[g][j], o);
+    __syncthreads();  // every warp is done reading scores: the buffer is reused
+    float* red = scores;
+    if (grp == 0) {
+#pragma unroll
+      for (int g = 0; g < G; ++g)
+#pragma unroll
+        for (int j = 0; j < C::VEC; ++j) red[(c.warp * G + g) * D + sub * C::VEC + j] = acc[g][j];
+    }
+  }
+};
+
+#else
+// ============================================================ MMA path (sm_80+)
+// mma.sync m16n8k16 with f32 accumulators. QK computes S^T = Q K^T (rows: the
+// G query heads, padded to 16; columns: 8 tokens); its accumulator layout is
+// the B-operand layout PV needs, so P goes through shared memory only as the
+// softmax's publication. Dimensions are permuted consistently inside each
+// product so that every lane's operands are contiguous in memory (16-byte
+// loads, no shuffles): a dot product does not depend on the order of its terms'
+// labels, and the output's permutation is undone when it is written.
+
+template <class KV, int D>
+struct Mma {
+  static constexpr int SPAN = D / 4;                // K elements per lane per token
+  static constexpr int HALF = SPAN / 2;             // two contiguous halves
+  static constexpr int HB = HALF * KV::kBytes;      // bytes per half
+  static constexpr int KW = SPAN * KV::kBytes / 4;  // K words per lane per token
+  static constexpr int VD = D / 8;                  // V dims per lane per token
+  static constexpr int VW = VD * KV::kBytes / 4;    // V words per lane per token
+  static constexpr int STEPS = D / 16;              // k16 steps of QK = m16 tiles of PV
+};
+
+template <int N>
+__device__ __forceinline__ void load_words(uint32_t* w, const uint8_t* ptr) {
+  if constexpr (N % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i) {
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(ptr) + i);
+      w[4 * i] = v.x; w[4 * i + 1] = v.y; w[4 * i + 2] = v.z; w[4 * i + 3] = v.w;
+    }
+  } else {
+    static_assert(N == 2, "8-byte or multiple-of-16-byte pieces");
+    const uint2 v = __ldg(reinterpret_cast<const uint2*>(ptr));
+    w[0] = v.x; w[1] = v.y;
+  }
+}
+
+template <class KV>
+__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+  if constexpr (KV::kBytes == 1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+}
+
+__device__ __forceinline__ uint32_t prmt(uint32_t x, uint32_t y, uint32_t s) {
+  return __byte_perm(x, y, s);
+}
+
+// Two floats as the MMA's 16-bit pair (low = first).
+template <class KV>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (KV::kBytes == 1) {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  } else {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+}
+
+__device__ __forceinline__ const uint8_t* row_ptr(const Params& p, const uint8_t* cache, int b,
+                                                  int h, int tok0, int kbytes, int dim) {
+  const int page = __ldg(p.block_table + (size_t)b * p.bt_stride + (tok0 >> p.page_shift));
+  const int in_page = tok0 & ((1 << p.page_shift) - 1);
+  const size_t row = (((size_t)page * p.num_kv_heads + h) << p.page_shift) + in_page;
+  return cache + row * dim * kbytes;
+}
+
+template <int N>
+__device__ __forceinline__ void fake_words(uint32_t* w, int tok0, int lane, uint32_t base) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) w[i] = base ^ ((tok0 + lane + i) & 0x03030303u);
+}
+
+// ---- the candidate's E5M2 staging: cp.async into a per-lane shared-memory ring.
+// Each lane reads back only the bytes it copied itself, so completion needs no
+// barrier (cp.async.wait_group orders a thread's own copies), and in-flight
+// loads cost no registers: the occupancy of the baseline is kept.
+constexpr int kStages = 2;
+
+// Ring size in bytes: kWarps * kStages * 4 pieces * 32 lanes * PB (the launcher
+// adds it to the dynamic shared memory of the E5M2 candidate).
+template <class KV, int D>
+struct Ring {
+  static constexpr int PB = D / 8 * KV::kBytes;  // bytes per piece: a K half-span or a V slice
+};
+
+__device__ __forceinline__ uint8_t* ring_slot(uint8_t* ring, int warp, int stage, int piece,
+                                              int lane, int pb) {
+  return ring + ((((warp * kStages + stage) * 4 + piece) * 32) + lane) * pb;
+}
+
+template <int PB>
+__device__ __forceinline__ void cp_async(uint8_t* dst, const uint8_t* src, bool valid) {
+  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  const int n = valid ? PB : 0;  // 0: zero-fill, the source is not read
+  // .ca: through L1, so the two 16-byte halves of a 32-byte sector cost one L2 read
+  if constexpr (PB == 16)
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(n)
+                 : "memory");
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(d), "l"(src), "r"(n)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+template <int PB>
+__device__ __forceinline__ void lds_words(uint32_t* w, const uint8_t* src) {
+  if constexpr (PB == 16) {
+    const uint4 v = *reinterpret_cast<const uint4*>(src);
+    w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
+  } else {
+    const uint2 v = *reinterpret_cast<const uint2*>(src);
+    w[0] = v.x; w[1] = v.y;
+  }
+}
+
+// Copies of one K tile into ring stage `stage` (an empty group past the end).
+template <class KV, int D>
+__device__ __forceinline__ void issue_k(const Params& p, const Ctx& c, uint8_t* ring, int t,
+                                        int stage) {
+  using R = Ring<KV, D>;
+  if (t < c.n_tiles) {
+    const int grp = c.lane >> 2, tig = c.lane & 3;
+    const uint8_t* tile = row_ptr(p, p.k, c.b, c.h, c.start + t * kTile, KV::kBytes, D);
+    const int valid = min(kTile, c.n_tok - t * kTile);
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const int tt = nt * 8 + grp;
+      const bool ok = tt < valid;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const uint8_t* src = tile + ((size_t)tt * D + half * (D / 2)) * KV::kBytes + tig * R::PB;
+        cp_async<R::PB>(ring_slot(ring, c.warp, stage, nt * 2 + half, c.lane, R::PB),
+                        ok ? src : tile, ok);
       }
     }
   }
-  // The candidate starts its first V tile before the softmax barrier.
-  Raw<C::WORDS> vr[C::U], vn[C::U];
-  if (PIPE && warp < n_tiles && RG_PHASE != 2)
-    load_tile<KV, D, G>(vr, tile_base<KV, D, C::VEC>(p, p.v, b, h, start + warp * kTile, sub),
-                        min(kTile, n_tok - warp * kTile), grp);
-  phase_barrier();
+  cp_commit();
+}
 
-  // ---- phase B: softmax over the chunk, per query head of the group
-  for (int g = warp; g < G; g += kWarps) {
+template <class KV, int D>
+__device__ __forceinline__ void issue_v(const Params& p, const Ctx& c, uint8_t* ring, int t,
+                                        int stage) {
+  using R = Ring<KV, D>;
+  if (t < c.n_tiles) {
+    const int grp = c.lane >> 2, tig = c.lane & 3;
+    const uint8_t* tile = row_ptr(p, p.v, c.b, c.h, c.start + t * kTile, KV::kBytes, D);
+    const int valid = min(kTile, c.n_tok - t * kTile);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int tt = 2 * tig + (r & 1) + (r >> 1) * 8;
+      const bool ok = tt < valid;
+      const uint8_t* src = tile + ((size_t)tt * D + grp * (D / 8)) * KV::kBytes;
+      cp_async<R::PB>(ring_slot(ring, c.warp, stage, r, c.lane, R::PB), ok ? src : tile, ok);
+    }
+  }
+  cp_commit();
+}
+
+// K rows of one 16-token tile: n-tile nt's token nt*8 + grp, this lane's span.
+template <class KV, int D>
+__device__ __forceinline__ void load_k(uint32_t (&kw)[2][Mma<KV, D>::KW], const uint8_t* tile,
+                                       int valid, int grp, int tig) {
+  using M = Mma<KV, D>;
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt) {
+    const int tt = nt * 8 + grp;
+    if (tt < valid) {
+      const uint8_t* row = tile + (size_t)tt * D * KV::kBytes;
+      load_words<M::KW / 2>(kw[nt], row + tig * M::HB);
+      load_words<M::KW / 2>(kw[nt] + M::KW / 2, row + (D / 2) * KV::kBytes + tig * M::HB);
+    } else {
+#pragma unroll
+      for (int i = 0; i < M::KW; ++i) kw[nt][i] = 0u;
+    }
+  }
+}
+
+// V rows of one tile: tokens 2tig, 2tig+1, 2tig+8, 2tig+9; dims grp*VD .. +VD.
+template <class KV, int D>
+__device__ __forceinline__ void load_v(uint32_t (&vw)[4][Mma<KV, D>::VW], const uint8_t* tile,
+                                       int valid, int grp, int tig) {
+  using M = Mma<KV, D>;
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const int tt = 2 * tig + (r & 1) + (r >> 1) * 8;
+    if (tt < valid) {
+      load_words<M::VW>(vw[r], tile + ((size_t)tt * D + grp * M::VD) * KV::kBytes);
+    } else {
+#pragma unroll
+      for (int i = 0; i < M::VW; ++i) vw[r][i] = 0u;
+    }
+  }
+}
+
+template <class KV, int D, int G, bool PIPE>
+__device__ __forceinline__ void phase_a(const Params& p, const Ctx& c, float* scores,
+                                        uint8_t* ring) {
+  using M = Mma<KV, D>;
+  constexpr bool kAsync = PIPE && KV::kBytes == 1;  // E5M2 candidate: cp.async ring
+  const int grp = c.lane >> 2, tig = c.lane & 3;
+  // Q as the A operand: row grp = head grp (rows >= G and 8..15 are zero).
+  uint32_t qa[M::STEPS][2];
+  if (grp < G) {
+    const uint8_t* qh = reinterpret_cast<const uint8_t*>(
+        p.q + ((size_t)c.b * c.hq + c.h * G + grp) * D);
+    uint32_t qw[M::SPAN / 2];  // bf16 pairs of this lane's span
+    load_words<M::SPAN / 4>(qw, qh + tig * M::HALF * 2);
+    load_words<M::SPAN / 4>(qw + M::SPAN / 4, qh + (D / 2 + tig * M::HALF) * 2);
+#pragma unroll
+    for (int s = 0; s < M::STEPS; ++s) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const uint32_t w = qw[2 * s + e];
+        if constexpr (KV::kBytes == 1)
+          qa[s][e] = pack2<KV>(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+        else
+          qa[s][e] = w;
+      }
+    }
+  } else {
+#pragma unroll
+    for (int s = 0; s < M::STEPS; ++s) qa[s][0] = qa[s][1] = 0u;
+  }
+  uint32_t kr[2][M::KW], kn[2][M::KW];
+  int t = c.warp;
+  if (kAsync)
+    issue_k<KV, D>(p, c, ring, t, 0);
+  else if (PIPE && t < c.n_tiles)
+    load_k<KV, D>(kr, row_ptr(p, p.k, c.b, c.h, c.start + t * kTile, KV::kBytes, D),
+                  min(kTile, c.n_tok - t * kTile), grp, tig);
+  for (int i = 0; t < c.n_tiles; t += kWarps, ++i) {
+    const int tok0 = c.start + t * kTile;
+    const int valid = min(kTile, c.n_tok - t * kTile);
+#if RG_PHASE == 1
+    fake_words<M::KW>(kr[0], tok0, c.lane, KV::kBytes == 1 ? 0x38383838u : 0x3f803f80u);
+    fake_words<M::KW>(kr[1], tok0 + 8, c.lane, KV::kBytes == 1 ? 0x38383838u : 0x3f803f80u);
+#else
+    if (kAsync) {  // this tile's K is read from the ring per n-tile, below
+      issue_k<KV, D>(p, c, ring, t + kWarps, (i + 1) % kStages);
+      cp_wait<kStages - 1>();
+    } else if (PIPE) {
+      const int tn = t + kWarps;
+      if (tn < c.n_tiles)
+        load_k<KV, D>(kn, row_ptr(p, p.k, c.b, c.h, c.start + tn * kTile, KV::kBytes, D),
+                      min(kTile, c.n_tok - tn * kTile), grp, tig);
+    } else {
+      load_k<KV, D>(kr, row_ptr(p, p.k, c.b, c.h, tok0, KV::kBytes, D), valid, grp, tig);
+    }
+#endif
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+#if RG_PHASE != 1
+      if (kAsync) {
+        using R = Ring<KV, D>;
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+          lds_words<R::PB>(kr[nt] + half * (M::KW / 2),
+                           ring_slot(ring, c.warp, i % kStages, nt * 2 + half, c.lane, R::PB));
+      }
+#endif
+      float s[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int st = 0; st < M::STEPS; ++st) {
+        uint32_t b0, b1;
+        if constexpr (KV::kBytes == 1) {
+          uint32_t w = kr[nt][st];
+#if RG_PHASE == 5
+          b0 = prmt(w, 0u, 0x1404u); b1 = prmt(w, 0u, 0x3424u);
+          opaque(w);
+          b0 ^= prmt(w, 0u, 0x1404u) & 0x00010001u; b1 ^= prmt(w, 0u, 0x3424u) & 0x00010001u;
+#else
+          b0 = prmt(w, 0u, 0x1404u); b1 = prmt(w, 0u, 0x3424u);
+#endif
+        } else {
+          b0 = kr[nt][2 * st]; b1 = kr[nt][2 * st + 1];
+        }
+        mma16816<KV>(s, qa[st][0], 0u, qa[st][1], 0u, b0, b1);
+#if RG_PHASE == 3
+        opaque(b0); opaque(b1);
+        mma16816<KV>(s, qa[st][0], 0u, qa[st][1], 0u, b0, b1);
+#endif
+      }
+      // s[0], s[1]: head grp, tokens nt*8 + 2tig, +1
+      if (grp < G) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int tt = nt * 8 + 2 * tig + e;
+#if RG_PHASE == 7
+          if (tt < valid && s[e] == 12345.f)  // practically never: keeps the math alive
+#else
+          if (tt < valid)
+#endif
+            scores[(size_t)(t * kTile + tt) * G + grp] = s[e] * p.qk_scale_log2;
+        }
+      }
+    }
+    if (PIPE && !kAsync) {
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int w = 0; w < M::KW; ++w) kr[nt][w] = kn[nt][w];
+    }
+  }
+  if (kAsync) cp_wait<0>();
+}
+
+template <class KV, int D, int G, bool PIPE>
+struct PhaseC {
+  using M = Mma<KV, D>;
+  static constexpr bool kAsync = PIPE && KV::kBytes == 1;  // E5M2 candidate: cp.async ring
+  uint32_t vr[4][M::VW], vn[4][M::VW];
+
+  // The candidate starts its first V tile before the softmax barrier.
+  __device__ __forceinline__ void prefetch(const Params& p, const Ctx& c, uint8_t* ring) {
+    if (kAsync && RG_PHASE != 2)
+      issue_v<KV, D>(p, c, ring, c.warp, 0);
+    else if (PIPE && c.warp < c.n_tiles && RG_PHASE != 2)
+      load_v<KV, D>(vr, row_ptr(p, p.v, c.b, c.h, c.start + c.warp * kTile, KV::kBytes, D),
+                    min(kTile, c.n_tok - c.warp * kTile), c.lane >> 2, c.lane & 3);
+  }
+
+  // O^T = V^T P^T over the warp's tiles, then the per-warp result into red[warp][G][D].
+  __device__ __forceinline__ void run(const Params& p, const Ctx& c, float* scores,
+                                      uint8_t* ring) {
+    const int grp = c.lane >> 2, tig = c.lane & 3;
+    float o[M::STEPS][4];
+#pragma unroll
+    for (int m = 0; m < M::STEPS; ++m) o[m][0] = o[m][1] = o[m][2] = o[m][3] = 0.f;
+    for (int t = c.warp, i = 0; t < c.n_tiles; t += kWarps, ++i) {
+      const int tok0 = c.start + t * kTile;
+      const int valid = min(kTile, c.n_tok - t * kTile);
+#if RG_PHASE == 2
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+        fake_words<M::VW>(vr[r], tok0 + r, c.lane, KV::kBytes == 1 ? 0x38383838u : 0x3f803f80u);
+#else
+      if (kAsync) {
+        issue_v<KV, D>(p, c, ring, t + kWarps, (i + 1) % kStages);
+        cp_wait<kStages - 1>();
+        using R = Ring<KV, D>;
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+          lds_words<R::PB>(vr[r], ring_slot(ring, c.warp, i % kStages, r, c.lane, R::PB));
+      } else if (PIPE) {
+        const int tn = t + kWarps;
+        if (tn < c.n_tiles)
+          load_v<KV, D>(vn, row_ptr(p, p.v, c.b, c.h, c.start + tn * kTile, KV::kBytes, D),
+                        min(kTile, c.n_tok - tn * kTile), grp, tig);
+      } else {
+        load_v<KV, D>(vr, row_ptr(p, p.v, c.b, c.h, tok0, KV::kBytes, D), valid, grp, tig);
+      }
+#endif
+      // P^T as the B operand: tokens 2tig, 2tig+1 | 2tig+8, 2tig+9 of head grp.
+      float pr[4] = {0.f, 0.f, 0.f, 0.f};
+      if (grp < G) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int tt = 2 * tig + (r & 1) + (r >> 1) * 8;
+          if (tt < valid) pr[r] = scores[(size_t)(t * kTile + tt) * G + grp];
+        }
+      }
+      const uint32_t b0 = pack2<KV>(pr[0], pr[1]), b1 = pack2<KV>(pr[2], pr[3]);
+#pragma unroll
+      for (int m = 0; m < M::STEPS; ++m) {
+        uint32_t a0, a1, a2, a3;
+        if constexpr (KV::kBytes == 1) {
+          const int w = m >> 1;
+          const uint32_t sel = (m & 1) ? 0x7362u : 0x5140u;
+          uint32_t z01 = prmt(vr[0][w], vr[1][w], sel), z23 = prmt(vr[2][w], vr[3][w], sel);
+#if RG_PHASE == 5
+          opaque(z01); opaque(z23);
+          z01 = prmt(z01, vr[0][w] & 0x01010101u, 0x3210u); z23 = prmt(z23, vr[2][w] & 0x01010101u, 0x3210u);
+#endif
+          a0 = prmt(z01, 0u, 0x1404u); a1 = prmt(z01, 0u, 0x3424u);
+          a2 = prmt(z23, 0u, 0x1404u); a3 = prmt(z23, 0u, 0x3424u);
+        } else {
+          a0 = prmt(vr[0][m], vr[1][m], 0x5410u); a1 = prmt(vr[0][m], vr[1][m], 0x7632u);
+          a2 = prmt(vr[2][m], vr[3][m], 0x5410u); a3 = prmt(vr[2][m], vr[3][m], 0x7632u);
+        }
+        mma16816<KV>(o[m], a0, a1, a2, a3, b0, b1);
+#if RG_PHASE == 4
+        opaque(a0); opaque(a1); opaque(a2); opaque(a3);
+        mma16816<KV>(o[m], a0, a1, a2, a3, b0, b1);
+#endif
+      }
+      if (PIPE && !kAsync) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+#pragma unroll
+          for (int w = 0; w < M::VW; ++w) vr[r][w] = vn[r][w];
+      }
+    }
+    if (kAsync) cp_wait<0>();
+    __syncthreads();  // every warp is done reading scores and the ring: both are reused
+    float* red = scores;
+    // o[m]: rows dims grp*VD + 2m (+1 for o[m][2..3]), columns heads 2tig, 2tig+1
+#pragma unroll
+    for (int m = 0; m < M::STEPS; ++m) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int g = 2 * tig + e;
+        if (g < G) {
+          float* r = red + (c.warp * G + g) * D + grp * M::VD + 2 * m;
+          r[0] = o[m][e];
+          r[1] = o[m][2 + e];
+        }
+      }
+    }
+  }
+};
+#endif
+
+// ============================================================ shared phases
+
+template <int G>
+__device__ __forceinline__ void softmax(float* scores, float* s_ml, const Ctx& c) {
+  for (int g = c.warp; g < G; g += kWarps) {
     float m = -INFINITY;
-    for (int i = lane; i < n_tok; i += 32) m = fmaxf(m, scores[i * G + g]);
+    for (int i = c.lane; i < c.n_tok; i += 32) m = fmaxf(m, scores[i * G + g]);
     m = warp_max(m);
     float l = 0.f;
-    for (int i = lane; i < n_tok; i += 32) {
+    for (int i = c.lane; i < c.n_tok; i += 32) {
       const float e = fast_exp2(scores[i * G + g] - m);
       scores[i * G + g] = e;
       l += e;
     }
     l = warp_sum(l);
-    if (lane == 0) { s_ml[g] = m; s_ml[G + g] = l; }
+    if (c.lane == 0) { s_ml[g] = m; s_ml[G + g] = l; }
   }
-  phase_barrier();
+}
 
-  // ---- phase C: V load + conversion, PV
-  float acc[G][C::VEC];
-#pragma unroll
-  for (int g = 0; g < G; ++g)
-#pragma unroll
-    for (int j = 0; j < C::VEC; ++j) acc[g][j] = 0.f;
-  for (int t = warp; t < n_tiles; t += kWarps) {
-    const int tok0 = start + t * kTile;
-    const int valid = min(kTile, n_tok - t * kTile);
-#if RG_PHASE == 2
-    fake_tile<KV, D, G>(vr, tok0, lane);
-#else
-    if (PIPE) {
-      const int tn = t + kWarps;
-      if (tn < n_tiles)
-        load_tile<KV, D, G>(vn, tile_base<KV, D, C::VEC>(p, p.v, b, h, start + tn * kTile, sub),
-                            min(kTile, n_tok - tn * kTile), grp);
-    } else {
-      load_tile<KV, D, G>(vr, tile_base<KV, D, C::VEC>(p, p.v, b, h, tok0, sub), valid, grp);
-    }
-#endif
-    pv_tile<KV, D, G>(scores, t, valid, grp, vr, acc);
-    if (PIPE) {
-#pragma unroll
-      for (int u = 0; u < C::U; ++u) vr[u] = vn[u];
-    }
-  }
-
-  // ---- reduction: lanes holding the same dims, then warps, in a fixed order
-#pragma unroll
-  for (int g = 0; g < G; ++g)
-#pragma unroll
-    for (int j = 0; j < C::VEC; ++j)
-#pragma unroll
-      for (int o = C::LPT; o < 32; o <<= 1) acc[g][j] += __shfl_xor_sync(0xffffffffu, acc[g][j], o);
-  __syncthreads();  // every warp is done reading scores: the buffer is reused
-  float* red = smem;  // [kWarps][G][D]
-  if (grp == 0) {
-#pragma unroll
-    for (int g = 0; g < G; ++g)
-#pragma unroll
-      for (int j = 0; j < C::VEC; ++j) red[(warp * G + g) * D + sub * C::VEC + j] = acc[g][j];
-  }
+// Sum the warps' partials (fixed order); write the output (one split) or the
+// partial, and let the last CTA of the (sequence, head) merge the splits.
+template <int D, int G>
+__device__ __forceinline__ void finish(const Params& p, const Ctx& c, const float* red,
+                                       const float* s_ml, int nsplit, int* s_last) {
+  const int s = blockIdx.x;
+  const size_t bh = (size_t)c.b * p.num_kv_heads + c.h;
   __syncthreads();
-  const size_t bh = (size_t)b * p.num_kv_heads + h;
-  for (int i = tid; i < G * D; i += kThreads) {
+  for (int i = c.tid; i < G * D; i += kThreads) {
     float o = 0.f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) o += red[w * G * D + i];
     const int g = i / D;
     if (nsplit == 1)
-      p.out[((size_t)b * hq + h * G) * D + i] = __float2bfloat16(o / s_ml[G + g] * p.v_scale);
+      p.out[((size_t)c.b * c.hq + c.h * G) * D + i] = __float2bfloat16(o / s_ml[G + g] * p.v_scale);
     else
       p.ws_acc[(bh * gridDim.x + s) * G * D + i] = o;
   }
   if (nsplit == 1) return;
-  if (tid < 2 * G) p.ws_ml[(bh * gridDim.x + s) * 2 * G + tid] = s_ml[tid];
+  if (c.tid < 2 * G) p.ws_ml[(bh * gridDim.x + s) * 2 * G + c.tid] = s_ml[c.tid];
 
-  // ---- merge: the last CTA of this (sequence, head) combines the splits in order
   __threadfence();
   __syncthreads();
-  if (tid == 0) s_last = atomicAdd(p.counters + bh, 1) == nsplit - 1;
+  if (c.tid == 0) *s_last = atomicAdd(p.counters + bh, 1) == nsplit - 1;
   __syncthreads();
-  if (!s_last) return;
+  if (!*s_last) return;
   __threadfence();
   const float* ml = p.ws_ml + bh * gridDim.x * 2 * G;
   const float* pa = p.ws_acc + bh * gridDim.x * G * D;
-  for (int i = tid; i < G * D; i += kThreads) {
+  for (int i = c.tid; i < G * D; i += kThreads) {
     const int g = i / D;
     float m = -INFINITY;
     for (int sp = 0; sp < nsplit; ++sp) m = fmaxf(m, __ldcg(ml + sp * 2 * G + g));
@@ -452,16 +887,62 @@ __device__ __forceinline__ void split_kv(const Params& p) {
       l = fmaf(w, __ldcg(ml + sp * 2 * G + G + g), l);
       o = fmaf(w, __ldcg(pa + (size_t)sp * G * D + i), o);
     }
-    p.out[((size_t)b * hq + h * G) * D + i] = __float2bfloat16(o / l * p.v_scale);
+    p.out[((size_t)c.b * c.hq + c.h * G) * D + i] = __float2bfloat16(o / l * p.v_scale);
   }
-  if (tid == 0) p.counters[bh] = 0;
+  if (c.tid == 0) p.counters[bh] = 0;
+}
+
+template <class KV, int D, int G, bool PIPE>
+__device__ __forceinline__ void split_kv(const Params& p) {
+  static_assert(G % 4 == 0 && G <= 8, "GQA groups of 4 or 8 query heads");
+  extern __shared__ __align__(16) float smem[];
+  __shared__ float s_ml[2 * G];
+  __shared__ int s_last;
+
+  Ctx c;
+  c.b = blockIdx.z; c.h = blockIdx.y;
+  c.tid = threadIdx.x; c.warp = c.tid >> 5; c.lane = c.tid & 31;
+  c.hq = p.num_kv_heads * G;
+  const int len = p.seq_lens[c.b];
+  const int nsplit = min((len + p.chunk - 1) / p.chunk, (int)gridDim.x);
+  if (len <= 0) {  // nothing to attend to: a defined output instead of a stale one
+    if (blockIdx.x == 0)
+      for (int i = c.tid; i < G * D; i += kThreads)
+        p.out[((size_t)c.b * c.hq + c.h * G) * D + i] = __float2bfloat16(0.f);
+    return;
+  }
+  if ((int)blockIdx.x >= nsplit) return;
+  c.start = blockIdx.x * p.chunk;
+  c.n_tok = min(len, c.start + p.chunk) - c.start;
+  c.n_tiles = (c.n_tok + kTile - 1) / kTile;
+  // [chunk][G] scores, then the candidate's staging ring; the cross-warp
+  // reduction reuses the space from the start once both are consumed.
+  float* scores = smem;
+  uint8_t* ring = reinterpret_cast<uint8_t*>(smem + (size_t)p.chunk * G);
+
+  phase_a<KV, D, G, PIPE>(p, c, scores, ring);    // K load + conversion, QK, publication
+  PhaseC<KV, D, G, PIPE> pc;
+  pc.prefetch(p, c, ring);
+  phase_barrier();
+  softmax<G>(scores, s_ml, c);
+  phase_barrier();
+  pc.run(p, c, scores, ring);                     // V load + conversion, PV
+  finish<D, G>(p, c, scores, s_ml, nsplit, &s_last);
 }
 
 }  // namespace
 
+// Two CTAs per SM keep the MMA path under 128 registers; the FMA path needs more.
+// The E5M2 candidate keeps its loads in flight in shared memory, not registers,
+// so it can ask for three CTAs per SM (80 registers) without spilling.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#define RG_BLOCKS(KV, PIPE) 1
+#else
+#define RG_BLOCKS(KV, PIPE) ((PIPE) && KV::kBytes == 1 ? 3 : 2)
+#endif
 // Scalar arguments, not a struct: launchers (cuda.core) pass scalars and pointers.
 #define RG_KERNEL(NAME, KV, D, G, PIPE)                                                  \
-  extern "C" __global__ void __launch_bounds__(kThreads) NAME(                          \
+  extern "C" __global__ void __launch_bounds__(kThreads, RG_BLOCKS(KV, PIPE)) NAME(      \
       const __nv_bfloat16* q, const uint8_t* k, const uint8_t* v, const int* block_table,  \
       const int* seq_lens, __nv_bfloat16* out, float* ws_acc, float* ws_ml, int* counters, \
       int bt_stride, int num_kv_heads, int page_shift, int chunk, float qk_scale_log2,     \

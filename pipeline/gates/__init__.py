@@ -19,6 +19,7 @@ from pipeline.gates.interface import (
     Status,
     run_gate,
 )
+from pipeline.gates.operator import Operator
 from pipeline.gates.throughput import Throughput
 from pipeline.gates.tokens import Tokens
 from pipeline.gates.trace import Trace
@@ -32,7 +33,8 @@ DEVICE_KINDS = {"operator", "phase", "tokens", "throughput", "trace", "accuracy"
 
 IMPLEMENTED: dict[str, type[Gate]] = {Host.kind: Host, Build.kind: Build, Audit.kind: Audit,
                                       Tokens.kind: Tokens, Throughput.kind: Throughput,
-                                      Accuracy.kind: Accuracy, Trace.kind: Trace}
+                                      Accuracy.kind: Accuracy, Trace.kind: Trace,
+                                      Operator.kind: Operator}
 
 
 class NotImplementedGate(Gate):

@@ -36,7 +36,7 @@ def _deps_missing() -> str | None:
         from pipeline.ops.decode_attention import _cuda_core
         _cuda_core()
     except ImportError:
-        return "cuda-core is not installed (pip install 'rowgate[ops]')"
+        return "cuda-core is not installed (pip install 'rowgate[ops-gpu]')"
     return None
 
 

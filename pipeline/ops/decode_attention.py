@@ -9,6 +9,7 @@ recorded in docs/kernels.md).
 
 from __future__ import annotations
 
+import ctypes
 import math
 from dataclasses import dataclass
 from functools import cache
@@ -26,6 +27,8 @@ VARIANTS = {"baseline": "base", "pipelined": "pipe"}
 WARPS = 8
 TILE = 16
 MAX_CHUNK = 512
+STAGES = 2                       # the kernel's kStages
+SMEM_LIMIT = 48 * 1024 - 256     # dynamic shared memory without an opt-in, static aside
 LOG2E = 1.4426950408889634
 
 
@@ -102,44 +105,35 @@ class Plan:
     chunk: int
     splits: int
     smem_bytes: int
+    """The baseline's dynamic shared memory (the candidate adds its ring)."""
+
+
+def ring_bytes(kv: str, dim: int) -> int:
+    """Shared memory of the E5M2 candidate's cp.async ring (kernel: `Ring`)."""
+    return WARPS * STAGES * 4 * 32 * (dim // 8) if kv == E5M2 else 0
+
+
+def smem_bytes(chunk: int, group: int, dim: int, kv: str, variant: str) -> int:
+    """Dynamic shared memory: scores (+ the candidate's ring), or the cross-warp
+    reduction that reuses the same space, whichever is larger."""
+    ring = ring_bytes(kv, dim) if variant_suffix(variant) == "pipe" else 0
+    return max(chunk * group * 4 + ring, WARPS * group * dim * 4)
 
 
 def plan(batch: int, kv_heads: int, group: int, dim: int, page: int, max_seq_len: int,
-         sm_count: int) -> Plan:
-    """Enough CTAs for two per SM, chunks a multiple of 64 tokens and of the page."""
+         sm_count: int, kv: str = E5M2) -> Plan:
+    """Enough CTAs for two per SM, chunks a multiple of 64 tokens and of the page.
+
+    The chunk fixes the merge order, so it never depends on the variant: it is
+    capped so that every variant's shared memory fits the default 48 KB."""
     unit = max(64, page)
+    floor = max(unit, min(WARPS * TILE, math.ceil(max_seq_len / unit) * unit))
     per_cta = math.ceil(max_seq_len * batch * kv_heads / (2 * sm_count))
-    chunk = min(max(unit, math.ceil(per_cta / unit) * unit), max(MAX_CHUNK, unit))
-    splits = math.ceil(max_seq_len / chunk)
-    smem = max(chunk * group * 4, WARPS * group * dim * 4)
-    return Plan(chunk, splits, smem)
-
-
-class _Workspace:
-    """Per (device, stream) scratch: partial outputs and the split counters.
-
-    The counters are zero between launches (the merging CTA resets them), so
-    they are allocated zeroed once and reused; launches on one stream are
-    ordered, so one workspace per stream is never shared by two in flight.
-    """
-
-    def __init__(self) -> None:
-        self.acc = torch.empty(0)
-        self.ml = torch.empty(0)
-        self.counters = torch.empty(0)
-
-    def ensure(self, device: torch.device, n_acc: int, n_ml: int, n_counters: int) -> None:
-        if self.acc.numel() < n_acc or self.acc.device != device:
-            self.acc = torch.empty(n_acc, dtype=torch.float32, device=device)
-        if self.ml.numel() < n_ml or self.ml.device != device:
-            self.ml = torch.empty(n_ml, dtype=torch.float32, device=device)
-        if self.counters.numel() < n_counters or self.counters.device != device:
-            self.counters = torch.zeros(n_counters, dtype=torch.int32, device=device)
-
-
-@cache
-def _workspace(device_index: int, stream: int) -> _Workspace:
-    return _Workspace()
+    chunk = min(max(floor, math.ceil(per_cta / unit) * unit), max(MAX_CHUNK, unit))
+    while chunk > unit and chunk * group * 4 + ring_bytes(kv, dim) > SMEM_LIMIT:
+        chunk -= unit
+    return Plan(chunk, math.ceil(max_seq_len / chunk),
+                smem_bytes(chunk, group, dim, kv, "baseline"))
 
 
 def _check(t: torch.Tensor, name: str, ndim: int, dtypes: tuple[torch.dtype, ...],
@@ -189,52 +183,140 @@ def validate(q, k_cache, v_cache, block_table, seq_lens, max_seq_len: int) -> tu
     return hq // hkv, page
 
 
+class _Launcher:
+    """Launches one kernel with a fixed configuration as cheaply as Python can:
+    cuLaunchKernel (cuda.bindings) with a pre-built argument array whose slots
+    are overwritten per call; cuda.core's `launch` when the driver binding is
+    not usable."""
+
+    TYPES = (ctypes.c_void_p,) * 9 + (ctypes.c_int32,) * 4 + (ctypes.c_float,) * 2
+
+    def __init__(self, fn, grid: tuple[int, int, int], block: int, smem: int):
+        self.fn, self.grid, self.block, self.smem = fn, grid, block, smem
+        self.slots = [t() for t in self.TYPES]
+        self.array = (ctypes.c_void_p * len(self.slots))(
+            *[ctypes.addressof(v) for v in self.slots])
+        self.raw = None
+        try:
+            from cuda.bindings import driver
+
+            self.driver = driver
+            self.raw = driver.CUfunction(int(fn.handle))
+        except (ImportError, AttributeError, TypeError, ValueError):
+            cc = _cuda_core()
+            self.config = cc.LaunchConfig(grid=grid, block=block, shmem_size=smem)
+
+    def set_scalars(self, scalars: tuple) -> None:
+        """The trailing scalar arguments, fixed for the plan's lifetime."""
+        self.scalars = scalars
+        for slot, value in zip(self.slots[9:], scalars):
+            slot.value = value
+
+    def __call__(self, stream: int, pointers: tuple) -> None:
+        if self.raw is not None:
+            for slot, value in zip(self.slots, pointers):
+                slot.value = value
+            (err,) = self.driver.cuLaunchKernel(
+                self.raw, *self.grid, self.block, 1, 1, self.smem, stream,
+                ctypes.addressof(self.array), 0)
+            if err != self.driver.CUresult.CUDA_SUCCESS:
+                raise RuntimeError(f"cuLaunchKernel failed: {err!r}")
+            return
+        cc = _cuda_core()
+        cc.launch(_stream(stream), self.config, self.fn, *pointers,
+                  *[np.int32(a) for a in self.scalars[:4]],
+                  *[np.float32(a) for a in self.scalars[4:]])
+
+
+def _current_stream(index: int) -> int:
+    """torch's current stream on device `index`, as a raw handle."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # no Stream object per call
+    if raw is not None:
+        return raw(index)
+    return torch.cuda.current_stream(index).cuda_stream
+
+
+class DecodeAttention:
+    """A planned decode-attention launch: validates once, then `run` launches
+    with only the checks that keep it memory-safe (shapes and dtypes as planned).
+
+    q [B, Hq, D] bf16; k_cache/v_cache [pages, Hkv, page, D] bf16 or E5M2 bytes
+    (uint8 / float8_e5m2) with per-tensor scales; block_table [B, n] int32;
+    seq_lens [B] int32, each in 1..max_seq_len.
+    """
+
+    def __init__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 block_table: torch.Tensor, seq_lens: torch.Tensor, *, max_seq_len: int,
+                 cubin: Path, k_scale: float = 1.0, v_scale: float = 1.0,
+                 softmax_scale: float | None = None, variant: str = "baseline",
+                 chunk: int | None = None):
+        group, page = validate(q, k_cache, v_cache, block_table, seq_lens, max_seq_len)
+        batch, hq, dim = q.shape
+        hkv = k_cache.shape[1]
+        self.device = q.device
+        index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+        self.index = index
+        kv = kv_dtype_of(k_cache)
+        p = plan(batch, hkv, group, dim, page, max_seq_len, _sm_count(index), kv)
+        if chunk is not None:
+            fits = chunk * group * 4 + ring_bytes(kv, dim) <= SMEM_LIMIT
+            if chunk % max(64, page) or not 0 < chunk <= MAX_CHUNK or not fits:
+                raise ValueError(f"chunk: expected a multiple of {max(64, page)} up to "
+                                 f"{MAX_CHUNK} whose scores fit in shared memory, got {chunk}")
+            p = Plan(chunk, math.ceil(max_seq_len / chunk), 0)
+        self.plan = p
+        self.shapes = (q.shape, k_cache.shape, block_table.shape, seq_lens.shape)
+        self.dtypes = (q.dtype, k_cache.dtype, v_cache.dtype, block_table.dtype, seq_lens.dtype)
+        # the workspace belongs to the plan: launches of one plan are stream-ordered
+        self.ws_acc = torch.empty(batch * hkv * p.splits * group * dim, dtype=torch.float32,
+                                  device=q.device)
+        self.ws_ml = torch.empty(batch * hkv * p.splits * 2 * group, dtype=torch.float32,
+                                 device=q.device)
+        self.counters = torch.zeros(batch * hkv, dtype=torch.int32, device=q.device)
+        scale = softmax_scale if softmax_scale is not None else dim ** -0.5
+        scalars = (block_table.shape[1], hkv, page.bit_length() - 1, p.chunk,
+                   scale * k_scale * LOG2E, v_scale)
+        fn = kernel(str(cubin), kernel_name(kv, dim, group, variant))
+        self.launcher = _Launcher(fn, (p.splits, hkv, batch), WARPS * 32,
+                                  smem_bytes(p.chunk, group, dim, kv, variant))
+        self.launcher.set_scalars(scalars)
+
+    def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+            block_table: torch.Tensor, seq_lens: torch.Tensor,
+            out: torch.Tensor | None = None) -> torch.Tensor:
+        if (q.shape, k_cache.shape, block_table.shape, seq_lens.shape) != self.shapes or (
+                q.dtype, k_cache.dtype, v_cache.dtype, block_table.dtype,
+                seq_lens.dtype) != self.dtypes or v_cache.shape != k_cache.shape:
+            raise ValueError(f"inputs: expected shapes {self.shapes} and dtypes {self.dtypes} "
+                             f"as planned, got {(q.shape, k_cache.shape, block_table.shape)} "
+                             f"and {(q.dtype, k_cache.dtype, v_cache.dtype)}")
+        if out is None:
+            out = torch.empty_like(q)
+        elif out.shape != q.shape or out.dtype != q.dtype or not out.is_contiguous():
+            raise ValueError(f"out: expected a contiguous {q.dtype} tensor of shape "
+                             f"{tuple(q.shape)}, got {out.dtype} {tuple(out.shape)}")
+        self.launcher(_current_stream(self.index), (
+            q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), block_table.data_ptr(),
+            seq_lens.data_ptr(), out.data_ptr(), self.ws_acc.data_ptr(), self.ws_ml.data_ptr(),
+            self.counters.data_ptr()))
+        return out
+
+
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      block_table: torch.Tensor, seq_lens: torch.Tensor, *, max_seq_len: int,
                      cubin: Path, k_scale: float = 1.0, v_scale: float = 1.0,
                      softmax_scale: float | None = None, variant: str = "baseline",
                      out: torch.Tensor | None = None, chunk: int | None = None) -> torch.Tensor:
-    """Decode attention of one query token per sequence over a paged KV cache.
-
-    q [B, Hq, D] bf16; k_cache/v_cache [pages, Hkv, page, D] bf16 or E5M2 bytes
-    (uint8 / float8_e5m2) with per-tensor scales; block_table [B, n] int32;
-    seq_lens [B] int32, each in 1..max_seq_len. Returns [B, Hq, D] bf16.
-    """
-    group, page = validate(q, k_cache, v_cache, block_table, seq_lens, max_seq_len)
-    batch, hq, dim = q.shape
-    hkv = k_cache.shape[1]
-    if out is None:
-        out = torch.empty_like(q)
-    else:
+    """Decode attention of one query token per sequence over a paged KV cache
+    (see `DecodeAttention`); validates every argument on every call. Returns
+    [B, Hq, D] bf16."""
+    if out is not None:
         _check(out, "out", 3, (torch.bfloat16,), q.device)
-        if out.shape != q.shape:
-            raise ValueError(f"out: expected shape {tuple(q.shape)}, got {tuple(out.shape)}")
-    index = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    p = plan(batch, hkv, group, dim, page, max_seq_len, _sm_count(index))
-    if chunk is not None:
-        if chunk % max(64, page) or not 0 < chunk <= MAX_CHUNK:
-            raise ValueError(f"chunk: expected a multiple of {max(64, page)} up to {MAX_CHUNK}, "
-                             f"got {chunk}")
-        p = Plan(chunk, math.ceil(max_seq_len / chunk),
-                 max(chunk * group * 4, WARPS * group * dim * 4))
-    handle = torch.cuda.current_stream(q.device).cuda_stream
-    ws = _workspace(index, handle)
-    ws.ensure(q.device, batch * hkv * p.splits * group * dim, batch * hkv * p.splits * 2 * group,
-              batch * hkv)
-    scale = softmax_scale if softmax_scale is not None else dim ** -0.5
-    cc = _cuda_core()
-    kv = kv_dtype_of(k_cache)
-    fn = kernel(str(cubin), kernel_name(kv, dim, group, variant))
-    config = cc.LaunchConfig(grid=(p.splits, hkv, batch), block=WARPS * 32,
-                             shmem_size=p.smem_bytes)
-    cc.launch(_stream(handle), config, fn,
-              q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), block_table.data_ptr(),
-              seq_lens.data_ptr(), out.data_ptr(), ws.acc.data_ptr(), ws.ml.data_ptr(),
-              ws.counters.data_ptr(), np.int32(block_table.shape[1]), np.int32(hkv),
-              np.int32(page.bit_length() - 1), np.int32(p.chunk),
-              np.float32(scale * k_scale * LOG2E), np.float32(v_scale))
-    return out
+    return DecodeAttention(q, k_cache, v_cache, block_table, seq_lens, max_seq_len=max_seq_len,
+                           cubin=cubin, k_scale=k_scale, v_scale=v_scale,
+                           softmax_scale=softmax_scale, variant=variant, chunk=chunk).run(
+        q, k_cache, v_cache, block_table, seq_lens, out)
 
 
-__all__ = ["E5M2", "Plan", "cubin_path", "decode_attention", "kernel", "kernel_name", "plan",
-           "validate", "variant_suffix"]
+__all__ = ["DecodeAttention", "E5M2", "Plan", "cubin_path", "decode_attention", "kernel",
+           "kernel_name", "plan", "validate", "variant_suffix"]

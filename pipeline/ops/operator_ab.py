@@ -74,8 +74,12 @@ def _time_case(case: Case, spec, names: dict[str, str], cubin: Path,
                dev: torch.device) -> dict:
     inp = make_inputs(case, dev)
     out = torch.empty_like(inp.q)
-    fns = {role: functools.partial(_launch, inp, case, n, cubin, out)
-           for role, n in names.items()}
+    args = (inp.q, inp.k_cache, inp.v_cache, inp.block_table, inp.seq_lens)
+    fns = {}
+    for role, name in names.items():
+        planned = op.DecodeAttention(*args, max_seq_len=max(case.lens), cubin=cubin,
+                                     k_scale=inp.k_scale, v_scale=inp.v_scale, variant=name)
+        fns[role] = functools.partial(planned.run, *args, out=out)
     samples = timing.interleaved(fns, repeats=spec.timing_repeats, device=dev)
     return {"case": case.as_dict(), "samples_us": samples["samples_us"],
             "order": samples["order"]}

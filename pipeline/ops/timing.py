@@ -20,10 +20,16 @@ class L2Flush:
         self.buf.fill_(0x5A5A5A5A)
 
 
+BUSY_CYCLES = 400_000  # ~0.2 ms at 2 GHz: longer than any host-side launch path
+
+
 def event_time_us(fn: Callable[[], object], flush: L2Flush | None) -> float:
-    """One launch timed with events around it (after an optional flush)."""
+    """One launch timed with events around it (after an optional flush). The
+    stream is kept busy past the start event, so the host's time to launch
+    `fn` is not counted as GPU time."""
     if flush is not None:
         flush()
+    torch.cuda._sleep(BUSY_CYCLES)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     fn()

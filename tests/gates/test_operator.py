@@ -1,0 +1,175 @@
+"""Operator gate on the CPU: the logic that decides PASS/FAIL, exercised on real
+data from the fp64 reference (the kernels themselves run in test_operator_gpu)."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from pipeline import gates
+from pipeline.gates.interface import Status
+from pipeline.gates.operator import Operator, derive_records
+from pipeline.ops import paged_inputs as pi
+from pipeline.ops.reference import decode_attention_fp64
+from pipeline.rows import resolve_row
+
+
+def _spec(**kw):
+    base = dict(seeds=[0], kv_dtypes=["e5m2"], heads=[[8, 1]], head_dims=[64], page_sizes=[16],
+                layouts=["uniform", "ragged"], batches=[1, 4], contexts=["1", "page+1"],
+                baseline="e5m2_baseline", candidate="e5m2_pipelined",
+                tolerance=SimpleNamespace(rtol=0.02, atol=0.02), timing_repeats=9)
+    return SimpleNamespace(**{**base, **kw})
+
+
+def _record(case: pi.Case, spec, perturb: int | None = None) -> dict:
+    """A gate record whose two 'variants' are the fp64 reference rounded to bf16
+    (optionally one element changed in the candidate): real data, real comparators."""
+    inp = pi.make_inputs(case)
+    ref = decode_attention_fp64(inp.q, inp.k_cache, inp.v_cache, inp.block_table, inp.seq_lens,
+                                k_scale=inp.k_scale, v_scale=inp.v_scale)
+    outs = {}
+    for role in ("baseline", "candidate"):
+        out = pi.poisoned_output(inp.q)
+        out.copy_(ref.to(torch.bfloat16))
+        if role == "candidate" and perturb is not None:
+            out.view(-1)[perturb] = out.view(-1)[perturb] * 2 + 1
+        outs[role] = out
+    variants = {}
+    for role, out in outs.items():
+        rec = pi.against_reference(out, ref, spec.tolerance.rtol, spec.tolerance.atol)
+        rec["unwritten"] = pi.unwritten(out)
+        variants[role] = rec
+    return {"case": case.as_dict(), "order": ["baseline", "candidate"], "variants": variants,
+            "bitwise": pi.bitwise(outs["baseline"], outs["candidate"])}
+
+
+def test_operator_kind_is_registered():
+    assert gates.IMPLEMENTED["operator"] is Operator
+    assert "operator" in gates.DEVICE_KINDS
+
+
+def test_context_labels():
+    assert [pi.context_tokens(x, 64) for x in ("1", "page-1", "page", "page+1", "1024")] == [
+        1, 63, 64, 65, 1024]
+    assert pi.context_tokens("17.8K", 16) == 18227  # K = 1024, rounded
+
+
+def test_ragged_lengths_are_seeded_and_bounded():
+    a = pi.seq_lengths("ragged", 1000, 16, seed=0)
+    assert a == pi.seq_lengths("ragged", 1000, 16, seed=0)
+    assert a != pi.seq_lengths("ragged", 1000, 16, seed=1)
+    assert max(a) == 1000 and min(a) >= 1 and len(set(a)) > 1
+    assert pi.seq_lengths("uniform", 1000, 4, seed=0) == [1000] * 4
+
+
+def test_cases_of_the_sm70_row_cover_its_matrix():
+    spec = resolve_row("SM70-XQA-E5M2-DECODE").row.gate("operator")
+    cases = pi.cases(spec)
+    assert len(cases) == 896  # 4 batches x 2 layouts x 7 contexts x 2 pages x 2 heads x 2 dims x 2 seeds
+    assert {c.context for c in cases} == set(spec.contexts)
+    assert all(max(c.lens) == pi.context_tokens(c.context, c.page) for c in cases)
+    # ragged B1 is uniform by definition and not repeated
+    assert not [c for c in pi.cases(_spec()) if c.batch == 1 and c.layout == "ragged"]
+
+
+def test_pages_are_shuffled_and_everything_unowned_is_poison():
+    case = pi.Case(3, 4, "ragged", "page+1", 16, "e5m2", 8, 1, 64,
+                   pi.seq_lengths("ragged", 40, 4, 3))
+    inp = pi.make_inputs(case)
+    page = case.page
+    owned = []
+    for b, length in enumerate(case.lens):
+        n = -(-length // page)
+        owned += inp.block_table[b, :n].tolist()
+        pad = inp.block_table[b, n:]
+        assert (inp.k_cache[pad.long()] == pi.POISON_E5M2).all()  # padding -> poison page
+        tail = length - (n - 1) * page
+        last = int(inp.block_table[b, n - 1])
+        assert (inp.k_cache[last, :, tail:] == pi.POISON_E5M2).all()
+        assert (inp.v_cache[last, :, tail:] == pi.POISON_E5M2).all()
+    assert len(owned) == len(set(owned)) == inp.used_pages
+    assert owned != sorted(owned)  # physical order is shuffled
+    unowned = sorted(set(range(inp.k_cache.shape[0])) - set(owned))
+    assert len(unowned) == inp.poison_pages >= 2
+    assert (inp.k_cache[unowned] == pi.POISON_E5M2).all()
+    assert (inp.v_cache[unowned] == pi.POISON_E5M2).all()
+
+
+def test_reference_reads_only_owned_rows():
+    """Poison is NaN: a reference that touched it would not be finite; and
+    replacing the poison by other values leaves the result unchanged."""
+    case = pi.Case(1, 4, "ragged", "page-1", 16, "bf16", 32, 8, 128,
+                   pi.seq_lengths("ragged", 15, 4, 1))
+    inp = pi.make_inputs(case)
+    ref = decode_attention_fp64(inp.q, inp.k_cache, inp.v_cache, inp.block_table, inp.seq_lens,
+                                k_scale=inp.k_scale, v_scale=inp.v_scale)
+    assert torch.isfinite(ref).all()
+    k = inp.k_cache.clone()
+    k[torch.isnan(k)] = 3.0
+    again = decode_attention_fp64(inp.q, k, inp.v_cache, inp.block_table, inp.seq_lens,
+                                  k_scale=inp.k_scale, v_scale=inp.v_scale)
+    assert torch.equal(ref, again)
+
+
+def test_bitwise_comparator_reports_first_mismatch_and_both_values():
+    x = torch.randn(2, 8, 64, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    y = x.clone()
+    assert pi.bitwise(x, y)["mismatches"] == 0
+    y.view(-1)[300] = -y.view(-1)[300]
+    y.view(-1)[700] = 0.5
+    rec = pi.bitwise(x, y)
+    assert rec["mismatches"] == 2 and rec["first_index"] == 300
+    assert float(rec["a"]["value"]) == -float(rec["b"]["value"])
+    zero, negzero = torch.zeros(1, dtype=torch.bfloat16), -torch.zeros(1, dtype=torch.bfloat16)
+    assert pi.bitwise(zero, negzero)["mismatches"] == 1  # bits, not values
+
+
+def test_nan_never_passes_and_poison_is_counted():
+    ref = torch.linspace(-1, 1, 64, dtype=torch.float64)
+    out = ref.to(torch.bfloat16)
+    assert pi.against_reference(out, ref, 0.02, 0.02)["failures"] == 0
+    out[5] = float("nan")
+    rec = pi.against_reference(out, ref, 0.02, 0.02)
+    assert rec["failures"] == 1 and rec["nan"] == 1 and rec["first_index"] == 5
+    buf = pi.poisoned_output(torch.empty(4, 8, dtype=torch.bfloat16))
+    assert pi.unwritten(buf) == 32
+    buf[:2] = 1.0
+    assert pi.unwritten(buf) == 16
+    assert pi.against_reference(buf, torch.ones(32, dtype=torch.float64), 0.1, 0.1)["nan"] == 16
+
+
+def test_derive_passes_equal_variants_and_names_the_first_mismatch(tmp_path):
+    spec = _spec()
+    cases = pi.cases(spec)
+    good = [_record(c, spec) for c in cases]
+    derived = derive_records(good, {"shapes": {}})
+    assert derived.status is Status.PASS, derived.reason
+    assert derived.metrics["cases"] == len(cases) and derived.metrics["bitwise_mismatches"] == 0
+
+    bad = good[:2] + [_record(cases[2], spec, perturb=7)] + good[3:]
+    derived = derive_records(bad, {"shapes": {}})
+    assert derived.status is Status.FAIL
+    assert derived.metrics["bitwise_mismatches"] == 1
+    assert cases[2].name in derived.reason and "element 7" in derived.reason
+
+    # derive is pure over the artifacts: the gate reads back what measure writes
+    (tmp_path / "cases.json").write_text(json.dumps(bad))
+    (tmp_path / "timing.json").write_text(json.dumps(
+        {"shapes": {"B1x1024": {"samples_us": {"baseline": [5.0, 6.0, 7.0],
+                                               "candidate": [4.0, 5.0, 6.0]}}}}))
+    row = resolve_row("SM70-XQA-E5M2-DECODE").row
+    again = Operator().derive(row, row.gate("operator"), tmp_path)
+    assert again.status is Status.FAIL and again.reason == derived.reason
+    assert again.metrics["time_ratio_B1x1024"] == pytest.approx(5.0 / 6.0, rel=1e-3)
+
+
+def test_operator_is_pending_without_a_cuda_device(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this host has a CUDA device")
+    row = resolve_row("SM70-XQA-E5M2-DECODE").row
+    why = Operator().requirements(row, row.gate("operator"), None)
+    assert why and "CUDA" in why

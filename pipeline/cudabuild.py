@@ -107,7 +107,8 @@ def _nvrtc_steps(name: str, arch: str, tc: Toolchain, src: Path, includes: list[
     nvrtc = [sys.executable, "-m", "pipeline._nvrtc", tc.compiler.path, str(src), f"{name}.ptx",
              f"--gpu-architecture=compute_{sm}", f"--std={CXX_STD}",
              *[f"-I{i}" for i in includes], *defines]
-    assert tc.ptxas is not None  # the nvrtc kind always carries its ptxas
+    if tc.ptxas is None:
+        raise toolchains.ToolchainError(f"{tc.name}: NVRTC builds need a standalone ptxas")
     ptxas = [tc.ptxas.path, f"-arch=sm_{sm}", *PTXAS_FLAGS, "-o", f"{name}.{arch}.cubin",
              f"{name}.ptx"]
     return [{"tool": "nvrtc", "argv": nvrtc, "log": "nvrtc.log"},

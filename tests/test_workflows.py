@@ -175,12 +175,14 @@ def test_matrix_targets_match_nox_sessions_and_rows():
 
 
 def test_a_launcher_row_runs_without_a_lock_and_others_lock_the_device():
-    runs = [s for s in _gate_steps() if "nox -s" in s.get("run", "")]
+    runs = [s for s in _gate_steps() if "nox -f" in s.get("run", "")]
     by_condition = {s["if"]: s["run"] for s in runs}
     assert set(by_condition) == {"matrix.launcher == ''", "matrix.launcher != ''"}
     assert "flock" not in by_condition["matrix.launcher != ''"]
-    assert '"${prefix[@]}" nox -s' in by_condition["matrix.launcher != ''"]
+    assert '"${prefix[@]}" nox -f' in by_condition["matrix.launcher != ''"]
     assert by_condition["matrix.launcher == ''"].startswith("flock --exclusive")
+    for run in by_condition.values():  # main's rowgate gates the subject checkout
+        assert '-- --repo "$GITHUB_WORKSPACE/subject"' in run
 
 
 def _rowgate_commands(script: str) -> list[list[str]]:
@@ -191,9 +193,18 @@ def _rowgate_commands(script: str) -> list[list[str]]:
     # At a command position (line start, or after `if !`), not inside a message.
     for m in re.finditer(r"(?:^\s*|!\s+)rowgate (\S.*?)(?=;|\|\||$)", joined, re.MULTILINE):
         found.append(shlex.split(m.group(1)))
-    for m in re.finditer(r'\bnox -s "\$SESSION" -- (.*?)$', joined, re.MULTILINE):
+    for m in re.finditer(r'\bnox -f rowgate/noxfile.py -s "\$SESSION" -- (.*?)$', joined,
+                         re.MULTILINE):
         found.append(["gate", "ROW", *shlex.split(m.group(1))])
     return found
+
+
+def test_rowgate_comes_from_main_and_the_subject_from_the_input_ref():
+    checkouts = {s["with"]["path"]: s["with"] for s in _gate_steps()
+                 if s.get("uses", "").startswith("actions/checkout@")}
+    assert checkouts["rowgate"]["ref"] == "${{ github.sha }}"
+    assert checkouts["subject"]["ref"] == "${{ inputs.ref || github.sha }}"
+    assert checkouts["subject"]["fetch-depth"] == 0
 
 
 def test_every_rowgate_command_in_the_workflows_parses():

@@ -62,7 +62,7 @@ def idle_breakdown(analyses: dict[str, Analysis], path: Path) -> None:
             x += v
         right.axvline(c["material_idle_fraction"], color="black", linestyle="--", linewidth=1)
     for ax, title in ((left, "step time: busy vs idle (by cause)"),
-                      (right, "recoverable share of step time (dashed: material threshold)")):
+                      (right, "recoverable share (dashed: material)")):
         ax.set_yticks(range(len(names)), names)
         ax.set_xlim(0, 1)
         ax.set_title(title)

@@ -292,3 +292,15 @@ def test_real_gpu_capture_supports_every_measure(name):
     assert a.graph["proved"] is (record["mode"] == "graph")
     assert a.capacity["tail_fraction"] is not None
     assert holistic.breakdown(doc)["supported"] is True
+
+
+def test_reviewer_pictures_of_gpu_captures(tmp_path):
+    from pipeline.trace import plots
+
+    ks = [gs.Kernel("gemv", 10.0, launch_late=True, gap_before=20.0), gs.Kernel("norm", 2.0)]
+    eager = analyse(gs.Builder().doc([ks] * 3))
+    graph = analyse(gs.Builder(mode="graph").doc([ks] * 3), "graph")
+    plots.timeline(graph, "graph", tmp_path / "timeline.png")
+    plots.idle_breakdown({"eager": eager, "graph": graph}, tmp_path / "idle.png")
+    for name in ("timeline.png", "idle.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -149,10 +149,13 @@ def source_digest(repo: Path, manifest: KernelManifest, name: str) -> str:
     """sha256 over the kernel's source and every file under the include dirs.
 
     Every header counts (not just the ones included): a cache keyed on less could
-    serve a stale build after a header edit.
+    serve a stale build after a header edit. Headers beside the source count too
+    (`persistent/task_abi.cuh` is included by its directory, not an include dir).
     """
     root = repo / KERNELS_DIR
-    files = [root / manifest.kernels[name].source]
+    src = root / manifest.kernels[name].source
+    files = [src] + sorted(p for p in src.parent.iterdir()
+                           if p.is_file() and p.suffix in (".cuh", ".h"))
     for inc in manifest.include_dirs:
         files += sorted(p for p in (root / inc).rglob("*") if p.is_file())
     h = hashlib.sha256()

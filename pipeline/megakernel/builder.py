@@ -1,0 +1,311 @@
+"""The task list of one decode step of the reference engine's Qwen3 model.
+
+Mirrors `pipeline.engines.reference.Qwen3Model.forward` for one new token per
+sequence: embed; per layer input RMSNorm, q/k/v GEMV tiles, q/k head norm +
+RoPE (k appended to the paged cache, v appended as is), attention splits and
+their merge, o_proj tiles, residual add, post-attention RMSNorm, gate/up
+tiles, SiLU·mul, down tiles, residual add; final RMSNorm and lm_head logits.
+
+Each stage signals one counter that the next stage waits on (its full task
+count), except attention: the splits of one (sequence, kv head) signal their
+own counter, so its merge starts as soon as its splits are done. GEMV tiles
+and attention splits are sized to the SM count.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline.errors import UsageError
+from pipeline.megakernel.abi import GRANULE, Flag, Opcode, Operand, StepShape, Task
+from pipeline.megakernel.validate import Buffer
+
+PAGE_SIZE = 16
+WARPS = 8
+"""Warps per block of the persistent kernel: GEMV tiles are multiples of it."""
+ALIGN = 256
+COLS_MIN = 256
+
+
+class ModelConfigError(UsageError):
+    """A model config the builder cannot read."""
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    vocab: int
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    rms_eps: float
+    max_position: int
+
+    @classmethod
+    def from_config(cls, c: dict, where: str = "config") -> "ModelDims":
+        try:
+            return cls(vocab=c["vocab_size"], hidden=c["hidden_size"],
+                       intermediate=c["intermediate_size"], layers=c["num_hidden_layers"],
+                       heads=c["num_attention_heads"], kv_heads=c["num_key_value_heads"],
+                       head_dim=c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"],
+                       rms_eps=float(c["rms_norm_eps"]),
+                       max_position=c["max_position_embeddings"])
+        except KeyError as exc:
+            raise ModelConfigError(f"{where}: missing key {exc.args[0]!r}") from exc
+
+    @classmethod
+    def load(cls, model_dir: Path) -> "ModelDims":
+        path = Path(model_dir) / "config.json"
+        try:
+            return cls.from_config(json.loads(path.read_text()), str(path))
+        except (OSError, ValueError) as exc:
+            raise ModelConfigError(f"{path}: not a readable model config") from exc
+
+    def weight_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every tensor the step reads, by the reference engine's names."""
+        h, d, q, kv = self.hidden, self.head_dim, self.heads * self.head_dim, \
+            self.kv_heads * self.head_dim
+        out = {"model.embed_tokens.weight": (self.vocab, h)}
+        for i in range(self.layers):
+            p = f"model.layers.{i}."
+            out.update({p + "input_layernorm.weight": (h,),
+                        p + "self_attn.q_proj.weight": (q, h),
+                        p + "self_attn.k_proj.weight": (kv, h),
+                        p + "self_attn.v_proj.weight": (kv, h),
+                        p + "self_attn.q_norm.weight": (d,),
+                        p + "self_attn.k_norm.weight": (d,),
+                        p + "self_attn.o_proj.weight": (h, q),
+                        p + "post_attention_layernorm.weight": (h,),
+                        p + "mlp.gate_proj.weight": (self.intermediate, h),
+                        p + "mlp.up_proj.weight": (self.intermediate, h),
+                        p + "mlp.down_proj.weight": (h, self.intermediate)})
+        out["model.norm.weight"] = (h,)
+        out["lm_head.weight"] = (self.vocab, h)
+        out["rope.cos_sin"] = (self.max_position, d)  # cos | sin halves, bf16, per position
+        return out
+
+
+@dataclass(frozen=True)
+class Region:
+    slot: int
+    offset: int
+    """Bytes from the buffer base (a multiple of 256)."""
+    nbytes: int
+
+    @property
+    def operand(self) -> Operand:
+        return Operand(self.slot, self.offset // GRANULE)
+
+
+@dataclass
+class StepPlan:
+    """Everything a launch needs besides the device pointers."""
+
+    dims: ModelDims
+    batch: int
+    sm_count: int
+    tasks: list[Task]
+    shape: StepShape
+    buffers: list[Buffer]
+    num_counters: int
+    slots: dict[str, int] = field(default_factory=dict)
+    """Buffer-table slot of each weight / cache / workspace / meta buffer."""
+    regions: dict[str, Region] = field(default_factory=dict)
+    """Workspace regions (activations, partials, logits)."""
+
+    def summary(self) -> dict:
+        ops: dict[str, int] = {}
+        for t in self.tasks:
+            ops[Opcode(t.opcode).name] = ops.get(Opcode(t.opcode).name, 0) + 1
+        return {"batch": self.batch, "sm_count": self.sm_count, "tasks": len(self.tasks),
+                "counters": self.num_counters, "buffers": len(self.buffers),
+                "max_splits": self.shape.max_splits, "ops": ops}
+
+
+def _up(x: int, m: int) -> int:
+    return (x + m - 1) // m * m
+
+
+def gemv_rows(n: int, sm_count: int) -> int:
+    """Rows per GEMV tile: about one tile per SM, a whole number of warps."""
+    return min(_up(n, WARPS), max(WARPS, _up(math.ceil(n / sm_count), WARPS)))
+
+
+def col_chunk(n: int, sm_count: int) -> int:
+    return min(n, max(COLS_MIN, _up(math.ceil(n / sm_count), 8)))
+
+
+def attention_splits(batch: int, kv_heads: int, max_context: int, sm_count: int,
+                     page_size: int = PAGE_SIZE) -> tuple[int, int]:
+    """(splits per (sequence, kv head), tokens per split): at least one split task
+    per SM, chunks a whole number of pages."""
+    pages = math.ceil(max_context / page_size)
+    splits = max(1, min(pages, math.ceil(sm_count / (batch * kv_heads))))
+    chunk = max(1, pages // splits) * page_size  # round down: at least `splits` chunks
+    return math.ceil(max_context / chunk), chunk
+
+
+class _Emitter:
+    def __init__(self):
+        self.tasks: list[Task] = []
+        self.counters = 0
+
+    def counter(self) -> int:
+        self.counters += 1
+        return self.counters - 1
+
+    def stage(self, tasks: list[Task], waits: tuple[tuple[int, int], ...]) -> tuple[int, int]:
+        """Append `tasks`, all waiting on `waits` and signalling one new counter."""
+        c = self.counter()
+        for t in tasks:
+            self.tasks.append(Task(t.opcode, t.tile, t.operands, waits, c, t.flags, t.label))
+        return c, len(tasks)
+
+
+def build_step(dims: ModelDims, batch: int, sm_count: int, *, num_blocks: int,
+               max_context: int | None = None, page_size: int = PAGE_SIZE) -> StepPlan:
+    """Task list, step shape and buffer table for one decode step at `batch`."""
+    if batch < 1 or sm_count < 1 or num_blocks < 1:
+        raise UsageError(f"build_step: batch {batch}, sm_count {sm_count}, num_blocks "
+                         f"{num_blocks} must all be positive")
+    max_context = max_context or dims.max_position
+    splits, chunk = attention_splits(batch, dims.kv_heads, max_context, sm_count, page_size)
+    table_width = math.ceil(max_context / page_size)
+    buffers, slots = [], {}
+
+    def add(name: str, size: int, writable: bool) -> int:
+        slots[name] = len(buffers)
+        buffers.append(Buffer(name, size, writable))
+        return slots[name]
+
+    for name, shape in dims.weight_shapes().items():
+        add(name, math.prod(shape) * 2, False)
+    cache_bytes = (1 + num_blocks) * page_size * dims.kv_heads * dims.head_dim * 2
+    for i in range(dims.layers):
+        add(f"k_cache.{i}", cache_bytes, True)
+        add(f"v_cache.{i}", cache_bytes, True)
+    regions = _workspace(dims, batch, splits, add)
+    meta_at = {"ids": 0, "positions": batch, "slots": 2 * batch, "context_lens": 3 * batch,
+               "block_tables": 4 * batch}
+    meta = add("meta", (4 * batch + batch * table_width) * 4, False)
+    shape = StepShape(batch=batch, hidden=dims.hidden, num_heads=dims.heads,
+                      num_kv_heads=dims.kv_heads, head_dim=dims.head_dim,
+                      intermediate=dims.intermediate, vocab=dims.vocab, page_size=page_size,
+                      table_width=table_width, max_splits=splits, rms_eps=dims.rms_eps,
+                      softmax_scale=dims.head_dim ** -0.5, meta_buffer=meta,
+                      ids_at=meta_at["ids"], positions_at=meta_at["positions"],
+                      slots_at=meta_at["slots"], context_lens_at=meta_at["context_lens"],
+                      block_tables_at=meta_at["block_tables"])
+    e = _Emitter()
+    _emit(e, dims, batch, sm_count, splits, chunk, slots, regions)
+    return StepPlan(dims=dims, batch=batch, sm_count=sm_count, tasks=e.tasks, shape=shape,
+                    buffers=buffers, num_counters=e.counters, slots=slots, regions=regions)
+
+
+def _workspace(dims: ModelDims, batch: int, splits: int, add) -> dict[str, Region]:
+    q, kv = dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim
+    sizes = {"x": batch * dims.hidden * 2, "h": batch * dims.hidden * 2, "q": batch * q * 2,
+             "k": batch * kv * 2, "v": batch * kv * 2, "attn": batch * q * 2,
+             "y": batch * dims.hidden * 2, "gate": batch * dims.intermediate * 2,
+             "up": batch * dims.intermediate * 2, "act": batch * dims.intermediate * 2,
+             "partials": batch * dims.kv_heads * splits * (dims.heads // dims.kv_heads)
+             * (dims.head_dim + 2) * 4,
+             "logits": batch * dims.vocab * 4}
+    offset, placed = 0, {}
+    for name, n in sizes.items():
+        placed[name] = (offset, n)
+        offset = _up(offset + n, ALIGN)
+    slot = add("workspace", offset, True)
+    return {name: Region(slot, off, n) for name, (off, n) in placed.items()}
+
+
+def _gemv(op: Opcode, w: Operand, x: Operand, y: Operand, n: int, k: int, sm: int,
+          label: str) -> list[Task]:
+    rows = gemv_rows(n, sm)
+    return [Task(op, (r, min(rows, n - r), k, n), (w, x, y), label=f"{label}[{r}]")
+            for r in range(0, n, rows)]
+
+
+def _cols(op: Opcode, ops: tuple[Operand, ...], n: int, sm: int, label: str) -> list[Task]:
+    c = col_chunk(n, sm)
+    return [Task(op, (c0, min(c, n - c0), n, 0), ops, label=f"{label}[{c0}]")
+            for c0 in range(0, n, c)]
+
+
+def _rows(op: Opcode, ops: tuple[Operand, ...], batch: int, width: int, label: str,
+          extra: int = 0) -> list[Task]:
+    return [Task(op, (b, 1, width, extra), ops, label=f"{label}[{b}]") for b in range(batch)]
+
+
+def _emit(e: _Emitter, d: ModelDims, batch: int, sm: int, splits: int, chunk: int,
+          slots: dict[str, int], r: dict[str, Region]) -> None:
+    def w(name: str) -> Operand:
+        return Operand(slots[name], 0)
+
+    ws = {k: v.operand for k, v in r.items()}
+    qn, kvn = d.heads * d.head_dim, d.kv_heads * d.head_dim
+    c, n = e.stage(_rows(Opcode.EMBED, (w("model.embed_tokens.weight"), ws["x"]), batch,
+                         d.hidden, "embed", d.vocab), ())
+    for i in range(d.layers):
+        p = f"model.layers.{i}."
+        c, n = e.stage(_rows(Opcode.RMS_NORM, (ws["x"], w(p + "input_layernorm.weight"), ws["h"]),
+                             batch, d.hidden, f"L{i}.input_norm"), ((c, n),))
+        c, n = e.stage(
+            _gemv(Opcode.GEMV, w(p + "self_attn.q_proj.weight"), ws["h"], ws["q"], qn, d.hidden,
+                  sm, f"L{i}.q") +
+            _gemv(Opcode.GEMV, w(p + "self_attn.k_proj.weight"), ws["h"], ws["k"], kvn, d.hidden,
+                  sm, f"L{i}.k") +
+            _gemv(Opcode.GEMV, w(p + "self_attn.v_proj.weight"), ws["h"], ws["v"], kvn, d.hidden,
+                  sm, f"L{i}.v"), ((c, n),))
+        rope = w("rope.cos_sin")
+        c, n = e.stage(
+            [Task(Opcode.ROPE, (b * d.heads, d.heads, d.heads, d.head_dim),
+                  (ws["q"], rope, w(p + "self_attn.q_norm.weight")), label=f"L{i}.rope_q[{b}]")
+             for b in range(batch)] +
+            [Task(Opcode.ROPE, (b * d.kv_heads, d.kv_heads, d.kv_heads, d.head_dim),
+                  (ws["k"], rope, w(p + "self_attn.k_norm.weight"), w(f"k_cache.{i}")),
+                  flags=int(Flag.APPEND_KV), label=f"L{i}.rope_k[{b}]") for b in range(batch)] +
+            [Task(Opcode.KV_APPEND, (b * d.kv_heads, d.kv_heads, d.kv_heads, d.head_dim),
+                  (ws["v"], w(f"v_cache.{i}")), label=f"L{i}.append_v[{b}]")
+             for b in range(batch)], ((c, n),))
+        merges = []
+        for b in range(batch):
+            for g in range(d.kv_heads):
+                sc, sn = e.stage([Task(Opcode.ATTN_SPLIT, (b, g, s, chunk),
+                                       (ws["q"], w(f"k_cache.{i}"), w(f"v_cache.{i}"),
+                                        ws["partials"]), label=f"L{i}.split[{b},{g},{s}]")
+                                  for s in range(splits)], ((c, n),))
+                merges.append((sc, sn, Task(Opcode.ATTN_MERGE, (b, g, splits, 0),
+                                            (ws["partials"], ws["attn"]),
+                                            label=f"L{i}.merge[{b},{g}]")))
+        mc = e.counter()
+        for sc, sn, t in merges:
+            e.tasks.append(Task(t.opcode, t.tile, t.operands, ((sc, sn),), mc, 0, t.label))
+        c, n = mc, len(merges)
+        c, n = e.stage(_gemv(Opcode.GEMV, w(p + "self_attn.o_proj.weight"), ws["attn"], ws["y"],
+                             d.hidden, qn, sm, f"L{i}.o"), ((c, n),))
+        c, n = e.stage(_cols(Opcode.RESIDUAL_ADD, (ws["x"], ws["y"]), d.hidden, sm,
+                             f"L{i}.residual_attn"), ((c, n),))
+        c, n = e.stage(_rows(Opcode.RMS_NORM,
+                             (ws["x"], w(p + "post_attention_layernorm.weight"), ws["h"]),
+                             batch, d.hidden, f"L{i}.post_norm"), ((c, n),))
+        c, n = e.stage(
+            _gemv(Opcode.GEMV, w(p + "mlp.gate_proj.weight"), ws["h"], ws["gate"], d.intermediate,
+                  d.hidden, sm, f"L{i}.gate") +
+            _gemv(Opcode.GEMV, w(p + "mlp.up_proj.weight"), ws["h"], ws["up"], d.intermediate,
+                  d.hidden, sm, f"L{i}.up"), ((c, n),))
+        c, n = e.stage(_cols(Opcode.SILU_MUL, (ws["gate"], ws["up"], ws["act"]), d.intermediate,
+                             sm, f"L{i}.silu_mul"), ((c, n),))
+        c, n = e.stage(_gemv(Opcode.GEMV, w(p + "mlp.down_proj.weight"), ws["act"], ws["y"],
+                             d.hidden, d.intermediate, sm, f"L{i}.down"), ((c, n),))
+        c, n = e.stage(_cols(Opcode.RESIDUAL_ADD, (ws["x"], ws["y"]), d.hidden, sm,
+                             f"L{i}.residual_mlp"), ((c, n),))
+    c, n = e.stage(_rows(Opcode.RMS_NORM, (ws["x"], w("model.norm.weight"), ws["h"]), batch,
+                         d.hidden, "final_norm"), ((c, n),))
+    e.stage(_gemv(Opcode.LOGITS, w("lm_head.weight"), ws["h"], ws["logits"], d.vocab, d.hidden,
+                  sm, "logits"), ((c, n),))

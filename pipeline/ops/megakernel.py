@@ -1,0 +1,145 @@
+"""One decode step through the persistent megakernel (kernels/persistent/megakernel.cu).
+
+`PersistentDecode(model, cache, batch, schedule)` builds the step's task list
+(`pipeline.megakernel.builder`), refuses it unless the host validator accepts
+it, and points the buffer table at the model's own weight tensors, the paged
+KV cache and one workspace: no weight is copied. Calling it has the signature
+of `Qwen3Model.decode` without the cache and returns the logits [batch, vocab]
+(fp32 of the bf16-rounded dot products, as the reference computes them).
+
+The cubin is the build gate's (`pipeline.cudabuild`), or a path given (a device
+machine without the build's Python dependencies builds it with its own nvcc).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pipeline.megakernel import abi, builder
+from pipeline.megakernel.validate import validate
+from pipeline.ops.decode_attention import _cuda_core, _current_stream, _stream, kernel
+
+REPO = Path(__file__).resolve().parents[2]
+KERNEL = "persistent_decode"
+ENTRY = {abi.Schedule.STATIC_ROUND_ROBIN: "persistent_decode_static",
+         abi.Schedule.DYNAMIC_QUEUE: "persistent_decode_dynamic"}
+THREADS = 256
+
+
+def build_cubin(arch: str, nvcc: str | None = None) -> Path:
+    from pipeline import cudabuild
+
+    return cudabuild.cubin(REPO, KERNEL, arch, nvcc)
+
+
+def model_dims(model) -> builder.ModelDims:
+    """Dims of a loaded `Qwen3Model` (its config lacks intermediate_size: read the weight)."""
+    c = model.cfg
+    return builder.ModelDims(vocab=c.vocab_size, hidden=c.hidden_size,
+                             intermediate=model.w["model.layers.0.mlp.gate_proj.weight"].shape[0],
+                             layers=c.num_layers, heads=c.num_heads, kv_heads=c.num_kv_heads,
+                             head_dim=c.head_dim, rms_eps=c.rms_norm_eps,
+                             max_position=c.max_position)
+
+
+class PersistentDecode:
+    """A planned persistent decode step for one batch size; reusable across steps."""
+
+    def __init__(self, model, cache, batch: int, schedule: abi.Schedule, cubin: Path,
+                 sm_count: int | None = None):
+        dev = torch.device(model.device)
+        self.device, self.batch, self.schedule = dev, batch, schedule
+        self.sm_count = sm_count or torch.cuda.get_device_properties(dev).multi_processor_count
+        self.dims = model_dims(model)
+        self.plan = builder.build_step(self.dims, batch, self.sm_count,
+                                       num_blocks=cache.num_blocks)
+        report = validate(self.plan.tasks, self.plan.shape, self.plan.buffers,
+                          self.plan.num_counters)
+        report.raise_if_bad()
+        self._tensors = self._bind(model, cache)
+        ptrs = [t.data_ptr() for t in self._tensors]
+        self.buffers = torch.tensor(np.array(ptrs, dtype=np.uint64).view(np.int64), device=dev)
+        self.tasks = self._upload(abi.pack(self.plan.tasks))
+        self.shape = self._upload(abi.pack_shape(self.plan.shape))
+        # counters then the queue head, zeroed by one memset per step
+        self.sync = torch.zeros(self.plan.num_counters + 1, dtype=torch.int32, device=dev)
+        self.meta = self._tensors[self.plan.shape.meta_buffer]
+        self.logits = self._region("logits").view(torch.float32).view(batch, self.dims.vocab)
+        self.fn = kernel(str(cubin), ENTRY[schedule])
+
+    def _upload(self, data: bytes) -> torch.Tensor:
+        return torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self.device)
+
+    def _region(self, name: str) -> torch.Tensor:
+        r = self.plan.regions[name]
+        return self._tensors[r.slot][r.offset:r.offset + r.nbytes]
+
+    def _bind(self, model, cache) -> list[torch.Tensor]:
+        """One tensor per buffer-table slot, each at least the size the plan validated."""
+        rope = torch.cat([model.cos, model.sin], dim=-1).contiguous()
+        out = []
+        for b in self.plan.buffers:
+            if b.name == "rope.cos_sin":
+                t = rope
+            elif b.name.startswith(("k_cache.", "v_cache.")):
+                kind, layer = b.name.split(".")
+                t = (cache.k if kind == "k_cache" else cache.v)[int(layer)]
+            elif b.name == "workspace":
+                t = torch.zeros(b.size, dtype=torch.uint8, device=self.device)
+            elif b.name == "meta":
+                t = torch.zeros(b.size // 4, dtype=torch.int32, device=self.device)
+            else:
+                t = model.w[b.name]
+            if t.dtype not in (torch.bfloat16, torch.uint8, torch.int32) or not t.is_contiguous():
+                raise ValueError(f"buffer {b.name}: {t.dtype}, contiguous={t.is_contiguous()}; "
+                                 f"the persistent kernel reads contiguous bf16")
+            if t.numel() * t.element_size() < b.size:
+                raise ValueError(f"buffer {b.name}: {t.numel() * t.element_size()} bytes, the "
+                                 f"plan reads {b.size}")
+            out.append(t)
+        return out
+
+    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                 block_tables: torch.Tensor, context_lens: torch.Tensor) -> torch.Tensor:
+        s = self.plan.shape
+        if ids.shape[0] != self.batch:
+            raise ValueError(f"persistent step planned for batch {self.batch}, got {ids.shape[0]}")
+        if block_tables.shape[1] > s.table_width:
+            raise ValueError(f"block tables {block_tables.shape[1]} wide, plan holds "
+                             f"{s.table_width}")
+        b = self.batch
+        meta = self.meta
+        meta[s.ids_at:s.ids_at + b] = ids
+        meta[s.positions_at:s.positions_at + b] = positions
+        meta[s.slots_at:s.slots_at + b] = slots
+        meta[s.context_lens_at:s.context_lens_at + b] = context_lens
+        tables = meta[s.block_tables_at:s.block_tables_at + b * s.table_width]
+        tables.view(b, s.table_width).zero_()[:, :block_tables.shape[1]] = block_tables
+        self.sync.zero_()
+        self.launch()
+        return self.logits.clone()
+
+    def launch(self) -> None:
+        cc = _cuda_core()
+        index = self.device.index if self.device.index is not None else 0
+        config = cc.LaunchConfig(grid=self.sm_count, block=THREADS)
+        counters = self.sync.data_ptr()
+        head = counters + 4 * self.plan.num_counters
+        cc.launch(_stream(_current_stream(index)), config, self.fn, self.tasks.data_ptr(),
+                  np.uint32(len(self.plan.tasks)), self.buffers.data_ptr(),
+                  self.shape.data_ptr(), counters, head)
+
+
+class PersistentSteps(dict):
+    """A plan per batch size, made on first use (task lists differ by batch)."""
+
+    def __init__(self, model, cache, schedule: abi.Schedule, cubin: Path):
+        super().__init__()
+        self.args = (model, cache, schedule, cubin)
+
+    def __missing__(self, batch: int) -> PersistentDecode:
+        self[batch] = PersistentDecode(*self.args[:2], batch, *self.args[2:])
+        return self[batch]

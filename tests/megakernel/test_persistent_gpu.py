@@ -1,0 +1,143 @@
+"""The persistent megakernel on a GPU (marker gpu): one decode step against the eager
+torch step, and whole greedy generations equal across eager, CUDA graph and persistent
+(both schedules), with the fallback taken (and recorded) for a batch it does not support.
+
+The cubin is the build gate's (pipeline.cudabuild, the GPU's arch) unless
+ROWGATE_PERSISTENT_CUBIN names one built elsewhere (docs/task-abi.md gives the
+device command).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.gpu
+
+SCHEDULES = ["static-round-robin", "dynamic-queue"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from pipeline.model import TinyModelSpec, build_tiny_model
+
+    return build_tiny_model(TinyModelSpec(), root=tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="module")
+def cubin() -> Path:
+    path = os.environ.get("ROWGATE_PERSISTENT_CUBIN")
+    if path:
+        return Path(path)
+    from pipeline.ops.megakernel import build_cubin
+
+    major, minor = torch.cuda.get_device_capability()
+    return build_cubin(f"sm_{major}{minor}")
+
+
+def _prefilled(tiny, batch: int, prompt_len: int):
+    """A bf16 model and cache holding `batch` prefilled random prompts; the next step's args."""
+    from pipeline.engines.reference import (
+        PAGE_SIZE,
+        PagedKVCache,
+        Qwen3Model,
+        torch_paged_decode_attention,
+    )
+
+    model = Qwen3Model(tiny.path, "cuda", torch.bfloat16, torch_paged_decode_attention)
+    pages = (prompt_len + PAGE_SIZE) // PAGE_SIZE + 1
+    cache = PagedKVCache(model.cfg, batch * pages, "cuda", torch.bfloat16)
+    gen = torch.Generator().manual_seed(batch)
+    tables, last = [], []
+    with torch.inference_mode():
+        for b in range(batch):
+            blocks = [cache.allocate() for _ in range(pages)]
+            ids = torch.randint(1, model.cfg.vocab_size, (prompt_len + b,), generator=gen)
+            slots = torch.tensor([blocks[p // PAGE_SIZE] * PAGE_SIZE + p % PAGE_SIZE
+                                  for p in range(len(ids))])
+            logits = model.prefill(ids.cuda(), slots.cuda(), cache)
+            tables.append(blocks)
+            last.append((int(logits.argmax()), len(ids), blocks))
+    positions = [n for _, n, _ in last]
+    args = (torch.tensor([t for t, _, _ in last], device="cuda"),
+            torch.tensor(positions, device="cuda"),
+            torch.tensor([bl[p // PAGE_SIZE] * PAGE_SIZE + p % PAGE_SIZE
+                          for (_, p, bl) in last], device="cuda"),
+            torch.tensor(tables, device="cuda", dtype=torch.int32),
+            torch.tensor([p + 1 for p in positions], device="cuda", dtype=torch.int32))
+    return model, cache, args
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("batch", [1, 4, 8])
+def test_one_step_equals_the_eager_step(tiny, cubin, batch, schedule):
+    from pipeline.megakernel.abi import Schedule
+    from pipeline.ops.megakernel import PersistentDecode
+
+    model, cache, args = _prefilled(tiny, batch, 37)
+    k_before = [k.clone() for k in cache.k]
+    with torch.inference_mode():
+        step = PersistentDecode(model, cache, batch, Schedule.from_row(schedule), cubin)
+        got = step(*args)
+        torch.cuda.synchronize()
+        k_persistent = [k.clone() for k in cache.k]
+        for k, k0 in zip(cache.k, k_before):
+            k.copy_(k0)
+        want = model.decode(*args, cache)
+    for kp, ke in zip(k_persistent, cache.k):
+        torch.testing.assert_close(kp, ke, rtol=0.02, atol=0.02)  # same K appended
+    torch.testing.assert_close(got, want, rtol=0.05, atol=0.25)
+    assert got.argmax(-1).tolist() == want.argmax(-1).tolist()
+    # Counters and the queue head are reset per launch; which block runs a task does
+    # not change its arithmetic, so a second launch is bitwise the first.
+    with torch.inference_mode():
+        again = step(*args)
+    assert torch.equal(again, got)
+
+
+def _generate(tiny, mode: str, options: dict, work):
+    from pipeline import engines
+    from pipeline.rows import Arm
+
+    arm = Arm(engine="reference", mode=mode, dtype="bfloat16")
+    with engines.create(arm, tiny.path, device="cuda:0", options=options) as engine:
+        result = engine.generate(work)
+        return [o.token_ids for o in result.outputs], engine.describe()
+
+
+@pytest.fixture(scope="module")
+def passes(tiny):
+    from pipeline.rows import Workload
+    from pipeline.workload import build_passes
+
+    work = Workload(input_lens=[16], concurrency=[1, 4, 8, 12], output_len=24,
+                    requests_per_cell=12)
+    return {p.cell: p for p in build_passes(work, tiny.vocab_size, tiny.special_ids)}
+
+
+@pytest.mark.parametrize("cell", ["i16-c1", "i16-c4", "i16-c8"])
+def test_tokens_equal_across_eager_graph_and_persistent(tiny, cubin, passes, cell):
+    work = passes[cell]
+    eager, _ = _generate(tiny, "eager", {}, work)
+    graph, _ = _generate(tiny, "graph", {}, work)
+    assert graph == eager
+    for schedule in SCHEDULES:
+        tokens, described = _generate(tiny, "persistent", {"persistent_schedule": schedule,
+                                                           "persistent_cubin": str(cubin)}, work)
+        assert tokens == eager, f"{schedule}: persistent tokens differ from eager"
+        routes = json.loads(described["persistent_routes"])
+        assert routes and all(r["mode"] == "persistent" for r in routes.values())
+
+
+def test_an_unsupported_batch_falls_back_to_the_graph_and_says_so(tiny, cubin, passes):
+    work = passes["i16-c12"]
+    eager, _ = _generate(tiny, "eager", {}, work)
+    tokens, described = _generate(tiny, "persistent", {"persistent_cubin": str(cubin)}, work)
+    assert tokens == eager
+    routes = json.loads(described["persistent_routes"])
+    assert routes["12"] == {"requested": "persistent", "mode": "graph", "fell_back": True,
+                            "reasons": ["persistent: batch 12 (persistent kernel: 1..8)"]}

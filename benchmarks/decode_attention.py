@@ -75,7 +75,8 @@ def spread(xs):
 def nvcc_cmd(nvcc: str, arch: str, out: Path, defines: list[str]) -> list[str]:
     num = re.sub(r"\D", "", arch)
     return [nvcc, "-cubin", f"-gencode=arch=compute_{num},code={arch}", "-O3", "-std=c++17",
-            "-Xptxas", "-v", "-Werror", "all-warnings", *[f"-D{d}" for d in defines],
+            "-Xptxas", "-v", "-Werror", "all-warnings", "-I", str(op.INCLUDE),
+            *[f"-D{d}" for d in defines],
             "-o", str(out), str(SOURCE)]
 
 
@@ -100,7 +101,7 @@ def build(nvcc: str, arch: str, build_dir: Path, out: Path) -> dict:
             if p.returncode != 0:
                 raise RuntimeError(f"build {name} failed:\n{p.stderr[-3000:]}")
             rec["cubins"][name] = str(path)
-    (out / "build.log").write_text("\n".join(logs))
+    rec["log"] = "\n".join(logs)
     regs = re.findall(r"Compiling entry function '(\w+)'.*?\n.*?\n.*?Used (\d+) registers",
                       logs[0], re.S)
     rec["registers"] = {k: int(v) for k, v in regs}

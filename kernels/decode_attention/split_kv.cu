@@ -35,15 +35,21 @@
 // RG_PHASE selects a timing variant for phase attribution (never for results):
 //   0 full  1 no K load  2 no V load  3 QK twice  4 PV twice  5 conversion twice
 //   6 no __syncthreads between phases  7 no score publication (smem writes)
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <stdint.h>
+// No CUDA toolkit headers beyond what nvcc includes itself (the wheel toolchains
+// carry no CCCL): bf16 travels as raw bits, conversions are PTX (rowgate/dtypes.cuh).
+#include "rowgate/dtypes.cuh"
 
 #ifndef RG_PHASE
 #define RG_PHASE 0
 #endif
 
 namespace {
+
+using rowgate::bf16_bits;
+using rowgate::u32;
+using rowgate::u8;
+using uint8_t = rowgate::u8;
+using uint32_t = rowgate::u32;
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
@@ -85,6 +91,11 @@ __device__ __forceinline__ void load_raw(Raw<W>& r, const uint8_t* p) {
   }
 }
 
+[[maybe_unused]] __device__ __forceinline__ float2 half2_bits_to_float2(uint32_t h2) {
+  return make_float2(rowgate::half_bits_to_float(static_cast<rowgate::u16>(h2 & 0xffffu)),
+                     rowgate::half_bits_to_float(static_cast<rowgate::u16>(h2 >> 16)));
+}
+
 // E5M2 is the top byte of an IEEE half: a byte permute makes two halves at once.
 template <class KV, int VEC>
 __device__ __forceinline__ void to_float(const Raw<VEC * KV::kBytes / 4>& r, float (&f)[VEC]) {
@@ -96,9 +107,8 @@ __device__ __forceinline__ void to_float(const Raw<VEC * KV::kBytes / 4>& r, flo
     opaque(w);
 #endif
     if constexpr (KV::kBytes == 1) {
-      const uint32_t lo = __byte_perm(w, 0u, 0x1404u), hi = __byte_perm(w, 0u, 0x3424u);
-      const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&lo));
-      const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&hi));
+      const float2 a = half2_bits_to_float2(__byte_perm(w, 0u, 0x1404u));
+      const float2 b = half2_bits_to_float2(__byte_perm(w, 0u, 0x3424u));
       f[4 * i] = a.x; f[4 * i + 1] = a.y; f[4 * i + 2] = b.x; f[4 * i + 3] = b.y;
     } else {
       f[2 * i] = __uint_as_float(w << 16);
@@ -112,9 +122,8 @@ __device__ __forceinline__ void to_float(const Raw<VEC * KV::kBytes / 4>& r, flo
     uint32_t w = r.w[i];
     opaque(w);
     if constexpr (KV::kBytes == 1) {
-      const uint32_t lo = __byte_perm(w, 0u, 0x1404u), hi = __byte_perm(w, 0u, 0x3424u);
-      const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&lo));
-      const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&hi));
+      const float2 a = half2_bits_to_float2(__byte_perm(w, 0u, 0x1404u));
+      const float2 b = half2_bits_to_float2(__byte_perm(w, 0u, 0x3424u));
       f[4 * i] = fminf(f[4 * i], a.x); f[4 * i + 1] = fminf(f[4 * i + 1], a.y);
       f[4 * i + 2] = fminf(f[4 * i + 2], b.x); f[4 * i + 3] = fminf(f[4 * i + 3], b.y);
     } else {
@@ -163,12 +172,12 @@ __device__ __forceinline__ float warp_sum(float v) {
 }
 
 struct Params {
-  const __nv_bfloat16* q;
+  const bf16_bits* q;
   const uint8_t* k;
   const uint8_t* v;
   const int* block_table;
   const int* seq_lens;
-  __nv_bfloat16* out;
+  bf16_bits* out;
   float* ws_acc;
   float* ws_ml;
   int* counters;
@@ -291,7 +300,7 @@ __device__ __forceinline__ void phase_a(const Params& p, const Ctx& c, float* sc
   using C = Cfg<KV, D, G>;
   const int sub = c.lane % C::LPT, grp = c.lane / C::LPT;
   float qf[G][C::VEC];
-  const __nv_bfloat16* qb = p.q + ((size_t)c.b * c.hq + c.h * G) * D + sub * C::VEC;
+  const bf16_bits* qb = p.q + ((size_t)c.b * c.hq + c.h * G) * D + sub * C::VEC;
 #pragma unroll
   for (int g = 0; g < G; ++g) {
 #pragma unroll
@@ -464,13 +473,12 @@ __device__ __forceinline__ uint32_t prmt(uint32_t x, uint32_t y, uint32_t s) {
 // Two floats as the MMA's 16-bit pair (low = first).
 template <class KV>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  if constexpr (KV::kBytes == 1) {
-    const __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&v);
-  } else {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&v);
-  }
+  uint32_t r;  // cvt packs its first source into the upper half
+  if constexpr (KV::kBytes == 1)
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  else
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
 }
 
 __device__ __forceinline__ const uint8_t* row_ptr(const Params& p, const uint8_t* cache, int b,
@@ -834,7 +842,7 @@ struct PhaseC {
 template <int G>
 __device__ __forceinline__ void softmax(float* scores, float* s_ml, const Ctx& c) {
   for (int g = c.warp; g < G; g += kWarps) {
-    float m = -INFINITY;
+    float m = -__int_as_float(0x7f800000);
     for (int i = c.lane; i < c.n_tok; i += 32) m = fmaxf(m, scores[i * G + g]);
     m = warp_max(m);
     float l = 0.f;
@@ -862,7 +870,7 @@ __device__ __forceinline__ void finish(const Params& p, const Ctx& c, const floa
     for (int w = 0; w < kWarps; ++w) o += red[w * G * D + i];
     const int g = i / D;
     if (nsplit == 1)
-      p.out[((size_t)c.b * c.hq + c.h * G) * D + i] = __float2bfloat16(o / s_ml[G + g] * p.v_scale);
+      p.out[((size_t)c.b * c.hq + c.h * G) * D + i] = rowgate::float_to_bf16(o / s_ml[G + g] * p.v_scale);
     else
       p.ws_acc[(bh * gridDim.x + s) * G * D + i] = o;
   }
@@ -879,7 +887,7 @@ __device__ __forceinline__ void finish(const Params& p, const Ctx& c, const floa
   const float* pa = p.ws_acc + bh * gridDim.x * G * D;
   for (int i = c.tid; i < G * D; i += kThreads) {
     const int g = i / D;
-    float m = -INFINITY;
+    float m = -__int_as_float(0x7f800000);
     for (int sp = 0; sp < nsplit; ++sp) m = fmaxf(m, __ldcg(ml + sp * 2 * G + g));
     float l = 0.f, o = 0.f;
     for (int sp = 0; sp < nsplit; ++sp) {
@@ -887,7 +895,7 @@ __device__ __forceinline__ void finish(const Params& p, const Ctx& c, const floa
       l = fmaf(w, __ldcg(ml + sp * 2 * G + G + g), l);
       o = fmaf(w, __ldcg(pa + (size_t)sp * G * D + i), o);
     }
-    p.out[((size_t)c.b * c.hq + c.h * G) * D + i] = __float2bfloat16(o / l * p.v_scale);
+    p.out[((size_t)c.b * c.hq + c.h * G) * D + i] = rowgate::float_to_bf16(o / l * p.v_scale);
   }
   if (c.tid == 0) p.counters[bh] = 0;
 }
@@ -908,7 +916,7 @@ __device__ __forceinline__ void split_kv(const Params& p) {
   if (len <= 0) {  // nothing to attend to: a defined output instead of a stale one
     if (blockIdx.x == 0)
       for (int i = c.tid; i < G * D; i += kThreads)
-        p.out[((size_t)c.b * c.hq + c.h * G) * D + i] = __float2bfloat16(0.f);
+        p.out[((size_t)c.b * c.hq + c.h * G) * D + i] = rowgate::float_to_bf16(0.f);
     return;
   }
   if ((int)blockIdx.x >= nsplit) return;
@@ -943,8 +951,8 @@ __device__ __forceinline__ void split_kv(const Params& p) {
 // Scalar arguments, not a struct: launchers (cuda.core) pass scalars and pointers.
 #define RG_KERNEL(NAME, KV, D, G, PIPE)                                                  \
   extern "C" __global__ void __launch_bounds__(kThreads, RG_BLOCKS(KV, PIPE)) NAME(      \
-      const __nv_bfloat16* q, const uint8_t* k, const uint8_t* v, const int* block_table,  \
-      const int* seq_lens, __nv_bfloat16* out, float* ws_acc, float* ws_ml, int* counters, \
+      const bf16_bits* q, const uint8_t* k, const uint8_t* v, const int* block_table,  \
+      const int* seq_lens, bf16_bits* out, float* ws_acc, float* ws_ml, int* counters, \
       int bt_stride, int num_kv_heads, int page_shift, int chunk, float qk_scale_log2,     \
       float v_scale) {                                                                   \
     const Params p{q, k, v, block_table, seq_lens, out, ws_acc, ws_ml, counters,         \

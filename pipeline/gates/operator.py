@@ -25,6 +25,14 @@ TIMING = "timing.json"
 BUILD = "build.json"
 
 
+def _select(row: Row, spec: OperatorGate | None):
+    """The GPU the gate runs on, chosen as the framework's device check chooses:
+    a gate's own device selector allows no stand-in; the row's target does."""
+    own = getattr(spec, "device", "") if spec is not None else ""
+    return device.select(row.target.arch, own or row.target.device,
+                         [] if own else row.target.stand_in_arches)
+
+
 def _deps_missing() -> str | None:
     try:
         import torch
@@ -47,8 +55,8 @@ class Operator(Gate):
         return _deps_missing()
 
     def arch(self, row: Row, ctx: GateContext) -> tuple[str, bool]:
-        gpu, stand_in, _ = device.select(row.target.arch, row.target.device,
-                                         row.target.stand_in_arches)
+        spec = next((g for g in row.gates if g.kind == self.kind), None)
+        gpu, stand_in, _ = _select(row, spec)
         return (gpu.arch, stand_in) if gpu else ("", False)
 
     # ------------------------------------------------------------------ measure
@@ -58,8 +66,7 @@ class Operator(Gate):
 
         from pipeline.ops import operator_ab as run
 
-        gpu, _, why_not = device.select(row.target.arch, row.target.device,
-                                        row.target.stand_in_arches)
+        gpu, _, why_not = _select(row, spec)
         if gpu is None:
             raise GateError(f"operator gate: {why_not}")
         dev = torch.device(f"cuda:{gpu.index}")
@@ -89,7 +96,8 @@ class Operator(Gate):
         out = ctx.artifact_dir / f"split_kv.{arch}.cubin"
         number = re.sub(r"\D", "", arch)
         cmd = [chain.compiler.path, "-cubin", f"-gencode=arch=compute_{number},code={arch}",
-               "-O3", "-std=c++17", "-Xptxas", "-v", "-o", str(out), str(ctx.repo / SOURCE)]
+               "-O3", "-std=c++17", "-Xptxas", "-v", "-I", str(ctx.repo / "kernels" / "include"),
+               "-o", str(out), str(ctx.repo / SOURCE)]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
         (ctx.artifact_dir / BUILD).write_text(json.dumps(
             {"command": cmd, "returncode": proc.returncode, "toolchain": chain.describe(),

@@ -22,6 +22,7 @@ from pipeline.ops.reference import E5M2, kv_dtype_of
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCE = REPO / "kernels" / "decode_attention" / "split_kv.cu"
+INCLUDE = REPO / "kernels" / "include"
 VARIANTS = {"baseline": "base", "pipelined": "pipe"}
 """Variant names as rows spell them (`e5m2_baseline`, `e5m2_pipelined`) -> kernel suffix."""
 WARPS = 8
@@ -34,7 +35,7 @@ LOG2E = 1.4426950408889634
 
 def cubin_path(arch: str, build_dir: Path | None = None) -> Path:
     """Where the build puts split_kv's cubin for `arch` (`sm_90`)."""
-    return (build_dir or REPO / "build") / "kernels" / arch / "decode_attention" / "split_kv.cubin"
+    return (build_dir or REPO / "build") / "ops" / arch / "split_kv.cubin"
 
 
 def variant_suffix(variant: str) -> str:

@@ -30,6 +30,7 @@ from pipeline.rows import Row, TokensGate
 
 META = "meta.json"
 ARM_FILES = {"oracle": "oracle.jsonl", "candidate": "candidate.jsonl"}
+RECORD_KEY_OPTION = "oracle_record_key"
 
 
 class Tokens(Gate):
@@ -73,6 +74,10 @@ class Tokens(Gate):
         if digests[0] != digests[1]:
             return Derived(Status.ERROR, f"workload digest differs across arms: oracle "
                                          f"{digests[0]} ({source}), candidate {digests[1]}")
+        recorded = meta["oracle"].get("model_digest")
+        if recorded and recorded != meta["model_digest"]:
+            return Derived(Status.ERROR, f"the {source} was made on model {recorded}; this "
+                                         f"row's model is {meta['model_digest']}")
         if not spec.quantized and row.arms.candidate.dtype != row.arms.oracle.dtype:
             return Derived(Status.ERROR, f"exact token comparison needs the candidate at the "
                                          f"oracle's precision ({row.arms.oracle.dtype}), not "
@@ -110,21 +115,26 @@ def _run_side(role: str, engine, passes, ctx: GateContext) -> _Side:
 
 
 def _record_side(path_text: str, ctx: GateContext) -> _Side:
-    """The oracle's outputs from a signed record (verified by pipeline.oracle)."""
+    """The oracle's outputs from a signed record, verified by `pipeline.oracle`
+    with `--option oracle_record_key=PUB.pem` (the record signer's public key)
+    or, without it, the verifier `rowgate verify` would use here."""
     from pipeline import oracle
+    from pipeline.signing import KeyVerifier
 
     path = Path(path_text)
     path = path if path.is_absolute() else ctx.repo / path
-    ctx.progress.update(f"tokens: reading oracle record {path}")
+    ctx.progress.update(f"tokens: verifying oracle record {path}")
+    key = ctx.options.get(RECORD_KEY_OPTION)
     try:
-        record = oracle.load_record(path)
+        record = oracle.load_record(path, KeyVerifier(Path(key)) if key else None)
     except Error as exc:
         raise GateError(f"oracle record {path}: {exc.diagnostics()}") from exc
     outputs = [{"id": o.id, "cell": o.cell, "token_ids": list(o.token_ids),
                 "logprobs": list(o.logprobs)} for o in record.outputs]
     return _Side(outputs, {"source": "record", "record": str(path_text),
-                           "record_sha256": record.sha256, "engine": record.engine,
-                           "workload_digest": record.workload_digest,
+                           "record_id": record.record_id, "record_sha256": record.sha256,
+                           "record_signer": str(record.signer), "record_row": record.row_id,
+                           "engine": record.engine, "workload_digest": record.workload_digest,
                            "model_digest": record.model_digest})
 
 

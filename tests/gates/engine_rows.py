@@ -47,6 +47,7 @@ def tiny_row(directory: Path, row_id: str, body: str, *, oracle: str = "vllm",
         requests_per_cell = {requests}
         seeds = {seeds}
     '''
+    directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{row_id}.toml"
     path.write_text(textwrap.dedent(text) + textwrap.dedent(body))
     return path

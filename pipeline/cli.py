@@ -106,6 +106,20 @@ def _parser() -> argparse.ArgumentParser:
     bd.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                     help="toolchain setting (e.g. nvcc=/path/to/nvcc)")
 
+    orc = sub.add_parser("oracle", help="signed records of the pinned oracle's outputs")
+    orc_sub = orc.add_subparsers(dest="oracle_command", required=True, parser_class=_Parser)
+    orr = orc_sub.add_parser("record", help="run the row's pinned oracle once on its workload "
+                                            "and keep its outputs as a signed record")
+    orr.add_argument("row", help="row id (rows/ID.toml) or path to a row TOML")
+    orr.add_argument("--out", type=Path, default=None,
+                     help="records dir (default: oracle-records/ in the current directory)")
+    orr.add_argument("--device", default="cpu", help="cpu (default) or cuda:N")
+    orr.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                     help="engine setting (e.g. vllm_max_num_seqs=8)")
+    orv = orc_sub.add_parser("verify", help="verify an oracle record and summarise it")
+    orv.add_argument("record", type=Path)
+    _add_verifier_args(orv)
+
     s = sub.add_parser("schemas", help="write schemas/*.schema.json from the models")
     s.add_argument("--check", action="store_true", help="exit 1 if the checked-in schemas drift")
     for sp in sub.choices.values():  # `-q` also after the subcommand (`rowgate gate ROW -q`)
@@ -133,7 +147,7 @@ def main(args: list[str] | None = None) -> None:
     _check_verifier_args(ns)
     handler = {"build": _build, "gate": _gate, "verify": _verify, "inspect": _inspect, "rows": _rows,
                "schemas": _schemas, "review": _review, "attest-operator": _attest_operator,
-               "merge": _merge, "report": _report}[ns.command]
+               "merge": _merge, "report": _report, "oracle": _oracle}[ns.command]
     try:
         code = handler(ns)
     except Error as exc:
@@ -292,6 +306,25 @@ def _merge(ns: argparse.Namespace) -> ExitCode:
     print(result.record.message, file=sys.stderr if result.exit_code else sys.stdout)
     print(result.path)
     return result.exit_code
+
+
+def _oracle(ns: argparse.Namespace) -> ExitCode:
+    from pipeline import oracle, rows, signing
+
+    if ns.oracle_command == "record":
+        loaded = rows.resolve_row(ns.row)
+        say = (lambda _m: None) if ns.quiet else (lambda m: print(f"rowgate: {m}", file=sys.stderr))
+        record = oracle.record_oracle(loaded, signing.default_signer(),
+                                      out_dir=ns.out or Path.cwd() / oracle.DEFAULT_DIR,
+                                      device=ns.device, options=_options(ns.option), say=say)
+    else:
+        verifier = signing.verifier_for(ns.key, ns.identity, ns.issuer,
+                                        ns.record / signing.SIGNATURE_FILE)
+        record = oracle.load_record(ns.record, verifier)
+    print(f"{record.path}\n  row {record.row_id}, {record.engine.get('engine')} "
+          f"{record.version}, {len(record.outputs)} requests, model {record.model_digest}, "
+          f"workload {record.workload_digest}, signed by {record.signer}")
+    return ExitCode.OK
 
 
 def _schemas(ns: argparse.Namespace) -> ExitCode:

@@ -85,15 +85,28 @@ class ModelInfo:
 # ------------------------------------------------------------------- digest
 
 
-def model_digest(path: Path) -> str:
-    """`sha256:<hex>` over the model files' names and contents, in name order."""
+def _model_files(path: Path) -> list[Path]:
+    """Every regular file of a model directory but rowgate's record and hidden caches."""
+    return sorted(p for p in path.rglob("*") if p.is_file() and p.name != RECORD_FILE
+                  and not any(part.startswith(".") for part in p.relative_to(path).parts))
+
+
+def _file_sha256(file: Path) -> bytes:
     h = hashlib.sha256()
-    for name in MODEL_FILES:
-        file = path / name
-        if not file.is_file():
-            raise ModelError(f"{path}: model file {name} is missing")
-        h.update(name.encode() + b"\0")
-        h.update(hashlib.sha256(file.read_bytes()).digest())
+    with file.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.digest()
+
+
+def model_digest(path: Path) -> str:
+    """`sha256:<hex>` over the model files' relative names and contents, in name order."""
+    if not (path / "config.json").is_file():
+        raise ModelError(f"{path}: not a model directory (no config.json)")
+    h = hashlib.sha256()
+    for file in _model_files(path):
+        h.update(file.relative_to(path).as_posix().encode() + b"\0")
+        h.update(_file_sha256(file))
     return "sha256:" + h.hexdigest()
 
 
@@ -245,3 +258,19 @@ def perturbed_copy(src: Path, dest: Path, tensor: str, index: tuple[int, ...],
             shutil.copyfile(src / name, dest / name)
     save_file(weights, str(dest / "model.safetensors"), metadata={"format": "pt"})
     return model_info(dest)
+
+
+TINY_MODEL = "tiny-qwen3"
+"""The model name a row uses for the model rowgate builds itself."""
+
+
+def resolve_model(ref) -> ModelInfo:
+    """A row's `ModelRef`: the tiny model is built (cached); other weights must be local."""
+    if ref.name == TINY_MODEL and not ref.weights:
+        return build_tiny_model()
+    if not ref.weights:
+        raise ModelError(f"model {ref.id} ({ref.name}): the row names no local weights path")
+    path = Path(ref.weights).expanduser()
+    if not (path / "config.json").is_file():
+        raise ModelError(f"model {ref.id} ({ref.name}): weights not on this machine ({path})")
+    return model_info(path)

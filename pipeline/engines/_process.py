@@ -79,11 +79,31 @@ def stop_pid(proc: subprocess.Popen | None, grace_s: float = 20.0) -> None:
             break
         except subprocess.TimeoutExpired:
             continue
-    # Children that outlived their leader in the same group.
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    # Children that outlived their leader in the same group; wait until none
+    # is alive (zombies are dead: whoever adopted them reaps them).
+    deadline = time.monotonic() + 10.0
+    while live_group_members(proc.pid) and time.monotonic() < deadline:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            break
+        time.sleep(0.1)
+
+
+def live_group_members(pgid: int) -> list[int]:
+    """PIDs in process group `pgid` that are not zombies (Linux /proc)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            # Fields after the parenthesised command: state, ppid, pgrp, ...
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(entry.name))
+    return members
 
 
 def free_port() -> int:

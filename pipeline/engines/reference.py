@@ -116,10 +116,15 @@ class Qwen3Model:
         from safetensors.torch import load_file
 
         self.cfg = Qwen3Config.load(path)
+        raw: dict[str, torch.Tensor] = {}
         try:
-            raw = load_file(str(path / "model.safetensors"), device="cpu")
+            for shard in sorted(path.glob("*.safetensors")):
+                raw.update(load_file(str(shard), device="cpu"))
         except (OSError, ValueError) as exc:
-            raise EngineError(f"{path}/model.safetensors: cannot load") from exc
+            raise EngineError(f"{path}: cannot load its safetensors") from exc
+        if not raw:
+            raise EngineError(f"{path}: no *.safetensors weights")
+        raw.setdefault("lm_head.weight", raw["model.embed_tokens.weight"])  # tied embeddings
         self.w = {k: v.to(device=device, dtype=dtype) for k, v in raw.items()}
         self.device, self.dtype = device, dtype
         self.decode_attention = decode_attention

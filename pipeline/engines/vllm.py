@@ -156,6 +156,10 @@ class VllmEngine(Engine):
             except (EngineError, subprocess.TimeoutExpired):
                 pass
         _process.stop_pid(self.proc)
+        if self.proc is not None:
+            for pipe in (self.proc.stdin, self.proc.stdout):
+                if pipe is not None:
+                    pipe.close()
 
     def describe(self) -> dict[str, str]:
         dist = installed_version() or ("", "")

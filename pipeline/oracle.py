@@ -1,0 +1,199 @@
+"""Oracle records: the pinned oracle's outputs on a row's workload, kept as signed evidence.
+
+Where the oracle cannot run beside the candidate (the H200 has no vLLM), the
+tokens gate compares against a record made where it can. A record is a small
+directory:
+
+    oracle-records/ROW-ID/RECORD-ID/
+      record.json               row, arm, engine (exact version), model digest,
+                                the workload (passes) and its digest, and per
+                                request the token ids and logprobs
+      signature.sigstore.json   rowgate's signer over every file (model-signing)
+
+`RECORD-ID` is the first 16 hex digits of sha256(record.json), so a record
+cannot be edited without renaming it, and `load_record` refuses one whose
+signature, name or workload digest does not check out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from pipeline import __version__
+from pipeline.engines.interface import Request, WorkloadPass
+from pipeline.errors import EvidenceError, VerificationError
+from pipeline.rows import LoadedRow
+from pipeline.signing import SIGNATURE_FILE, Signer, SignerIdentity, Verifier
+
+FORMAT = "rowgate-oracle-record/1"
+RECORD_FILE = "record.json"
+RECORD_ID_LEN = 16
+DEFAULT_DIR = Path("oracle-records")
+
+
+@dataclass(frozen=True)
+class OracleOutput:
+    id: str
+    cell: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class OracleRecord:
+    """A verified record (only `load_record` and `record_oracle` make one)."""
+
+    path: Path
+    record_id: str
+    row_id: str
+    row_sha256: str
+    engine: dict[str, str]
+    """The oracle engine's `describe()`: engine, distribution, exact version, dtype, …"""
+    version: str
+    model_digest: str
+    workload_digest: str
+    passes: tuple[WorkloadPass, ...]
+    outputs: tuple[OracleOutput, ...]
+    created: str
+    sha256: str
+    """sha256 of record.json (hex): what a bundle cites."""
+    signer: SignerIdentity
+
+
+def _canonical(doc: dict) -> bytes:
+    return (json.dumps(doc, sort_keys=True, indent=1) + "\n").encode()
+
+
+def _record_doc(loaded: LoadedRow, engine_info: dict[str, str], passes: list[WorkloadPass],
+                outputs: list[OracleOutput], model_digest: str) -> dict:
+    from pipeline.workload import workload_digest
+
+    arm = loaded.row.arms.oracle
+    return {
+        "format": FORMAT, "rowgate_version": __version__,
+        "created": datetime.now(UTC).isoformat(timespec="seconds"), "host": platform.node(),
+        "row": {"id": loaded.row.id, "sha256": loaded.sha256},
+        "arm": json.loads(arm.model_dump_json()),
+        "engine": engine_info, "version": engine_info.get("version", arm.version),
+        "model": {"digest": model_digest},
+        "workload": {"digest": workload_digest(passes), "passes": [asdict(p) for p in passes]},
+        "outputs": [asdict(o) for o in outputs],
+    }
+
+
+def record_oracle(loaded: LoadedRow, signer: Signer, *, out_dir: Path = DEFAULT_DIR,
+                  device: str = "cpu", options: dict[str, str] | None = None,
+                  say: Callable[[str], None] = lambda _msg: None) -> OracleRecord:
+    """Run the row's pinned oracle arm once on its workload and seal a signed record."""
+    from pipeline import engines
+    from pipeline.model import resolve_model
+    from pipeline.workload import build_passes
+
+    row = loaded.row
+    if not row.models:
+        raise EvidenceError(f"row {row.id}: declares no [[models]]; nothing to record")
+    model = resolve_model(row.models[0])
+    passes = build_passes(row.workload, model.vocab_size, model.special_ids)
+    arm = row.arms.oracle
+    say(f"starting the oracle ({arm.engine.value} {arm.version}) on {device}")
+    outputs: list[OracleOutput] = []
+    with engines.create(arm, model.path, device=device, options=options) as engine:
+        for work in passes:
+            say(f"oracle: cell {work.cell} ({len(work.requests)} requests)")
+            result = engine.generate(work)
+            outputs += [OracleOutput(o.id, work.cell, tuple(o.token_ids), tuple(o.logprobs))
+                        for o in result.outputs]
+        info = engine.describe()
+    doc = _record_doc(loaded, info, passes, outputs, model.digest)
+    path = _seal(out_dir / row.id, _canonical(doc), signer)
+    say(f"oracle record {path}")
+    return load_record(path, signer.verifier())
+
+
+def _seal(row_dir: Path, data: bytes, signer: Signer) -> Path:
+    record_id = hashlib.sha256(data).hexdigest()[:RECORD_ID_LEN]
+    final = row_dir / record_id
+    if final.exists():
+        raise EvidenceError(f"oracle record {final} already exists")
+    row_dir.mkdir(parents=True, exist_ok=True)
+    holder = Path(tempfile.mkdtemp(prefix=".staging-", dir=row_dir))
+    try:
+        named = holder / record_id  # the signature covers the directory by its name
+        named.mkdir()
+        (named / RECORD_FILE).write_bytes(data)
+        signer.sign(named, named / SIGNATURE_FILE, ignore=[SIGNATURE_FILE])
+        for file in named.iterdir():
+            file.chmod(0o444)
+        os.rename(named, final)
+    finally:
+        shutil.rmtree(holder, ignore_errors=True)
+    return final
+
+
+def _default_verifier(signature: Path) -> Verifier:
+    from pipeline.signing import verifier_for
+
+    return verifier_for(None, None, None, signature)
+
+
+def load_record(path: Path, verifier: Verifier | None = None) -> OracleRecord:
+    """Verify and read a record directory (or its record.json).
+
+    `verifier` defaults to the one `rowgate verify` would use (ROWGATE_SIGNING_KEY
+    or the local key). Raises VerificationError (signature, name, digests) or
+    EvidenceError (not a record).
+    """
+    path = Path(path)
+    directory = path.parent if path.name == RECORD_FILE else path
+    record_file, signature = directory / RECORD_FILE, directory / SIGNATURE_FILE
+    if not record_file.is_file():
+        raise EvidenceError(f"{directory}: not an oracle record (no {RECORD_FILE})")
+    if not signature.is_file():
+        raise VerificationError(f"{directory}: {SIGNATURE_FILE} missing (an unsigned record)")
+    identity = (verifier or _default_verifier(signature)).verify(directory, signature)
+    data = record_file.read_bytes()
+    sha = hashlib.sha256(data).hexdigest()
+    if directory.name != sha[:RECORD_ID_LEN]:
+        raise VerificationError(f"{directory}: {RECORD_FILE} digest gives record id "
+                                f"{sha[:RECORD_ID_LEN]} (record edited or renamed)")
+    return _parse(directory, data, sha, identity)
+
+
+def _passes(docs: list[dict]) -> tuple[WorkloadPass, ...]:
+    return tuple(WorkloadPass(**{**d, "requests": tuple(
+        Request(**{**r, "prompt_ids": tuple(r["prompt_ids"])}) for r in d["requests"])})
+        for d in docs)
+
+
+def _parse(directory: Path, data: bytes, sha: str, identity: SignerIdentity) -> OracleRecord:
+    from pipeline.workload import workload_digest
+
+    try:
+        doc = json.loads(data)
+        if doc.get("format") != FORMAT:
+            raise EvidenceError(f"{directory}/{RECORD_FILE}: format {doc.get('format')!r}, "
+                                f"expected {FORMAT}")
+        passes = _passes(doc["workload"]["passes"])
+        outputs = tuple(OracleOutput(o["id"], o["cell"], tuple(o["token_ids"]),
+                                     tuple(o["logprobs"])) for o in doc["outputs"])
+        record = OracleRecord(
+            path=directory, record_id=directory.name, row_id=doc["row"]["id"],
+            row_sha256=doc["row"]["sha256"], engine=doc["engine"], version=doc["version"],
+            model_digest=doc["model"]["digest"], workload_digest=doc["workload"]["digest"],
+            passes=passes, outputs=outputs, created=doc["created"], sha256=sha, signer=identity)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise EvidenceError(f"{directory}/{RECORD_FILE}: not a well-formed oracle record "
+                            f"({type(exc).__name__}: {exc})") from exc
+    if workload_digest(passes) != record.workload_digest:
+        raise VerificationError(f"{directory}: the recorded workload does not give its "
+                                f"recorded digest {record.workload_digest}")
+    return record

@@ -1,0 +1,83 @@
+"""OpenAI-compatible servers started by a command, on loopback, stopped by their PID."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from pipeline.engines import create
+from pipeline.engines._process import live_group_members
+from pipeline.engines.interface import EngineError
+from pipeline.engines.openai import OpenAIEngine, _chunk_tokens
+from pipeline.engines.reference import ReferenceEngine
+from pipeline.engines.vllm import VllmServerEngine, installed_version
+from pipeline.rows import Arm, EngineKind
+
+
+def _group_gone(pid: int) -> bool:
+    """No live process left in the group the server led (zombies awaiting reaping are dead)."""
+    return live_group_members(pid) == []
+
+
+def test_server_that_exits_is_reported_with_its_log(tiny_model):
+    engine = OpenAIEngine([sys.executable, "-c", "import sys; print('boom', file=sys.stderr); "
+                           "sys.exit(3)"], tiny_model.path)
+    with pytest.raises(EngineError, match="exited with 3 before serving.*boom"):
+        engine.start()
+    assert _group_gone(engine.pid)
+
+
+def test_server_that_never_serves_is_stopped_by_pid_with_its_children(tiny_model):
+    # The command forks a child: stopping by the leader's PID must take the group.
+    engine = OpenAIEngine(["sh", "-c", "sleep 600 & sleep 600"], tiny_model.path,
+                          start_timeout_s=2)
+    with pytest.raises(EngineError, match="not ready on 127.0.0.1:[0-9]+ after 2 s"):
+        engine.start()
+    assert _group_gone(engine.pid)
+
+
+def test_placeholders_and_factory(tiny_model):
+    arm = Arm(engine=EngineKind.OPENAI, command=["srv", "--port", "{port}", "-m", "{model}"])
+    engine = create(arm, tiny_model.path)
+    assert isinstance(engine, OpenAIEngine)
+    engine.port = 8123
+    assert engine.argv() == ["srv", "--port", "8123", "-m", str(tiny_model.path)]
+    with pytest.raises(EngineError, match="declares no command"):
+        create(Arm(engine=EngineKind.OPENAI), tiny_model.path)
+
+
+def test_chunks_must_carry_token_ids():
+    chunk = {"choices": [{"logprobs": {"tokens": ["token_id:7", "token_id:9"],
+                                       "token_logprobs": [-0.5, -1.25]}}]}
+    assert _chunk_tokens(chunk, "r") == [(7, -0.5), (9, -1.25)]
+    assert _chunk_tokens({"choices": [], "usage": {}}, "r") == []
+    with pytest.raises(EngineError, match="not a token id"):
+        _chunk_tokens({"choices": [{"logprobs": {"tokens": ["hello"],
+                                                 "token_logprobs": [-1.0]}}]}, "r")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(installed_version() is None, reason="vLLM not installed")
+def test_vllm_server_streams_the_reference_tokens_and_stops(tiny_model, demo_passes):
+    # mode eager: vLLM's enforce_eager, no torch.compile (saves ~50 s of start-up on 2 cores)
+    arm = Arm(engine=EngineKind.VLLM, version="0.32.0", dtype="float32", mode="eager")
+    server = create(arm, tiny_model.path, options={"endpoint": "true", "vllm_max_num_seqs": "4"})
+    assert isinstance(server, VllmServerEngine)
+    work = demo_passes[1:3]  # i16-c4 and i64-c1
+    with server:
+        pid = server.pid
+        assert server.describe()["endpoint"].startswith("http://127.0.0.1:")
+        results = [server.generate(p) for p in work]
+    assert _group_gone(pid)
+    with ReferenceEngine(tiny_model.path) as ref:
+        expected = [ref.generate(p) for p in work]
+    for got, want in zip(results, expected):
+        for g, w in zip(got.outputs, want.outputs):
+            assert g.token_ids == w.token_ids
+            assert max(abs(a - b) for a, b in zip(g.logprobs, w.logprobs)) < 1e-3
+            assert g.ttft_s is not None and 0 < g.ttft_s <= g.latency_s
+            # As in vLLM's bench: one ITL per streamed chunk after the first; a
+            # chunk may carry several tokens when the server coalesces them.
+            assert 0 <= len(g.itl_s) <= len(g.token_ids) - 1
+            assert sum(g.itl_s) <= g.latency_s - g.ttft_s + 1e-6

@@ -34,6 +34,9 @@ KERNEL_WAIT_US = 5.0
 between back-to-back kernels (HTA's "kernel wait"); longer queued gaps are "other"."""
 
 GRAPH_LAUNCHES = {"cudaGraphLaunch", "cuGraphLaunch", "cudaGraphLaunch_v10000"}
+DRIVER_LAUNCHES = {"cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchCooperativeKernel"}
+"""How cuda.core launches rowgate's own cubins (the persistent megakernel); torch's
+staging copies and fills go through the runtime API."""
 KERNEL_LAUNCHES = {"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
                    "cudaLaunchCooperativeKernel", "cudaLaunchKernel_v7000",
                    "cudaLaunchKernelExC_v11060"}
@@ -109,7 +112,8 @@ class Work:
     launch_end: float | None = None
     origin: str = "other"
     """`forward` (launched by the eager decode forward), `graph` (by a graph launch),
-    `staging` (the replay call's input/output copies), `other` (sampling, inputs)."""
+    `persistent` (a cubin launched through the driver API inside the step call),
+    `staging` (the step call's input/output copies), `other` (sampling, inputs)."""
     bytes: int | None = None
     # filled by the analysis
     blocks_per_sm: int | None = None
@@ -163,7 +167,10 @@ def _origin(launch: Span | None, anchor: float, forwards: list[Span], runs: list
     if any(f.contains(anchor) for f in forwards):
         return "forward"
     if any(r.contains(anchor) for r in runs):
-        return "staging"
+        # Inside the engine's step call (graph replay / persistent router): a cubin
+        # launched through the driver API is the persistent step; the rest is staging.
+        return "persistent" if launch is not None and launch.name in DRIVER_LAUNCHES \
+            else "staging"
     return "other"
 
 
@@ -410,9 +417,10 @@ def bandwidth(items: list[Work], ceiling_bytes_per_s: float,
 
 
 def _model_kernels(items: list[Work], step: int) -> list[Work]:
-    """The decode forward's kernels of one step: eager forward or graph replay."""
+    """The decode forward's kernels of one step: eager forward, graph replay or the
+    persistent step."""
     return [w for w in items if w.step == step and w.kind == "kernel"
-            and w.origin in ("forward", "graph")]
+            and w.origin in ("forward", "graph", "persistent")]
 
 
 def transfer_bytes(items: list[Work], reference: list[tuple[str, int | None]] | None) -> int:
@@ -480,6 +488,7 @@ def graph_route(trace: Trace, items: list[Work]) -> dict:
             "eager_forward_kernels": len(eager), "steps": len(steps),
             "steps_replayed": len(replayed),
             "first_eager": eager[0].name if eager else None,
+            "persistent_kernels": sum(1 for w in kernels if w.origin == "persistent"),
             "staging_kernels": sum(1 for w in kernels if w.origin == "staging"),
             "other_kernels": sum(1 for w in kernels if w.origin == "other")}
 

@@ -62,7 +62,22 @@ class Builder:
         start = t
         host, dev = t + 5.0, t + 20.0
         kernels_out = []
-        if self.mode == "graph":
+        if self.mode == "persistent":
+            self._x("user_annotation", "rowgate.graph_run", host - 1, 0)
+            self.corr += 1
+            self._x("cuda_runtime", "cudaLaunchKernel", host, 3.0,
+                    args={"correlation": self.corr})
+            self._kernel(Kernel("fill_staging", 1.0), dev, self.corr)
+            dev += 2.0
+            for k in kernels:
+                self.corr += 1
+                self._x("cuda_driver", "cuLaunchKernel", host + 4.0, 3.0,
+                        args={"correlation": self.corr})
+                dev += k.gap_before
+                self._kernel(k, dev, self.corr)
+                dev += k.dur
+            host += 10.0
+        elif self.mode == "graph":
             self._x("user_annotation", "rowgate.graph_run", host - 1, 0)
             self.corr += 1
             self._x("cuda_runtime", "cudaGraphLaunch", host, 8.0,

@@ -304,3 +304,19 @@ def test_reviewer_pictures_of_gpu_captures(tmp_path):
     plots.idle_breakdown({"eager": eager, "graph": graph}, tmp_path / "idle.png")
     for name in ("timeline.png", "idle.png"):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_persistent_step_kernels_are_the_model_and_not_a_graph_route():
+    """The megakernel mode: the cubin cuda.core launches (driver API) inside the step call
+    is the forward; torch's staging fill beside it is not; no graph route is claimed."""
+    eager = analyse(gs.Builder().doc([[gs.Kernel("gemv", 10.0), gs.Kernel("gemv", 10.0)]] * 2))
+    mk = [gs.Kernel("decode_megakernel", 12.0, grid=(264, 1, 1), block=(256, 1, 1),
+                    registers=128, gap_before=0.0)]  # 2 blocks/SM × 132 SMs: one full wave
+    p = analyse(gs.Builder(mode="persistent").doc([mk] * 2), "persistent",
+                reference=analysis.bytes_reference(eager.items))
+    origins = {w.name: w.origin for w in p.items}
+    assert origins == {"fill_staging": "staging", "decode_megakernel": "persistent"}
+    assert p.graph["proved"] is False and p.graph["persistent_kernels"] == 2
+    assert p.bandwidth["method"] == "per step, bytes of the eager forward"
+    floor = 2 * GEMV_BYTES / CEILING * 1e6
+    assert p.bandwidth["step_shortfall_us"] == pytest.approx(2 * max(0.0, 12.0 - floor))

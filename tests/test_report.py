@@ -135,8 +135,8 @@ def _seal_rich(tmp_path: Path, repo: Path, key: Path) -> Path:
     (stage.artifact_dir("audit") / "registers.png").write_bytes(
         plots.render(BarFigure("registers per kernel", "registers", ("split_kv",), (128.0,))))
     add(GateResult(gate_id="audit", kind="audit", status=Status.PASS, reason="within budgets",
-                   cells={"sm_90/split_kv": {"registers": 128, "spill_stores": 0, "stack": 0},
-                          "sm_70/split_kv": {"registers": 96, "spill_stores": 0, "stack": 16}}))
+                   cells={"split_kv@sm_90": {"registers": 128, "spill_stores": 0, "stack": 0},
+                          "split_kv@sm_70": {"registers": 96, "spill_stores": 0, "stack": 16}}))
     _tokens_outputs(stage.artifact_dir("tokens"))
     add(GateResult(gate_id="tokens", kind="tokens", status=Status.FAIL,
                    reason="1 of 2 requests differ | first at r1 position 2",
@@ -295,6 +295,21 @@ def test_a_trace_gate_with_its_own_plots_shows_those_instead(tmp_path):
                                    "artifacts/trace/not-a.png", "artifacts/../../outside.png"])
     (figure,) = section_for(result, tmp_path).figures
     assert isinstance(figure, ImageFigure) and figure.png == png
+
+
+def test_build_cells_per_arch_with_their_status(tmp_path):
+    from pipeline.report.sections import section_for
+
+    build = GateResult(gate_id="build", kind="build", status=Status.FAIL, reason="r",
+                       cells={"decode@sm_90": {"status": "PASS", "toolchain": "nvcc 13.0"},
+                              "decode@sm_70": {"status": "FAIL", "toolchain": "nvrtc 12.8"},
+                              "triton-aot@sm_110": {"reachable": False}})
+    tables = section_for(build, tmp_path).tables
+    assert [t.title for t in tables] == ["sm_70: build per kernel", "sm_90: build per kernel",
+                                         "sm_110: build per kernel"]
+    sm70 = tables[0]
+    assert sm70.rows == (("decode", "FAIL", "nvrtc 12.8"),)
+    assert sm70.columns[sm70.status_column] == "status"
 
 
 def test_an_unknown_shape_degrades_to_the_generic_tables(tmp_path):

@@ -15,7 +15,7 @@ otherwise, so a gate whose result shape is new still shows in full:
   torch.profiler / Kineto writes it, gzipped or not) becomes a timeline of its
   device (`kernel`, `gpu_memcpy`, `gpu_memset`) complete events per stream;
 * `build` / `audit`: cells that name an arch (an `arch` metric, or `sm_XY` in
-  the cell name) become one resource table per arch;
+  the cell name, as in `decode/split_kv@sm_90`) become one table per arch;
 * `tokens`: the two arms' sealed outputs (`oracle.jsonl`, `candidate.jsonl`)
   are compared with the tokens gate's own `compare_request`, and every request
   that diverges is listed (position, both tokens, both logprobs); JSON
@@ -257,10 +257,10 @@ def per_arch(result: GateResult, bundle_root: Path, spec: object | None) -> Extr
         arch = _arch_of(cell, metrics)
         if not arch:
             return Extra()  # cells are not per arch: the generic table shows them
-        name = ARCH_IN_NAME.sub("", cell).strip("/:._- ") or cell
+        name = ARCH_IN_NAME.sub("", cell).strip("/:@._- ") or cell  # `kernel@sm_90`
         groups.setdefault(arch, {})[name] = {k: v for k, v in metrics.items() if k != "arch"}
     tables = [cells_table(f"{arch}: {result.kind} per kernel", cells, first_column="kernel")
-              for arch, cells in sorted(groups.items())]
+              for arch, cells in sorted(groups.items(), key=lambda kv: natural_key(kv[0]))]
     return Extra(tables=[t for t in tables if t], replaces_cells=bool(groups))
 
 

@@ -57,8 +57,9 @@ def cells_table(title: str, cells: dict[str, dict[str, MetricValue]],
     if not cells:
         return None
     columns = metric_columns(cells.values())
+    status = columns.index("status") + 1 if "status" in columns else None
     return table(title, (first_column, *columns),
-                 ([name, *(m.get(c) for c in columns)] for name, m in cells.items()))
+                 ([name, *(m.get(c) for c in columns)] for name, m in cells.items()), status)
 
 
 def gates_table(results: Sequence[GateResult]) -> Table:

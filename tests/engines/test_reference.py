@@ -133,6 +133,20 @@ def test_factory_and_refusals(tiny_model):
         create(Arm(engine=EngineKind.LLAMA_CPP), tiny_model.path)
 
 
+def test_decode_attention_is_a_seam(tiny_model, demo_passes, greedy):
+    calls = []
+
+    def counted(*args):
+        calls.append(args[0].shape[0])  # batch of the decode step
+        return torch_paged_decode_attention(*args)
+
+    with ReferenceEngine(tiny_model.path, decode_attention=counted) as eng:
+        out = eng.generate(demo_passes[1])
+        assert eng.describe()["decode_attention"].endswith("counted")
+    assert [o.token_ids for o in out.outputs] == [o.token_ids for o in greedy[1].outputs]
+    assert max(calls) == 4 and len(calls) == 2 * 15  # 2 layers x 15 decode steps
+
+
 def test_describe_records_model_digest(engine, tiny_model):
     info = engine.describe()
     assert info["model_digest"] == tiny_model.digest

@@ -418,6 +418,16 @@ def test_step_summary_is_appended_in_a_runner_job(sealed, tmp_path, monkeypatch,
     assert f"rowgate: wrote {out_html}" in err and f"rowgate: wrote {summary}" in err
 
 
+def test_a_step_summary_over_githubs_limit_is_cut_with_a_note(tmp_path):
+    target = tmp_path / "summary.md"
+    assert markdown.append_step_summary("x", env={}) is None
+    markdown.append_step_summary("é" * markdown.STEP_SUMMARY_LIMIT,
+                                 env={markdown.STEP_SUMMARY_ENV: str(target)})
+    data = target.read_bytes()
+    assert len(data) <= markdown.STEP_SUMMARY_LIMIT
+    assert data.decode().endswith("_(cut: the full report is in the uploaded artifact)_\n")
+
+
 def test_report_without_outputs_prints_markdown_and_quiet_prints_nothing_else(sealed, tmp_path,
                                                                              capsys):
     from pipeline.cli import main

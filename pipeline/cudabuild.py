@@ -35,7 +35,7 @@ PTXAS_FLAGS = ["-Werror", "-warn-spills", "-warn-lmem-usage", "-v"]
 NVCC_WARNING_FLAGS = ["-Werror", "all-warnings", "-Xptxas", "-v,-warn-spills,-warn-lmem-usage",
                       "-Xcompiler", "-Wall,-Wextra,-Werror"]
 CXX_STD = "c++17"
-RECIPE = 1
+RECIPE = 2
 """Bump when the command lines below change: part of every cache key."""
 _SAYS = re.compile(r"\b(error|warning|fatal)\b", re.IGNORECASE)
 
@@ -106,7 +106,7 @@ def _nvrtc_steps(name: str, arch: str, tc: Toolchain, src: Path, includes: list[
     sm = sm_number(arch)
     nvrtc = [sys.executable, "-m", "pipeline._nvrtc", tc.compiler.path, str(src), f"{name}.ptx",
              f"--gpu-architecture=compute_{sm}", f"--std={CXX_STD}",
-             *[f"-I{i}" for i in includes], *defines]
+             *[f"-I{i}" for i in [*includes, *tc.include_dirs]], *defines]
     if tc.ptxas is None:
         raise toolchains.ToolchainError(f"{tc.name}: NVRTC builds need a standalone ptxas")
     ptxas = [tc.ptxas.path, f"-arch=sm_{sm}", *PTXAS_FLAGS, "-o", f"{name}.{arch}.cubin",

@@ -23,7 +23,7 @@ import json
 import re
 import shutil
 import subprocess
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from functools import cache
 from importlib import metadata
 from pathlib import Path
@@ -33,6 +33,9 @@ from pipeline.errors import Error
 NVRTC_ARCHES = ("sm_70", "sm_72")
 CUDA12_INSTALL = "pip install 'rowgate[cuda12]' (nox -s build-sm70)"
 CUDA13_INSTALL = "pip install 'rowgate[cuda13]' (nox -s build-sm90 / build-sm110)"
+CUDA12_HEADERS = (("nvidia-cuda-runtime-cu12", "nvidia/cuda_runtime/include"),
+                  ("nvidia-cuda-cccl-cu12", "nvidia/cuda_cccl/include"))
+"""cudart and CCCL headers of the 12.8 release, put on NVRTC's include path."""
 EXPLICIT = "explicit path"
 """`Tool.package` of binaries given by path (gate option) rather than found in a wheel."""
 _VERSION = re.compile(r"release (\d+\.\d+), V(\d+\.\d+\.\d+)")
@@ -67,6 +70,12 @@ class Toolchain:
     nvdisasm: Tool | None
     host_compiler: Tool | None = None
     """The C++ compiler nvcc drives for host code (its warnings count too)."""
+    headers: dict[str, str] = field(default_factory=dict)
+    """Header/support wheels in use, package -> exact version (CCCL, crt, cudart, nvvm):
+    a CCCL upgrade changes what compiles, so it is part of the cache identity."""
+    include_dirs: tuple[str, ...] = ()
+    """Extra -I for NVRTC (cudart and CCCL headers of the same release); nvcc finds
+    its own through nvcc.profile."""
     sass_missing: str = ""
     """Why the SASS tools cannot disassemble this toolchain's arches (empty: they can)."""
 
@@ -77,7 +86,8 @@ class Toolchain:
         """Identity for the build cache: every tool's exact version (not its path,
         so two environments with the same pins share a cache)."""
         def strip(d):
-            return {k: strip(v) if isinstance(v, dict) else v for k, v in d.items() if k != "path"}
+            return {k: strip(v) if isinstance(v, dict) else v for k, v in d.items()
+                    if k not in ("path", "include_dirs")}
         return hashlib.sha256(json.dumps(strip(self.describe()), sort_keys=True).encode()).hexdigest()
 
     def short(self) -> str:
@@ -164,7 +174,11 @@ def _cuda12() -> Toolchain:
         except ToolchainError:
             pass  # keep the 13.x one a newer triton bundles, if any
         nvdisasm = None
-    return Toolchain(name=f"cuda-{api}-nvrtc", kind="nvrtc",
+    headers = _versions("nvidia-cuda-runtime-cu12", "nvidia-cuda-cccl-cu12")
+    include_dirs = tuple(str(_file(dist, rel, CUDA12_INSTALL)) for dist, rel in CUDA12_HEADERS
+                         if dist in headers)
+    return Toolchain(name=f"cuda-{api}-nvrtc", kind="nvrtc", headers=headers,
+                     include_dirs=include_dirs,
                      compiler=Tool(str(lib), pkg, "nvidia-cuda-nvrtc-cu12", pkg), ptxas=ptxas,
                      cuobjdump=cuobjdump, nvdisasm=nvdisasm, sass_missing=missing)
 
@@ -182,8 +196,21 @@ def _cuda13(nvcc: str | None) -> Toolchain:
                              f"build need CUDA 13: {CUDA13_INSTALL}")
     cuobjdump = _sibling_or_wheel(compiler, "cuobjdump", "nvidia-cuda-cuobjdump")
     nvdisasm = _sibling_or_wheel(compiler, "nvdisasm", "nvidia-cuda-nvdisasm")
+    headers = {} if compiler.package == EXPLICIT else _versions(
+        "nvidia-cuda-cccl", "nvidia-cuda-crt", "nvidia-cuda-runtime", "nvidia-nvvm")
     return Toolchain(name="cuda-13-nvcc", kind="nvcc", compiler=compiler, ptxas=None,
-                     cuobjdump=cuobjdump, nvdisasm=nvdisasm, host_compiler=_host_compiler())
+                     cuobjdump=cuobjdump, nvdisasm=nvdisasm, host_compiler=_host_compiler(),
+                     headers=headers)
+
+
+def _versions(*dists: str) -> dict[str, str]:
+    out = {}
+    for dist in dists:
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
 
 
 def _host_compiler() -> Tool:

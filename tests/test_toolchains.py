@@ -57,3 +57,13 @@ def test_installed_reports_both_toolchains():
     got = toolchains.installed()
     assert got["cuda-12.8-nvrtc"].startswith("12.8.93, ptxas 12.8.93")
     assert got["cuda-13-nvcc"].startswith("13.5.37, cuobjdump 13.5.37")
+
+
+def test_header_wheels_are_pinned_and_part_of_the_cache_identity():
+    tc = toolchains.for_arch("sm_110")
+    assert tc.headers["nvidia-cuda-cccl"] == "13.3.5.0.6"  # nv/target for cuda_fp16.h
+    assert tc.headers["nvidia-cuda-crt"] == "13.5.37"
+    assert replace(tc, headers={**tc.headers, "nvidia-cuda-cccl": "13.2.86"}).digest() != tc.digest()
+    old = toolchains.for_arch("sm_70")
+    assert old.headers == {"nvidia-cuda-runtime-cu12": "12.8.90", "nvidia-cuda-cccl-cu12": "12.8.90"}
+    assert len(old.include_dirs) == 2  # NVRTC gets the 12.8 cudart and CCCL headers

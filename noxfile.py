@@ -36,7 +36,9 @@ BUILD_SESSIONS = {
 
 def _install(session: nox.Session, *extras: str) -> None:
     spec = f".[{','.join(extras)}]" if extras else "."
-    session.install(spec)
+    # Editable: rows/ and schemas/ live beside the package in the checkout (ROWS_DIR,
+    # SCHEMAS_DIR), not in site-packages; a plain install cannot find them.
+    session.install("-e", spec)
 
 
 @nox.session

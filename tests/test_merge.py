@@ -255,3 +255,12 @@ def test_bundle_from_another_machine_is_reviewed_and_merged_in_the_reviewers_clo
     merge = clone.heads.main.commit
     assert "Signed-off-by: Reviewer <reviewer@example.com>" in merge.message
     assert _refs(world.open(tmp_path / "subject")) == gate_refs  # origin untouched
+
+
+@pytest.mark.parametrize("where", ["detached", "on-target"])
+def test_head_that_is_not_a_branch_to_merge_is_a_usage_error(world, where):
+    row, _ = _approved(world)
+    world.repo.git.checkout("--detach" if where == "detached" else "main")
+    code, out, err = world.merge(row)
+    assert code == 2 and out == []
+    assert ("HEAD is detached" if where == "detached" else "HEAD is main itself") in err

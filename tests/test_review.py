@@ -316,3 +316,11 @@ def test_bundle_under_a_name_that_is_not_its_id_is_refused_without_a_record(worl
     assert code == 1 and out == []
     assert "directory name is not a bundle id" in err
     assert not list(world.reviews.rglob("*.json"))
+
+
+def test_review_does_not_write_into_the_subject_repo_from_elsewhere(world):
+    bundle = world.gate(world.row())
+    world.reviews = world.repo_dir / "reviews"  # cwd is not the subject repo
+    code, _, err = world.review(bundle, world.row())
+    assert code == 2 and "inside the subject repo" in err
+    assert not world.reviews.exists()

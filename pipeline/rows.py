@@ -258,6 +258,8 @@ class AbiGate(_GateBase):
         "static-round-robin", "dynamic-queue"]
     admitted_by: str = ""
     """Trace gate whose capacity verdict must admit this work."""
+    sm_count: Annotated[int, Field(gt=0)] = 132
+    """SMs the task lists are sized to where no device is here (H100/H200 SXM: 132)."""
 
 
 GateSpec = Annotated[

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import device
+from pipeline.gates.abi import Abi
 from pipeline.gates.accuracy import Accuracy
 from pipeline.gates.audit import Audit
 from pipeline.gates.build import Build
@@ -28,13 +29,14 @@ from pipeline.rows import Row
 __all__ = ["Derived", "Gate", "GateContext", "GateError", "GateResult", "Status",
            "gate_for", "run", "DEVICE_KINDS", "IMPLEMENTED"]
 
-# Kinds that execute on the row's target device (everything but host/build/audit).
-DEVICE_KINDS = {"operator", "phase", "tokens", "throughput", "trace", "accuracy", "abi"}
+# Kinds that execute on the row's target device (everything but host/build/audit, and
+# abi: its task-ABI part runs anywhere, and it reports its GPU part PENDING itself).
+DEVICE_KINDS = {"operator", "phase", "tokens", "throughput", "trace", "accuracy"}
 
 IMPLEMENTED: dict[str, type[Gate]] = {Host.kind: Host, Build.kind: Build, Audit.kind: Audit,
                                       Tokens.kind: Tokens, Throughput.kind: Throughput,
                                       Accuracy.kind: Accuracy, Trace.kind: Trace,
-                                      Operator.kind: Operator}
+                                      Operator.kind: Operator, Abi.kind: Abi}
 
 
 class NotImplementedGate(Gate):

@@ -13,6 +13,7 @@ Every problem names the task index and the fact.
 
 from __future__ import annotations
 
+import bisect
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -145,7 +146,7 @@ def _dependency_problems(tasks: list[Task]) -> list[str]:
         if i in unsatisfiable or i in on_cycle:
             continue
         for c, v in t.waits:
-            before = sum(1 for j in signalers[c] if j < i)
+            before = bisect.bisect_left(signalers[c], i)  # signalers are in list order
             if before < v:
                 out.append(f"task {i} ({_name(t)}): waits for counter {c} to reach {v} but "
                            f"only {before} of its producers precede it in the list (tasks are "
@@ -154,29 +155,40 @@ def _dependency_problems(tasks: list[Task]) -> list[str]:
 
 
 def _find_cycle(tasks: list[Task], signalers: dict[int, list[int]]) -> list[int]:
-    """A cycle of 'waits on a counter that task j signals' edges, as task indices
-    (first repeated at the end), or []. Iterative DFS: lists run to ~10^4 tasks."""
-    deps = [sorted({j for c, _ in t.waits for j in signalers.get(c, [])}) for t in tasks]
-    state = [0] * len(tasks)  # 0 new, 1 on stack, 2 done
-    for root in range(len(tasks)):
-        if state[root]:
+    """A cycle of 'waits on a counter that task j signals' edges, as task indices (first
+    repeated at the end), or []. Searched on the task/counter graph (task -> the counter
+    it signals -> the tasks waiting on it): linear in tasks, where the task graph has a
+    stage's producers times its consumers edges. Iterative DFS: lists run to ~10^5."""
+    n = len(tasks)
+    waiters: dict[int, list[int]] = defaultdict(list)
+    for i, t in enumerate(tasks):
+        for c in {w[0] for w in t.waits}:
+            waiters[c].append(i)
+
+    def succ(node: int) -> list[int]:
+        if node < n:
+            s = tasks[node].signal
+            return [n + s] if s != NO_COUNTER else []
+        return waiters.get(node - n, [])
+
+    state: dict[int, int] = {}  # 1 on the stack, 2 done
+    for root in range(n):
+        if root in state:
             continue
-        stack = [(root, 0)]
-        path = [root]
+        stack, path = [(root, iter(succ(root)))], [root]
         state[root] = 1
         while stack:
-            node, k = stack[-1]
-            if k < len(deps[node]):
-                stack[-1] = (node, k + 1)
-                nxt = deps[node][k]
-                if state[nxt] == 1:
-                    return path[path.index(nxt):] + [nxt]
-                if state[nxt] == 0:
-                    state[nxt] = 1
-                    stack.append((nxt, 0))
-                    path.append(nxt)
-            else:
+            node, it = stack[-1]
+            nxt = next(it, None)
+            if nxt is None:
                 state[node] = 2
                 stack.pop()
                 path.pop()
+            elif state.get(nxt) == 1:
+                cycle = path[path.index(nxt):] + [nxt]
+                return [v for v in cycle if v < n]
+            elif nxt not in state:
+                state[nxt] = 1
+                stack.append((nxt, iter(succ(nxt))))
+                path.append(nxt)
     return []

@@ -1,0 +1,311 @@
+"""ABI gate: the persistent decode task ABI, checked here, and the persistent-kernel
+proof, run only where the trace admitted it and an sm_90 device is present.
+
+`measure` writes, per workload concurrency, the decode step's task list as the
+kernel reads it (`bN/tasks.bin`), as JSON (`bN/tasks.json`), the shape and buffer
+table it was validated against (`bN/plan.json`) and the validator's report
+(`bN/validation.json`); the admitting gate's result, copied from this bundle's
+stage (`admission.json`); the device found (`device.json`); and, when it runs,
+the GPU proof (`proof.json`: persistent vs eager greedy tokens per cell and
+schedule, with each batch's route).
+
+`derive` re-validates every list from `tasks.bin` + `plan.json`, judges the
+admission with the row's stop-implementation conditions on the admitting gate,
+and reads the proof. FAIL: a list refused, an admission refused, a token
+mismatch. PENDING: the admitting gate is PENDING, the model is not here, or no
+sm_90 device (the ABI part still runs and its metrics are reported).
+
+The abi kind is not a device kind: its ABI part runs on any machine; the
+device question is the gate's own (docs/task-abi.md, "The abi gate").
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict
+from pathlib import Path
+
+from pipeline import device
+from pipeline.errors import Error
+from pipeline.gates import _arms
+from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Status
+from pipeline.rows import AbiGate, Row, StopAction
+
+ADMISSION = "admission.json"
+MODEL = "model.json"
+DEVICE = "device.json"
+PROOF = "proof.json"
+
+
+def batch_dir(batch: int) -> str:
+    return f"b{batch}"
+
+
+class Abi(Gate):
+    kind = "abi"
+
+    def arch(self, row: Row, ctx: GateContext) -> tuple[str, bool]:
+        return _arms.measured_arch(row)
+
+    def measure(self, row: Row, spec: AbiGate, ctx: GateContext) -> None:
+        out = ctx.artifact_dir
+        _arms.write_json(out / ADMISSION, admission_record(spec, ctx.artifact_dir))
+        gpu, why_not = _device(row, spec)
+        _arms.write_json(out / DEVICE, {"present": gpu is not None, "why_not": why_not,
+                                        **({"name": gpu.name, "arch": gpu.arch,
+                                            "index": gpu.index} if gpu else {})})
+        dims, info = self._model(row, out)
+        if dims is None:
+            return
+        sm_count = _sm_count(gpu) if gpu else spec.sm_count
+        for batch in row.workload.concurrency:
+            ctx.progress.update(f"abi: task list for batch {batch}")
+            _write_list(out / batch_dir(batch), dims, batch, sm_count, row)
+        if gpu is not None and _admitted(row, spec, out)[0] == "admitted":
+            self._prove(row, spec, ctx, info or _build_named(row), gpu)
+
+    def _model(self, row: Row, out: Path):
+        """(dims, model info or None): a named local spec gives dims without weights."""
+        from pipeline.megakernel import models
+
+        ref = _arms.row_model(row)
+        if ref.name in models.NAMED and not ref.weights:
+            dims = models.dims(models.NAMED[ref.name])
+            _arms.write_json(out / MODEL, {"resolved": True, "source": "named spec",
+                                           "name": ref.name, "dims": asdict(dims)})
+            return dims, None
+        reason = _arms.model_requirement(row)
+        if reason:
+            _arms.write_json(out / MODEL, {"resolved": False, "why_not": reason})
+            return None, None
+        info = _arms.resolve_model(row)
+        dims = _dims(info.path)
+        _arms.write_json(out / MODEL, {"resolved": True, "source": str(info.path),
+                                       "digest": info.digest, "dims": asdict(dims)})
+        return dims, info
+
+    def _prove(self, row: Row, spec: AbiGate, ctx: GateContext, info, gpu) -> None:
+        from pipeline.megakernel import proof
+
+        first = row.workload.input_lens[0]
+        passes = [p for p in _arms.workload_passes(row, info) if p.cell.startswith(f"i{first}-")]
+        ctx.progress.update(f"abi: persistent vs eager tokens on {gpu.name}")
+        try:
+            doc = proof.run(info.path, passes, list(spec.schedules), f"cuda:{gpu.index}",
+                            row.arms.candidate.dtype, dict(ctx.options))
+        except Error as exc:
+            raise GateError(f"abi: GPU proof: {exc.diagnostics()}") from exc
+        _arms.write_json(ctx.artifact_dir / PROOF, doc)
+
+    def derive(self, row: Row, spec: AbiGate, artifact_dir: Path) -> Derived:
+        from pipeline.megakernel.abi import ABI_VERSION
+
+        metrics: dict = {"abi_version": ABI_VERSION}
+        fails, pending = [], []
+        if spec.abi_version != ABI_VERSION:
+            fails.append(f"row asks for task ABI v{spec.abi_version}; this rowgate speaks "
+                         f"v{ABI_VERSION}")
+        state, why = _admitted(row, spec, artifact_dir)
+        metrics.update(_admission_metrics(artifact_dir), admitted=state)
+        if state == "refused":
+            fails.append(why)
+        elif state == "pending":
+            pending.append(why)
+        model = _arms.read_json(artifact_dir / MODEL)
+        cells = {}
+        if not model["resolved"]:
+            pending.append(f"task lists not built: {model['why_not']}")
+        else:
+            cells, problems = _lists(row, artifact_dir)
+            metrics.update(task_lists=len(cells), tasks=sum(c["tasks"] for c in cells.values()),
+                           validator_problems=len(problems))
+            fails += problems[:3] + ([f"(+{len(problems) - 3} more)"] if len(problems) > 3 else [])
+        proof_state, proof_why, mismatches = _proof(artifact_dir, state)
+        metrics.update(gpu_proof=proof_state, mismatched_requests=mismatches)
+        if proof_state == "mismatch":
+            fails.append(proof_why)
+        elif proof_state == "pending":
+            pending.append(proof_why)
+        if fails:
+            return Derived(Status.FAIL, "; ".join(fails), metrics, cells)
+        if pending:
+            done = f"{metrics.get('task_lists', 0)} task list(s) valid; " if cells else ""
+            return Derived(Status.PENDING, done + "; ".join(pending), metrics, cells)
+        return Derived(Status.PASS, f"{len(cells)} task list(s) valid ({metrics['tasks']} tasks), "
+                                    f"admitted by {spec.admitted_by or 'no gate'}: {why}; "
+                                    f"{proof_why}", metrics, cells)
+
+
+# ------------------------------------------------------------------- measure
+
+
+def admission_record(spec: AbiGate, artifact_dir: Path) -> dict:
+    """The admitting gate's result as staged in this bundle (the runner writes results in
+    row order: `gates/<id>.json` two levels above this gate's artifacts)."""
+    if not spec.admitted_by:
+        return {"admitted_by": "", "found": False}
+    path = artifact_dir.parent.parent / "gates" / f"{spec.admitted_by}.json"
+    try:
+        result = json.loads(path.read_text())
+    except OSError:
+        return {"admitted_by": spec.admitted_by, "found": False}
+    except ValueError as exc:
+        raise GateError(f"abi: {path} is not JSON: {exc}") from exc
+    return {"admitted_by": spec.admitted_by, "found": True, "result": result}
+
+
+def _device(row: Row, spec: AbiGate):
+    from pipeline.megakernel import fallback
+
+    gpu, _, why_not = device.select(row.target.arch, spec.device or row.target.device, [])
+    if gpu is not None and gpu.arch not in fallback.ARCHES:
+        return None, f"the persistent kernel is built for {', '.join(fallback.ARCHES)}, " \
+                     f"this GPU is {gpu.arch}"
+    return gpu, why_not
+
+
+def _build_named(row: Row):
+    from pipeline.megakernel import models
+
+    try:
+        return models.build(_arms.row_model(row).name)
+    except Error as exc:
+        raise GateError(f"abi: model {_arms.row_model(row).name}: {exc.diagnostics()}") from exc
+
+
+def _sm_count(gpu) -> int:
+    import torch
+
+    return torch.cuda.get_device_properties(gpu.index).multi_processor_count
+
+
+def _dims(model_dir: Path):
+    from pipeline.megakernel.builder import ModelDims
+
+    try:
+        return ModelDims.load(model_dir)
+    except Error as exc:
+        raise GateError(f"abi: {exc.diagnostics()}") from exc
+
+
+def _write_list(d: Path, dims, batch: int, sm_count: int, row: Row) -> None:
+    from pipeline.megakernel import abi, builder
+    from pipeline.megakernel.validate import validate
+
+    max_context = max(row.workload.input_lens) + row.workload.output_len
+    if max_context > dims.max_position:
+        raise GateError(f"abi: workload context {max_context} exceeds the model's "
+                        f"max_position {dims.max_position}")
+    blocks = batch * math.ceil(max_context / builder.PAGE_SIZE)
+    plan = builder.build_step(dims, batch, sm_count, num_blocks=blocks, max_context=max_context)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "tasks.bin").write_bytes(abi.pack(plan.tasks))
+    # One task per line, compact: ~20k tasks per list (indented JSON is 10x slower).
+    (d / "tasks.json").write_text("[\n" + ",\n".join(
+        json.dumps(abi.to_json(t), separators=(",", ":")) for t in plan.tasks) + "\n]\n")
+    shape = {k: v for k, v in asdict(plan.shape).items() if k != "extra"}
+    _arms.write_json(d / "plan.json", {
+        "summary": plan.summary(), "shape": shape, "num_counters": plan.num_counters,
+        "buffers": [asdict(b) for b in plan.buffers], "labels": [t.label for t in plan.tasks]})
+    _arms.write_json(d / "validation.json", validate(plan.tasks, plan.shape, plan.buffers,
+                                                     plan.num_counters).to_json())
+
+
+# -------------------------------------------------------------------- derive
+
+
+def _admitted(row: Row, spec: AbiGate, artifact_dir: Path) -> tuple[str, str]:
+    """("admitted" | "refused" | "pending", why) from the copied admitting result and the
+    row's stop-implementation conditions on that gate."""
+    rec = _arms.read_json(artifact_dir / ADMISSION)
+    gate = spec.admitted_by
+    if not gate:
+        return "admitted", "no admitting gate declared"
+    if not rec.get("found"):
+        return "refused", (f"stop-implementation: admitting gate {gate!r} has no result in this "
+                           f"bundle (it must run before {spec.id})")
+    result = rec["result"]
+    status, metrics = result["status"], result.get("metrics", {})
+    if status == Status.PENDING.value:
+        return "pending", f"admission pending: {gate} is PENDING ({result['reason']})"
+    if status != Status.PASS.value:
+        return "refused", (f"stop-implementation: {gate} is {status} ({result['reason']}); "
+                           f"an implementation needs a valid trace verdict")
+    stops = [s for s in row.stop_conditions
+             if s.gate == gate and s.action is StopAction.STOP_IMPLEMENTATION]
+    for s in stops:
+        value = metrics.get(s.metric)
+        if value is None:
+            return "refused", f"stop-implementation: {gate} reports no {s.metric} ({s.id})"
+        if s.comparison.holds(value, s.threshold):
+            return "refused", (f"stop-implementation ({s.id}): {gate} {s.metric} = {value:.3g} "
+                               f"{s.comparison.value} {s.threshold:g}: {s.says}")
+    verdict = metrics.get("capacity_verdict")
+    if verdict is not None and verdict != "material":
+        return "refused", f"stop-implementation: {gate} capacity verdict {verdict!r}"
+    shown = metrics.get("recoverable_idle_fraction")
+    return "admitted", (f"{gate} verdict {verdict or 'n/a'}"
+                        + (f", recoverable idle {shown:.1%}" if isinstance(shown, float) else ""))
+
+
+def _admission_metrics(artifact_dir: Path) -> dict:
+    rec = _arms.read_json(artifact_dir / ADMISSION)
+    m = rec.get("result", {}).get("metrics", {}) if rec.get("found") else {}
+    return {"admission_gate_status": rec["result"]["status"] if rec.get("found") else None,
+            "recoverable_idle_fraction": m.get("recoverable_idle_fraction"),
+            "capacity_verdict": m.get("capacity_verdict")}
+
+
+def _lists(row: Row, artifact_dir: Path) -> tuple[dict, list[str]]:
+    from pipeline.megakernel import abi
+    from pipeline.megakernel.abi import Opcode
+    from pipeline.megakernel.validate import Buffer, validate
+
+    cells, problems = {}, []
+    first = row.workload.input_lens[0]
+    for batch in row.workload.concurrency:
+        d = artifact_dir / batch_dir(batch)
+        try:
+            tasks = abi.unpack((d / "tasks.bin").read_bytes())
+        except OSError as exc:
+            raise GateError(f"abi artifacts: {d}/tasks.bin unreadable: {exc}") from exc
+        except Error as exc:
+            raise GateError(f"abi artifacts: {d}/tasks.bin: {exc.diagnostics()}") from exc
+        plan = _arms.read_json(d / "plan.json")
+        shape = abi.StepShape(**plan["shape"])
+        buffers = [Buffer(**b) for b in plan["buffers"]]
+        report = validate(tasks, shape, buffers, plan["num_counters"])
+        problems += [f"batch {batch}: {p}" for p in report.problems]
+        ops = {t.opcode for t in tasks}
+        cells[f"i{first}-c{batch}"] = {
+            "tasks": len(tasks), "counters": plan["num_counters"],
+            "problems": len(report.problems), "max_splits": shape.max_splits,
+            "ops_missing": len(set(Opcode) - {Opcode.NOP} - ops)}
+        missing = sorted(o.name for o in set(Opcode) - {Opcode.NOP} - ops)
+        if missing:
+            problems.append(f"batch {batch}: the step has no {', '.join(missing)} task")
+    return cells, problems
+
+
+def _proof(artifact_dir: Path, admitted: str) -> tuple[str, str, int | None]:
+    """("passed" | "mismatch" | "pending" | "not admitted", why, mismatched requests)."""
+    dev = _arms.read_json(artifact_dir / DEVICE)
+    if admitted == "refused":
+        return "not admitted", "GPU proof not run: not admitted", None
+    if not dev["present"]:
+        return "pending", f"GPU proof pending: {dev['why_not']}", None
+    if admitted == "pending" or not (artifact_dir / PROOF).is_file():
+        return "pending", "GPU proof pending: not admitted yet", None
+    doc = _arms.read_json(artifact_dir / PROOF)
+    runs = [(cell, sched, r) for cell, by in doc.items() for sched, r in by.items()]
+    bad = [(c, s, r) for c, s, r in runs if r["mismatched_requests"]]
+    total = sum(r["mismatched_requests"] for _, _, r in runs)
+    fell_back = sorted({b for _, _, r in runs for b, route in r["routes"].items()
+                        if route["fell_back"]})
+    if bad:
+        c, s, r = bad[0]
+        return "mismatch", (f"persistent tokens differ from eager: {total} request(s), first "
+                            f"{c} {s} {r['first_divergence']}"), total
+    note = f"; fallback taken at batch {', '.join(fell_back)}" if fell_back else ""
+    return "passed", f"persistent tokens equal eager in {len(runs)} run(s){note}", 0

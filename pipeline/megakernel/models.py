@@ -1,0 +1,30 @@
+"""Locally built models the megakernel row names, by name: their dims without building
+them (the task lists need only shapes), and the build when a GPU proof needs weights.
+
+The probe is the one `benchmarks/trace_capture.py` traces: Qwen3 architecture, 16
+layers, hidden 2048 (~1.6 GB of bf16 weights), from a fixed seed.
+"""
+
+from __future__ import annotations
+
+from pipeline.megakernel.builder import ModelDims
+from pipeline.model import ModelInfo, TinyModelSpec, build_tiny_model
+
+NAMED: dict[str, TinyModelSpec] = {
+    "tiny-qwen3": TinyModelSpec(),
+    "probe-qwen3-h2048-l16": TinyModelSpec(vocab_size=1024, hidden_size=2048,
+                                           intermediate_size=6144, num_layers=16,
+                                           num_heads=16, num_kv_heads=8, head_dim=128,
+                                           max_position=1024),
+}
+
+
+def dims(spec: TinyModelSpec) -> ModelDims:
+    return ModelDims(vocab=spec.vocab_size, hidden=spec.hidden_size,
+                     intermediate=spec.intermediate_size, layers=spec.num_layers,
+                     heads=spec.num_heads, kv_heads=spec.num_kv_heads, head_dim=spec.head_dim,
+                     rms_eps=spec.rms_norm_eps, max_position=spec.max_position)
+
+
+def build(name: str) -> ModelInfo:
+    return build_tiny_model(NAMED[name])

@@ -1,0 +1,107 @@
+"""The abi gate on the megakernel row, on a CPU: task lists for batch 1/4/8 built and
+validated, admission read from the trace gate's staged result and judged with the row's
+stop-implementation condition, the GPU proof PENDING without an sm_90 device, and a
+derive that re-validates the sealed bytes rather than trusting the measured report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeline.gates.abi import Abi
+from pipeline.gates.interface import GateContext, GateResult, Status, run_gate
+from pipeline.rows import load_row
+
+ROOT = Path(__file__).resolve().parents[2]
+ROW = load_row(ROOT / "rows" / "KERNEL-CUDA-DECODE-MEGAKERNEL.toml").row
+SPEC = next(g for g in ROW.gates if g.kind == "abi")
+
+
+def _stage(tmp_path: Path, trace: GateResult | None) -> Path:
+    root = tmp_path / "bundle"
+    (root / "gates").mkdir(parents=True)
+    if trace is not None:
+        (root / "gates" / "trace.json").write_text(trace.model_dump_json())
+    return root
+
+
+def _trace(status: Status, recoverable: float | None, verdict: str | None) -> GateResult:
+    metrics = {"valid": 1}
+    if recoverable is not None:
+        metrics.update(recoverable_idle_fraction=recoverable, capacity_verdict=verdict)
+    return GateResult(gate_id="trace", kind="trace", status=status,
+                      reason=f"trace {status.value}", metrics=metrics)
+
+
+def _run(root: Path) -> GateResult:
+    ctx = GateContext(repo=ROOT, artifact_dir=root / "artifacts" / "abi",
+                      subject=None, provenance=None)  # type: ignore[arg-type]  # unused by abi
+    return run_gate(Abi(), ROW, SPEC, ctx, root)
+
+
+@pytest.fixture(scope="module")
+def admitted(tmp_path_factory) -> tuple[Path, GateResult]:
+    root = _stage(tmp_path_factory.mktemp("admitted"), _trace(Status.PASS, 0.25, "material"))
+    return root, _run(root)
+
+
+def test_lists_are_built_and_valid_and_the_gpu_part_is_pending(admitted):
+    root, r = admitted
+    assert r.status is Status.PENDING
+    assert r.reason.startswith("3 task list(s) valid; GPU proof pending: needs an sm_90 device")
+    assert r.metrics["admitted"] == "admitted" and r.metrics["validator_problems"] == 0
+    assert r.metrics["recoverable_idle_fraction"] == 0.25
+    assert r.metrics["gpu_proof"] == "pending" and r.metrics["mismatched_requests"] is None
+    assert set(r.cells) == {"i128-c1", "i128-c4", "i128-c8"}
+    assert all(c["problems"] == 0 and c["ops_missing"] == 0 for c in r.cells.values())
+    art = root / "artifacts" / "abi"
+    tasks = json.loads((art / "b4" / "tasks.json").read_text())
+    assert len(tasks) == r.cells["i128-c4"]["tasks"] == (art / "b4" / "tasks.bin").stat().st_size // 64
+    assert tasks[0]["op"] == "EMBED" and tasks[-1]["op"] == "LOGITS"
+    assert json.loads((art / "b1" / "validation.json").read_text())["ok"] is True
+
+
+def test_derive_revalidates_the_sealed_bytes(admitted, tmp_path):
+    root, _ = admitted
+    art = tmp_path / "abi"
+    import shutil
+
+    shutil.copytree(root / "artifacts" / "abi", art)
+    data = bytearray((art / "b1" / "tasks.bin").read_bytes())
+    data[5 * 64] = 42  # task 5's opcode (low byte)
+    (art / "b1" / "tasks.bin").write_bytes(bytes(data))
+    d = Abi().derive(ROW, SPEC, art)
+    assert d.status is Status.FAIL
+    assert d.reason.startswith("batch 1: task 5 (opcode 42): unknown opcode 42")
+    assert d.metrics["validator_problems"] >= 1
+
+
+def test_no_material_idle_capacity_stops_the_implementation(tmp_path):
+    r = _run(_stage(tmp_path, _trace(Status.PASS, 0.031, "not material")))
+    assert r.status is Status.FAIL
+    assert r.reason.startswith("stop-implementation (no-idle-capacity): trace "
+                               "recoverable_idle_fraction = 0.031 lt 0.1: stop implementation")
+    assert r.metrics["admitted"] == "refused" and r.metrics["gpu_proof"] == "not admitted"
+    assert r.metrics["validator_problems"] == 0  # the ABI part still ran
+
+
+def test_a_pending_trace_leaves_admission_pending(tmp_path):
+    r = _run(_stage(tmp_path, _trace(Status.PENDING, None, None)))
+    assert r.status is Status.PENDING
+    assert "admission pending: trace is PENDING (trace PENDING)" in r.reason
+    assert r.metrics["admitted"] == "pending"
+
+
+def test_an_invalid_trace_refuses(tmp_path):
+    r = _run(_stage(tmp_path, _trace(Status.FAIL, 0.5, "material")))
+    assert r.status is Status.FAIL
+    assert r.reason.startswith("stop-implementation: trace is FAIL (trace FAIL)")
+
+
+def test_a_missing_trace_result_refuses(tmp_path):
+    r = _run(_stage(tmp_path, None))
+    assert r.status is Status.FAIL
+    assert "admitting gate 'trace' has no result in this bundle (it must run before abi)" \
+        in r.reason

@@ -139,7 +139,7 @@ def test_not_a_record(tmp_path):
 def test_cli_records_the_pinned_vllm_and_verifies(tmp_path, capsys):
     row = _row(tmp_path, "vllm", "0.32.0", mode="eager")
     with pytest.raises(SystemExit) as done:
-        cli.main(["oracle", "record", str(row), "--out", str(tmp_path / "records"), "-q"])
+        cli.main(["-q", "oracle", "record", str(row), "--out", str(tmp_path / "records")])
     assert done.value.code == 0
     path = Path(capsys.readouterr().out.splitlines()[0])
     record = oracle.load_record(path)

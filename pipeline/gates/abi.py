@@ -13,7 +13,8 @@ schedule, with each batch's route).
 admission with the row's stop-implementation conditions on the admitting gate,
 and reads the proof. FAIL: a list refused, an admission refused, a token
 mismatch. PENDING: the admitting gate is PENDING, the model is not here, or no
-sm_90 device (the ABI part still runs and its metrics are reported).
+sm_90 device; the ABI part still runs, its lists are sealed and its counts are in the
+reason (a PENDING result carries no metrics: the review reads PENDING as "not run").
 
 The abi kind is not a device kind: its ABI part runs on any machine; the
 device question is the gate's own (docs/task-abi.md, "The abi gate").
@@ -130,8 +131,11 @@ class Abi(Gate):
         if fails:
             return Derived(Status.FAIL, "; ".join(fails), metrics, cells)
         if pending:
-            done = f"{metrics.get('task_lists', 0)} task list(s) valid; " if cells else ""
-            return Derived(Status.PENDING, done + "; ".join(pending), metrics, cells)
+            # A PENDING result carries no metrics (the review treats PENDING as "did not
+            # run"): what the ABI part found is in the reason and the sealed artifacts.
+            done = (f"{len(cells)} task list(s) valid ({metrics['tasks']} tasks, batch "
+                    f"{'/'.join(str(b) for b in row.workload.concurrency)}); ") if cells else ""
+            return Derived(Status.PENDING, done + "; ".join(pending))
         return Derived(Status.PASS, f"{len(cells)} task list(s) valid ({metrics['tasks']} tasks), "
                                     f"admitted by {spec.admitted_by or 'no gate'}: {why}; "
                                     f"{proof_why}", metrics, cells)

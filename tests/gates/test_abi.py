@@ -6,6 +6,8 @@ derive that re-validates the sealed bytes rather than trusting the measured repo
 from __future__ import annotations
 
 import json
+import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -50,24 +52,24 @@ def admitted(tmp_path_factory) -> tuple[Path, GateResult]:
 def test_lists_are_built_and_valid_and_the_gpu_part_is_pending(admitted):
     root, r = admitted
     assert r.status is Status.PENDING
-    assert r.reason.startswith("3 task list(s) valid; GPU proof pending: needs an sm_90 device")
-    assert r.metrics["admitted"] == "admitted" and r.metrics["validator_problems"] == 0
-    assert r.metrics["recoverable_idle_fraction"] == 0.25
-    assert r.metrics["gpu_proof"] == "pending" and r.metrics["mismatched_requests"] is None
-    assert set(r.cells) == {"i128-c1", "i128-c4", "i128-c8"}
-    assert all(c["problems"] == 0 and c["ops_missing"] == 0 for c in r.cells.values())
+    assert re.match(r"3 task list\(s\) valid \(\d+ tasks, batch 1/4/8\); GPU proof pending: "
+                    r"needs an sm_90 device", r.reason), r.reason
+    # PENDING carries no metrics (the review's contract); the facts are in the artifacts
+    assert r.metrics == {} and r.cells == {}
     art = root / "artifacts" / "abi"
-    tasks = json.loads((art / "b4" / "tasks.json").read_text())
-    assert len(tasks) == r.cells["i128-c4"]["tasks"] == (art / "b4" / "tasks.bin").stat().st_size // 64
-    assert tasks[0]["op"] == "EMBED" and tasks[-1]["op"] == "LOGITS"
-    assert json.loads((art / "b1" / "validation.json").read_text())["ok"] is True
+    for b in (1, 4, 8):
+        tasks = json.loads((art / f"b{b}" / "tasks.json").read_text())
+        assert len(tasks) == (art / f"b{b}" / "tasks.bin").stat().st_size // 64
+        assert tasks[0]["op"] == "EMBED" and tasks[-1]["op"] == "LOGITS"
+        assert json.loads((art / f"b{b}" / "validation.json").read_text())["ok"] is True
+    assert json.loads((art / "admission.json").read_text())["result"]["metrics"][
+        "recoverable_idle_fraction"] == 0.25
+    assert json.loads((art / "device.json").read_text())["present"] is False
 
 
 def test_derive_revalidates_the_sealed_bytes(admitted, tmp_path):
     root, _ = admitted
     art = tmp_path / "abi"
-    import shutil
-
     shutil.copytree(root / "artifacts" / "abi", art)
     data = bytearray((art / "b1" / "tasks.bin").read_bytes())
     data[5 * 64] = 42  # task 5's opcode (low byte)
@@ -91,7 +93,7 @@ def test_a_pending_trace_leaves_admission_pending(tmp_path):
     r = _run(_stage(tmp_path, _trace(Status.PENDING, None, None)))
     assert r.status is Status.PENDING
     assert "admission pending: trace is PENDING (trace PENDING)" in r.reason
-    assert r.metrics["admitted"] == "pending"
+    assert r.metrics == {}
 
 
 def test_an_invalid_trace_refuses(tmp_path):

@@ -213,16 +213,16 @@ def _check_change(repo: git.Repo, base: str, head: git.Commit) -> None:
 
 
 def _merged_tree(repo: git.Repo, into: str, head: str) -> str:
-    try:
-        out = repo.git.merge_tree("--write-tree", "--name-only", into, head)
-    except git.GitCommandError as exc:
-        # --name-only: the tree, then the conflicted paths, a blank line, messages
-        body = (exc.stdout or "").strip().strip("'").splitlines()[1:]
-        paths = list(itertools.takewhile(str.strip, body))
-        if exc.status == 1:
-            files = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
-            raise _Refused("conflict", f"merging HEAD into {into} conflicts ({files})") from exc
-        raise RepoError(f"git merge-tree failed: {(exc.stderr or '').strip()}") from exc
+    """The tree a three-way merge of `head` into `into` gives, computed without
+    touching the work tree (`git merge-tree --write-tree`, git >= 2.38)."""
+    status, out, err = repo.git.merge_tree("--write-tree", "--name-only", into, head,
+                                           with_extended_output=True, with_exceptions=False)
+    if status == 1:  # conflicts: the tree, the conflicted paths, a blank line, messages
+        paths = list(itertools.takewhile(str.strip, out.splitlines()[1:]))
+        files = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+        raise _Refused("conflict", f"merging HEAD into {into} conflicts ({files})")
+    if status != 0:
+        raise RepoError(f"git merge-tree failed (exit {status}): {err.strip()}")
     return out.splitlines()[0].strip()
 
 
@@ -239,6 +239,10 @@ def _approval(repo: git.Repo, loaded: LoadedRow, reviews_dir: Path, signer: Sign
     if loaded.row.review.require_operator_attestation:
         _check_attestation(path, record, digest)
     base = record.subject.base
+    try:
+        repo.commit(base)
+    except ValueError as exc:
+        raise _Refused("review", f"the reviewed base {base[:12]} is not in this repo") from exc
     _check_dco(repo, base, head.hexsha)
     _check_change(repo, base, head)
     return _Approval(path=path, record=record, digest=digest)

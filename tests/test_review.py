@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import git
 import pytest
 
 from pipeline import _records, review, schemas, signing
@@ -324,3 +325,21 @@ def test_review_does_not_write_into_the_subject_repo_from_elsewhere(world):
     code, _, err = world.review(bundle, world.row())
     assert code == 2 and "inside the subject repo" in err
     assert not world.reviews.exists()
+
+
+def test_subject_commit_missing_from_the_reviewers_repo_is_stale(world, tmp_path):
+    bundle = world.gate(world.row())
+    commit = world.repo.head.commit.hexsha
+    other = git.Repo.init(tmp_path / "unrelated", initial_branch="main")
+    world.repos.append(other)
+    with other.config_writer() as cw:
+        cw.set_value("user", "name", "Other")
+        cw.set_value("user", "email", "other@example.com")
+    commit_file(other, "x.txt", "x\n", "unrelated")
+    world.repo = other
+    code, out, _ = world.review(bundle, world.row())
+    assert code == 1
+    _, record = _record(out)
+    where = other.working_dir
+    assert record.reasons[:2] == [f"stale: subject commit {commit[:12]} is not in {where}",
+                                  f"stale: branch feature does not exist in {where}"]

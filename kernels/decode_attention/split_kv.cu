@@ -23,9 +23,11 @@
 // Every sum is taken in a fixed order that does not depend on which variant
 // runs or which CTA finishes last, so the baseline (PIPE=false) and the
 // software-pipelined candidate (PIPE=true) are bitwise equal by construction.
-// The candidate differs only in when loads are issued: the next tile's K (V)
-// rows are loaded into registers while the current tile is converted and
-// multiplied, and the first V tile is requested before the softmax barrier.
+// The candidate differs only in when loads are issued: for E5M2 the next
+// tile's K (V) rows stream through a cp.async shared-memory ring while the
+// current tile is converted and multiplied, the first V tiles are requested
+// before the softmax barrier (with the K rows, when a warp has one tile); for
+// bf16 the next tile is prefetched into registers.
 //
 // Two math paths, one schedule: sm_80+ uses mma.sync (m16n8k16, f16 operands
 // for E5M2, bf16 for bf16, f32 accumulators); sm_70/75 use f32 FMAs with
@@ -501,6 +503,10 @@ __device__ __forceinline__ void fake_words(uint32_t* w, int tok0, int lane, uint
 // loads cost no registers: the occupancy of the baseline is kept.
 constexpr int kStages = 2;
 
+// A warp with a single tile requests its V rows together with its K rows, into
+// the ring's last stage (which its K loop then never writes).
+__device__ __forceinline__ bool early_v(int n_tiles) { return n_tiles <= kWarps; }
+
 // Ring size in bytes: kWarps * kStages * 4 pieces * 32 lanes * PB (the launcher
 // adds it to the dynamic shared memory of the E5M2 candidate).
 template <class KV, int D>
@@ -650,9 +656,11 @@ __device__ __forceinline__ void phase_a(const Params& p, const Ctx& c, float* sc
   }
   uint32_t kr[2][M::KW], kn[2][M::KW];
   int t = c.warp;
-  if (kAsync)
-    issue_k<KV, D>(p, c, ring, t, 0);
-  else if (PIPE && t < c.n_tiles)
+  if (kAsync) {
+#pragma unroll
+    for (int st = 0; st < kStages - 1; ++st) issue_k<KV, D>(p, c, ring, t + st * kWarps, st);
+    if (early_v(c.n_tiles) && RG_PHASE != 2) issue_v<KV, D>(p, c, ring, t, kStages - 1);
+  } else if (PIPE && t < c.n_tiles)
     load_k<KV, D>(kr, row_ptr(p, p.k, c.b, c.h, c.start + t * kTile, KV::kBytes, D),
                   min(kTile, c.n_tok - t * kTile), grp, tig);
   for (int i = 0; t < c.n_tiles; t += kWarps, ++i) {
@@ -663,7 +671,7 @@ __device__ __forceinline__ void phase_a(const Params& p, const Ctx& c, float* sc
     fake_words<M::KW>(kr[1], tok0 + 8, c.lane, KV::kBytes == 1 ? 0x38383838u : 0x3f803f80u);
 #else
     if (kAsync) {  // this tile's K is read from the ring per n-tile, below
-      issue_k<KV, D>(p, c, ring, t + kWarps, (i + 1) % kStages);
+      issue_k<KV, D>(p, c, ring, t + (kStages - 1) * kWarps, (i + kStages - 1) % kStages);
       cp_wait<kStages - 1>();
     } else if (PIPE) {
       const int tn = t + kWarps;
@@ -739,9 +747,13 @@ struct PhaseC {
 
   // The candidate starts its first V tile before the softmax barrier.
   __device__ __forceinline__ void prefetch(const Params& p, const Ctx& c, uint8_t* ring) {
-    if (kAsync && RG_PHASE != 2)
-      issue_v<KV, D>(p, c, ring, c.warp, 0);
-    else if (PIPE && c.warp < c.n_tiles && RG_PHASE != 2)
+    if (kAsync) {
+      if (!early_v(c.n_tiles) && RG_PHASE != 2) {
+#pragma unroll
+        for (int st = 0; st < kStages - 1; ++st)
+          issue_v<KV, D>(p, c, ring, c.warp + st * kWarps, st);
+      }
+    } else if (PIPE && c.warp < c.n_tiles && RG_PHASE != 2)
       load_v<KV, D>(vr, row_ptr(p, p.v, c.b, c.h, c.start + c.warp * kTile, KV::kBytes, D),
                     min(kTile, c.n_tok - c.warp * kTile), c.lane >> 2, c.lane & 3);
   }
@@ -762,12 +774,13 @@ struct PhaseC {
         fake_words<M::VW>(vr[r], tok0 + r, c.lane, KV::kBytes == 1 ? 0x38383838u : 0x3f803f80u);
 #else
       if (kAsync) {
-        issue_v<KV, D>(p, c, ring, t + kWarps, (i + 1) % kStages);
+        const int off = early_v(c.n_tiles) ? kStages - 1 : 0;
+        issue_v<KV, D>(p, c, ring, t + (kStages - 1) * kWarps, (i + kStages - 1 + off) % kStages);
         cp_wait<kStages - 1>();
         using R = Ring<KV, D>;
 #pragma unroll
         for (int r = 0; r < 4; ++r)
-          lds_words<R::PB>(vr[r], ring_slot(ring, c.warp, i % kStages, r, c.lane, R::PB));
+          lds_words<R::PB>(vr[r], ring_slot(ring, c.warp, (i + off) % kStages, r, c.lane, R::PB));
       } else if (PIPE) {
         const int tn = t + kWarps;
         if (tn < c.n_tiles)

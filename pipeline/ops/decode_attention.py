@@ -28,8 +28,9 @@ VARIANTS = {"baseline": "base", "pipelined": "pipe"}
 WARPS = 8
 TILE = 16
 MAX_CHUNK = 512
-STAGES = 2                       # the kernel's kStages
-SMEM_LIMIT = 48 * 1024 - 256     # dynamic shared memory without an opt-in, static aside
+STAGES = 2                       # the kernel's kStages (3 measured slower: docs/perf.md)
+SMEM_LIMIT = 48 * 1024 - 256     # dynamic shared memory per CTA, static aside
+OPT_IN = 48 * 1024               # above this a kernel must raise its dynamic limit
 LOG2E = 1.4426950408889634
 
 
@@ -126,7 +127,7 @@ def plan(batch: int, kv_heads: int, group: int, dim: int, page: int, max_seq_len
     """Enough CTAs for two per SM, chunks a multiple of 64 tokens and of the page.
 
     The chunk fixes the merge order, so it never depends on the variant: it is
-    capped so that every variant's shared memory fits the default 48 KB."""
+    capped so that every variant's shared memory fits SMEM_LIMIT."""
     unit = max(64, page)
     floor = max(unit, min(WARPS * TILE, math.ceil(max_seq_len / unit) * unit))
     per_cta = math.ceil(max_seq_len * batch * kv_heads / (2 * sm_count))
@@ -202,10 +203,27 @@ class _Launcher:
             from cuda.bindings import driver
 
             self.driver = driver
-            self.raw = driver.CUfunction(int(fn.handle))
+            self.raw = self._function(driver, fn)
         except (ImportError, AttributeError, TypeError, ValueError):
+            if smem > OPT_IN:
+                raise
             cc = _cuda_core()
             self.config = cc.LaunchConfig(grid=grid, block=block, shmem_size=smem)
+        if self.raw is not None and smem > OPT_IN:
+            (err,) = driver.cuFuncSetAttribute(
+                self.raw, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem)
+            if err != driver.CUresult.CUDA_SUCCESS:
+                raise RuntimeError(f"cuFuncSetAttribute(max dynamic smem {smem}) failed: {err!r}")
+
+    @staticmethod
+    def _function(driver, fn):
+        """The context's CUfunction of a cuda.core kernel (a CUkernel of a library
+        in cuda.core >= 0.3; older releases hand out a CUfunction already)."""
+        err, func = driver.cuKernelGetFunction(driver.CUkernel(int(fn.handle)))
+        if err == driver.CUresult.CUDA_SUCCESS:
+            return func
+        return driver.CUfunction(int(fn.handle))
 
     def set_scalars(self, scalars: tuple) -> None:
         """The trailing scalar arguments, fixed for the plan's lifetime."""

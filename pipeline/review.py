@@ -606,8 +606,11 @@ def _row_for(bundle: Bundle, row_file: Path | None) -> LoadedRow:
     ref = bundle.manifest.row
     if row_file is None:
         recorded = Path(ref.file)
-        row_file = recorded if recorded.is_absolute() else CHECKOUT / recorded
-        if not row_file.is_file():
+        # relative to the rowgate checkout that gated; here, this checkout or the cwd
+        places = [recorded] if recorded.is_absolute() else [CHECKOUT / recorded,
+                                                            Path.cwd() / recorded]
+        row_file = next((p for p in places if p.is_file()), None)
+        if row_file is None:
             raise UsageError(f"row file {ref.file} (recorded in the bundle) not found here: "
                              f"pass --row FILE")
     loaded = load_row(row_file)

@@ -343,3 +343,15 @@ def test_subject_commit_missing_from_the_reviewers_repo_is_stale(world, tmp_path
     where = other.working_dir
     assert record.reasons[:2] == [f"stale: subject commit {commit[:12]} is not in {where}",
                                   f"stale: branch feature does not exist in {where}"]
+
+
+def test_without_row_the_recorded_row_file_is_used(world):
+    row = world.row()
+    bundle = world.gate(row)  # a row outside the checkout is recorded by absolute path
+    world.as_reviewer()
+    args = ("review", bundle, "--repo", world.repo_dir, "--reviews", world.reviews,
+            "--key", world.gate_pub)
+    assert world.cli(*args)[0] == 0
+    row.rename(world.tmp / "moved.toml")
+    code, _, err = world.cli(*args)
+    assert code == 2 and "not found here: pass --row FILE" in err

@@ -56,6 +56,14 @@ def _code_lines(text: str) -> list[str]:
     return [line.strip() for b in joined for line in b.splitlines() if line.strip()]
 
 
+def test_the_operator_doc_lists_the_device_kinds():
+    from pipeline.gates import DEVICE_KINDS
+
+    text = re.sub(r"\s+", " ", DOCS["operators.md"])
+    listed = re.search(r"the kinds in `DEVICE_KINDS`: (.*?)\):", text).group(1)
+    assert set(re.findall(r"`([a-z]+)`", listed)) == DEVICE_KINDS
+
+
 def test_every_rowgate_command_in_the_docs_parses():
     commands = [shlex.split(line)[1:] for text in DOCS.values() for line in _code_lines(text)
                 if line.startswith("rowgate ")]

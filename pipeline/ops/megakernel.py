@@ -45,37 +45,24 @@ def model_dims(model) -> builder.ModelDims:
                              max_position=c.max_position)
 
 
-class PersistentDecode:
-    """A planned persistent decode step for one batch size; reusable across steps."""
+class StepBuffers:
+    """The buffer table of one planned step bound to tensors, and the step's metadata
+    staged into it. Device-independent (the CPU interpreter runs on it too)."""
 
-    def __init__(self, model, cache, batch: int, schedule: abi.Schedule, cubin: Path,
-                 sm_count: int | None = None):
-        dev = torch.device(model.device)
-        self.device, self.batch, self.schedule = dev, batch, schedule
-        self.sm_count = sm_count or torch.cuda.get_device_properties(dev).multi_processor_count
+    def __init__(self, model, cache, batch: int, sm_count: int):
+        self.device = torch.device(model.device)
+        self.batch = batch
         self.dims = model_dims(model)
-        self.plan = builder.build_step(self.dims, batch, self.sm_count,
-                                       num_blocks=cache.num_blocks)
-        report = validate(self.plan.tasks, self.plan.shape, self.plan.buffers,
-                          self.plan.num_counters)
-        report.raise_if_bad()
-        self._tensors = self._bind(model, cache)
-        ptrs = [t.data_ptr() for t in self._tensors]
-        self.buffers = torch.tensor(np.array(ptrs, dtype=np.uint64).view(np.int64), device=dev)
-        self.tasks = self._upload(abi.pack(self.plan.tasks))
-        self.shape = self._upload(abi.pack_shape(self.plan.shape))
-        # counters then the queue head, zeroed by one memset per step
-        self.sync = torch.zeros(self.plan.num_counters + 1, dtype=torch.int32, device=dev)
-        self.meta = self._tensors[self.plan.shape.meta_buffer]
-        self.logits = self._region("logits").view(torch.float32).view(batch, self.dims.vocab)
-        self.fn = kernel(str(cubin), ENTRY[schedule])
+        self.plan = builder.build_step(self.dims, batch, sm_count, num_blocks=cache.num_blocks)
+        validate(self.plan.tasks, self.plan.shape, self.plan.buffers,
+                 self.plan.num_counters).raise_if_bad()
+        self.tensors = self._bind(model, cache)
+        self.meta = self.tensors[self.plan.shape.meta_buffer]
+        self.logits = self.region("logits").view(torch.float32).view(batch, self.dims.vocab)
 
-    def _upload(self, data: bytes) -> torch.Tensor:
-        return torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self.device)
-
-    def _region(self, name: str) -> torch.Tensor:
+    def region(self, name: str) -> torch.Tensor:
         r = self.plan.regions[name]
-        return self._tensors[r.slot][r.offset:r.offset + r.nbytes]
+        return self.tensors[r.slot][r.offset:r.offset + r.nbytes]
 
     def _bind(self, model, cache) -> list[torch.Tensor]:
         """One tensor per buffer-table slot, each at least the size the plan validated."""
@@ -102,15 +89,15 @@ class PersistentDecode:
             out.append(t)
         return out
 
-    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                 block_tables: torch.Tensor, context_lens: torch.Tensor) -> torch.Tensor:
-        s = self.plan.shape
-        if ids.shape[0] != self.batch:
-            raise ValueError(f"persistent step planned for batch {self.batch}, got {ids.shape[0]}")
+    def stage(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+              block_tables: torch.Tensor, context_lens: torch.Tensor) -> None:
+        """Write one step's ids, positions, slots, lengths and block tables into meta."""
+        s, b = self.plan.shape, self.batch
+        if ids.shape[0] != b:
+            raise ValueError(f"persistent step planned for batch {b}, got {ids.shape[0]}")
         if block_tables.shape[1] > s.table_width:
             raise ValueError(f"block tables {block_tables.shape[1]} wide, plan holds "
                              f"{s.table_width}")
-        b = self.batch
         meta = self.meta
         meta[s.ids_at:s.ids_at + b] = ids
         meta[s.positions_at:s.positions_at + b] = positions
@@ -118,9 +105,35 @@ class PersistentDecode:
         meta[s.context_lens_at:s.context_lens_at + b] = context_lens
         tables = meta[s.block_tables_at:s.block_tables_at + b * s.table_width]
         tables.view(b, s.table_width).zero_()[:, :block_tables.shape[1]] = block_tables
+
+
+class PersistentDecode:
+    """A planned persistent decode step for one batch size; reusable across steps."""
+
+    def __init__(self, model, cache, batch: int, schedule: abi.Schedule, cubin: Path,
+                 sm_count: int | None = None):
+        dev = torch.device(model.device)
+        self.device, self.batch, self.schedule = dev, batch, schedule
+        self.sm_count = sm_count or torch.cuda.get_device_properties(dev).multi_processor_count
+        self.step = StepBuffers(model, cache, batch, self.sm_count)
+        self.plan = self.step.plan
+        ptrs = [t.data_ptr() for t in self.step.tensors]
+        self.buffers = torch.tensor(np.array(ptrs, dtype=np.uint64).view(np.int64), device=dev)
+        self.tasks = self._upload(abi.pack(self.plan.tasks))
+        self.shape = self._upload(abi.pack_shape(self.plan.shape))
+        # counters then the queue head, zeroed by one memset per step
+        self.sync = torch.zeros(self.plan.num_counters + 1, dtype=torch.int32, device=dev)
+        self.fn = kernel(str(cubin), ENTRY[schedule])
+
+    def _upload(self, data: bytes) -> torch.Tensor:
+        return torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self.device)
+
+    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                 block_tables: torch.Tensor, context_lens: torch.Tensor) -> torch.Tensor:
+        self.step.stage(ids, positions, slots, block_tables, context_lens)
         self.sync.zero_()
         self.launch()
-        return self.logits.clone()
+        return self.step.logits.clone()
 
     def launch(self) -> None:
         cc = _cuda_core()

@@ -1,0 +1,89 @@
+"""The builder's task list, run through the ABI's torch semantics on the buffers the GPU
+path binds (the model's own weights, the paged cache, one workspace), equals the
+reference engine's bf16 decode step: every operand, tile and layout of the step is
+wired right before any kernel runs it."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from pipeline.engines.reference import (  # noqa: E402
+    PAGE_SIZE,
+    PagedKVCache,
+    Qwen3Model,
+    torch_paged_decode_attention,
+)
+from pipeline.megakernel import interpret  # noqa: E402
+from pipeline.megakernel.abi import Opcode  # noqa: E402
+from pipeline.model import TinyModelSpec, build_tiny_model  # noqa: E402
+from pipeline.ops.megakernel import StepBuffers  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    info = build_tiny_model(TinyModelSpec(), root=tmp_path_factory.mktemp("models"))
+    return Qwen3Model(info.path, "cpu", torch.bfloat16, torch_paged_decode_attention)
+
+
+def _prefilled(model, lengths: list[int], seed: int):
+    pages = max(lengths) // PAGE_SIZE + 2
+    cache = PagedKVCache(model.cfg, len(lengths) * pages, "cpu", torch.bfloat16)
+    gen = torch.Generator().manual_seed(seed)
+    tables, first = [], []
+    with torch.inference_mode():
+        for n in lengths:
+            blocks = [cache.allocate() for _ in range(pages)]
+            ids = torch.randint(1, model.cfg.vocab_size, (n,), generator=gen)
+            slots = torch.tensor([blocks[p // PAGE_SIZE] * PAGE_SIZE + p % PAGE_SIZE
+                                  for p in range(n)])
+            first.append(int(model.prefill(ids, slots, cache).argmax()))
+            tables.append(blocks)
+    args = (torch.tensor(first), torch.tensor(lengths),
+            torch.tensor([bl[n // PAGE_SIZE] * PAGE_SIZE + n % PAGE_SIZE
+                          for bl, n in zip(tables, lengths)]),
+            torch.tensor(tables, dtype=torch.int32),
+            torch.tensor([n + 1 for n in lengths], dtype=torch.int32))
+    return cache, args
+
+
+# SM counts chosen so attention splits are one page (16 tokens): contexts then span
+# several splits, empty ones included, and page boundaries fall inside and between them.
+@pytest.mark.parametrize("lengths,sms,splits", [([37], 132, 3), ([5, 16, 33, 70], 1024, 5),
+                                                ([1, 2, 15, 16, 17, 31, 32, 100], 132, 1)])
+def test_the_task_list_computes_the_reference_decode_step(model, lengths, sms, splits):
+    cache, args = _prefilled(model, lengths, seed=len(lengths))
+    k0, v0 = [k.clone() for k in cache.k], [v.clone() for v in cache.v]
+    step = StepBuffers(model, cache, len(lengths), sms)
+    chunk = next(t.tile[3] for t in step.plan.tasks if t.opcode == Opcode.ATTN_SPLIT)
+    assert -(-(max(lengths) + 1) // chunk) == splits  # non-empty splits of the longest
+    step.stage(*args)
+    with torch.inference_mode():
+        interpret.run(step.plan.tasks, step.plan.shape, step.tensors)
+        got = step.logits.clone()
+        k_task, v_task = [k.clone() for k in cache.k], [v.clone() for v in cache.v]
+        for k, v, ka, va in zip(cache.k, cache.v, k0, v0):
+            k.copy_(ka)
+            v.copy_(va)
+        want = model.decode(*args, cache)
+    for a, b in zip(k_task + v_task, list(cache.k) + list(cache.v)):
+        torch.testing.assert_close(a, b, rtol=0.02, atol=0.02)
+    torch.testing.assert_close(got, want, rtol=0.05, atol=0.25)
+    assert got.argmax(-1).tolist() == want.argmax(-1).tolist()
+
+
+def test_staging_writes_the_step_into_meta(model):
+    cache, args = _prefilled(model, [3, 40], seed=0)
+    step = StepBuffers(model, cache, 2, 8)
+    step.stage(*args)
+    s = step.plan.shape
+    meta = step.meta
+    assert meta[s.ids_at:s.ids_at + 2].tolist() == args[0].tolist()
+    assert meta[s.positions_at:s.positions_at + 2].tolist() == [3, 40]
+    assert meta[s.context_lens_at:s.context_lens_at + 2].tolist() == [4, 41]
+    tables = meta[s.block_tables_at:s.block_tables_at + 2 * s.table_width].view(2, -1)
+    assert tables[:, :args[3].shape[1]].tolist() == args[3].tolist()
+    assert int(tables[:, args[3].shape[1]:].abs().sum()) == 0
+    with pytest.raises(ValueError, match="planned for batch 2, got 1"):
+        step.stage(*(a[:1] for a in args))

@@ -16,10 +16,9 @@ from pipeline import device
 from pipeline.engines.interface import Engine, EngineError, WorkloadPass
 from pipeline.errors import Error
 from pipeline.gates.interface import GateContext, GateError
-from pipeline.model import ModelInfo
+from pipeline.model import TINY_MODEL, ModelInfo
 from pipeline.rows import Arm, ModelRef, Row
 
-TINY_MODEL = "tiny-qwen3"
 CANDIDATE_MODEL_OPTION = "candidate_model"
 """`--option candidate_model=DIR`: the candidate arm loads this model directory
 instead of the row's (e.g. a quantized checkpoint); its digest is recorded."""
@@ -36,22 +35,22 @@ def model_requirement(row: Row) -> str | None:
     if not row.models:
         return None  # measure raises: a row without a model is an ERROR, not PENDING
     ref = row.models[0]
-    if ref.name == TINY_MODEL:
+    if ref.name == TINY_MODEL and not ref.weights:
         return None
     if not ref.weights:
         return f"model {ref.id} ({ref.name}): the row names no local weights path"
-    if not (Path(ref.weights) / "config.json").is_file():
+    if not (Path(ref.weights).expanduser() / "config.json").is_file():
         return f"model {ref.id} ({ref.name}): weights not on this machine ({ref.weights})"
     return None
 
 
 def resolve_model(row: Row) -> ModelInfo:
     """Build the tiny model, or read the row's local weights directory."""
-    from pipeline.model import build_tiny_model, model_info
+    from pipeline.model import resolve_model as resolve
 
     ref = row_model(row)
     try:
-        return build_tiny_model() if ref.name == TINY_MODEL else model_info(Path(ref.weights))
+        return resolve(ref)
     except Error as exc:
         raise GateError(f"model {ref.id}: {exc.diagnostics()}") from exc
 

@@ -74,7 +74,11 @@ def main_branch(repo: git.Repo, into: str | None = None) -> str:
 
 def subject(path: Path, base: str | None = None) -> Subject:
     """Commit, tree, base and dirty flag of the repo at `path`."""
-    repo = open_repo(path)
+    with open_repo(path) as repo:  # closing ends git's persistent cat-file processes
+        return _subject(repo, path, base)
+
+
+def _subject(repo: git.Repo, path: Path, base: str | None) -> Subject:
     if not repo.head.is_valid():
         raise RepoError(f"--repo {path}: repository has no commits")
     head = repo.head.commit

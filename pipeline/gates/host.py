@@ -25,15 +25,14 @@ class Host(Gate):
         out = ctx.artifact_dir
         subject = ctx.subject
         try:
-            repo = git.Repo(ctx.repo)
-            status = repo.git.status("--porcelain", "--untracked-files=all")
-            commits = list(repo.iter_commits(f"{subject.base}..{subject.commit}"))
+            with git.Repo(ctx.repo) as repo:  # closing ends git's cat-file processes
+                status = repo.git.status("--porcelain", "--untracked-files=all")
+                commits = [{"sha": c.hexsha, "subject": c.summary, "message": c.message}
+                           for c in repo.iter_commits(f"{subject.base}..{subject.commit}")]
         except git.GitCommandError as exc:
             raise GateError(f"host gate: git failed in {ctx.repo}: {exc.stderr.strip()}") from exc
         (out / "status.txt").write_text(status + ("\n" if status else ""))
-        (out / "commits.json").write_text(json.dumps(
-            [{"sha": c.hexsha, "subject": c.summary, "message": c.message} for c in commits],
-            indent=2) + "\n")
+        (out / "commits.json").write_text(json.dumps(commits, indent=2) + "\n")
         records = [self._run(i, cmd, ctx) for i, cmd in enumerate(spec.commands)]
         (out / "commands.json").write_text(json.dumps(records, indent=2) + "\n")
 

@@ -21,6 +21,7 @@ from pipeline.gates.interface import (
     run_gate,
 )
 from pipeline.gates.operator import Operator
+from pipeline.gates.phase import Phase
 from pipeline.gates.throughput import Throughput
 from pipeline.gates.tokens import Tokens
 from pipeline.gates.trace import Trace
@@ -36,7 +37,7 @@ DEVICE_KINDS = {"operator", "phase", "tokens", "throughput", "trace", "accuracy"
 IMPLEMENTED: dict[str, type[Gate]] = {Host.kind: Host, Build.kind: Build, Audit.kind: Audit,
                                       Tokens.kind: Tokens, Throughput.kind: Throughput,
                                       Accuracy.kind: Accuracy, Trace.kind: Trace,
-                                      Operator.kind: Operator, Abi.kind: Abi}
+                                      Operator.kind: Operator, Abi.kind: Abi, Phase.kind: Phase}
 
 
 class NotImplementedGate(Gate):

@@ -266,6 +266,7 @@ def test_rich_bundle_sections(rich, tmp_path):
     assert fig.band == pytest.approx((0.97, 1.03))  # the row's min_effect
     ab = next(t for t in tp.tables if t.title.endswith("A/B per cell"))
     assert {"tok_s_median_oracle", "ratio_ci_low", "p_value", "verdict"} <= set(ab.columns)
+    assert ab.columns[ab.status_column] == "verdict"
 
     trace = sections["trace"]
     bars = [f for f in trace.figures if isinstance(f, BarFigure)]

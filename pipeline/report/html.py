@@ -28,9 +28,10 @@ table { border-collapse: collapse; margin: .4em 0 1em; font-size: 13px; }
 th, td { border: 1px solid #ccc; padding: .25em .6em; text-align: left; vertical-align: top; }
 th { background: #f3f3f3; } td { font-variant-numeric: tabular-nums; }
 table.facts th { width: 9em; } table.facts td { word-break: break-all; }
-.PASS, .APPROVE { background: #d9f2d9; color: #14521b; }
-.FAIL, .ERROR, .REJECT, .UNREADABLE, .unverified { background: #f9d6d5; color: #7a1512; }
-.PENDING { background: #fff2cc; color: #6b4e00; }
+.PASS, .APPROVE, .PARITY, .BETTER { background: #d9f2d9; color: #14521b; }
+.FAIL, .ERROR, .REJECT, .UNREADABLE, .WORSE, .unverified { background: #f9d6d5; color: #7a1512; }
+.PENDING, .INCONCLUSIVE { background: #fff2cc; color: #6b4e00; }
+div.scroll { overflow-x: auto; max-width: 100%; }
 .verified { background: #d9f2d9; color: #14521b; }
 td.status { font-weight: 600; }
 section.gate { border-top: 2px solid #ddd; }
@@ -57,8 +58,8 @@ def _table(t: Table, css: str = "") -> str:
     more = (f'<p class="note">{t.truncated} more row(s) in the artifacts</p>'
             if t.truncated else "")
     cls = f' class="{css}"' if css else ""
-    return (f"<h3>{escape(t.title)}</h3><table{cls}><thead><tr>{head}</tr></thead>"
-            f"<tbody>{''.join(body)}</tbody></table>{more}")
+    return (f'<h3>{escape(t.title)}</h3><div class="scroll"><table{cls}><thead><tr>{head}</tr>'
+            f"</thead><tbody>{''.join(body)}</tbody></table></div>{more}")
 
 
 def _figure(f: Figure) -> str:

@@ -15,6 +15,8 @@ from pipeline.report.model import BarFigure, Figure, ImageFigure, IntervalFigure
 
 DPI = 100
 WIDTH_IN = 9.0
+LEGEND_NAMES = 8
+"""A timeline names its kernels in a legend when there are at most this many."""
 
 
 def _new(height_in: float):
@@ -83,6 +85,8 @@ def _timeline(figure: TimelineFigure) -> bytes:
     lanes = list(dict.fromkeys(s.lane for s in figure.spans))
     fig = _new(1.0 + 0.45 * max(2, len(lanes)))
     ax = fig.add_subplot()
+    from matplotlib.patches import Patch
+
     palette = ["#1f4e79", "#c55a11", "#548235", "#7030a0", "#bf9000", "#2e75b6"]
     names = list(dict.fromkeys(s.name for s in figure.spans))
     for i, lane in enumerate(lanes):
@@ -91,6 +95,10 @@ def _timeline(figure: TimelineFigure) -> bytes:
                        facecolors=[palette[names.index(s.name) % len(palette)] for s in spans])
     ax.set_yticks(range(len(lanes)), lanes)
     ax.invert_yaxis()
+    if len(names) <= LEGEND_NAMES:
+        ax.legend(handles=[Patch(color=palette[i % len(palette)], label=n[:40])
+                           for i, n in enumerate(names)], fontsize=7, loc="upper left",
+                  bbox_to_anchor=(1.0, 1.0))  # beside the lanes, never over them
     ax.set_xlabel(f"time ({figure.unit}) from the first event")
     ax.set_title(figure.title, fontsize=10)
     ax.grid(axis="x", alpha=0.3)

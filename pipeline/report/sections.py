@@ -144,8 +144,9 @@ def throughput(result: GateResult, bundle_root: Path, spec: object | None) -> Ex
             highs=tuple(float(m[p + "ratio_ci_high"]) for _, m in rows), band=band))
         wanted = _ab_columns(p, [q for q in prefixes if q != p and q.startswith(p)],
                              metric_columns(m for _, m in rows))
+        verdict = next((i + 1 for i, k in enumerate(wanted) if k.endswith("verdict")), None)
         extra.tables.append(table(f"{name}: A/B per cell", ("cell", *wanted),
-                                  ([c, *(m.get(k) for k in wanted)] for c, m in rows)))
+                                  ([c, *(m.get(k) for k in wanted)] for c, m in rows), verdict))
     return extra
 
 

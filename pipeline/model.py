@@ -265,9 +265,12 @@ TINY_MODEL = "tiny-qwen3"
 
 
 def resolve_model(ref) -> ModelInfo:
-    """A row's `ModelRef`: the tiny model is built (cached); other weights must be local."""
+    """A row's `ModelRef`: the tiny model and `synthetic` shapes are built (cached);
+    other weights must be local."""
     if ref.name == TINY_MODEL and not ref.weights:
         return build_tiny_model()
+    if ref.synthetic is not None and not ref.weights:
+        return build_tiny_model(TinyModelSpec(**ref.synthetic.model_dump()))
     if not ref.weights:
         raise ModelError(f"model {ref.id} ({ref.name}): the row names no local weights path")
     path = Path(ref.weights).expanduser()

@@ -86,13 +86,29 @@ class Arms(_Model):
         return self
 
 
+class SyntheticModel(_Model):
+    """A Qwen3-architecture model rowgate builds from a fixed seed (no download)."""
+
+    vocab_size: Annotated[int, Field(gt=0)] = 1024
+    hidden_size: Annotated[int, Field(gt=0)] = 128
+    intermediate_size: Annotated[int, Field(gt=0)] = 256
+    num_layers: Annotated[int, Field(gt=0)] = 2
+    num_heads: Annotated[int, Field(gt=0)] = 4
+    num_kv_heads: Annotated[int, Field(gt=0)] = 2
+    head_dim: Annotated[int, Field(gt=0)] = 64
+    max_position: Annotated[int, Field(gt=0)] = 2048
+    seed: int = 0
+
+
 class ModelRef(_Model):
     id: str
     name: str
     """Model name as the engines know it (HF repo id or `tiny-qwen3`)."""
     weights: str = ""
-    """Local path to weights; empty means rowgate builds the model (tiny) or
-    the gates that need it stay PENDING."""
+    """Local path to weights; empty means rowgate builds the model (tiny or
+    `synthetic`) or the gates that need it stay PENDING."""
+    synthetic: SyntheticModel | None = None
+    """Shape of a model rowgate builds itself (e.g. the megakernel row's probe)."""
     dtype: str = "float32"
     note: str = ""
 

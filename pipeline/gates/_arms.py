@@ -35,8 +35,8 @@ def model_requirement(row: Row) -> str | None:
     if not row.models:
         return None  # measure raises: a row without a model is an ERROR, not PENDING
     ref = row.models[0]
-    if ref.name == TINY_MODEL and not ref.weights:
-        return None
+    if (ref.name == TINY_MODEL or ref.synthetic is not None) and not ref.weights:
+        return None  # rowgate builds it
     if not ref.weights:
         return f"model {ref.id} ({ref.name}): the row names no local weights path"
     if not (Path(ref.weights).expanduser() / "config.json").is_file():

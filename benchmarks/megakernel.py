@@ -87,10 +87,9 @@ def copy_ceiling(dev) -> dict:
 
 
 def probe():
-    from pipeline.megakernel.models import NAMED
-    from pipeline.model import build_tiny_model
+    from pipeline.megakernel import models
 
-    return build_tiny_model(NAMED["probe-qwen3-h2048-l16"])
+    return models.build(models.NAMED["probe-qwen3-h2048-l16"])
 
 
 def prefilled(model, batch: int):

@@ -71,9 +71,10 @@ class Abi(Gate):
         from pipeline.megakernel import models
 
         ref = _arms.row_model(row)
-        if ref.name in models.NAMED and not ref.weights:
-            dims = models.dims(models.NAMED[ref.name])
-            _arms.write_json(out / MODEL, {"resolved": True, "source": "named spec",
+        spec = None if ref.weights else models.spec_of(ref)
+        if spec is not None:  # shapes are all the lists need: build nothing here
+            dims = models.dims(spec)
+            _arms.write_json(out / MODEL, {"resolved": True, "source": "spec",
                                            "name": ref.name, "dims": asdict(dims)})
             return dims, None
         reason = _arms.model_requirement(row)
@@ -173,7 +174,9 @@ def _build_named(row: Row):
     from pipeline.megakernel import models
 
     try:
-        return models.build(_arms.row_model(row).name)
+        if _arms.model_requirement(row) is None:  # the engines' own resolution, when it has one
+            return _arms.resolve_model(row)
+        return models.build(models.spec_of(_arms.row_model(row)))
     except Error as exc:
         raise GateError(f"abi: model {_arms.row_model(row).name}: {exc.diagnostics()}") from exc
 

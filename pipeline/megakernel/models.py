@@ -7,6 +7,8 @@ layers, hidden 2048 (~1.6 GB of bf16 weights), from a fixed seed.
 
 from __future__ import annotations
 
+import dataclasses
+
 from pipeline.megakernel.builder import ModelDims
 from pipeline.model import ModelInfo, TinyModelSpec, build_tiny_model
 
@@ -26,5 +28,16 @@ def dims(spec: TinyModelSpec) -> ModelDims:
                      rms_eps=spec.rms_norm_eps, max_position=spec.max_position)
 
 
-def build(name: str) -> ModelInfo:
-    return build_tiny_model(NAMED[name])
+def spec_of(ref) -> TinyModelSpec | None:
+    """The spec of a row's model reference: a `synthetic` table when the row carries one
+    (keys named as TinyModelSpec's fields), else a name above; None for real weights."""
+    synthetic = getattr(ref, "synthetic", None)
+    if synthetic is not None:
+        known = {f.name for f in dataclasses.fields(TinyModelSpec)}
+        given = synthetic.model_dump() if hasattr(synthetic, "model_dump") else dict(synthetic)
+        return TinyModelSpec(**{k: v for k, v in given.items() if k in known})
+    return NAMED.get(ref.name)
+
+
+def build(spec: TinyModelSpec) -> ModelInfo:
+    return build_tiny_model(spec)

@@ -15,7 +15,8 @@ Sections (each one's failure is recorded and the next still runs):
             queue -- interleaved A B C D D C B A for --repeats rounds of --steps steps,
             CUDA events; per mode the median step time, the weight bytes per step over
             that time against the copy ceiling, and whether the step's greedy tokens
-            equal eager's
+            equal eager's; then one traced launch per schedule: the per-task timing
+            breakdown (counter waits, GEMV, other ops, idle tail; pipeline/megakernel/timeline.py)
 Everything lands in DIR/results.json; a short table is printed last.
 """
 
@@ -128,7 +129,24 @@ def step_fns(model, cache, args, cubin: Path) -> dict:
     dynamic = PersistentDecode(model, cache, batch, Schedule.DYNAMIC_QUEUE, cubin)
     return {"eager": lambda: model.decode(*args, cache), "graph": lambda: graphs.run(*args),
             "persistent-static": lambda: static(*args),
-            "persistent-dynamic": lambda: dynamic(*args)}, static.plan.summary()
+            "persistent-dynamic": lambda: dynamic(*args)}, (static, dynamic)
+
+
+def sm_clock_hz(index: int) -> float:
+    """The SM clock now (NVML), for turning the trace's cycles into time."""
+    from pipeline import device
+
+    return device.sample_clocks(index, 0.0).sm_clock_mhz * 1e6
+
+
+def traced_breakdown(step, args) -> dict:
+    """One launch with per-task timing: waits (sync), GEMV, other ops, idle tail."""
+    from pipeline.megakernel import timeline
+
+    trace = step.traced(*args)
+    torch.cuda.synchronize()
+    hz = sm_clock_hz(step.device.index or 0)
+    return {"sm_clock_hz": hz, **timeline.breakdown(trace, step.plan.tasks, hz, step.sm_count)}
 
 
 def time_steps(fns: dict, steps: int, repeats: int) -> dict[str, list[float]]:
@@ -160,15 +178,22 @@ def steps_section(cubin: Path, batches: list[int], steps: int, repeats: int,
         log(f"batch {batch}")
         cache, args = prefilled(model, batch)
         with torch.inference_mode():
-            fns, plan = step_fns(model, cache, args, cubin)
+            fns, (static, dynamic) = step_fns(model, cache, args, cubin)
+            plan = static.plan.summary()
             want = fns["eager"]().argmax(-1).tolist()
             tokens = {m: fns[m]().argmax(-1).tolist() for m in MODES}
             for fn in fns.values():  # warm-up
                 fn()
             torch.cuda.synchronize()
             samples = time_steps(fns, steps, repeats)
+            breakdown = {}
+            for name, step in (("persistent-static", static), ("persistent-dynamic", dynamic)):
+                try:
+                    breakdown[name] = traced_breakdown(step, args)
+                except Exception as exc:  # recorded; the timings above stand
+                    breakdown[name] = {"error": f"{type(exc).__name__}: {exc}"}
         rec = {"plan": plan, "tokens_equal_eager": {m: tokens[m] == want for m in MODES},
-               "modes": {}}
+               "breakdown": breakdown, "modes": {}}
         for m in MODES:
             med = statistics.median(samples[m])
             rec["modes"][m] = {"samples_us": samples[m], "median_us": med,

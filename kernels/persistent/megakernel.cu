@@ -2,7 +2,9 @@
 // a task list (task ABI v1, kernels/persistent/task_abi.cuh, docs/task-abi.md).
 //
 // Launch: grid = number of SMs, block kThreads, no dynamic shared memory; the
-// counters and the queue head are zeroed before every launch. Two entry
+// counters and the queue head are zeroed before every launch. Arguments: tasks,
+// num_tasks, buffer table, step shape, counters, queue head, trace (nullptr, or
+// num_tasks x 4 u64 for per-task timing). Two entry
 // points, one per schedule variant:
 //   persistent_decode_static   block i runs tasks i, i + grid, ... in order
 //   persistent_decode_dynamic  blocks claim task indices from an atomic head
@@ -274,10 +276,21 @@ __device__ void run_task(const TaskDesc& t, const Ctx& c) {
   }
 }
 
+__device__ __forceinline__ u64 global_ns() {
+  u64 t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Optional per-task timing (trace != nullptr): kTraceWords u64 per task index, written by
+// thread 0: block, globaltimer at claim (ns), cycles waiting on counters, cycles running
+// (until the signal). Cycles are the SM's clock64: differences on one SM only.
+constexpr int kTraceWords = 4;
+
 template <bool kDynamic>
 __device__ __forceinline__ void persistent_decode(const TaskDesc* tasks, u32 num_tasks,
                                                   const u64* buffers, const StepShape* shape,
-                                                  u32* counters, u32* queue_head) {
+                                                  u32* counters, u32* queue_head, u64* trace) {
   __shared__ __align__(16) TaskDesc s_task;
   __shared__ StepShape s_shape;
   __shared__ u32 s_index;
@@ -303,10 +316,24 @@ __device__ __forceinline__ void persistent_decode(const TaskDesc* tasks, u32 num
       reinterpret_cast<uint4*>(&s_task)[threadIdx.x] =
           __ldg(reinterpret_cast<const uint4*>(tasks + index) + threadIdx.x);
     }
+    const bool timed = trace != nullptr && threadIdx.x == 0;
+    u64 claimed_ns = 0, c0 = 0, c1 = 0;
+    if (timed) {
+      claimed_ns = global_ns();
+      c0 = clock64();
+    }
     __syncthreads();
     rowgate::task::wait_counters(s_task, counters);
+    if (timed) c1 = clock64();
     run_task(s_task, c);
     rowgate::task::signal_counter(s_task, counters);
+    if (timed) {
+      u64* r = trace + static_cast<u64>(index) * kTraceWords;
+      r[0] = blockIdx.x;
+      r[1] = claimed_ns;
+      r[2] = c1 - c0;
+      r[3] = clock64() - c1;
+    }
   }
 }
 
@@ -314,12 +341,14 @@ __device__ __forceinline__ void persistent_decode(const TaskDesc* tasks, u32 num
 
 extern "C" __global__ void __launch_bounds__(kThreads, 1)
     persistent_decode_static(const TaskDesc* tasks, u32 num_tasks, const u64* buffers,
-                             const StepShape* shape, u32* counters, u32* queue_head) {
-  persistent_decode<false>(tasks, num_tasks, buffers, shape, counters, queue_head);
+                             const StepShape* shape, u32* counters, u32* queue_head,
+                             u64* trace) {
+  persistent_decode<false>(tasks, num_tasks, buffers, shape, counters, queue_head, trace);
 }
 
 extern "C" __global__ void __launch_bounds__(kThreads, 1)
     persistent_decode_dynamic(const TaskDesc* tasks, u32 num_tasks, const u64* buffers,
-                              const StepShape* shape, u32* counters, u32* queue_head) {
-  persistent_decode<true>(tasks, num_tasks, buffers, shape, counters, queue_head);
+                              const StepShape* shape, u32* counters, u32* queue_head,
+                              u64* trace) {
+  persistent_decode<true>(tasks, num_tasks, buffers, shape, counters, queue_head, trace);
 }

@@ -135,7 +135,7 @@ class PersistentDecode:
         self.launch()
         return self.step.logits.clone()
 
-    def launch(self) -> None:
+    def launch(self, trace: torch.Tensor | None = None) -> None:
         cc = _cuda_core()
         index = self.device.index if self.device.index is not None else 0
         config = cc.LaunchConfig(grid=self.sm_count, block=THREADS)
@@ -143,7 +143,19 @@ class PersistentDecode:
         head = counters + 4 * self.plan.num_counters
         cc.launch(_stream(_current_stream(index)), config, self.fn, self.tasks.data_ptr(),
                   np.uint32(len(self.plan.tasks)), self.buffers.data_ptr(),
-                  self.shape.data_ptr(), counters, head)
+                  self.shape.data_ptr(), counters, head,
+                  trace.data_ptr() if trace is not None else 0)
+
+    def traced(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+               block_tables: torch.Tensor, context_lens: torch.Tensor) -> np.ndarray:
+        """One launch with per-task timing; the raw [tasks, 4] u64 record
+        (`pipeline.megakernel.timeline` reads it)."""
+        words = len(self.plan.tasks) * 4
+        trace = torch.zeros(words, dtype=torch.int64, device=self.device)
+        self.step.stage(ids, positions, slots, block_tables, context_lens)
+        self.sync.zero_()
+        self.launch(trace)
+        return trace.cpu().numpy().view(np.uint64).reshape(-1, 4)
 
 
 class PersistentSteps(dict):

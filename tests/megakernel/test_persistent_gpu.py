@@ -141,3 +141,21 @@ def test_an_unsupported_batch_falls_back_to_the_graph_and_says_so(tiny, cubin, p
     routes = json.loads(described["persistent_routes"])
     assert routes["12"] == {"requested": "persistent", "mode": "graph", "fell_back": True,
                             "reasons": ["persistent: batch 12 (persistent kernel: 1..8)"]}
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_a_traced_launch_stamps_every_task_and_computes_the_same(tiny, cubin, schedule):
+    from pipeline.megakernel import timeline
+    from pipeline.megakernel.abi import Schedule
+    from pipeline.ops.megakernel import PersistentDecode
+
+    model, cache, args = _prefilled(tiny, 4, 37)
+    with torch.inference_mode():
+        step = PersistentDecode(model, cache, 4, Schedule.from_row(schedule), cubin)
+        plain = step(*args)
+        trace = step.traced(*args)
+        traced = step.step.logits.clone()
+    assert torch.equal(traced, plain)
+    b = timeline.breakdown(trace, step.plan.tasks, 1.98e9, step.sm_count)
+    assert sum(b["tasks_per_block"]) == len(step.plan.tasks)
+    assert 0 < b["run_fraction"] <= 1 and 0 <= b["wait_fraction"] < 1

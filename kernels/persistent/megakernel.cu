@@ -124,7 +124,9 @@ __device__ void op_gemv(const TaskDesc& t, const Ctx& c) {
       for (int b = 0; b < kMaxBatch; ++b) {
         if (b >= batch) break;
         float xf[8];
-        unpack8(reinterpret_cast<const uint4*>(x + static_cast<u64>(b) * K)[k8], xf);
+        // Activations come from other blocks of this launch: read them at L2
+        // (ld.global.cg), never through the non-coherent path.
+        unpack8(__ldcg(reinterpret_cast<const uint4*>(x + static_cast<u64>(b) * K) + k8), xf);
 #pragma unroll
         for (int i = 0; i < 8; ++i) acc[b] = fmaf(wf[i], xf[i], acc[b]);
       }

@@ -107,3 +107,41 @@ def test_a_missing_trace_result_refuses(tmp_path):
     assert r.status is Status.FAIL
     assert "admitting gate 'trace' has no result in this bundle (it must run before abi)" \
         in r.reason
+
+
+def _with_proof(admitted, tmp_path, mismatched: int) -> Path:
+    """The admitted artifacts as an sm_90 machine would leave them: a device and a proof."""
+    root, _ = admitted
+    art = tmp_path / "abi"
+    shutil.copytree(root / "artifacts" / "abi", art)
+    (art / "device.json").write_text(json.dumps({"present": True, "why_not": "",
+                                                 "name": "NVIDIA H200", "arch": "sm_90"}))
+    route = {"requested": "persistent", "mode": "persistent", "fell_back": False, "reasons": []}
+    fell = {"requested": "persistent", "mode": "graph", "fell_back": True,
+            "reasons": ["persistent: batch 12 (persistent kernel: 1..8)"]}
+    proof = {cell: {s: {"requests": 8, "mismatched_requests": mismatched if cell == "i128-c4"
+                        and s == "dynamic-queue" else 0,
+                        "first_divergence": {"request": 3, "position": 17, "eager": 5,
+                                             "persistent": 9} if mismatched else None,
+                        "routes": {"1": route, "12": fell}}
+                    for s in SPEC.schedules}
+             for cell in ("i128-c1", "i128-c4", "i128-c8")}
+    (art / "proof.json").write_text(json.dumps(proof))
+    return art
+
+
+def test_equal_tokens_on_the_device_pass_and_name_the_fallback(admitted, tmp_path):
+    d = Abi().derive(ROW, SPEC, _with_proof(admitted, tmp_path, 0))
+    assert d.status is Status.PASS, d.reason
+    assert d.reason.endswith("persistent tokens equal eager in 6 run(s); fallback taken at "
+                             "batch 12")
+    assert d.metrics["mismatched_requests"] == 0 and d.metrics["gpu_proof"] == "passed"
+    assert d.metrics["admitted"] == "admitted" and d.metrics["task_lists"] == 3
+
+
+def test_a_token_mismatch_on_the_device_fails_naming_the_first(admitted, tmp_path):
+    d = Abi().derive(ROW, SPEC, _with_proof(admitted, tmp_path, 2))
+    assert d.status is Status.FAIL
+    assert d.reason == ("persistent tokens differ from eager: 2 request(s), first i128-c4 "
+                        "dynamic-queue {'request': 3, 'position': 17, 'eager': 5, "
+                        "'persistent': 9}")

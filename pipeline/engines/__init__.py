@@ -68,7 +68,8 @@ def _reference(arm: Arm, model_dir: Path, device: str, options: dict[str, str]) 
 
         return PersistentEngine(model_dir, device=device, dtype=arm.dtype,
                                 schedule=options.get("persistent_schedule", "dynamic-queue"),
-                                cubin=options.get("persistent_cubin"))
+                                cubin=options.get("persistent_cubin"),
+                                nvcc=options.get("nvcc"))
     return ReferenceEngine(model_dir, device=device, mode=arm.mode, dtype=arm.dtype)
 
 

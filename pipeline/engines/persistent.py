@@ -25,7 +25,8 @@ class PersistentEngine(ReferenceEngine):
     name = "reference"
 
     def __init__(self, model_dir: Path, *, device: str = "cpu", dtype: str = "bfloat16",
-                 schedule: str = "dynamic-queue", cubin: str | None = None):
+                 schedule: str = "dynamic-queue", cubin: str | None = None,
+                 nvcc: str | None = None):
         # graph mode underneath: the CUDA graphs are the first fallback
         super().__init__(model_dir, device=device, mode="graph" if device.startswith("cuda")
                          else "eager", dtype=dtype)
@@ -35,6 +36,7 @@ class PersistentEngine(ReferenceEngine):
             raise EngineError(f"persistent engine: schedule {schedule!r} is not "
                               f"static-round-robin or dynamic-queue") from exc
         self.cubin = cubin
+        self.nvcc = nvcc  # an explicitly given nvcc (device machines) for building the cubin
         self.routes: dict[int, fallback.Route] = {}
         self._router: _StepRouter | None = None
 
@@ -84,7 +86,7 @@ class _StepRouter:
             self.graphs.reset(cache)
         arch = self.engine._arch()
         if arch in fallback.ARCHES:
-            cubin = Path(self.engine.cubin) if self.engine.cubin else build_cubin(arch)
+            cubin = Path(self.engine.cubin) if self.engine.cubin else build_cubin(arch, self.engine.nvcc)
             self.steps = PersistentSteps(self.model, cache, self.engine.schedule, cubin)
 
     def run(self, ids, positions, slots, tables, context_lens) -> torch.Tensor:

@@ -291,7 +291,14 @@ def test_real_gpu_capture_supports_every_measure(name):
     assert len(names) == 1  # grids may change as the block table grows; the kernels do not
     assert a.graph["proved"] is (record["mode"] == "graph")
     assert a.capacity["tail_fraction"] is not None
-    assert holistic.breakdown(doc)["supported"] is True
+    hta = holistic.breakdown(doc)
+    if record["mode"] == "graph":
+        assert hta["supported"] is True
+    else:
+        # HTA 0.5.0's temporal breakdown asserts `non_compute_time >= 0` on the H200
+        # eager capture (seen 2026-11-29): a second opinion that failed is recorded,
+        # never raised, and rowgate's own breakdown stands.
+        assert hta["supported"] is True or hta["why"].startswith("HTA failed on this trace")
 
 
 def test_reviewer_pictures_of_gpu_captures(tmp_path):

@@ -15,6 +15,7 @@ import os
 import shutil
 import stat
 import tempfile
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -67,6 +68,9 @@ class Manifest(_Model):
     rowgate_version: str
     created: str
     """UTC time of sealing, ISO 8601."""
+    run_id: str = Field(pattern=r"^[0-9a-f]{32}$")
+    """Random per run: two runs never seal the same manifest, even within one second
+    over identical artifacts, so a re-run always makes a new bundle."""
     row: RowRef
     subject: Subject
     provenance: Provenance
@@ -174,6 +178,7 @@ class Stage:
         manifest = Manifest(
             rowgate_version=__version__,
             created=datetime.now(UTC).isoformat(timespec="seconds"),
+            run_id=uuid.uuid4().hex,
             row={"id": row.row.id, "file": row_file, "sha256": row.sha256},
             subject=subject, provenance=provenance, signer=signer.identity,
             status=overall_status([r.status for r in results]),

@@ -19,6 +19,7 @@ from pipeline import cli, rows, runner, signing
 from pipeline.evidence import MANIFEST_FILE, canonical_json, digest_tree
 from pipeline.progress import PlainProgress
 from pipeline.signing import SIGNATURE_FILE
+from tests.support import write_row
 
 SIGNOFF = "\n\nSigned-off-by: Test Author <author@example.com>\n"
 ROW_ID = "TEST-REVIEW"
@@ -113,33 +114,8 @@ class World:
 
     def row(self, body: str = HOST_ROW, *, arch: str = "cpu", attestation: bool = False,
             row_id: str = ROW_ID) -> Path:
-        header = f'''
-            id = "{row_id}"
-            title = "review test row"
-            kind = "demo"
-
-            [target]
-            arch = "{arch}"
-
-            [arms.oracle]
-            engine = "vllm"
-            version = "0.32.0"
-
-            [arms.candidate]
-            engine = "reference"
-
-            [workload]
-            input_lens = [16]
-            concurrency = [1]
-            output_len = 4
-
-            [review]
-            require_operator_attestation = {str(attestation).lower()}
-        '''
-        path = self.tmp / "rows" / f"{row_id}.toml"
-        path.parent.mkdir(exist_ok=True)
-        path.write_text(textwrap.dedent(header) + textwrap.dedent(body))
-        return path
+        review = f"\n[review]\nrequire_operator_attestation = {str(attestation).lower()}\n"
+        return write_row(self.tmp / "rows", row_id, textwrap.dedent(body) + review, arch=arch)
 
     def gate(self, row: Path, base: str | None = None) -> Path:
         """Run the row's gates on the subject repo as the gate machine; the bundle path."""

@@ -19,15 +19,17 @@ def commit_file(repo: git.Repo, name: str, content: str, message: str, signoff: 
     return repo.index.commit(message + (SIGNOFF if signoff else "\n"))
 
 
-def write_row(directory: Path, row_id: str, body: str) -> Path:
+def write_row(directory: Path, row_id: str, body: str, *, arch: str = "cpu", kind: str = "demo",
+              target_extra: str = "") -> Path:
     """A row file `directory/ROW_ID.toml` with a standard header and the given body."""
     header = f'''
         id = "{row_id}"
         title = "test row"
-        kind = "demo"
+        kind = "{kind}"
 
         [target]
-        arch = "cpu"
+        arch = "{arch}"
+        {target_extra}
 
         [arms.oracle]
         engine = "vllm"
@@ -41,6 +43,7 @@ def write_row(directory: Path, row_id: str, body: str) -> Path:
         concurrency = [1]
         output_len = 4
     '''
+    directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{row_id}.toml"
     path.write_text(textwrap.dedent(header) + textwrap.dedent(body))
     return path

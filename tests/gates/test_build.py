@@ -20,6 +20,7 @@ from pipeline import cudabuild, kernels, toolchains
 from pipeline.gates import audit, build
 from pipeline.gates.interface import Status
 from pipeline.progress import PlainProgress
+from tests.support import write_row
 
 pytestmark = pytest.mark.slow
 
@@ -178,34 +179,14 @@ def test_triton_aot_reachability_is_recorded_per_arch(tmp_path, audited):
     assert f"Triton {sm90['triton']} AOT: sm_110 " in derived.reason
 
 
-ROW = '''
-id = "TEST-BUILD-SM70"
-title = "build and audit for sm_70 in a sealed bundle"
-kind = "kernel-pr"
+BUILD_AND_AUDIT = '''
+    [[gates]]
+    id = "build"
+    kind = "build"
 
-[target]
-arch = "sm_70"
-build_arches = ["sm_70", "sm_110"]
-
-[arms.oracle]
-engine = "vllm"
-version = "0.32.0"
-
-[arms.candidate]
-engine = "reference"
-
-[workload]
-input_lens = [16]
-concurrency = [1]
-output_len = 4
-
-[[gates]]
-id = "build"
-kind = "build"
-
-[[gates]]
-id = "audit"
-kind = "audit"
+    [[gates]]
+    id = "audit"
+    kind = "audit"
 '''
 
 
@@ -224,8 +205,8 @@ def test_row_build_and_audit_pass_in_a_sealed_bundle(tmp_path, kernels_repo):
     repo.index.commit("kernels\n\nSigned-off-by: Test Author <author@example.com>\n")
     # Share the session's build cache: same sources, same toolchains, same keys.
     shutil.copytree(kernels_repo / "build", root / "build")
-    row_path = tmp_path / "TEST-BUILD-SM70.toml"
-    row_path.write_text(ROW)
+    row_path = write_row(tmp_path, "TEST-BUILD-SM70", BUILD_AND_AUDIT, arch="sm_70",
+                         kind="kernel-pr", target_extra='build_arches = ["sm_70", "sm_110"]')
 
     signer = signing.default_signer(announce=lambda msg: None)
     run = runner.run_row(rows.load_row(row_path), root, tmp_path / "evidence", signer, QUIET)

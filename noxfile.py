@@ -60,10 +60,19 @@ def _ensure_chromium(session: nox.Session) -> None:
     session.run("apt-get", "install", "-y", "-qq", "chromium", external=True, env=env)
 
 
-@nox.session(default=bool(shutil.which("nvidia-smi")))
+# The GPU host's own CUDA torch must stay: the venv sees the system site-packages and
+# the extras that pin the CPU torch wheel (ops, trace, engines) are not installed here.
+GPU_PACKAGES = ("holistictraceanalysis==0.5.0", "pandas>=2.2,<3", "tokenizers>=0.22",
+                "safetensors>=0.4")
+
+
+@nox.session(default=bool(shutil.which("nvidia-smi")), venv_params=["--system-site-packages"])
 def gpu(session: nox.Session) -> None:
-    """Run the GPU tests (needs an NVIDIA GPU)."""
-    _install(session, "test", "stats", "trace")
+    """Run the GPU tests (needs an NVIDIA GPU and its CUDA torch installed system-wide)."""
+    _install(session, "test", "stats", "report", "ops-gpu", "cuda13")
+    session.install(*GPU_PACKAGES)
+    session.run("python", "-c", "import torch; assert torch.cuda.is_available(), "
+                "'the gpu session needs a CUDA build of torch on the host'")
     session.run("pytest", "-m", "gpu", *session.posargs)
 
 

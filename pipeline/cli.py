@@ -188,33 +188,29 @@ def _build(ns: argparse.Namespace) -> ExitCode:
 
     from pipeline import progress, report
     from pipeline.gates import audit
+    from pipeline.rows import ARCH_PATTERN
 
     for arch in ns.arch:
-        if not re.fullmatch(r"sm_[0-9]{2,3}a?", arch):
+        if arch == "cpu" or not re.fullmatch(ARCH_PATTERN, arch):
             raise UsageError(f"--arch {arch!r}: expected sm_NN (e.g. sm_70, sm_90a, sm_110)")
     with progress.progress(None, f"build {'+'.join(ns.arch)}", ns.quiet) as prog:
         result = audit.local_build(ns.repo.resolve(), ns.arch, ns.kernel, _options(ns.option),
                                    prog, aot=ns.aot)
     console = report.console()
-    console.print(audit.resource_table(result))
+    console.print(report.resource_table(result))
     for name, derived in (("build", result.build), ("audit", result.audit)):
         console.print(f"{name}: {derived.status.value}: {derived.reason}", markup=False)
     console.print(f"artifacts: {result.out}", markup=False)
     return STATUS_EXIT[result.status]
 
 
-def _open_and_verify(ns: argparse.Namespace):
+def _verify(ns: argparse.Namespace) -> ExitCode:
     from pipeline import signing
     from pipeline.evidence import Bundle
 
     bundle = Bundle.open(ns.bundle)
-    verifier = signing.verifier_for(ns.key, ns.identity, ns.issuer,
-                                    bundle.path / signing.SIGNATURE_FILE)
-    return bundle, bundle.verify(verifier)
-
-
-def _verify(ns: argparse.Namespace) -> ExitCode:
-    bundle, identity = _open_and_verify(ns)
+    identity = bundle.verify(signing.verifier_for(ns.key, ns.identity, ns.issuer,
+                                                  bundle.path / signing.SIGNATURE_FILE))
     print(f"OK {bundle.path}: row {bundle.manifest.row.id}, commit "
           f"{bundle.manifest.subject.commit[:12]}, {len(bundle.manifest.files)} files, "
           f"signed by {identity}")
@@ -331,9 +327,7 @@ def _schemas(ns: argparse.Namespace) -> ExitCode:
     from pipeline import schemas
 
     if ns.check:
-        drift = [name for name, schema in schemas.generate().items()
-                 if not (schemas.SCHEMAS_DIR / f"{name}.schema.json").exists()
-                 or (schemas.SCHEMAS_DIR / f"{name}.schema.json").read_text() != schemas.render(schema)]
+        drift = schemas.drift()
         if drift:
             print(f"schemas drift from the models: {', '.join(drift)} (run nox -s schemas)")
             return ExitCode.FAILED

@@ -57,6 +57,13 @@ def write_all(directory: Path = SCHEMAS_DIR) -> list[Path]:
     return written
 
 
+def drift(directory: Path = SCHEMAS_DIR) -> list[str]:
+    """Names of the checked-in schemas that are missing or differ from the models."""
+    return [name for name, schema in generate().items()
+            if not (directory / f"{name}.schema.json").is_file()
+            or (directory / f"{name}.schema.json").read_text() != render(schema)]
+
+
 @cache
 def load(name: str) -> dict[str, Any]:
     return json.loads((SCHEMAS_DIR / f"{name}.schema.json").read_text())

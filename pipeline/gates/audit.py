@@ -276,26 +276,3 @@ def local_build(repo: Path, arches: list[str], names: list[str], options: dict[s
     if aot:
         measure_aot(arches, out, progress)
     return LocalBuild(derive_builds(out), derive_audit(out), out)
-
-
-def resource_table(result: LocalBuild):
-    """A rich Table: one row per kernel entry point per arch, used / budget."""
-    from rich.table import Table
-
-    def frac(used, budget) -> str:
-        used = "-" if used is None else str(used)
-        return used if budget is None else f"{used} / {budget}"
-
-    table = Table(title=f"kernel resources (build {result.build.status.value}, "
-                        f"audit {result.audit.status.value})", title_justify="left")
-    for col in ("kernel", "entry point", "arch", "regs", "static smem B", "stack B",
-                "spill st/ld B", "local B", "cmem[0] B", "SASS insns"):
-        table.add_column(col, overflow="fold")
-    for key, c in sorted(result.audit.cells.items(), key=lambda kv: kv[0].rsplit("@", 1)[::-1]):
-        name_ep, arch = key.rsplit("@", 1)
-        kernel, ep = name_ep.split("/", 1)
-        table.add_row(kernel, ep, arch, frac(c["registers"], c["max_registers"]),
-                      frac(c["static_shared"], c["max_static_shared"]), str(c["stack_frame"]),
-                      f"{c['spill_stores']}/{c['spill_loads']}", str(c["local"]), str(c["cmem0"]),
-                      "-" if c["sass_instructions"] is None else str(c["sass_instructions"]))
-    return table

@@ -6,12 +6,16 @@ Nothing here computes a verdict; it only shows what a bundle or run holds.
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
 
 from pipeline.evidence import Bundle
 from pipeline.gates.interface import GateResult, Status
+
+if TYPE_CHECKING:
+    from pipeline.gates.audit import LocalBuild
 
 STYLE = {Status.PASS: "green", Status.FAIL: "red", Status.PENDING: "yellow", Status.ERROR: "magenta"}
 KEY_METRICS = 6
@@ -58,3 +62,24 @@ def inspect_json(bundle: Bundle) -> str:
         "subject": m.subject.model_dump(), "signer": m.signer.model_dump(),
         "status": m.status.value, "created": m.created,
         "gates": [json.loads(r.model_dump_json()) for r in bundle.results()]}, indent=2)
+
+
+def resource_table(result: "LocalBuild") -> Table:
+    """A rich Table: one row per kernel entry point per arch, used / budget."""
+    def frac(used, budget) -> str:
+        used = "-" if used is None else str(used)
+        return used if budget is None else f"{used} / {budget}"
+
+    table = Table(title=f"kernel resources (build {result.build.status.value}, "
+                        f"audit {result.audit.status.value})", title_justify="left")
+    for col in ("kernel", "entry point", "arch", "regs", "static smem B", "stack B",
+                "spill st/ld B", "local B", "cmem[0] B", "SASS insns"):
+        table.add_column(col, overflow="fold")
+    for key, c in sorted(result.audit.cells.items(), key=lambda kv: kv[0].rsplit("@", 1)[::-1]):
+        name_ep, arch = key.rsplit("@", 1)
+        kernel, ep = name_ep.split("/", 1)
+        table.add_row(kernel, ep, arch, frac(c["registers"], c["max_registers"]),
+                      frac(c["static_shared"], c["max_static_shared"]), str(c["stack_frame"]),
+                      f"{c['spill_stores']}/{c['spill_loads']}", str(c["local"]), str(c["cmem0"]),
+                      "-" if c["sass_instructions"] is None else str(c["sass_instructions"]))
+    return table

@@ -37,7 +37,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from pipeline.trace import captures  # noqa: E402
-from pipeline.trace.capture import CapturePlan, capture  # noqa: E402
+from pipeline.trace.capture import (  # noqa: E402
+    CAPTURE_FILE,
+    CLOCKS_FILE,
+    TRACE_FILE,
+    CapturePlan,
+    capture,
+)
 
 MATERIAL = 0.10
 CLOCK_TOLERANCE = 0.02
@@ -46,14 +52,13 @@ SMALL = dict(primer_steps=16, primer_concurrency=1, arm_delay=17, steps=4, concu
 
 
 def model(device: str):
-    from pipeline.model import TinyModelSpec, build_tiny_model
+    from pipeline.model import build_tiny_model
 
     if device == "cpu":
         return build_tiny_model(), "float32", 16
-    probe = TinyModelSpec(vocab_size=1024, hidden_size=2048, intermediate_size=6144,
-                          num_layers=16, num_heads=16, num_kv_heads=8, head_dim=128,
-                          max_position=1024)
-    return build_tiny_model(probe), "bfloat16", 128
+    from pipeline.megakernel.models import NAMED
+
+    return build_tiny_model(NAMED["probe-qwen3-h2048-l16"]), "bfloat16", 128
 
 
 def prompts(info, input_len: int, n: int = 4) -> list[tuple[int, ...]]:
@@ -129,13 +134,13 @@ def _judge_one(d: Path, mode: str) -> dict:
     """Validity (and headline numbers) of one scenario directory."""
     from pipeline.trace import analysis, events, validity
 
-    trace = events.load(d / "trace.json.gz")
-    clocks = json.loads((d / "clocks.json").read_text())
+    trace = events.load(d / TRACE_FILE)
+    clocks = json.loads((d / CLOCKS_FILE).read_text())
     v = validity.validate(trace, clocks, validity.Expect(SMALL["arm_delay"], SMALL["steps"],
                                                          CLOCK_TOLERANCE))
     out = {"valid": v.valid, "reason": v.reason()}
     if v.valid:
-        ceiling = json.loads((d / "capture.json").read_text())["copy_ceiling"]["bytes_per_s"]
+        ceiling = json.loads((d / CAPTURE_FILE).read_text())["copy_ceiling"]["bytes_per_s"]
         a = analysis.analyze(trace, mode, ceiling, MATERIAL)
         out["headline"] = captures.headline(a)
     return out
@@ -178,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
                 dest = ns.fixtures_to / d.name
                 shutil.rmtree(dest, ignore_errors=True)
                 dest.mkdir(parents=True)
-                for name in ("trace.json.gz", "clocks.json", "capture.json", "scenario.json"):
+                for name in (TRACE_FILE, CLOCKS_FILE, CAPTURE_FILE,
+                             "scenario.json"):
                     shutil.copy(d / name, dest / name)
         if ns.out:
             ns.out.mkdir(parents=True, exist_ok=True)

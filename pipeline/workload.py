@@ -93,11 +93,12 @@ def workload_digest(passes: Sequence[WorkloadPass]) -> str:
     return "sha256:" + hashlib.sha256(canonical(passes)).hexdigest()
 
 
-def check_same_workload(oracle_digest: str, candidate_digest: str) -> None:
+def check_same_workload(oracle_digest: str, candidate_digest: str, oracle_source: str = "") -> None:
     """Raise `WorkloadMismatch` unless both arms recorded the same workload digest."""
     if oracle_digest != candidate_digest:
-        raise WorkloadMismatch(f"workload digest differs across arms: oracle {oracle_digest}, "
-                               f"candidate {candidate_digest}")
+        source = f" ({oracle_source})" if oracle_source else ""
+        raise WorkloadMismatch(f"workload digest differs across arms: oracle {oracle_digest}"
+                               f"{source}, candidate {candidate_digest}")
 
 
 class WorkloadMismatch(Error):

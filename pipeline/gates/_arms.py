@@ -76,12 +76,6 @@ def workload_passes(row: Row, model: ModelInfo) -> list[WorkloadPass]:
         raise GateError(f"workload: {exc.diagnostics()}") from exc
 
 
-def digest(passes: list[WorkloadPass]) -> str:
-    from pipeline.workload import workload_digest
-
-    return workload_digest(passes)
-
-
 def select_cells(passes: list[WorkloadPass], cells: list[str]) -> list[WorkloadPass]:
     """The passes of `cells` (all when empty), refusing names not in the matrix."""
     if not cells:

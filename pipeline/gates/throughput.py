@@ -32,6 +32,7 @@ from pipeline import device
 from pipeline.gates import _arms
 from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Status
 from pipeline.rows import Row, ThroughputGate
+from pipeline.workload import WorkloadMismatch, check_same_workload, workload_digest
 
 META = "meta.json"
 SAMPLES = "samples.csv"
@@ -101,7 +102,7 @@ class Throughput(Gate):
             "device": _arms.device_name(row), "clocks_sampled": gpu is not None,
             "schedules": {p.cell: schedule(spec.order, spec.repeats, cell_seed(row, spec, p.cell))
                           for p in passes},
-            **{role: {"engine": descriptions[role], "workload_digest": _arms.digest(passes)}
+            **{role: {"engine": descriptions[role], "workload_digest": workload_digest(passes)}
                for role in ROLES}})
 
     def _cell(self, row, spec, ctx, engines, work, gpu, samples, r_file, clocks) -> None:
@@ -132,10 +133,11 @@ class Throughput(Gate):
 
     def derive(self, row: Row, spec: ThroughputGate, artifact_dir: Path) -> Derived:
         meta = _arms.read_json(artifact_dir / META)
-        digests = {role: meta[role]["workload_digest"] for role in ROLES}
-        if digests["oracle"] != digests["candidate"]:
-            return Derived(Status.ERROR, f"workload digest differs across arms: oracle "
-                                         f"{digests['oracle']}, candidate {digests['candidate']}")
+        try:
+            check_same_workload(meta["oracle"]["workload_digest"],
+                                meta["candidate"]["workload_digest"])
+        except WorkloadMismatch as exc:
+            return Derived(Status.ERROR, str(exc))
         samples = _read_samples(artifact_dir / SAMPLES)
         requests = _read_requests(artifact_dir / REQUESTS)
         clocks = _read_clocks(artifact_dir / CLOCKS) if meta.get("clocks_sampled") else []

@@ -27,6 +27,7 @@ from pipeline.errors import Error
 from pipeline.gates import _arms
 from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Status
 from pipeline.rows import Row, TokensGate
+from pipeline.workload import WorkloadMismatch, check_same_workload, workload_digest
 
 META = "meta.json"
 ARM_FILES = {"oracle": "oracle.jsonl", "candidate": "candidate.jsonl"}
@@ -70,10 +71,11 @@ class Tokens(Gate):
     def derive(self, row: Row, spec: TokensGate, artifact_dir: Path) -> Derived:
         meta = _arms.read_json(artifact_dir / META)
         source = _source_text(meta["oracle"])
-        digests = (meta["oracle"]["workload_digest"], meta["candidate"]["workload_digest"])
-        if digests[0] != digests[1]:
-            return Derived(Status.ERROR, f"workload digest differs across arms: oracle "
-                                         f"{digests[0]} ({source}), candidate {digests[1]}")
+        try:
+            check_same_workload(meta["oracle"]["workload_digest"],
+                                meta["candidate"]["workload_digest"], source)
+        except WorkloadMismatch as exc:
+            return Derived(Status.ERROR, str(exc))
         recorded = meta["oracle"].get("model_digest")
         if recorded and recorded != meta["model_digest"]:
             return Derived(Status.ERROR, f"the {source} was made on model {recorded}; this "
@@ -111,7 +113,7 @@ def _run_side(role: str, engine, passes, ctx: GateContext) -> _Side:
         outputs += [{"id": o.id, "cell": work.cell, "token_ids": list(o.token_ids),
                      "logprobs": list(o.logprobs)} for o in result.outputs]
     return _Side(outputs, {"source": "live", "engine": engine.describe(),
-                           "workload_digest": _arms.digest(passes)})
+                           "workload_digest": workload_digest(passes)})
 
 
 def _record_side(path_text: str, ctx: GateContext) -> _Side:

@@ -86,10 +86,6 @@ class Operand:
     offset: int
     """In 16-byte granules from the buffer's base."""
 
-    @property
-    def byte_offset(self) -> int:
-        return self.offset * GRANULE
-
 
 UNUSED = Operand(NO_BUFFER, 0)
 

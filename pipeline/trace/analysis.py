@@ -37,9 +37,6 @@ GRAPH_LAUNCHES = {"cudaGraphLaunch", "cuGraphLaunch", "cudaGraphLaunch_v10000"}
 DRIVER_LAUNCHES = {"cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchCooperativeKernel"}
 """How cuda.core launches rowgate's own cubins (the persistent megakernel); torch's
 staging copies and fills go through the runtime API."""
-KERNEL_LAUNCHES = {"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
-                   "cudaLaunchCooperativeKernel", "cudaLaunchKernel_v7000",
-                   "cudaLaunchKernelExC_v11060"}
 
 MAX_BLOCKS_PER_SM = {(7, 0): 32, (7, 2): 32, (7, 5): 16, (8, 0): 32, (8, 6): 16, (8, 7): 16,
                      (8, 9): 24, (9, 0): 32, (10, 0): 32, (10, 1): 32, (11, 0): 32, (12, 0): 32}

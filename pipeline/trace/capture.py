@@ -340,7 +340,7 @@ def capture(engine, prompts: Sequence[tuple[int, ...]], plan: CapturePlan, out_d
         ranges = [events.read_doc(p) for p in written]
     ceiling = copy_ceiling(device)
     doc = merge_ranges(ranges)
-    events.write_doc(doc, out_dir / events_name())
+    events.write_doc(doc, out_dir / TRACE_FILE)
     (out_dir / CLOCKS_FILE).write_text(json.dumps(clocks.record(), indent=1) + "\n")
     record = {"plan": dataclasses.asdict(plan), "schedule": list(plan.schedule()),
               "ranges_written": len(ranges), "device": device, "torch": torch.__version__,
@@ -348,10 +348,6 @@ def capture(engine, prompts: Sequence[tuple[int, ...]], plan: CapturePlan, out_d
               "copy_ceiling": ceiling}
     (out_dir / CAPTURE_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     return record
-
-
-def events_name() -> str:
-    return TRACE_FILE
 
 
 def merge_ranges(ranges: list[dict]) -> dict:

@@ -46,3 +46,13 @@ def test_unaligned_widths_are_unsupported():
     dims = dataclasses.replace(PROBE, intermediate=6148)
     assert fallback.persistent_unsupported(dims, 1, "bfloat16", "sm_90") == [
         "intermediate 6148 not a multiple of 8 (16-byte weight loads)"]
+
+
+def test_fallback_arches_are_the_arches_kernels_toml_builds():
+    """fallback.ARCHES is kept light (no kernels.toml parse at import); it must not drift."""
+    from pathlib import Path
+
+    from pipeline import kernels
+
+    repo = Path(fallback.__file__).resolve().parents[2]
+    assert set(fallback.ARCHES) == set(kernels.load(repo).kernels["persistent_decode"].arches)

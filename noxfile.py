@@ -110,8 +110,7 @@ def _gate_session(name: str, row: str) -> None:
         _install(session, "stats", *ROW_EXTRAS.get(name, ()))
         # 3 = nothing failed but something is PENDING (absent hardware): an honest
         # outcome for rows whose target device is not on this machine.
-        codes = [0] if row.startswith("DEMO") else [0, 3]
-        session.run("rowgate", "gate", row, *session.posargs, success_codes=codes)
+        session.run("rowgate", "gate", row, *session.posargs, success_codes=[0, 3])
 
     _session.__doc__ = f"Run the gates of row {row} here and seal a signed bundle."
 

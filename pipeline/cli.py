@@ -69,9 +69,7 @@ def _parser() -> argparse.ArgumentParser:
                     help="row file (default: the path the bundle records)")
     rv.add_argument("--reviews", type=Path, default=None,
                     help="reviews dir (default: reviews/ in the current directory)")
-    rv.add_argument("--key", type=Path, help="public key PEM of the bundle's signer")
-    rv.add_argument("--identity", help="bundle signer's identity (keyless bundles)")
-    rv.add_argument("--issuer", help="bundle signer's OIDC issuer (keyless bundles)")
+    _add_verifier_args(rv)
 
     at = sub.add_parser("attest-operator",
                         help="operator's signed statement on a reviewed bundle's hardware")
@@ -92,9 +90,7 @@ def _parser() -> argparse.ArgumentParser:
                     "(without --html/--markdown it goes to stdout)")
     rp.add_argument("--reviews", type=Path, default=None,
                     help="reviews dir (default: reviews/ in the current directory)")
-    rp.add_argument("--key", type=Path, help="public key PEM of the bundle's signer")
-    rp.add_argument("--identity", help="bundle signer's identity (keyless bundles)")
-    rp.add_argument("--issuer", help="bundle signer's OIDC issuer (keyless bundles)")
+    _add_verifier_args(rp)
 
     bd = sub.add_parser("build", help="build kernels/ for an arch (warnings as errors), audit "
                                       "budgets and SASS, print each kernel's resources")
@@ -129,9 +125,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _add_verifier_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--key", type=Path, help="public key PEM (key-signed bundles)")
-    p.add_argument("--identity", help="expected signer identity (keyless bundles)")
-    p.add_argument("--issuer", help="expected OIDC issuer (keyless bundles)")
+    p.add_argument("--key", type=Path, help="public key PEM of the bundle's signer (key-signed)")
+    p.add_argument("--identity", help="bundle signer's identity (keyless bundles)")
+    p.add_argument("--issuer", help="bundle signer's OIDC issuer (keyless bundles)")
 
 
 def _check_verifier_args(ns: argparse.Namespace) -> None:
@@ -243,25 +239,14 @@ def _report(ns: argparse.Namespace) -> ExitCode:
 
 
 def _rows(ns: argparse.Namespace) -> ExitCode:
-    from rich.table import Table
-
-    from pipeline import gates, report, rows
+    from pipeline import report, rows
 
     if ns.rows_command == "check":
         loaded = rows.load_row(ns.file)
         print(f"{ns.file}: ok ({loaded.row.id}, {len(loaded.row.gates)} gates, "
               f"{len(loaded.row.criteria)} criteria)")
         return ExitCode.OK
-    table = Table(title="rows", title_justify="left")
-    for col in ("row", "target", "gate", "kind", "here"):
-        table.add_column(col, overflow="fold")
-    for loaded in rows.all_rows():
-        row = loaded.row
-        for n, spec in enumerate(row.gates):
-            state, why = gates.availability(row, spec)
-            table.add_row(row.id if n == 0 else "", row.target.arch if n == 0 else "",
-                          spec.id, spec.kind, f"{state}: {why}" if why else state)
-    report.console().print(table)
+    report.console().print(report.rows_table(rows.all_rows()))
     return ExitCode.OK
 
 

@@ -264,16 +264,26 @@ TINY_MODEL = "tiny-qwen3"
 """The model name a row uses for the model rowgate builds itself."""
 
 
-def resolve_model(ref) -> ModelInfo:
-    """A row's `ModelRef`: the tiny model and `synthetic` shapes are built (cached);
-    other weights must be local."""
-    if ref.name == TINY_MODEL and not ref.weights:
-        return build_tiny_model()
-    if ref.synthetic is not None and not ref.weights:
-        return build_tiny_model(TinyModelSpec(**ref.synthetic.model_dump()))
+def why_unavailable(ref) -> str | None:
+    """Why a row's `ModelRef` cannot be had here (-> PENDING), or None: the tiny
+    model and `synthetic` shapes are built; other weights must be local."""
+    if (ref.name == TINY_MODEL or ref.synthetic is not None) and not ref.weights:
+        return None
     if not ref.weights:
-        raise ModelError(f"model {ref.id} ({ref.name}): the row names no local weights path")
+        return f"model {ref.id} ({ref.name}): the row names no local weights path"
     path = Path(ref.weights).expanduser()
     if not (path / "config.json").is_file():
-        raise ModelError(f"model {ref.id} ({ref.name}): weights not on this machine ({path})")
-    return model_info(path)
+        return f"model {ref.id} ({ref.name}): weights not on this machine ({path})"
+    return None
+
+
+def resolve_model(ref) -> ModelInfo:
+    """A row's `ModelRef` as a model directory: built (cached) or read locally."""
+    why = why_unavailable(ref)
+    if why:
+        raise ModelError(why)
+    if ref.weights:
+        return model_info(Path(ref.weights).expanduser())
+    if ref.synthetic is not None:
+        return build_tiny_model(TinyModelSpec(**ref.synthetic.model_dump()))
+    return build_tiny_model()

@@ -64,12 +64,12 @@ def open_repo(path: Path) -> git.Repo:
         raise RepoError(f"--repo {path}: not a git repository") from exc
 
 
-def main_branch(repo: git.Repo, into: str | None = None) -> str:
+def main_branch(repo: git.Repo) -> str:
     names = {h.name for h in repo.heads}
-    for name in ([into] if into else MAIN_BRANCHES):
+    for name in MAIN_BRANCHES:
         if name in names:
             return name
-    raise RepoError(f"{repo.working_dir}: no branch {into or ' or '.join(MAIN_BRANCHES)}")
+    raise RepoError(f"{repo.working_dir}: no branch {' or '.join(MAIN_BRANCHES)}")
 
 
 def subject(path: Path, base: str | None = None) -> Subject:
@@ -90,16 +90,20 @@ def _subject(repo: git.Repo, path: Path, base: str | None) -> Subject:
         except (git.BadName, ValueError) as exc:
             raise RepoError(f"--base {base}: no such commit in {path}") from exc
     else:
-        base_sha = _default_base(repo, head, main)
+        base_sha = default_base(repo, head, main)
+        if base_sha is None:
+            raise RepoError(f"{repo.working_dir}: HEAD shares no history with {main}")
     return Subject(repo=str(Path(repo.working_dir).resolve()), branch=branch,
                    commit=head.hexsha, tree=head.tree.hexsha, base=base_sha,
                    base_branch=main, dirty=repo.is_dirty(untracked_files=True))
 
 
-def _default_base(repo: git.Repo, head: git.Commit, main: str) -> str:
+def default_base(repo: git.Repo, head: git.Commit, main: str) -> str | None:
+    """The base a gate records for `head` (and the review re-computes for freshness):
+    the merge-base with `main`, or None when they share no history."""
     bases = repo.merge_base(head, repo.heads[main].commit)
     if not bases:
-        raise RepoError(f"{repo.working_dir}: HEAD shares no history with {main}")
+        return None
     base = bases[0]
     # On main itself the merge-base is HEAD: the change under gate is then the
     # last commit, so the base is its first parent (the root commit has none).

@@ -34,7 +34,7 @@ from pipeline.errors import ExitCode, RepoError, UsageError, VerificationError
 from pipeline.evidence import BUNDLE_ID_LEN, Bundle
 from pipeline.gates import gate_for
 from pipeline.gates.interface import GateError, GateResult, MetricValue, Status
-from pipeline.provenance import Host, Subject, open_repo
+from pipeline.provenance import Host, Subject, default_base, open_repo
 from pipeline.rows import (
     Comparison,
     Criterion,
@@ -270,17 +270,6 @@ def local_branch(repo: git.Repo, name: str) -> str:
     raise RepoError(f"{repo.working_dir}: no local branch {name}{hint}")
 
 
-def expected_base(repo: git.Repo, commit: git.Commit, main: str) -> str | None:
-    """The base `provenance.subject` would record for `commit` now."""
-    bases = repo.merge_base(commit, repo.heads[main].commit)
-    if not bases:
-        return None
-    base = bases[0]
-    if base.hexsha == commit.hexsha and commit.parents:  # the subject is on main itself
-        base = commit.parents[0]
-    return base.hexsha
-
-
 def freshness(repo: git.Repo, subject: Subject, into: str, row_sha256: str,
               recorded_row_sha256: str, row_file: Path) -> Freshness:
     """What moved since sealing, each as one `stale: …` line."""
@@ -304,7 +293,7 @@ def freshness(repo: git.Repo, subject: Subject, into: str, row_sha256: str,
     if label and head != subject.commit:
         moved.append(f"stale: {label} moved from {subject.commit[:12]} to {head[:12]}")
     if commit is not None:
-        base = expected_base(repo, commit, local_branch(repo, into)) or ""
+        base = default_base(repo, commit, local_branch(repo, into)) or ""
         if base != subject.base:
             moved.append(f"stale: base moved: merge-base with {into} is now "
                          f"{base[:12] or '(none)'}, the bundle recorded {subject.base[:12]}")

@@ -20,17 +20,12 @@ def _models() -> dict[str, type[BaseModel]]:
     # Imported here: evidence and review import this module.
     from pipeline.evidence import Manifest
     from pipeline.gates.interface import GateResult
+    from pipeline.merge import MergeRecord
+    from pipeline.review import Attestation, ReviewRecord
     from pipeline.rows import Row
 
-    models: dict[str, type[BaseModel]] = {"manifest": Manifest, "gate-result": GateResult,
-                                          "row": Row}
-    try:
-        from pipeline.merge import MergeRecord
-        from pipeline.review import Attestation, ReviewRecord
-    except ImportError:  # review stage not present in this build
-        return models
-    models.update({"review": ReviewRecord, "attestation": Attestation, "merge": MergeRecord})
-    return models
+    return {"manifest": Manifest, "gate-result": GateResult, "row": Row, "review": ReviewRecord,
+            "attestation": Attestation, "merge": MergeRecord}
 
 
 def generate() -> dict[str, dict[str, Any]]:

@@ -16,7 +16,8 @@ from pipeline import device
 from pipeline.engines.interface import Engine, EngineError, WorkloadPass
 from pipeline.errors import Error
 from pipeline.gates.interface import GateContext, GateError
-from pipeline.model import TINY_MODEL, ModelInfo
+from pipeline.model import ModelInfo, model_info, why_unavailable
+from pipeline.model import resolve_model as model_resolve
 from pipeline.rows import Arm, ModelRef, Row
 
 CANDIDATE_MODEL_OPTION = "candidate_model"
@@ -34,23 +35,14 @@ def model_requirement(row: Row) -> str | None:
     """PENDING reason when the row's model is neither buildable nor on this machine."""
     if not row.models:
         return None  # measure raises: a row without a model is an ERROR, not PENDING
-    ref = row.models[0]
-    if (ref.name == TINY_MODEL or ref.synthetic is not None) and not ref.weights:
-        return None  # rowgate builds it
-    if not ref.weights:
-        return f"model {ref.id} ({ref.name}): the row names no local weights path"
-    if not (Path(ref.weights).expanduser() / "config.json").is_file():
-        return f"model {ref.id} ({ref.name}): weights not on this machine ({ref.weights})"
-    return None
+    return why_unavailable(row.models[0])
 
 
 def resolve_model(row: Row) -> ModelInfo:
     """Build the tiny model, or read the row's local weights directory."""
-    from pipeline.model import resolve_model as resolve
-
     ref = row_model(row)
     try:
-        return resolve(ref)
+        return model_resolve(ref)
     except Error as exc:
         raise GateError(f"model {ref.id}: {exc.diagnostics()}") from exc
 
@@ -59,8 +51,6 @@ def candidate_model(model: ModelInfo, ctx: GateContext) -> ModelInfo:
     path = ctx.options.get(CANDIDATE_MODEL_OPTION)
     if not path:
         return model
-    from pipeline.model import model_info
-
     try:
         return model_info(Path(path))
     except Error as exc:

@@ -13,10 +13,18 @@ from pathlib import Path
 from pipeline.report import html, markdown
 from pipeline.report.build import build, find_row, read_review, report_for, review_path, verify
 from pipeline.report.model import Report
-from pipeline.report.terminal import STYLE, console, gate_table, inspect_json, print_inspect, resource_table
+from pipeline.report.terminal import (
+    STYLE,
+    console,
+    gate_table,
+    inspect_json,
+    print_inspect,
+    resource_table,
+    rows_table,
+)
 
 __all__ = ["STYLE", "Report", "build", "console", "find_row", "gate_table", "inspect_json", "print_inspect",
-           "resource_table",
+           "resource_table", "rows_table",
            "publish", "read_review", "report_for", "review_path", "verify"]
 
 

@@ -16,6 +16,7 @@ from pipeline.gates.interface import GateResult, Status
 
 if TYPE_CHECKING:
     from pipeline.gates.audit import LocalBuild
+    from pipeline.rows import LoadedRow
 
 STYLE = {Status.PASS: "green", Status.FAIL: "red", Status.PENDING: "yellow", Status.ERROR: "magenta"}
 KEY_METRICS = 6
@@ -82,4 +83,20 @@ def resource_table(result: "LocalBuild") -> Table:
                       frac(c["static_shared"], c["max_static_shared"]), str(c["stack_frame"]),
                       f"{c['spill_stores']}/{c['spill_loads']}", str(c["local"]), str(c["cmem0"]),
                       "-" if c["sass_instructions"] is None else str(c["sass_instructions"]))
+    return table
+
+
+def rows_table(loaded_rows: list["LoadedRow"]) -> Table:
+    """`rowgate rows`: every row's gates and whether each can run here."""
+    from pipeline import gates
+
+    table = Table(title="rows", title_justify="left")
+    for col in ("row", "target", "gate", "kind", "here"):
+        table.add_column(col, overflow="fold")
+    for loaded in loaded_rows:
+        row = loaded.row
+        for n, spec in enumerate(row.gates):
+            state, why = gates.availability(row, spec)
+            table.add_row(row.id if n == 0 else "", row.target.arch if n == 0 else "",
+                          spec.id, spec.kind, f"{state}: {why}" if why else state)
     return table

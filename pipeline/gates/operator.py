@@ -10,16 +10,15 @@ per-case records (`cases.json`, `cases.csv`) and the interleaved timing samples
 
 from __future__ import annotations
 
+import hashlib
 import json
-import re
-import subprocess
 from pathlib import Path
 
 from pipeline import device
+from pipeline.errors import Error
 from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Status
 from pipeline.rows import OperatorGate, Row
 
-SOURCE = Path("kernels") / "decode_attention" / "split_kv.cu"
 CASES = "cases.json"
 TIMING = "timing.json"
 BUILD = "build.json"
@@ -87,25 +86,19 @@ class Operator(Gate):
                 raise GateError(f"operator gate: option cubin={path}: no such file")
             (ctx.artifact_dir / BUILD).write_text(json.dumps({"cubin": str(path)}) + "\n")
             return path
-        from pipeline import toolchains
+        # The binary the build and audit gates certify (same flags, warnings as errors,
+        # same cache), not a build of its own.
+        from pipeline.ops.decode_attention import build_cubin
 
         try:
-            chain = toolchains.for_arch(arch, ctx.options.get("nvcc"))
-        except toolchains.ToolchainError as exc:
-            raise GateError(f"operator gate: no toolchain for {arch}: {exc.diagnostics()}") from exc
-        out = ctx.artifact_dir / f"split_kv.{arch}.cubin"
-        number = re.sub(r"\D", "", arch)
-        cmd = [chain.compiler.path, "-cubin", f"-gencode=arch=compute_{number},code={arch}",
-               "-O3", "-std=c++17", "-Xptxas", "-v", "-I", str(ctx.repo / "kernels" / "include"),
-               "-o", str(out), str(ctx.repo / SOURCE)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
+            path = build_cubin(ctx.repo, arch, ctx.options.get("nvcc"))
+        except Error as exc:  # KernelsError, ToolchainError, BuildFailed
+            raise GateError(f"operator gate: building split_kv for {arch}: "
+                            f"{exc.diagnostics()}") from exc
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
         (ctx.artifact_dir / BUILD).write_text(json.dumps(
-            {"command": cmd, "returncode": proc.returncode, "toolchain": chain.describe(),
-             "log": proc.stdout + proc.stderr}, indent=1) + "\n")
-        if proc.returncode != 0:
-            raise GateError(f"operator gate: building {SOURCE} for {arch} failed "
-                            f"(exit {proc.returncode}; see {BUILD})")
-        return out
+            {"cubin": str(path), "sha256": digest}, indent=1) + "\n")
+        return path
 
     # ------------------------------------------------------------------- derive
 

@@ -35,8 +35,16 @@ LOG2E = 1.4426950408889634
 
 
 def cubin_path(arch: str, build_dir: Path | None = None) -> Path:
-    """Where the build puts split_kv's cubin for `arch` (`sm_90`)."""
+    """Where benchmarks/decode_attention.py puts its own builds (phase variants beside)."""
     return (build_dir or REPO / "build") / "ops" / arch / "split_kv.cubin"
+
+
+def build_cubin(repo: Path, arch: str, nvcc: str | None = None) -> Path:
+    """split_kv's cubin for `arch`, built (or found in the cache) exactly as the build
+    gate builds it. Raises KernelsError, ToolchainError or BuildFailed."""
+    from pipeline import cudabuild
+
+    return cudabuild.cubin(repo, "split_kv", arch, nvcc)
 
 
 def variant_suffix(variant: str) -> str:
@@ -337,5 +345,5 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         q, k_cache, v_cache, block_table, seq_lens, out)
 
 
-__all__ = ["DecodeAttention", "E5M2", "Plan", "cubin_path", "decode_attention", "kernel",
+__all__ = ["DecodeAttention", "E5M2", "Plan", "build_cubin", "cubin_path", "decode_attention", "kernel",
            "kernel_name", "plan", "validate", "variant_suffix"]

@@ -8,7 +8,6 @@ per gate run and stopped on every way out.
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -130,14 +129,3 @@ def generate(engine: Engine, role: str, work: WorkloadPass) -> object:
         return engine.generate(work)
     except EngineError as exc:
         raise GateError(f"{role} arm failed on cell {work.cell}: {exc.diagnostics()}") from exc
-
-
-def write_json(path: Path, doc: object) -> None:
-    path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
-
-
-def read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise GateError(f"artifact {path.name} unreadable in {path.parent}: {exc}") from exc

@@ -30,6 +30,7 @@ from pathlib import Path
 from pipeline import device
 from pipeline.errors import Error
 from pipeline.gates import _arms
+from pipeline.gates._artifacts import read_json, write_json
 from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Status
 from pipeline.rows import AbiGate, Row, StopAction
 
@@ -51,9 +52,9 @@ class Abi(Gate):
 
     def measure(self, row: Row, spec: AbiGate, ctx: GateContext) -> None:
         out = ctx.artifact_dir
-        _arms.write_json(out / ADMISSION, admission_record(spec, ctx.artifact_dir))
+        write_json(out / ADMISSION, admission_record(spec, ctx.artifact_dir))
         gpu, why_not = _device(row, spec)
-        _arms.write_json(out / DEVICE, {"present": gpu is not None, "why_not": why_not,
+        write_json(out / DEVICE, {"present": gpu is not None, "why_not": why_not,
                                         **({"name": gpu.name, "arch": gpu.arch,
                                             "index": gpu.index} if gpu else {})})
         dims, info = self._model(row, out)
@@ -74,16 +75,16 @@ class Abi(Gate):
         spec = None if ref.weights else models.spec_of(ref)
         if spec is not None:  # shapes are all the lists need: build nothing here
             dims = models.dims(spec)
-            _arms.write_json(out / MODEL, {"resolved": True, "source": "spec",
+            write_json(out / MODEL, {"resolved": True, "source": "spec",
                                            "name": ref.name, "dims": asdict(dims)})
             return dims, None
         reason = _arms.model_requirement(row)
         if reason:
-            _arms.write_json(out / MODEL, {"resolved": False, "why_not": reason})
+            write_json(out / MODEL, {"resolved": False, "why_not": reason})
             return None, None
         info = _arms.resolve_model(row)
         dims = _dims(info.path)
-        _arms.write_json(out / MODEL, {"resolved": True, "source": str(info.path),
+        write_json(out / MODEL, {"resolved": True, "source": str(info.path),
                                        "digest": info.digest, "dims": asdict(dims)})
         return dims, info
 
@@ -98,7 +99,7 @@ class Abi(Gate):
                             row.arms.candidate.dtype, dict(ctx.options))
         except Error as exc:
             raise GateError(f"abi: GPU proof: {exc.diagnostics()}") from exc
-        _arms.write_json(ctx.artifact_dir / PROOF, doc)
+        write_json(ctx.artifact_dir / PROOF, doc)
 
     def derive(self, row: Row, spec: AbiGate, artifact_dir: Path) -> Derived:
         from pipeline.megakernel.abi import ABI_VERSION
@@ -114,7 +115,7 @@ class Abi(Gate):
             fails.append(why)
         elif state == "pending":
             pending.append(why)
-        model = _arms.read_json(artifact_dir / MODEL)
+        model = read_json(artifact_dir / MODEL)
         cells = {}
         if not model["resolved"]:
             pending.append(f"task lists not built: {model['why_not']}")
@@ -212,10 +213,10 @@ def _write_list(d: Path, dims, batch: int, sm_count: int, row: Row) -> None:
     (d / "tasks.json").write_text("[\n" + ",\n".join(
         json.dumps(abi.to_json(t), separators=(",", ":")) for t in plan.tasks) + "\n]\n")
     shape = {k: v for k, v in asdict(plan.shape).items() if k != "extra"}
-    _arms.write_json(d / "plan.json", {
+    write_json(d / "plan.json", {
         "summary": plan.summary(), "shape": shape, "num_counters": plan.num_counters,
         "buffers": [asdict(b) for b in plan.buffers], "labels": [t.label for t in plan.tasks]})
-    _arms.write_json(d / "validation.json", validate(plan.tasks, plan.shape, plan.buffers,
+    write_json(d / "validation.json", validate(plan.tasks, plan.shape, plan.buffers,
                                                      plan.num_counters).to_json())
 
 
@@ -225,7 +226,7 @@ def _write_list(d: Path, dims, batch: int, sm_count: int, row: Row) -> None:
 def _admitted(row: Row, spec: AbiGate, artifact_dir: Path) -> tuple[str, str]:
     """("admitted" | "refused" | "pending", why) from the copied admitting result and the
     row's stop-implementation conditions on that gate."""
-    rec = _arms.read_json(artifact_dir / ADMISSION)
+    rec = read_json(artifact_dir / ADMISSION)
     gate = spec.admitted_by
     if not gate:
         return "admitted", "no admitting gate declared"
@@ -257,7 +258,7 @@ def _admitted(row: Row, spec: AbiGate, artifact_dir: Path) -> tuple[str, str]:
 
 
 def _admission_metrics(artifact_dir: Path) -> dict:
-    rec = _arms.read_json(artifact_dir / ADMISSION)
+    rec = read_json(artifact_dir / ADMISSION)
     m = rec.get("result", {}).get("metrics", {}) if rec.get("found") else {}
     return {"admission_gate_status": rec["result"]["status"] if rec.get("found") else None,
             "recoverable_idle_fraction": m.get("recoverable_idle_fraction"),
@@ -279,7 +280,7 @@ def _lists(row: Row, artifact_dir: Path) -> tuple[dict, list[str]]:
             raise GateError(f"abi artifacts: {d}/tasks.bin unreadable: {exc}") from exc
         except Error as exc:
             raise GateError(f"abi artifacts: {d}/tasks.bin: {exc.diagnostics()}") from exc
-        plan = _arms.read_json(d / "plan.json")
+        plan = read_json(d / "plan.json")
         shape = abi.StepShape(**plan["shape"])
         buffers = [Buffer(**b) for b in plan["buffers"]]
         report = validate(tasks, shape, buffers, plan["num_counters"])
@@ -297,14 +298,14 @@ def _lists(row: Row, artifact_dir: Path) -> tuple[dict, list[str]]:
 
 def _proof(artifact_dir: Path, admitted: str) -> tuple[str, str, int | None]:
     """("passed" | "mismatch" | "pending" | "not admitted", why, mismatched requests)."""
-    dev = _arms.read_json(artifact_dir / DEVICE)
+    dev = read_json(artifact_dir / DEVICE)
     if admitted == "refused":
         return "not admitted", "GPU proof not run: not admitted", None
     if not dev["present"]:
         return "pending", f"GPU proof pending: {dev['why_not']}", None
     if admitted == "pending" or not (artifact_dir / PROOF).is_file():
         return "pending", "GPU proof pending: not admitted yet", None
-    doc = _arms.read_json(artifact_dir / PROOF)
+    doc = read_json(artifact_dir / PROOF)
     runs = [(cell, sched, r) for cell, by in doc.items() for sched, r in by.items()]
     bad = [(c, s, r) for c, s, r in runs if r["mismatched_requests"]]
     total = sum(r["mismatched_requests"] for _, _, r in runs)

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from pipeline.engines.interface import Request, WorkloadPass
 from pipeline.gates import _arms
+from pipeline.gates._artifacts import read_json, read_jsonl, write_json
 from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Status
 from pipeline.rows import AccuracyGate, Row
 
@@ -139,7 +140,7 @@ class Accuracy(Gate):
                                     "prompt_tokens": len(req.prompt_ids),
                                     "token_ids": list(out.token_ids),
                                     "text": tokenizer.decode(list(out.token_ids))}) + "\n")
-        _arms.write_json(ctx.artifact_dir / META, {
+        write_json(ctx.artifact_dir / META, {
             "engine": engine, "model_digest": model.digest, "eos_token_id": model.eos_token_id,
             "dataset": spec.dataset, "dataset_path": str(path),
             "dataset_sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
@@ -150,11 +151,8 @@ class Accuracy(Gate):
     # -------------------------------------------------------------- derive
 
     def derive(self, row: Row, spec: AccuracyGate, artifact_dir: Path) -> Derived:
-        meta = _arms.read_json(artifact_dir / META)
-        try:
-            outputs = [json.loads(x) for x in (artifact_dir / OUTPUTS).read_text().splitlines()]
-        except (OSError, ValueError) as exc:
-            raise GateError(f"artifact {OUTPUTS} unreadable in {artifact_dir}: {exc}") from exc
+        meta = read_json(artifact_dir / META)
+        outputs = read_jsonl(artifact_dir / OUTPUTS)
         metrics = health(outputs, meta["eos_token_id"], meta["max_tokens"])
         text = (f"health on {len(outputs)} questions: {metrics['empty']} empty, "
                 f"{metrics['runaway']} runaway (hit max_tokens {meta['max_tokens']}), "

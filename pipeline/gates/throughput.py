@@ -30,6 +30,7 @@ from pathlib import Path
 
 from pipeline import device
 from pipeline.gates import _arms
+from pipeline.gates._artifacts import read_json, read_jsonl, write_json
 from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Status
 from pipeline.rows import Row, ThroughputGate
 from pipeline.workload import WorkloadMismatch, check_same_workload, workload_digest
@@ -96,7 +97,7 @@ class Throughput(Gate):
             descriptions = {role: engines[role].describe() for role in ROLES}
         if gpu is None:
             (out / CLOCKS).unlink()  # no GPU: nothing to sample, and no empty file to misread
-        _arms.write_json(out / META, {
+        write_json(out / META, {
             "model_digest": model.digest, "cells": [p.cell for p in passes],
             "order": spec.order, "repeats": spec.repeats, "warmup": spec.warmup,
             "device": _arms.device_name(row), "clocks_sampled": gpu is not None,
@@ -132,14 +133,14 @@ class Throughput(Gate):
     # -------------------------------------------------------------- derive
 
     def derive(self, row: Row, spec: ThroughputGate, artifact_dir: Path) -> Derived:
-        meta = _arms.read_json(artifact_dir / META)
+        meta = read_json(artifact_dir / META)
         try:
             check_same_workload(meta["oracle"]["workload_digest"],
                                 meta["candidate"]["workload_digest"])
         except WorkloadMismatch as exc:
             return Derived(Status.ERROR, str(exc))
         samples = _read_samples(artifact_dir / SAMPLES)
-        requests = _read_requests(artifact_dir / REQUESTS)
+        requests = read_jsonl(artifact_dir / REQUESTS)
         clocks = _read_clocks(artifact_dir / CLOCKS) if meta.get("clocks_sampled") else []
         cells = {}
         for cell in meta["cells"]:
@@ -185,13 +186,6 @@ def _read_clocks(path: Path) -> list[dict]:
                  "temperature_c": int(r["temperature_c"])} for r in _rows(path)]
     except (KeyError, ValueError) as exc:
         raise GateError(f"artifact {path.name}: malformed clock row ({exc})") from exc
-
-
-def _read_requests(path: Path) -> list[dict]:
-    try:
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    except (OSError, ValueError) as exc:
-        raise GateError(f"artifact {path.name} unreadable in {path.parent}: {exc}") from exc
 
 
 # ------------------------------------------------------------- arithmetic

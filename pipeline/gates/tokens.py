@@ -25,6 +25,7 @@ from pathlib import Path
 
 from pipeline.errors import Error
 from pipeline.gates import _arms
+from pipeline.gates._artifacts import read_json, read_jsonl, write_json
 from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Status
 from pipeline.rows import Row, TokensGate
 from pipeline.workload import WorkloadMismatch, check_same_workload, workload_digest
@@ -61,7 +62,7 @@ class Tokens(Gate):
             sides["oracle"] = oracle
         for role, side in sides.items():
             _write_outputs(ctx.artifact_dir / ARM_FILES[role], side.outputs)
-        _arms.write_json(ctx.artifact_dir / META, {
+        write_json(ctx.artifact_dir / META, {
             "model_digest": model.digest,
             "cells": [p.cell for p in passes],
             **{role: side.meta for role, side in sides.items()}})
@@ -69,7 +70,7 @@ class Tokens(Gate):
     # -------------------------------------------------------------- derive
 
     def derive(self, row: Row, spec: TokensGate, artifact_dir: Path) -> Derived:
-        meta = _arms.read_json(artifact_dir / META)
+        meta = read_json(artifact_dir / META)
         source = _source_text(meta["oracle"])
         try:
             check_same_workload(meta["oracle"]["workload_digest"],
@@ -85,8 +86,8 @@ class Tokens(Gate):
                                          f"oracle's precision ({row.arms.oracle.dtype}), not "
                                          f"{row.arms.candidate.dtype}; declare quantized = true "
                                          f"with agreement thresholds for a quantized arm")
-        oracle = _read_outputs(artifact_dir / ARM_FILES["oracle"])
-        candidate = {o["id"]: o for o in _read_outputs(artifact_dir / ARM_FILES["candidate"])}
+        oracle = read_jsonl(artifact_dir / ARM_FILES["oracle"])
+        candidate = {o["id"]: o for o in read_jsonl(artifact_dir / ARM_FILES["candidate"])}
         missing = [o["id"] for o in oracle if o["id"] not in candidate]
         if missing or len(candidate) != len(oracle):
             raise GateError(f"tokens artifacts in {artifact_dir}: the arms answered different "
@@ -148,13 +149,6 @@ def _source_text(meta: dict) -> str:
 
 def _write_outputs(path: Path, outputs: list[dict]) -> None:
     path.write_text("".join(json.dumps(o, sort_keys=True) + "\n" for o in outputs))
-
-
-def _read_outputs(path: Path) -> list[dict]:
-    try:
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    except (OSError, ValueError) as exc:
-        raise GateError(f"artifact {path.name} unreadable in {path.parent}: {exc}") from exc
 
 
 # -------------------------------------------------------------- comparison

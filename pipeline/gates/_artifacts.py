@@ -1,0 +1,28 @@
+"""Reading and writing a gate's raw artifacts; an unreadable one is a GateError
+naming the file (the gate broke or the artifacts were tampered with: ERROR)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pipeline.gates.interface import GateError
+
+
+def write_json(path: Path, doc: object) -> None:
+    path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+
+
+def read_json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise GateError(f"artifact {path.name} unreadable in {path.parent}: {exc}") from exc
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """One JSON document per non-blank line."""
+    try:
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except (OSError, ValueError) as exc:
+        raise GateError(f"artifact {path.name} unreadable in {path.parent}: {exc}") from exc

@@ -15,7 +15,6 @@ How a single file is signed: `pipeline._records`.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import re
@@ -51,7 +50,7 @@ from pipeline.signing import (
     SignerIdentity,
     SigstoreVerifier,
     Verifier,
-    config_dir,
+    public_key_file,
     signature_identity,
 )
 
@@ -112,13 +111,7 @@ class BundleVerifierRef(_Model):
     def verifier(self) -> Verifier:
         if self.kind == "sigstore":
             return SigstoreVerifier(self.identity, self.issuer)
-        pem = self.public_key_pem.encode()
-        # model-signing reads keys from paths: keep it where KeySigner keeps public halves.
-        path = config_dir() / "public" / f"{hashlib.sha256(pem).hexdigest()[:16]}.pub.pem"
-        if not path.exists() or path.read_bytes() != pem:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(pem)
-        return KeyVerifier(path)
+        return KeyVerifier(public_key_file(self.public_key_pem.encode()))
 
 
 class BundleRef(_Model):

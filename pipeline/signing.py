@@ -105,12 +105,7 @@ class KeySigner(Signer):
         return KeyVerifier(self.public_key_file())
 
     def public_key_file(self) -> Path:
-        """The public half, written under the user's config dir (model-signing reads paths)."""
-        out = config_dir() / "public" / f"{self.identity.id.removeprefix('sha256:')[:16]}.pub.pem"
-        if not out.exists():
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_bytes(self.public_pem)
-        return out
+        return public_key_file(self.public_pem)
 
     def sign(self, directory: Path, signature: Path, ignore: list[str]) -> None:
         from model_signing import signing
@@ -145,6 +140,16 @@ class SigstoreSigner(Signer):
              .sign(directory, signature))
         except Exception as exc:  # network/transparency-log errors have no common base
             raise SigningError(f"keyless signing as {self.identity} failed") from exc
+
+
+def public_key_file(public_pem: bytes) -> Path:
+    """A public key PEM as a file under the user's config dir (model-signing reads
+    keys from paths), named by its fingerprint."""
+    out = config_dir() / "public" / f"{_key_fingerprint(public_pem).removeprefix('sha256:')[:16]}.pub.pem"
+    if not out.exists() or out.read_bytes() != public_pem:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_bytes(public_pem)
+    return out
 
 
 def ensure_local_key(announce=lambda msg: print(msg, file=sys.stderr)) -> Path:

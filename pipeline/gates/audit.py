@@ -42,15 +42,16 @@ def measure_audit(repo: Path, arches: list[str], names: list[str], options: dict
     (out / AUDIT_INDEX).write_text(json.dumps(entries, indent=2) + "\n")
 
 
-def _tool(argv: list[str], log: Path) -> dict:
+def _tool(argv: list[str], log: Path, cwd: str | None = None, output: str | None = None) -> dict:
+    """Run one binutil, keep its output in `log`; the record names it as `output`."""
     try:
-        proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        proc = subprocess.run(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               timeout=TOOL_TIMEOUT_S, check=False)
         rc, text = proc.returncode, proc.stdout
     except (OSError, subprocess.TimeoutExpired) as exc:
         rc, text = 127, f"{argv[0]}: {exc}\n".encode()
     log.write_bytes(text)
-    return {"argv": argv, "returncode": rc, "output": log.name}
+    return {"argv": argv, "returncode": rc, "output": output or log.name}
 
 
 def _inspect(b: Built, out: Path, verify_embedded: bool) -> dict:
@@ -87,15 +88,8 @@ def _extract(cuobjdump: str, build_dir: Path, container: str, entry: dict) -> li
     dest.mkdir(parents=True)
     with tempfile.TemporaryDirectory(prefix="rowgate-xelf-") as tmp:
         argv = [cuobjdump, "-xelf", "all", str(build_dir / container)]
-        try:
-            proc = subprocess.run(argv, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  timeout=TOOL_TIMEOUT_S, check=False)
-            rc, text = proc.returncode, proc.stdout
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            rc, text = 127, f"{exc}\n".encode()
-        (dest.parent / f"{container}.xelf.log").write_bytes(text)
-        entry["commands"].append({"argv": argv, "returncode": rc,
-                                  "output": f"embedded/{container}.xelf.log"})
+        entry["commands"].append(_tool(argv, dest.parent / f"{container}.xelf.log", cwd=tmp,
+                                       output=f"embedded/{container}.xelf.log"))
         images = []
         for f in sorted(Path(tmp).iterdir()):
             shutil.copyfile(f, dest / f.name)

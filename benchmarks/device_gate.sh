@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# One device call: the trace capture set (eager vs graph verdict + GPU fixtures) and
-# `rowgate gate ROW` on the H200, everything under $OUT. Run from the repo root with
-# `.whl` carried (the Python packages the device image lacks, see docs/operators.md):
-#   bash benchmarks/device_gate.sh KERNEL-CUDA-DECODE-MEGAKERNEL
+# One device call: optionally the trace capture set and the megakernel benchmark, then
+# `rowgate gate ROW` for each row given, everything under $OUT. Run from the repo root
+# with `.whl` carried (the Python packages the device image lacks, docs/operators.md):
+#   bash benchmarks/device_gate.sh KERNEL-CUDA-DECODE-MEGAKERNEL [ROW ...]
+# Environment: SKIP_TRACE=1 skips the trace capture set; MEGAKERNEL_BENCH="ARGS" runs
+# benchmarks/megakernel.py ARGS first (results under $OUT/megakernel).
 set -uo pipefail
-row="${1:?row id}"
+[ $# -ge 1 ] || { echo "usage: $0 ROW [ROW ...]" >&2; exit 2; }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 ROWGATE_SIGNER=key
@@ -19,8 +21,15 @@ if ! git rev-parse --verify -q HEAD >/dev/null 2>&1; then
     -m "device snapshot of the working tree" || exit 1
 fi
 [ -n "${SKIP_TRACE:-}" ] || timeout 300 python3 benchmarks/trace_capture.py --device cuda --out "$OUT" 2>&1 | tee "$OUT/trace-log.txt"
-timeout 240 python3 -m pipeline.cli gate "$row" --out /tmp/evidence \
-  --option nvcc="$(command -v nvcc)" 2>&1 | tee "$OUT/gate-log.txt"
+if [ -n "${MEGAKERNEL_BENCH:-}" ]; then
+  # shellcheck disable=SC2086  # the variable holds the benchmark's arguments
+  timeout "${MEGAKERNEL_TIMEOUT:-240}" python3 benchmarks/megakernel.py --out "$OUT/megakernel" \
+    --nvcc "$(command -v nvcc)" $MEGAKERNEL_BENCH 2>&1 | tee "$OUT/megakernel-log.txt"
+fi
+for row in "$@"; do
+  timeout "${GATE_TIMEOUT:-240}" python3 -m pipeline.cli gate "$row" --out /tmp/evidence \
+    --option nvcc="$(command -v nvcc)" 2>&1 | tee "$OUT/gate-log-$row.txt"
+done
 cp "$XDG_CONFIG_HOME/rowgate/signing-key.pub.pem" "$OUT/device-key.pub.pem" 2>/dev/null
 # the device returns files of at most 16 MiB: split the sealed evidence
 tar czf - -C /tmp evidence | split -b 15M - "$OUT/evidence.tar.gz.part-"

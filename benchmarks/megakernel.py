@@ -17,6 +17,14 @@ Sections (each one's failure is recorded and the next still runs):
             that time against the copy ceiling, and whether the step's greedy tokens
             equal eager's; then one traced launch per schedule: the per-task timing
             breakdown (counter waits, GEMV, other ops, idle tail; pipeline/megakernel/timeline.py)
+  fidelity  teacher-forced numerics, per batch over --fidelity-steps steps: every path
+            fed eager's greedy token each step, each on its own copy of the prefilled
+            cache; per step the logits of persistent static / dynamic, eager bf16 and
+            an fp32 evaluation of the same weights: static == dynamic bitwise, max |d|
+            of each pair, argmax agreement, eager's top-2 margin; and the first step
+            through the ABI's torch semantics (pipeline/megakernel/interpret.py) on the GPU
+            against the kernel. It tells a wiring bug (large |d|, schedule-dependent
+            results) from bf16 rounding-order noise (|d| no larger than bf16 vs fp32).
 Everything lands in DIR/results.json; a short table is printed last.
 """
 
@@ -39,6 +47,8 @@ sys.path.insert(0, str(REPO))
 SOURCE = REPO / "kernels" / "persistent" / "megakernel.cu"
 MODES = ["eager", "graph", "persistent-static", "persistent-dynamic"]
 PROMPT_LEN = 128
+DEV = "cuda"
+"""Where every tensor lives (the CPU smoke test of this script sets "cpu")."""
 
 
 def log(*parts) -> None:
@@ -93,11 +103,11 @@ def probe():
     return models.build(models.NAMED["probe-qwen3-h2048-l16"])
 
 
-def prefilled(model, batch: int):
+def prefilled(model, batch: int, decode_steps: int = 1):
     from pipeline.engines.reference import PAGE_SIZE, PagedKVCache
 
-    pages = (PROMPT_LEN + PAGE_SIZE) // PAGE_SIZE + 1
-    cache = PagedKVCache(model.cfg, batch * pages, "cuda", model.dtype)
+    pages = (PROMPT_LEN + decode_steps + PAGE_SIZE) // PAGE_SIZE + 1
+    cache = PagedKVCache(model.cfg, batch * pages, DEV, model.dtype)
     gen = torch.Generator().manual_seed(batch)
     rows, first = [], []
     with torch.inference_mode():
@@ -105,15 +115,15 @@ def prefilled(model, batch: int):
             blocks = [cache.allocate() for _ in range(pages)]
             ids = torch.randint(1, model.cfg.vocab_size, (PROMPT_LEN,), generator=gen)
             slots = [blocks[p // PAGE_SIZE] * PAGE_SIZE + p % PAGE_SIZE for p in range(PROMPT_LEN)]
-            logits = model.prefill(ids.cuda(), torch.tensor(slots, device="cuda"), cache)
+            logits = model.prefill(ids.to(DEV), torch.tensor(slots, device=DEV), cache)
             rows.append(blocks)
             first.append(int(logits.argmax()))
     p = PROMPT_LEN
-    args = (torch.tensor(first, device="cuda"), torch.full((batch,), p, device="cuda"),
+    args = (torch.tensor(first, device=DEV), torch.full((batch,), p, device=DEV),
             torch.tensor([bl[p // PAGE_SIZE] * PAGE_SIZE + p % PAGE_SIZE for bl in rows],
-                         device="cuda"),
-            torch.tensor(rows, device="cuda", dtype=torch.int32),
-            torch.full((batch,), p + 1, device="cuda", dtype=torch.int32))
+                         device=DEV),
+            torch.tensor(rows, device=DEV, dtype=torch.int32),
+            torch.full((batch,), p + 1, device=DEV, dtype=torch.int32))
     return cache, args
 
 
@@ -205,6 +215,97 @@ def steps_section(cubin: Path, batches: list[int], steps: int, repeats: int,
     return out
 
 
+def _clone_cache(cache):
+    import copy
+
+    twin = copy.copy(cache)
+    twin.k = [k.clone() for k in cache.k]
+    twin.v = [v.clone() for v in cache.v]
+    return twin
+
+
+def _prefilled_f32(model32, args, cache_bf16, batch: int):
+    """An fp32 cache holding the same prompts (re-prefilled in fp32, same pages)."""
+    from pipeline.engines.reference import PAGE_SIZE, PagedKVCache
+
+    cache = PagedKVCache(model32.cfg, cache_bf16.num_blocks, DEV, torch.float32)
+    gen = torch.Generator().manual_seed(batch)  # prefilled()'s prompts, in its order
+    tables = args[3].tolist()
+    with torch.inference_mode():
+        for blocks in tables:
+            ids = torch.randint(1, model32.cfg.vocab_size, (PROMPT_LEN,), generator=gen)
+            slots = [blocks[p // PAGE_SIZE] * PAGE_SIZE + p % PAGE_SIZE for p in range(PROMPT_LEN)]
+            model32.prefill(ids.to(DEV), torch.tensor(slots, device=DEV), cache)
+    return cache
+
+
+def fidelity_section(cubin: Path, batches: list[int], steps: int) -> dict:
+    from pipeline.engines.reference import PAGE_SIZE, Qwen3Model, torch_paged_decode_attention
+    from pipeline.megakernel import interpret
+    from pipeline.megakernel.abi import Schedule
+    from pipeline.ops.megakernel import PersistentDecode, StepBuffers
+
+    info = probe()
+    model = Qwen3Model(info.path, DEV, torch.bfloat16, torch_paged_decode_attention)
+    model32 = Qwen3Model(info.path, DEV, torch.float32, torch_paged_decode_attention)
+    out = {}
+    for batch in batches:
+        log(f"fidelity batch {batch}")
+        cache_e, args = prefilled(model, batch, steps)
+        cache_s, cache_d, cache_i = (_clone_cache(cache_e) for _ in range(3))
+        cache_f = _prefilled_f32(model32, args, cache_e, batch)
+        static = PersistentDecode(model, cache_s, batch, Schedule.STATIC_ROUND_ROBIN, cubin)
+        dynamic = PersistentDecode(model, cache_d, batch, Schedule.DYNAMIC_QUEUE, cubin)
+        ids, pos, slots, tables, lens = args
+        rows = []
+        with torch.inference_mode():
+            interp = StepBuffers(model, cache_i, batch, static.sm_count)
+            interp.stage(*args)
+            interpret.run(interp.plan.tasks, interp.plan.shape, interp.tensors)
+            first_interp = interp.logits.clone()
+            for step in range(steps):
+                a = (ids, pos, slots, tables, lens)
+                le = model.decode(*a, cache_e)
+                ls, ld = static(*a), dynamic(*a)
+                lf = model32.decode(*a, cache_f)
+                top = le.topk(2, -1).values
+                rows.append({
+                    "static_eq_dynamic": bool(torch.equal(ls, ld)),
+                    "d_static_eager": float((ls - le).abs().max()),
+                    "d_eager_f32": float((le - lf).abs().max()),
+                    "d_static_f32": float((ls - lf).abs().max()),
+                    "argmax_static_eager": int((ls.argmax(-1) == le.argmax(-1)).sum()),
+                    "argmax_eager_f32": int((le.argmax(-1) == lf.argmax(-1)).sum()),
+                    "argmax_static_f32": int((ls.argmax(-1) == lf.argmax(-1)).sum()),
+                    "eager_margin_min": float((top[:, 0] - top[:, 1]).min()),
+                    **({"d_kernel_interp": float((ls - first_interp).abs().max()),
+                        "d_interp_eager": float((first_interp - le).abs().max())}
+                       if step == 0 else {})})
+                ids = le.argmax(-1)  # teacher forcing: everyone gets eager's token
+                pos = pos + 1
+                lens = lens + 1
+                slots = torch.tensor([t[int(p) // PAGE_SIZE] * PAGE_SIZE + int(p) % PAGE_SIZE
+                                      for t, p in zip(tables.tolist(), pos.tolist())],
+                                     device=DEV)
+        n = len(rows) * batch
+        out[f"b{batch}"] = {
+            "steps": rows,
+            "static_eq_dynamic_all": all(r["static_eq_dynamic"] for r in rows),
+            "max_d_static_eager": max(r["d_static_eager"] for r in rows),
+            "max_d_eager_f32": max(r["d_eager_f32"] for r in rows),
+            "max_d_static_f32": max(r["d_static_f32"] for r in rows),
+            "argmax_agree_static_eager": sum(r["argmax_static_eager"] for r in rows) / n,
+            "argmax_agree_eager_f32": sum(r["argmax_eager_f32"] for r in rows) / n,
+            "argmax_agree_static_f32": sum(r["argmax_static_f32"] for r in rows) / n,
+            "d_kernel_interp_step0": rows[0]["d_kernel_interp"],
+            "d_interp_eager_step0": rows[0]["d_interp_eager"]}
+        log(json.dumps({k: v for k, v in out[f"b{batch}"].items() if k != "steps"}))
+        del cache_e, cache_s, cache_d, cache_i, cache_f, static, dynamic, interp
+        if DEV == "cuda":
+            torch.cuda.empty_cache()
+    return out
+
+
 def table(results: dict) -> None:
     steps = results.get("steps", {})
     for key, rec in steps.items():
@@ -223,6 +324,9 @@ def main() -> int:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 4, 8])
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--fidelity-steps", type=int, default=128)
+    ap.add_argument("--sections", nargs="+", default=["steps", "fidelity"],
+                    choices=["steps", "fidelity"])
     ns = ap.parse_args()
     ns.out.mkdir(parents=True, exist_ok=True)
     dev = torch.device("cuda")
@@ -234,7 +338,10 @@ def main() -> int:
                                               capture_output=True, text=True).stdout.strip()}
     built = section(results, "build", lambda: build(ns.nvcc, arch, ns.out))
     ceiling = section(results, "ceiling", lambda: copy_ceiling(dev)).get("bytes_per_s", 0.0)
-    if "cubin" in built:
+    if "cubin" in built and "fidelity" in ns.sections:
+        section(results, "fidelity", lambda: fidelity_section(Path(built["cubin"]), ns.batches,
+                                                              ns.fidelity_steps))
+    if "cubin" in built and "steps" in ns.sections:
         section(results, "steps", lambda: steps_section(Path(built["cubin"]), ns.batches,
                                                         ns.steps, ns.repeats, ceiling))
     (ns.out / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")

@@ -215,6 +215,10 @@ class TokensGate(_GateBase):
     oracle_record: str = ""
     """Path of a signed oracle record to compare against when the oracle cannot
     run beside the candidate; empty means run the oracle here."""
+    oracle_record_key: str = ""
+    """Public key (PEM, a path in the repo) the record must be signed with: pinned in
+    the row so a reviewer sees whose record counts (`--option oracle_record_key`
+    overrides it)."""
     quantized: bool = False
     min_agreement: Annotated[float, Field(ge=0, le=1)] = 1.0
     max_logprob_divergence: Annotated[float, Field(ge=0)] = 0.0

@@ -26,7 +26,7 @@ from pipeline.engines.interface import (
 from pipeline.rows import Arm, EngineKind
 
 __all__ = ["Engine", "EngineError", "PassResult", "Request", "RequestOutput", "WorkloadPass",
-           "create"]
+           "create", "why_unavailable"]
 
 _TRUE = ("1", "true", "yes", "on")
 
@@ -75,6 +75,27 @@ def _reference(arm: Arm, model_dir: Path, device: str, options: dict[str, str]) 
 
 _FACTORIES = {EngineKind.VLLM: _vllm, EngineKind.OPENAI: _openai,
               EngineKind.REFERENCE: _reference}
+
+
+def why_unavailable(arm: Arm) -> str | None:
+    """Why `arm`'s engine cannot run on this machine at all (not installed), or None.
+
+    A gate whose arm is missing is PENDING, like one whose hardware is missing: a
+    device machine without vLLM (the H200 here) cannot run the oracle live, and says
+    so instead of failing to start it. A wrong pinned version is not "missing": the
+    engine's start refuses it (ERROR), since running there would be the wrong oracle.
+    """
+    import shutil
+
+    if arm.engine is EngineKind.VLLM:
+        from pipeline.engines.vllm import installed_version
+
+        if installed_version() is None:
+            return (f"the {arm.engine.value} {arm.version} arm cannot run on this machine: "
+                    f"vLLM is not installed (pip install 'rowgate[engines]')")
+    elif arm.engine is EngineKind.OPENAI and arm.command and shutil.which(arm.command[0]) is None:
+        return (f"the openai arm's server {arm.command[0]!r} is not on this machine's PATH")
+    return None
 
 
 def create(arm: Arm, model_dir: Path, *, device: str = "cpu",

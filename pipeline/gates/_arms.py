@@ -37,6 +37,20 @@ def model_requirement(row: Row) -> str | None:
     return why_unavailable(row.models[0])
 
 
+def arms_requirement(row: Row, roles: tuple[str, ...]) -> str | None:
+    """PENDING reason when the model or one of the arms `roles` cannot run here."""
+    from pipeline import engines
+
+    reason = model_requirement(row)
+    if reason:
+        return reason
+    for role in roles:
+        why = engines.why_unavailable(getattr(row.arms, role))
+        if why:
+            return f"{role}: {why}"
+    return None
+
+
 def resolve_model(row: Row) -> ModelInfo:
     """Build the tiny model, or read the row's local weights directory."""
     ref = row_model(row)

@@ -69,7 +69,7 @@ class Throughput(Gate):
     kind = "throughput"
 
     def requirements(self, row: Row, spec: ThroughputGate, ctx: GateContext) -> str | None:
-        return _arms.model_requirement(row)
+        return _arms.arms_requirement(row, ROLES)
 
     def arch(self, row: Row, ctx: GateContext) -> tuple[str, bool]:
         return _arms.measured_arch(row)

@@ -39,7 +39,9 @@ class Tokens(Gate):
     kind = "tokens"
 
     def requirements(self, row: Row, spec: TokensGate, ctx: GateContext) -> str | None:
-        return _arms.model_requirement(row)
+        # a record stands in for the oracle arm: then only the candidate must run here
+        return _arms.arms_requirement(row, ("candidate",) if spec.oracle_record
+                                      else ("oracle", "candidate"))
 
     def arch(self, row: Row, ctx: GateContext) -> tuple[str, bool]:
         return _arms.measured_arch(row)
@@ -52,7 +54,7 @@ class Tokens(Gate):
         cand_model = _arms.candidate_model(model, ctx)
         arms = {"candidate": (row.arms.candidate, cand_model)}
         if spec.oracle_record:
-            oracle = _record_side(spec.oracle_record, ctx)
+            oracle = _record_side(spec, ctx)
         else:
             arms = {"oracle": (row.arms.oracle, model), **arms}
         with _arms.started(arms, row, ctx) as engines:
@@ -117,17 +119,19 @@ def _run_side(role: str, engine, passes, ctx: GateContext) -> _Side:
                            "workload_digest": workload_digest(passes)})
 
 
-def _record_side(path_text: str, ctx: GateContext) -> _Side:
-    """The oracle's outputs from a signed record, verified by `pipeline.oracle`
-    with `--option oracle_record_key=PUB.pem` (the record signer's public key)
-    or, without it, the verifier `rowgate verify` would use here."""
+def _record_side(spec: TokensGate, ctx: GateContext) -> _Side:
+    """The oracle's outputs from a signed record, verified by `pipeline.oracle` with
+    the record signer's public key (`--option oracle_record_key=PUB.pem`, else the
+    row's `oracle_record_key`) or, with neither, the verifier `rowgate verify` would
+    use here."""
     from pipeline import oracle
     from pipeline.signing import KeyVerifier
 
-    path = Path(path_text)
-    path = path if path.is_absolute() else ctx.repo / path
+    path_text = spec.oracle_record
+    path = _in_repo(path_text, ctx)
     ctx.progress.update(f"tokens: verifying oracle record {path}")
-    key = ctx.options.get(RECORD_KEY_OPTION)
+    key = ctx.options.get(RECORD_KEY_OPTION) or spec.oracle_record_key
+    key = str(_in_repo(key, ctx)) if key else ""
     try:
         record = oracle.load_record(path, KeyVerifier(Path(key)) if key else None)
     except Error as exc:
@@ -139,6 +143,11 @@ def _record_side(path_text: str, ctx: GateContext) -> _Side:
                            "record_signer": str(record.signer), "record_row": record.row_id,
                            "engine": record.engine, "workload_digest": record.workload_digest,
                            "model_digest": record.model_digest})
+
+
+def _in_repo(path_text: str, ctx: GateContext) -> Path:
+    path = Path(path_text)
+    return path if path.is_absolute() else ctx.repo / path
 
 
 def _source_text(meta: dict) -> str:

@@ -4,7 +4,7 @@
 # with `.whl` carried (the Python packages the device image lacks, docs/operators.md):
 #   bash benchmarks/device_gate.sh KERNEL-CUDA-DECODE-MEGAKERNEL [ROW ...]
 # Environment: SKIP_TRACE=1 skips the trace capture set; MEGAKERNEL_BENCH="ARGS" runs
-# benchmarks/megakernel.py ARGS first (results under $OUT/megakernel).
+# benchmarks/megakernel.py ARGS after the rows (results under $OUT/megakernel).
 set -uo pipefail
 [ $# -ge 1 ] || { echo "usage: $0 ROW [ROW ...]" >&2; exit 2; }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -13,23 +13,26 @@ export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 ROWGATE_SIGNER=key
 export XDG_CONFIG_HOME=/tmp/rowgate-config
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,driver_version --format=csv
 nvcc --version | tail -2
-# The device receives a copy of the working tree without .git: the subject is that
-# tree committed as one signed-off commit on a fresh main (recorded as such).
+# The device receives a copy of the working tree, with or without a .git that matches
+# it: the subject is that tree committed as one signed-off snapshot commit (on top of
+# the copied history when there is one, else on a fresh main), recorded as such.
 if ! git rev-parse --verify -q HEAD >/dev/null 2>&1; then
-  rm -rf .git && git init -q -b main . && git add -A . && \
-  git -c user.name=rowgate-device -c user.email=device@rowgate.dev commit -qs \
-    -m "device snapshot of the working tree" || exit 1
+  rm -rf .git && git init -q -b main . || exit 1
+fi
+if [ -n "$(git status --porcelain)" ]; then
+  git add -A . && git -c user.name=rowgate-device -c user.email=device@rowgate.dev \
+    commit -qs -m "device snapshot of the working tree" || exit 1
 fi
 [ -n "${SKIP_TRACE:-}" ] || timeout 300 python3 benchmarks/trace_capture.py --device cuda --out "$OUT" 2>&1 | tee "$OUT/trace-log.txt"
+for row in "$@"; do
+  timeout "${GATE_TIMEOUT:-240}" python3 -m pipeline.cli gate "$row" --out /tmp/evidence \
+    --option nvcc="$(command -v nvcc)" 2>&1 | tee "$OUT/gate-log-$row.txt"
+done
 if [ -n "${MEGAKERNEL_BENCH:-}" ]; then
   # shellcheck disable=SC2086  # the variable holds the benchmark's arguments
   timeout "${MEGAKERNEL_TIMEOUT:-240}" python3 benchmarks/megakernel.py --out "$OUT/megakernel" \
     --nvcc "$(command -v nvcc)" $MEGAKERNEL_BENCH 2>&1 | tee "$OUT/megakernel-log.txt"
 fi
-for row in "$@"; do
-  timeout "${GATE_TIMEOUT:-240}" python3 -m pipeline.cli gate "$row" --out /tmp/evidence \
-    --option nvcc="$(command -v nvcc)" 2>&1 | tee "$OUT/gate-log-$row.txt"
-done
 cp "$XDG_CONFIG_HOME/rowgate/signing-key.pub.pem" "$OUT/device-key.pub.pem" 2>/dev/null
 # the device returns files of at most 16 MiB: split the sealed evidence
 tar czf - -C /tmp evidence | split -b 15M - "$OUT/evidence.tar.gz.part-"

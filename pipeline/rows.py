@@ -237,6 +237,10 @@ class ThroughputGate(_GateBase):
     """Subset of the workload matrix; empty means every cell."""
     endpoint: bool = False
     """Drive the arms through their OpenAI endpoints (streamed TTFT/TPOT/ITL)."""
+    baseline: str = "oracle"
+    """The A side: `oracle`, or the mode of one of the row's fallback arms (e.g.
+    `graph`: the persistent candidate against CUDA-graph replay on the same device).
+    The artifacts keep calling the A side `oracle`; meta.json names the arm."""
 
 
 class TraceGate(_GateBase):
@@ -280,6 +284,10 @@ class AbiGate(_GateBase):
     """Trace gate whose capacity verdict must admit this work."""
     sm_count: Annotated[int, Field(gt=0)] = 132
     """SMs the task lists are sized to where no device is here (H100/H200 SXM: 132)."""
+    tie_margin: Annotated[float, Field(ge=0)] = 0.0
+    """Largest top-2 log-probability gap (nats) at which persistent and eager parting
+    counts as a tie kept the other way, not a mismatch (pipeline/megakernel/proof.py);
+    0 holds the tokens exactly equal. The row says why its value."""
 
 
 GateSpec = Annotated[

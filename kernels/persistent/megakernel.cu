@@ -103,12 +103,19 @@ __device__ void op_rms_norm(const TaskDesc& t, const Ctx& c) {
 }
 
 // y[b, row] = x[b, :] . W[row, :] for the tile's rows; one warp per row.
+// Each lane first issues kChunks 16-byte weight loads, then consumes them: a
+// step is bound by weight bytes, and HBM needs ~32 KB in flight per SM to run
+// at bandwidth (Little's law at ~1 us latency); one load at a time per lane
+// kept it at ~16 % of the copy ceiling on the H200 (docs/perf.md). The order of
+// the fp32 sums per lane is unchanged (k ascending), so results are too.
+constexpr int kChunks = 8;
+
 template <bool kF32Out>
 __device__ void op_gemv(const TaskDesc& t, const Ctx& c) {
   const bf16_bits* W = operand<const bf16_bits>(t, c.buffers, 0);
   const bf16_bits* x = operand<const bf16_bits>(t, c.buffers, 1);
   void* y = operand<void>(t, c.buffers, 2);
-  const u32 K = t.tile[2], N = t.tile[3];
+  const u32 K = t.tile[2], N = t.tile[3], K8 = K / 8;
   const int batch = static_cast<int>(c.s.batch);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (u32 row = t.tile[0] + warp; row < t.tile[0] + t.tile[1]; row += kWarps) {
@@ -116,19 +123,29 @@ __device__ void op_gemv(const TaskDesc& t, const Ctx& c) {
     float acc[kMaxBatch];
 #pragma unroll
     for (int b = 0; b < kMaxBatch; ++b) acc[b] = 0.0f;
-#pragma unroll 2
-    for (u32 k8 = lane; k8 < K / 8; k8 += 32) {
-      float wf[8];
-      unpack8(__ldg(wrow + k8), wf);
+    for (u32 base = lane; base < K8; base += 32 * kChunks) {
+      uint4 wv[kChunks];
 #pragma unroll
-      for (int b = 0; b < kMaxBatch; ++b) {
-        if (b >= batch) break;
-        float xf[8];
-        // Activations come from other blocks of this launch: read them at L2
-        // (ld.global.cg), never through the non-coherent path.
-        unpack8(__ldcg(reinterpret_cast<const uint4*>(x + static_cast<u64>(b) * K) + k8), xf);
+      for (int j = 0; j < kChunks; ++j) {
+        const u32 k8 = base + 32 * j;
+        wv[j] = k8 < K8 ? __ldg(wrow + k8) : make_uint4(0, 0, 0, 0);
+      }
 #pragma unroll
-        for (int i = 0; i < 8; ++i) acc[b] = fmaf(wf[i], xf[i], acc[b]);
+      for (int j = 0; j < kChunks; ++j) {
+        const u32 k8 = base + 32 * j;
+        if (k8 >= K8) break;
+        float wf[8];
+        unpack8(wv[j], wf);
+#pragma unroll
+        for (int b = 0; b < kMaxBatch; ++b) {
+          if (b >= batch) break;
+          float xf[8];
+          // Activations come from other blocks of this launch: read them at L2
+          // (ld.global.cg), never through the non-coherent path.
+          unpack8(__ldcg(reinterpret_cast<const uint4*>(x + static_cast<u64>(b) * K) + k8), xf);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[b] = fmaf(wf[i], xf[i], acc[b]);
+        }
       }
     }
 #pragma unroll

@@ -54,6 +54,10 @@ class RequestOutput:
     latency_s: float = 0.0
     itl_s: tuple[float, ...] = field(default_factory=tuple)
     """Inter-token latencies, where streamed."""
+    runner_up: tuple[tuple[int, float], ...] = ()
+    """Per generated token, the most likely other token and its log-probability,
+    where the engine exposes it (rowgate's reference engine): what tells a tie broken
+    the other way from a real divergence when two bf16 paths part."""
 
 
 @dataclass(frozen=True)

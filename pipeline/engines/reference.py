@@ -226,8 +226,10 @@ class PagedKVCache:
 
 
 def sample(logits: torch.Tensor, work: WorkloadPass,
-           generators: list[torch.Generator | None]) -> tuple[list[int], list[float]]:
-    """Next token per row and its log-probability under the raw (unscaled) distribution.
+           generators: list[torch.Generator | None]
+           ) -> tuple[list[int], list[float], list[tuple[int, float]]]:
+    """Next token per row, its log-probability under the raw (unscaled) distribution,
+    and the most likely other token with its log-probability (the runner-up).
 
     Greedy when temperature is 0 (argmax, first index on ties); otherwise
     temperature, top-k, top-p, then one draw from each request's own seeded
@@ -251,7 +253,9 @@ def sample(logits: torch.Tensor, work: WorkloadPass,
         ids = torch.cat([torch.multinomial(probs[r], 1, generator=g)
                          for r, g in enumerate(generators)])
     chosen = logprobs.gather(-1, ids[:, None])[:, 0]
-    return ids.tolist(), chosen.tolist()
+    others = logprobs.scatter(-1, ids[:, None], float("-inf")).max(dim=-1)
+    runner_up = list(zip(others.indices.tolist(), others.values.tolist()))
+    return ids.tolist(), chosen.tolist(), runner_up
 
 
 # ------------------------------------------------------------------- engine
@@ -264,6 +268,7 @@ class _Seq:
     blocks: list[int] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    runner_up: list[tuple[int, float]] = field(default_factory=list)
     times: list[float] = field(default_factory=list)
     generator: torch.Generator | None = None
 
@@ -274,7 +279,7 @@ class _Seq:
     def output(self) -> RequestOutput:
         itl = tuple(b - a for a, b in zip(self.times, self.times[1:]))
         return RequestOutput(id=self.request.id, token_ids=tuple(self.tokens),
-                             logprobs=tuple(self.logprobs),
+                             logprobs=tuple(self.logprobs), runner_up=tuple(self.runner_up),
                              ttft_s=self.times[0] - self.admitted if self.times else None,
                              latency_s=(self.times[-1] if self.times else self.admitted)
                              - self.admitted, itl_s=itl)
@@ -353,11 +358,12 @@ class ReferenceEngine(Engine):
         return seq
 
     def _append(self, seqs: list[_Seq], logits: torch.Tensor, work: WorkloadPass) -> None:
-        ids, lps = sample(logits, work, [s.generator for s in seqs])
+        ids, lps, runner_up = sample(logits, work, [s.generator for s in seqs])
         now = time.perf_counter()
-        for seq, tok, lp in zip(seqs, ids, lps):
+        for seq, tok, lp, ru in zip(seqs, ids, lps, runner_up):
             seq.tokens.append(tok)
             seq.logprobs.append(lp)
+            seq.runner_up.append(ru)
             seq.times.append(now)
 
     def _decode_step(self, seqs: list[_Seq], work: WorkloadPass) -> None:

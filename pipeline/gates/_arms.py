@@ -37,18 +37,31 @@ def model_requirement(row: Row) -> str | None:
     return why_unavailable(row.models[0])
 
 
-def arms_requirement(row: Row, roles: tuple[str, ...]) -> str | None:
-    """PENDING reason when the model or one of the arms `roles` cannot run here."""
+def arms_requirement(row: Row, arms: dict[str, Arm]) -> str | None:
+    """PENDING reason when the model or one of `arms` ({role: arm}) cannot run here."""
     from pipeline import engines
 
     reason = model_requirement(row)
     if reason:
         return reason
-    for role in roles:
-        why = engines.why_unavailable(getattr(row.arms, role))
+    for role, arm in arms.items():
+        why = engines.why_unavailable(arm)
         if why:
             return f"{role}: {why}"
     return None
+
+
+def baseline_arm(row: Row, baseline: str) -> Arm:
+    """The arm a candidate is measured against: the oracle, or the fallback whose mode
+    is `baseline` (e.g. `graph`: a persistent kernel against CUDA-graph replay)."""
+    if baseline == "oracle":
+        return row.arms.oracle
+    for arm in row.arms.fallbacks:
+        if arm.mode == baseline:
+            return arm
+    modes = ", ".join(a.mode for a in row.arms.fallbacks) or "none"
+    raise GateError(f"baseline {baseline!r}: the row has no fallback arm in that mode "
+                    f"(fallback modes: {modes})")
 
 
 def resolve_model(row: Row) -> ModelInfo:

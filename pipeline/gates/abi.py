@@ -96,7 +96,7 @@ class Abi(Gate):
         ctx.progress.update(f"abi: persistent vs eager tokens on {gpu.name}")
         try:
             doc = proof.run(info.path, passes, list(spec.schedules), f"cuda:{gpu.index}",
-                            row.arms.candidate.dtype, dict(ctx.options))
+                            row.arms.candidate.dtype, dict(ctx.options), spec.tie_margin)
         except Error as exc:
             raise GateError(f"abi: GPU proof: {exc.diagnostics()}") from exc
         write_json(ctx.artifact_dir / PROOF, doc)
@@ -124,8 +124,8 @@ class Abi(Gate):
             metrics.update(task_lists=len(cells), tasks=sum(c["tasks"] for c in cells.values()),
                            validator_problems=len(problems))
             fails += problems[:3] + ([f"(+{len(problems) - 3} more)"] if len(problems) > 3 else [])
-        proof_state, proof_why, mismatches = _proof(artifact_dir, state)
-        metrics.update(gpu_proof=proof_state, mismatched_requests=mismatches)
+        proof_state, proof_why, counts = _proof(artifact_dir, state)
+        metrics.update(gpu_proof=proof_state, **counts)
         if proof_state == "mismatch":
             fails.append(proof_why)
         elif proof_state == "pending":
@@ -296,24 +296,37 @@ def _lists(row: Row, artifact_dir: Path) -> tuple[dict, list[str]]:
     return cells, problems
 
 
-def _proof(artifact_dir: Path, admitted: str) -> tuple[str, str, int | None]:
-    """("passed" | "mismatch" | "pending" | "not admitted", why, mismatched requests)."""
+def _proof(artifact_dir: Path, admitted: str) -> tuple[str, str, dict]:
+    """("passed" | "mismatch" | "pending" | "not admitted", why, request counts)."""
     dev = read_json(artifact_dir / DEVICE)
+    none = {"mismatched_requests": None}
     if admitted == "refused":
-        return "not admitted", "GPU proof not run: not admitted", None
+        return "not admitted", "GPU proof not run: not admitted", none
     if not dev["present"]:
-        return "pending", f"GPU proof pending: {dev['why_not']}", None
+        return "pending", f"GPU proof pending: {dev['why_not']}", none
     if admitted == "pending" or not (artifact_dir / PROOF).is_file():
-        return "pending", "GPU proof pending: not admitted yet", None
+        return "pending", "GPU proof pending: not admitted yet", none
     doc = read_json(artifact_dir / PROOF)
-    runs = [(cell, sched, r) for cell, by in doc.items() for sched, r in by.items()]
-    bad = [(c, s, r) for c, s, r in runs if r["mismatched_requests"]]
-    total = sum(r["mismatched_requests"] for _, _, r in runs)
+    runs = [(cell, sched, r) for cell, by in doc.items() for sched, r in by.items()
+            if isinstance(r, dict)]
+    racy = sorted(cell for cell, by in doc.items() if not by.get("schedules_identical", True))
+    counts = {k: sum(r[k] for _, _, r in runs)
+              for k in ("requests", "exact_requests", "tie_requests", "mismatched_requests")}
     fell_back = sorted({b for _, _, r in runs for b, route in r["routes"].items()
                         if route["fell_back"]})
+    problems = []
+    bad = [(c, s, r) for c, s, r in runs if r["mismatched_requests"]]
     if bad:
         c, s, r = bad[0]
-        return "mismatch", (f"persistent tokens differ from eager: {total} request(s), first "
-                            f"{c} {s} {r['first_divergence']}"), total
+        problems.append(f"persistent tokens differ from eager: {counts['mismatched_requests']} "
+                        f"request(s), first {c} {s} {r['first_divergence']}")
+    if racy:
+        problems.append(f"the schedules disagree (a race) in {', '.join(racy)}")
+    if problems:
+        return "mismatch", "; ".join(problems), counts
+    ties = (f", {counts['tie_requests']} parting at a top-2 tie within the row's tie margin"
+            if counts["tie_requests"] else "")
     note = f"; fallback taken at batch {', '.join(fell_back)}" if fell_back else ""
-    return "passed", f"persistent tokens equal eager in {len(runs)} run(s){note}", 0
+    return "passed", (f"persistent tokens equal eager in {len(runs)} run(s): "
+                      f"{counts['exact_requests']}/{counts['requests']} requests exact{ties}; "
+                      f"schedules identical{note}"), counts

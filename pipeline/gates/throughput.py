@@ -69,7 +69,11 @@ class Throughput(Gate):
     kind = "throughput"
 
     def requirements(self, row: Row, spec: ThroughputGate, ctx: GateContext) -> str | None:
-        return _arms.arms_requirement(row, ROLES)
+        try:
+            base = _arms.baseline_arm(row, spec.baseline)
+        except GateError:
+            return None  # measure raises it: a row naming a missing arm is an ERROR
+        return _arms.arms_requirement(row, {"oracle": base, "candidate": row.arms.candidate})
 
     def arch(self, row: Row, ctx: GateContext) -> tuple[str, bool]:
         return _arms.measured_arch(row)
@@ -82,7 +86,8 @@ class Throughput(Gate):
         cand_model = _arms.candidate_model(model, ctx)
         gpu = _arms.gpu_index(row)
         out = ctx.artifact_dir
-        arms = {"oracle": (row.arms.oracle, model), "candidate": (row.arms.candidate, cand_model)}
+        base = _arms.baseline_arm(row, spec.baseline)
+        arms = {"oracle": (base, model), "candidate": (row.arms.candidate, cand_model)}
         endpoint = {"endpoint": "true"} if spec.endpoint else {}
         with _arms.started(arms, row, ctx, endpoint) as engines, \
                 open(out / SAMPLES, "w", newline="") as s_file, \
@@ -101,6 +106,7 @@ class Throughput(Gate):
             "model_digest": model.digest, "cells": [p.cell for p in passes],
             "order": spec.order, "repeats": spec.repeats, "warmup": spec.warmup,
             "device": _arms.device_name(row), "clocks_sampled": gpu is not None,
+            "baseline": spec.baseline,
             "schedules": {p.cell: schedule(spec.order, spec.repeats, cell_seed(row, spec, p.cell))
                           for p in passes},
             **{role: {"engine": descriptions[role], "workload_digest": workload_digest(passes)}
@@ -146,7 +152,7 @@ class Throughput(Gate):
         for cell in meta["cells"]:
             cells[cell] = _cell_metrics(row, spec, cell, samples, requests)
             cells[cell].update(_clock_metrics(clocks, cell))
-        return _gate_verdict(cells)
+        return _gate_verdict(cells, meta.get("baseline", "oracle"))
 
 
 # ---------------------------------------------------------------- sampling
@@ -272,7 +278,7 @@ def _clock_metrics(clocks: list[dict], cell: str) -> dict:
             "temperature_max_c": max(c["temperature_c"] for c in mine)}
 
 
-def _gate_verdict(cells: dict[str, dict]) -> Derived:
+def _gate_verdict(cells: dict[str, dict], baseline: str = "oracle") -> Derived:
     from pipeline import stats
 
     counts = {v.value: sum(m["verdict"] == v.value for m in cells.values())
@@ -284,7 +290,7 @@ def _gate_verdict(cells: dict[str, dict]) -> Derived:
     parts = [f"{cell} {m['ratio_median']:.3f} [{m['ratio_ci_low']:.3f}, "
              f"{m['ratio_ci_high']:.3f}] p={m['p_value']:.3g} {m['verdict']}"
              for cell, m in cells.items()]
-    text = "candidate/oracle output tok/s, median [95% CI]: " + "; ".join(parts)
+    text = f"candidate/{baseline} output tok/s, median [95% CI]: " + "; ".join(parts)
     blocking = counts["worse"] + counts["inconclusive"]
     if blocking:
         return Derived(Status.FAIL, f"{counts['worse']} cell(s) worse, {counts['inconclusive']} "

@@ -40,8 +40,9 @@ class Tokens(Gate):
 
     def requirements(self, row: Row, spec: TokensGate, ctx: GateContext) -> str | None:
         # a record stands in for the oracle arm: then only the candidate must run here
-        return _arms.arms_requirement(row, ("candidate",) if spec.oracle_record
-                                      else ("oracle", "candidate"))
+        arms = {"candidate": row.arms.candidate}
+        return _arms.arms_requirement(row, arms if spec.oracle_record
+                                      else {"oracle": row.arms.oracle, **arms})
 
     def arch(self, row: Row, ctx: GateContext) -> tuple[str, bool]:
         return _arms.measured_arch(row)

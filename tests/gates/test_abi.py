@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.gates.abi import Abi
+from pipeline.megakernel import proof
 from pipeline.gates.interface import GateContext, GateResult, Status, run_gate
 from pipeline.rows import load_row
 
@@ -109,8 +110,26 @@ def test_a_missing_trace_result_refuses(tmp_path):
         in r.reason
 
 
-def _with_proof(admitted, tmp_path, mismatched: int) -> Path:
-    """The admitted artifacts as an sm_90 machine would leave them: a device and a proof."""
+def _outs(n: int, parted: dict[int, tuple[int, float]] | None = None,
+          side: str = "eager") -> list[proof.Out]:
+    """`n` requests of 24 greedy tokens; `parted` {request: (position, gap)} swaps the top
+    two there (the runner-up of one side is the other's choice, `gap` nats apart)."""
+    outs = []
+    for r in range(n):
+        toks, lps, ru = [10 + r] * 24, [-0.5] * 24, [(900, -3.0)] * 24
+        if parted and r in parted:
+            pos, gap = parted[r]
+            a, b = 7, 8
+            toks[pos], ru[pos] = (a, (b, -0.5 - gap)) if side == "eager" else (b, (a, -0.5 - gap))
+            for i in range(pos + 1, 24):  # histories differ after the split
+                toks[i] = toks[i] + (0 if side == "eager" else 1)
+        outs.append(proof.Out(tuple(toks), tuple(lps), tuple(ru)))
+    return outs
+
+
+def _with_proof(admitted, tmp_path, parted: dict | None = None, racy: bool = False) -> Path:
+    """The admitted artifacts as an sm_90 machine would leave them: a device and a proof,
+    made by the proof's own comparison of eager and persistent outputs."""
     root, _ = admitted
     art = tmp_path / "abi"
     shutil.copytree(root / "artifacts" / "abi", art)
@@ -119,29 +138,50 @@ def _with_proof(admitted, tmp_path, mismatched: int) -> Path:
     route = {"requested": "persistent", "mode": "persistent", "fell_back": False, "reasons": []}
     fell = {"requested": "persistent", "mode": "graph", "fell_back": True,
             "reasons": ["persistent: batch 12 (persistent kernel: 1..8)"]}
-    proof = {cell: {s: {"requests": 8, "mismatched_requests": mismatched if cell == "i128-c4"
-                        and s == "dynamic-queue" else 0,
-                        "first_divergence": {"request": 3, "position": 17, "eager": 5,
-                                             "persistent": 9} if mismatched else None,
-                        "routes": {"1": route, "12": fell}}
-                    for s in SPEC.schedules}
-             for cell in ("i128-c1", "i128-c4", "i128-c8")}
-    (art / "proof.json").write_text(json.dumps(proof))
+    doc = {}
+    for cell in ("i128-c1", "i128-c4", "i128-c8"):
+        doc[cell] = {}
+        for s in SPEC.schedules:
+            hit = parted if cell == "i128-c4" and s == "dynamic-queue" else None
+            doc[cell][s] = {**proof.compare(_outs(8, hit), _outs(8, hit, "persistent"), 0.5),
+                            "routes": {"1": route, "12": fell}}
+        doc[cell]["schedules_identical"] = not (racy and cell == "i128-c8")
+    (art / "proof.json").write_text(json.dumps(doc))
     return art
 
 
 def test_equal_tokens_on_the_device_pass_and_name_the_fallback(admitted, tmp_path):
-    d = Abi().derive(ROW, SPEC, _with_proof(admitted, tmp_path, 0))
+    d = Abi().derive(ROW, SPEC, _with_proof(admitted, tmp_path))
     assert d.status is Status.PASS, d.reason
-    assert d.reason.endswith("persistent tokens equal eager in 6 run(s); fallback taken at "
-                             "batch 12")
+    assert d.reason.endswith("persistent tokens equal eager in 6 run(s): 48/48 requests exact; "
+                             "schedules identical; fallback taken at batch 12")
     assert d.metrics["mismatched_requests"] == 0 and d.metrics["gpu_proof"] == "passed"
     assert d.metrics["admitted"] == "admitted" and d.metrics["task_lists"] == 3
 
 
+def test_a_top2_swap_within_the_tie_margin_passes_and_is_counted(admitted, tmp_path):
+    d = Abi().derive(ROW, SPEC, _with_proof(admitted, tmp_path, {3: (17, 0.125)}))
+    assert d.status is Status.PASS, d.reason
+    assert "47/48 requests exact, 1 parting at a top-2 tie within the row's tie margin" \
+        in d.reason
+    assert d.metrics["tie_requests"] == 1 and d.metrics["mismatched_requests"] == 0
+
+
 def test_a_token_mismatch_on_the_device_fails_naming_the_first(admitted, tmp_path):
-    d = Abi().derive(ROW, SPEC, _with_proof(admitted, tmp_path, 2))
+    # the same swap, but 2 nats apart: far outside bf16 noise, a real divergence
+    d = Abi().derive(ROW, SPEC, _with_proof(admitted, tmp_path, {3: (17, 2.0), 5: (1, 0.0)}))
     assert d.status is Status.FAIL
-    assert d.reason == ("persistent tokens differ from eager: 2 request(s), first i128-c4 "
-                        "dynamic-queue {'request': 3, 'position': 17, 'eager': 5, "
-                        "'persistent': 9}")
+    assert d.reason == ("persistent tokens differ from eager: 1 request(s), first i128-c4 "
+                        "dynamic-queue {'request': 3, 'position': 17, 'eager': 7, "
+                        "'persistent': 8, 'tie': False, 'eager_gap': 2.0, "
+                        "'persistent_gap': 2.0, 'eager_runner_up': 8, "
+                        "'persistent_runner_up': 7}")
+    assert d.metrics["tie_requests"] == 1 and d.metrics["mismatched_requests"] == 1
+
+
+def test_schedules_that_disagree_fail_as_a_race(admitted, tmp_path):
+    d = Abi().derive(ROW, SPEC, _with_proof(admitted, tmp_path, racy=True))
+    assert d.status is Status.FAIL
+    assert d.reason == "the schedules disagree (a race) in i128-c8"
+
+

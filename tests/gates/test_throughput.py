@@ -159,3 +159,54 @@ def test_vllm_aa_reports_no_significant_difference(tmp_path):
     cell = result.cells["i16-c4"]
     assert cell["verdict"] in ("parity", "inconclusive"), result.reason
     assert cell["p_value"] >= 0.01
+
+
+FALLBACK = '''
+    [[arms.fallbacks]]
+    engine = "reference"
+    mode = "eager"
+    dtype = "float32"
+
+    [[gates]]
+    id = "tp"
+    kind = "throughput"
+    baseline = "{baseline}"
+    repeats = 5
+    warmup = 0
+    bootstrap = 1000
+    cells = ["i16-c1"]
+'''
+
+
+def test_the_candidate_is_measured_against_a_fallback_arm_when_the_row_says_so(tmp_path):
+    # the oracle (vLLM) is never started: the A side is the eager fallback
+    path = tiny_row(tmp_path, "TP-BASE", FALLBACK.format(baseline="eager"), requests=2)
+    r = run_one(Throughput(), path, "tp", tmp_path / "stage")
+    assert r.status in (Status.PASS, Status.FAIL), r.reason
+    assert "candidate/eager output tok/s" in r.reason
+    meta = json.loads((tmp_path / "stage" / "artifacts" / "tp" / "meta.json").read_text())
+    assert meta["baseline"] == "eager" and meta["oracle"]["engine"]["engine"] == "reference"
+
+
+def test_a_baseline_the_row_does_not_have_is_an_error(tmp_path):
+    path = tiny_row(tmp_path, "TP-NOBASE", FALLBACK.format(baseline="graph"), requests=2)
+    r = run_one(Throughput(), path, "tp", tmp_path / "stage")
+    assert r.status is Status.ERROR
+    assert r.reason == ("baseline 'graph': the row has no fallback arm in that mode "
+                        "(fallback modes: eager)")
+
+
+def test_an_arm_whose_engine_is_not_on_this_machine_is_pending(tmp_path):
+    body = '''
+    [[gates]]
+    id = "tp"
+    kind = "throughput"
+    '''
+    path = tiny_row(tmp_path, "TP-ABSENT", body)
+    text = path.read_text().replace('engine = "reference"\nmode = "eager"',
+                                    'engine = "openai"\ncommand = ["no-such-server-xyz"]', 1)
+    path.write_text(text)
+    r = run_one(Throughput(), path, "tp", tmp_path / "stage")
+    assert r.status is Status.PENDING
+    assert r.reason == ("candidate: the openai arm's server 'no-such-server-xyz' is not on "
+                        "this machine's PATH")

@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # One device call: optionally the trace capture set and the megakernel benchmark, then
-# `rowgate gate ROW` for each row given, everything under $OUT. Run from the repo root
+# `rowgate gate ROW` for each row given. The device returns at most 8 files: logs and
+# results come back as $OUT/results.tar.gz, the sealed bundles as
+# $OUT/evidence.tar.gz.part-* (15 MiB pieces). Run from the repo root
 # with `.whl` carried (the Python packages the device image lacks, docs/operators.md):
 #   bash benchmarks/device_gate.sh KERNEL-CUDA-DECODE-MEGAKERNEL [ROW ...]
 # Environment: SKIP_TRACE=1 skips the trace capture set; MEGAKERNEL_BENCH="ARGS" runs
-# benchmarks/megakernel.py ARGS after the rows (results under $OUT/megakernel).
+# benchmarks/megakernel.py ARGS after the rows (results under megakernel/);
+# GPU_TESTS=1 then runs the `gpu`-marked tests (log pytest-gpu.txt).
 set -uo pipefail
+R=/tmp/device-results  # everything but the evidence, tarred into $OUT at the end
+rm -rf "$R" && mkdir -p "$R"
 [ $# -ge 1 ] || { echo "usage: $0 ROW [ROW ...]" >&2; exit 2; }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
@@ -23,17 +28,22 @@ if [ -n "$(git status --porcelain)" ]; then
   git add -A . && git -c user.name=rowgate-device -c user.email=device@rowgate.dev \
     commit -qs -m "device snapshot of the working tree" || exit 1
 fi
-[ -n "${SKIP_TRACE:-}" ] || timeout 300 python3 benchmarks/trace_capture.py --device cuda --out "$OUT" 2>&1 | tee "$OUT/trace-log.txt"
+[ -n "${SKIP_TRACE:-}" ] || timeout 300 python3 benchmarks/trace_capture.py --device cuda --out "$R" 2>&1 | tee "$R/trace-log.txt"
 for row in "$@"; do
   timeout "${GATE_TIMEOUT:-240}" python3 -m pipeline.cli gate "$row" --out /tmp/evidence \
-    --option nvcc="$(command -v nvcc)" 2>&1 | tee "$OUT/gate-log-$row.txt"
+    --option nvcc="$(command -v nvcc)" 2>&1 | tee "$R/gate-log-$row.txt"
 done
 if [ -n "${MEGAKERNEL_BENCH:-}" ]; then
   # shellcheck disable=SC2086  # the variable holds the benchmark's arguments
-  timeout "${MEGAKERNEL_TIMEOUT:-240}" python3 benchmarks/megakernel.py --out "$OUT/megakernel" \
-    --nvcc "$(command -v nvcc)" $MEGAKERNEL_BENCH 2>&1 | tee "$OUT/megakernel-log.txt"
+  timeout "${MEGAKERNEL_TIMEOUT:-240}" python3 benchmarks/megakernel.py --out "$R/megakernel" \
+    --nvcc "$(command -v nvcc)" $MEGAKERNEL_BENCH 2>&1 | tee "$R/megakernel-log.txt"
 fi
-cp "$XDG_CONFIG_HOME/rowgate/signing-key.pub.pem" "$OUT/device-key.pub.pem" 2>/dev/null
+if [ -n "${GPU_TESTS:-}" ]; then
+  timeout "${GPU_TESTS_TIMEOUT:-240}" python3 -m pytest -p no:cacheprovider -m gpu -q -rs \
+    tests 2>&1 | tee "$R/pytest-gpu.txt"
+fi
+cp "$XDG_CONFIG_HOME/rowgate/signing-key.pub.pem" "$R/device-key.pub.pem" 2>/dev/null
+tar czf "$OUT/results.tar.gz" -C "$R" .
 # the device returns files of at most 16 MiB: split the sealed evidence
 tar czf - -C /tmp evidence | split -b 15M - "$OUT/evidence.tar.gz.part-"
 ls -la "$OUT"

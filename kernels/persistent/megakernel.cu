@@ -277,6 +277,26 @@ __device__ void op_residual_add(const TaskDesc& t, const Ctx& c) {
   }
 }
 
+// A GEMV task's weight rows do not depend on any counter: ask L2 for them before
+// waiting, so the weight stream overlaps the wait for the previous stage (the
+// traced breakdown put 25-30 % of block time in counter waits). Hopper's bulk
+// prefetch takes a byte range per instruction; each warp issues a slice.
+constexpr u32 kPrefetchSlice = 16384;
+
+__device__ __forceinline__ void prefetch_weights(const TaskDesc& t, const u64* buffers) {
+  namespace task = rowgate::task;
+  if (t.opcode != task::kGemv && t.opcode != task::kLogits) return;
+  const char* w = reinterpret_cast<const char*>(operand<const bf16_bits>(t, buffers, 0)) +
+                  static_cast<u64>(t.tile[0]) * t.tile[2] * sizeof(bf16_bits);
+  const u64 bytes = static_cast<u64>(t.tile[1]) * t.tile[2] * sizeof(bf16_bits);
+  if (threadIdx.x % 32 != 0) return;
+  for (u64 at = static_cast<u64>(threadIdx.x / 32) * kPrefetchSlice; at < bytes;
+       at += static_cast<u64>(kWarps) * kPrefetchSlice) {
+    const u32 n = static_cast<u32>(min(static_cast<u64>(kPrefetchSlice), bytes - at));
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(w + at), "r"(n) : "memory");
+  }
+}
+
 __device__ void run_task(const TaskDesc& t, const Ctx& c) {
   namespace task = rowgate::task;
   const bool d128 = c.s.head_dim == 128;
@@ -342,6 +362,7 @@ __device__ __forceinline__ void persistent_decode(const TaskDesc* tasks, u32 num
       c0 = clock64();
     }
     __syncthreads();
+    prefetch_weights(s_task, buffers);
     rowgate::task::wait_counters(s_task, counters);
     if (timed) c1 = clock64();
     run_task(s_task, c);

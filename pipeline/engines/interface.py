@@ -54,10 +54,11 @@ class RequestOutput:
     latency_s: float = 0.0
     itl_s: tuple[float, ...] = field(default_factory=tuple)
     """Inter-token latencies, where streamed."""
-    runner_up: tuple[tuple[int, float], ...] = ()
-    """Per generated token, the most likely other token and its log-probability,
-    where the engine exposes it (rowgate's reference engine): what tells a tie broken
-    the other way from a real divergence when two bf16 paths part."""
+    alternatives: tuple[tuple[tuple[int, float], ...], ...] = ()
+    """Per generated token, the most likely other tokens with their log-probabilities,
+    best first, where the engine exposes them (rowgate's reference engine keeps
+    ALTERNATIVES of them): what tells a near-tie kept the other way from a real
+    divergence when two bf16 paths part (bf16 logits tie three ways, too)."""
 
 
 @dataclass(frozen=True)

@@ -225,11 +225,15 @@ class PagedKVCache:
 # ----------------------------------------------------------------- sampling
 
 
+ALTERNATIVES = 4
+"""Other tokens kept per generated token (RequestOutput.alternatives)."""
+
+
 def sample(logits: torch.Tensor, work: WorkloadPass,
            generators: list[torch.Generator | None]
-           ) -> tuple[list[int], list[float], list[tuple[int, float]]]:
+           ) -> tuple[list[int], list[float], list[tuple[tuple[int, float], ...]]]:
     """Next token per row, its log-probability under the raw (unscaled) distribution,
-    and the most likely other token with its log-probability (the runner-up).
+    and the ALTERNATIVES most likely other tokens with their log-probabilities.
 
     Greedy when temperature is 0 (argmax, first index on ties); otherwise
     temperature, top-k, top-p, then one draw from each request's own seeded
@@ -253,9 +257,11 @@ def sample(logits: torch.Tensor, work: WorkloadPass,
         ids = torch.cat([torch.multinomial(probs[r], 1, generator=g)
                          for r, g in enumerate(generators)])
     chosen = logprobs.gather(-1, ids[:, None])[:, 0]
-    others = logprobs.scatter(-1, ids[:, None], float("-inf")).max(dim=-1)
-    runner_up = list(zip(others.indices.tolist(), others.values.tolist()))
-    return ids.tolist(), chosen.tolist(), runner_up
+    k = min(ALTERNATIVES, logits.shape[-1] - 1)
+    others = logprobs.scatter(-1, ids[:, None], float("-inf")).topk(k, dim=-1)
+    alternatives = [tuple(zip(i, v)) for i, v in zip(others.indices.tolist(),
+                                                      others.values.tolist())]
+    return ids.tolist(), chosen.tolist(), alternatives
 
 
 # ------------------------------------------------------------------- engine
@@ -268,7 +274,7 @@ class _Seq:
     blocks: list[int] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
-    runner_up: list[tuple[int, float]] = field(default_factory=list)
+    alternatives: list[tuple[tuple[int, float], ...]] = field(default_factory=list)
     times: list[float] = field(default_factory=list)
     generator: torch.Generator | None = None
 
@@ -279,7 +285,8 @@ class _Seq:
     def output(self) -> RequestOutput:
         itl = tuple(b - a for a, b in zip(self.times, self.times[1:]))
         return RequestOutput(id=self.request.id, token_ids=tuple(self.tokens),
-                             logprobs=tuple(self.logprobs), runner_up=tuple(self.runner_up),
+                             logprobs=tuple(self.logprobs),
+                             alternatives=tuple(self.alternatives),
                              ttft_s=self.times[0] - self.admitted if self.times else None,
                              latency_s=(self.times[-1] if self.times else self.admitted)
                              - self.admitted, itl_s=itl)
@@ -358,12 +365,12 @@ class ReferenceEngine(Engine):
         return seq
 
     def _append(self, seqs: list[_Seq], logits: torch.Tensor, work: WorkloadPass) -> None:
-        ids, lps, runner_up = sample(logits, work, [s.generator for s in seqs])
+        ids, lps, alternatives = sample(logits, work, [s.generator for s in seqs])
         now = time.perf_counter()
-        for seq, tok, lp, ru in zip(seqs, ids, lps, runner_up):
+        for seq, tok, lp, alt in zip(seqs, ids, lps, alternatives):
             seq.tokens.append(tok)
             seq.logprobs.append(lp)
-            seq.runner_up.append(ru)
+            seq.alternatives.append(alt)
             seq.times.append(now)
 
     def _decode_step(self, seqs: list[_Seq], work: WorkloadPass) -> None:

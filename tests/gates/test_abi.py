@@ -112,18 +112,19 @@ def test_a_missing_trace_result_refuses(tmp_path):
 
 def _outs(n: int, parted: dict[int, tuple[int, float]] | None = None,
           side: str = "eager") -> list[proof.Out]:
-    """`n` requests of 24 greedy tokens; `parted` {request: (position, gap)} swaps the top
-    two there (the runner-up of one side is the other's choice, `gap` nats apart)."""
+    """`n` requests of 24 greedy tokens; `parted` {request: (position, gap)} parts the
+    paths there: each keeps 7 or 8 and has the other's `gap` nats below its own."""
     outs = []
     for r in range(n):
-        toks, lps, ru = [10 + r] * 24, [-0.5] * 24, [(900, -3.0)] * 24
+        toks, lps = [10 + r] * 24, [-0.5] * 24
+        alts = [((900, -3.0),)] * 24
         if parted and r in parted:
             pos, gap = parted[r]
-            a, b = 7, 8
-            toks[pos], ru[pos] = (a, (b, -0.5 - gap)) if side == "eager" else (b, (a, -0.5 - gap))
+            mine, other = (7, 8) if side == "eager" else (8, 7)
+            toks[pos], alts[pos] = mine, ((900, -0.5 - gap / 2), (other, -0.5 - gap))
             for i in range(pos + 1, 24):  # histories differ after the split
                 toks[i] = toks[i] + (0 if side == "eager" else 1)
-        outs.append(proof.Out(tuple(toks), tuple(lps), tuple(ru)))
+        outs.append(proof.Out(tuple(toks), tuple(lps), tuple(alts)))
     return outs
 
 
@@ -174,8 +175,7 @@ def test_a_token_mismatch_on_the_device_fails_naming_the_first(admitted, tmp_pat
     assert d.reason == ("persistent tokens differ from eager: 1 request(s), first i128-c4 "
                         "dynamic-queue {'request': 3, 'position': 17, 'eager': 7, "
                         "'persistent': 8, 'tie': False, 'eager_gap': 2.0, "
-                        "'persistent_gap': 2.0, 'eager_runner_up': 8, "
-                        "'persistent_runner_up': 7}")
+                        "'persistent_gap': 2.0}")
     assert d.metrics["tie_requests"] == 1 and d.metrics["mismatched_requests"] == 1
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.gates.abi import Abi
-from pipeline.megakernel import proof
 from pipeline.gates.interface import GateContext, GateResult, Status, run_gate
+from pipeline.megakernel import proof
 from pipeline.rows import load_row
 
 ROOT = Path(__file__).resolve().parents[2]

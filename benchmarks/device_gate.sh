@@ -39,7 +39,7 @@ if [ -n "${MEGAKERNEL_BENCH:-}" ]; then
     --nvcc "$(command -v nvcc)" $MEGAKERNEL_BENCH 2>&1 | tee "$R/megakernel-log.txt"
 fi
 if [ -n "${GPU_TESTS:-}" ]; then
-  timeout "${GPU_TESTS_TIMEOUT:-240}" python3 -m pytest -p no:cacheprovider -m gpu -q -rs \
+  ROWGATE_NVCC="$(command -v nvcc)" timeout "${GPU_TESTS_TIMEOUT:-240}" python3 -m pytest -p no:cacheprovider -m gpu -q -rs \
     tests 2>&1 | tee "$R/pytest-gpu.txt"
 fi
 cp "$XDG_CONFIG_HOME/rowgate/signing-key.pub.pem" "$R/device-key.pub.pem" 2>/dev/null

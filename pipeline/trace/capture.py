@@ -295,8 +295,10 @@ def _profiler(plan: CapturePlan, device: str, export_to: Path):
     if not plan.synchronous:
         wait, warmup, active = plan.schedule()
         sched = schedule(wait=wait, warmup=warmup, active=active, repeat=1)
+    # acc_events: the schedule has one cycle (repeat=1), so keeping events across
+    # cycles changes nothing; without it torch 2.11 warns that it clears them.
     prof = profile(activities=activities, schedule=sched, on_trace_ready=ready,
-                   record_shapes=True)
+                   record_shapes=True, acc_events=True)
     return prof, written
 
 

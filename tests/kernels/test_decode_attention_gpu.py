@@ -3,7 +3,8 @@ GQA, bf16 and FP8-E5M2 KV with scales, randomized page tables, ragged lengths wi
 the page boundaries (page-1, page, page+1) and an empty sequence.
 
 The cubin is the build gate's own (pipeline.cudabuild, wheel toolchain, the GPU's
-arch); ROWGATE_DECODE_CUBIN=path uses a cubin built elsewhere instead (a device
+arch, or the nvcc ROWGATE_NVCC names on a device machine without the wheels);
+ROWGATE_DECODE_CUBIN=path uses a cubin built elsewhere instead (a device
 machine without this package's dependencies runs this file alone, --noconftest).
 Launch goes through cuda.core on torch's current stream.
 """
@@ -43,7 +44,8 @@ def module():
         from pipeline import cudabuild
 
         major, minor = torch.cuda.get_device_capability()
-        path = str(cudabuild.cubin(REPO, "decode_attention", f"sm_{major}{minor}"))
+        path = str(cudabuild.cubin(REPO, "decode_attention", f"sm_{major}{minor}",
+                                   os.environ.get("ROWGATE_NVCC")))
     data = Path(path).read_bytes()
     code = cc.ObjectCode.from_cubin(data) if hasattr(cc.ObjectCode, "from_cubin") \
         else cc.ObjectCode(data, "cubin")

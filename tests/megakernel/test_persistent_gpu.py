@@ -2,7 +2,8 @@
 torch step, and whole greedy generations equal across eager, CUDA graph and persistent
 (both schedules), with the fallback taken (and recorded) for a batch it does not support.
 
-The cubin is the build gate's (pipeline.cudabuild, the GPU's arch) unless
+The cubin is the build gate's (pipeline.cudabuild, the GPU's arch; with the nvcc
+ROWGATE_NVCC names on a device machine without the wheels) unless
 ROWGATE_PERSISTENT_CUBIN names one built elsewhere (docs/task-abi.md gives the
 device command).
 """
@@ -36,7 +37,7 @@ def cubin() -> Path:
     from pipeline.ops.megakernel import build_cubin
 
     major, minor = torch.cuda.get_device_capability()
-    return build_cubin(f"sm_{major}{minor}")
+    return build_cubin(f"sm_{major}{minor}", os.environ.get("ROWGATE_NVCC"))
 
 
 def _prefilled(tiny, batch: int, prompt_len: int):

@@ -6,8 +6,8 @@
 (docs/task-abi.md gives the whole device command, with the wheels it carries.)
 
 Sections (each one's failure is recorded and the next still runs):
-  build     kernels/persistent/megakernel.cu -> cubin for the GPU's arch with the
-            build gate's warning flags (warnings are errors), ptxas report kept
+  build     kernels/persistent/megakernel.cu -> cubin for the GPU's arch, exactly as
+            the build gate builds it (pipeline.cudabuild), build record kept
   ceiling   device-to-device copy bandwidth (bytes read + written), this run
   steps     the probe model (Qwen3, 16 layers, hidden 2048, bf16, fixed seed) at each
             batch: one decode step after a 128-token prefill, in four modes -- eager
@@ -44,7 +44,6 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-SOURCE = REPO / "kernels" / "persistent" / "megakernel.cu"
 MODES = ["eager", "graph", "persistent-static", "persistent-dynamic"]
 PROMPT_LEN = 128
 DEV = "cuda"
@@ -67,20 +66,17 @@ def section(results: dict, name: str, fn):
 
 
 def build(nvcc: str, arch: str, out: Path) -> dict:
-    """The build gate's nvcc flags (pipeline/cudabuild.py), cubin only."""
-    cubin = out / f"persistent_decode.{arch}.cubin"
-    sm = arch.removeprefix("sm_")
-    argv = [nvcc, "-cubin", "-o", str(cubin), str(SOURCE), "-std=c++17",
-            f"-I{REPO / 'kernels' / 'include'}", f"-gencode=arch=compute_{sm},code=sm_{sm}",
-            "-Werror", "all-warnings", "-Xptxas", "-v,-warn-spills,-warn-lmem-usage",
-            "-Xcompiler", "-Wall,-Wextra,-Werror"]
-    proc = subprocess.run(argv, capture_output=True, text=True)
-    (out / "build.log").write_text(proc.stdout + proc.stderr)
+    """The build gate's cubin (pipeline.cudabuild: its recipe, warnings as errors, cached),
+    with the device's own nvcc; its build record and ptxas report are kept in `out`."""
+    from pipeline.cudabuild import BUILD_RECORD
+    from pipeline.ops.megakernel import build_cubin
+
+    cubin = build_cubin(arch, nvcc)
+    shutil.copy(cubin, out / cubin.name)
+    shutil.copy(cubin.parent / BUILD_RECORD, out / BUILD_RECORD)
     version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
-    if proc.returncode != 0:
-        raise RuntimeError(f"nvcc exited {proc.returncode}: {proc.stderr.strip()[:400]}")
-    return {"argv": argv, "nvcc": version.strip().splitlines()[-1], "cubin": str(cubin),
-            "ptxas": [line for line in proc.stderr.splitlines() if "ptxas info" in line]}
+    return {"nvcc": version.strip().splitlines()[-1], "cubin": str(cubin),
+            "build_dir": str(cubin.parent)}
 
 
 def copy_ceiling(dev) -> dict:

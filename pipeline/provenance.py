@@ -72,18 +72,20 @@ def main_branch(repo: git.Repo) -> str:
     raise RepoError(f"{repo.working_dir}: no branch {' or '.join(MAIN_BRANCHES)}")
 
 
-def subject(path: Path, base: str | None = None) -> Subject:
-    """Commit, tree, base and dirty flag of the repo at `path`."""
+def subject(path: Path, base: str | None = None, into: str | None = None) -> Subject:
+    """Commit, tree, base and dirty flag of the repo at `path`. The base is the
+    merge-base with `into` (the row's merge target) where that branch exists here,
+    else with the main branch: the review recomputes it against the row's target."""
     with open_repo(path) as repo:  # closing ends git's persistent cat-file processes
-        return _subject(repo, path, base)
+        return _subject(repo, path, base, into)
 
 
-def _subject(repo: git.Repo, path: Path, base: str | None) -> Subject:
+def _subject(repo: git.Repo, path: Path, base: str | None, into: str | None) -> Subject:
     if not repo.head.is_valid():
         raise RepoError(f"--repo {path}: repository has no commits")
     head = repo.head.commit
     branch = "(detached)" if repo.head.is_detached else repo.active_branch.name
-    main = main_branch(repo)
+    main = into if into and into in repo.heads else main_branch(repo)
     if base:
         try:
             base_sha = repo.commit(base).hexsha

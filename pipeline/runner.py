@@ -38,7 +38,7 @@ def row_file_ref(loaded: LoadedRow) -> str:
 def run_row(loaded: LoadedRow, repo: Path, out_dir: Path, signer: Signer, progress: Progress,
             base: str | None = None, options: dict[str, str] | None = None) -> GateRun:
     row = loaded.row
-    subject = provenance.subject(repo, base)
+    subject = provenance.subject(repo, base, row.review.merge_into)
     prov = provenance.collect()
     stage = Stage(out_dir, row.id)
     try:

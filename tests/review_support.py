@@ -113,8 +113,9 @@ class World:
     # ------------------------------------------------------------------ rows
 
     def row(self, body: str = HOST_ROW, *, arch: str = "cpu", attestation: bool = False,
-            row_id: str = ROW_ID) -> Path:
-        review = f"\n[review]\nrequire_operator_attestation = {str(attestation).lower()}\n"
+            row_id: str = ROW_ID, merge_into: str = "main") -> Path:
+        review = (f"\n[review]\nrequire_operator_attestation = {str(attestation).lower()}\n"
+                  f"merge_into = \"{merge_into}\"\n")
         return write_row(self.tmp / "rows", row_id, textwrap.dedent(body) + review, arch=arch)
 
     def gate(self, row: Path, base: str | None = None) -> Path:

@@ -19,6 +19,21 @@ def test_feature_branch_base_is_merge_base(git_repo):
     assert s.base == main_head.hexsha and not s.dirty
 
 
+def test_the_base_is_taken_against_the_rows_merge_target_where_it_exists(git_repo):
+    # a release branch one commit ahead of main: a change meant for it has that base
+    git_repo.git.checkout("main")
+    git_repo.git.checkout("-b", "release")
+    release_head = commit_file(git_repo, "rel.txt", "r\n", "release moves").hexsha
+    git_repo.git.checkout("-b", "fix")
+    commit_file(git_repo, "fix.txt", "f\n", "the fix")
+    path = Path(git_repo.working_dir)
+    into = provenance.subject(path, into="release")
+    assert into.base_branch == "release" and into.base == release_head
+    against_main = provenance.subject(path)
+    assert against_main.base_branch == "main" and against_main.base != release_head
+    assert provenance.subject(path, into="no-such-branch").base_branch == "main"
+
+
 def test_on_main_the_base_is_the_first_parent(git_repo):
     git_repo.git.checkout("main")
     s = provenance.subject(Path(git_repo.working_dir))

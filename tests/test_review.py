@@ -100,6 +100,21 @@ def test_base_that_is_not_the_merge_base_is_stale(world):
     assert "stale: base moved: merge-base with main is now" in _record(out)[1].summary
 
 
+def test_a_change_for_another_branch_is_fresh_against_that_branch(world):
+    # the row merges into `release` (one commit ahead of main): the gate records the
+    # merge-base with release, which is what the review recomputes
+    world.repo.git.checkout("main")
+    world.repo.git.checkout("-b", "release")
+    commit_file(world.repo, "release.txt", "r\n", "release moves")
+    world.repo.git.checkout("-b", "fix")
+    commit_file(world.repo, "src/kernel.txt", "v3\n", "kernel fix")
+    row = world.row(merge_into="release")
+    code, out, _ = world.review(world.gate(row), row)
+    _, record = _record(out)
+    assert not [r for r in record.reasons if r.startswith("stale")], record.reasons
+    assert record.freshness.merge_base == world.repo.heads["release"].commit.hexsha
+
+
 def test_resigned_bundle_whose_summary_was_edited_is_inconsistent(world):
     failing = HOST_ROW.replace('[["git", "status", "--short"]]',
                                '[["python", "-c", "raise SystemExit(3)"]]')

@@ -193,19 +193,26 @@ class Stage:
         self.root.rename(named)
         self.root = named
         signer.sign(named, named / SIGNATURE_FILE, ignore=[SIGNATURE_FILE])
-        _freeze(named)
-        final = self.row_dir / bundle_id
-        try:
-            os.rename(named, final)
-        except OSError as exc:
-            raise EvidenceError(f"cannot publish bundle {final}: {exc.strerror}") from exc
-        _fsync_path(self.row_dir)
+        final = publish(named, self.row_dir / bundle_id, "bundle")
         shutil.rmtree(self._holder, ignore_errors=True)
         return final
 
     def discard(self) -> None:
-        _thaw(self._holder)
+        thaw(self._holder)
         shutil.rmtree(self._holder, ignore_errors=True)
+
+
+def publish(named: Path, final: Path, what: str) -> Path:
+    """Freeze a signed directory (every file fsynced and read-only) and move it to
+    `final` in one rename on the same filesystem: readers see it whole or not at all
+    (bundles here, oracle records in pipeline.oracle)."""
+    _freeze(named)
+    try:
+        os.rename(named, final)
+    except OSError as exc:
+        raise EvidenceError(f"cannot publish {what} {final}: {exc.strerror}") from exc
+    _fsync_path(final.parent)
+    return final
 
 
 def _freeze(root: Path) -> None:
@@ -219,7 +226,8 @@ def _freeze(root: Path) -> None:
         Path(dirpath).chmod(0o555)
 
 
-def _thaw(root: Path) -> None:
+def thaw(root: Path) -> None:
+    """Make a frozen staging tree removable again."""
     for dirpath, _, _ in os.walk(root):
         Path(dirpath).chmod(0o755)
 
@@ -230,7 +238,7 @@ def sweep_stale_stages(row_dir: Path) -> None:
         pid = entry.name[len(STAGING_PREFIX):].split("-", 1)[0]
         if pid.isdigit() and _alive(int(pid)):
             continue
-        _thaw(entry)
+        thaw(entry)
         shutil.rmtree(entry, ignore_errors=True)
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import platform
 import shutil
 import tempfile
@@ -31,6 +30,7 @@ from pathlib import Path
 from pipeline import __version__
 from pipeline.engines.interface import Request, WorkloadPass
 from pipeline.errors import EvidenceError, VerificationError
+from pipeline.evidence import publish, thaw
 from pipeline.rows import LoadedRow
 from pipeline.signing import SIGNATURE_FILE, Signer, SignerIdentity, Verifier
 
@@ -131,10 +131,9 @@ def _seal(row_dir: Path, data: bytes, signer: Signer) -> Path:
         named.mkdir()
         (named / RECORD_FILE).write_bytes(data)
         signer.sign(named, named / SIGNATURE_FILE, ignore=[SIGNATURE_FILE])
-        for file in named.iterdir():
-            file.chmod(0o444)
-        os.rename(named, final)
+        publish(named, final, "oracle record")
     finally:
+        thaw(holder)
         shutil.rmtree(holder, ignore_errors=True)
     return final
 

@@ -324,7 +324,7 @@ def _proof(artifact_dir: Path, admitted: str) -> tuple[str, str, dict]:
         problems.append(f"the schedules disagree (a race) in {', '.join(racy)}")
     if problems:
         return "mismatch", "; ".join(problems), counts
-    ties = (f", {counts['tie_requests']} parting at a top-2 tie within the row's tie margin"
+    ties = (f", {counts['tie_requests']} parting at a near-tie within the row's tie margin"
             if counts["tie_requests"] else "")
     note = f"; fallback taken at batch {', '.join(fell_back)}" if fell_back else ""
     return "passed", (f"persistent tokens equal eager in {len(runs)} run(s): "

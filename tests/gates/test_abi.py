@@ -163,7 +163,7 @@ def test_equal_tokens_on_the_device_pass_and_name_the_fallback(admitted, tmp_pat
 def test_a_top2_swap_within_the_tie_margin_passes_and_is_counted(admitted, tmp_path):
     d = Abi().derive(ROW, SPEC, _with_proof(admitted, tmp_path, {3: (17, 0.125)}))
     assert d.status is Status.PASS, d.reason
-    assert "47/48 requests exact, 1 parting at a top-2 tie within the row's tie margin" \
+    assert "47/48 requests exact, 1 parting at a near-tie within the row's tie margin" \
         in d.reason
     assert d.metrics["tie_requests"] == 1 and d.metrics["mismatched_requests"] == 0
 

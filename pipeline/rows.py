@@ -285,9 +285,10 @@ class AbiGate(_GateBase):
     sm_count: Annotated[int, Field(gt=0)] = 132
     """SMs the task lists are sized to where no device is here (H100/H200 SXM: 132)."""
     tie_margin: Annotated[float, Field(ge=0)] = 0.0
-    """Largest top-2 log-probability gap (nats) at which persistent and eager parting
-    counts as a tie kept the other way, not a mismatch (pipeline/megakernel/proof.py);
-    0 holds the tokens exactly equal. The row says why its value."""
+    """Largest log-probability gap (nats) between each path's choice and the other's, at
+    the first divergence, for persistent and eager parting to count as a near-tie kept
+    the other way, not a mismatch (pipeline/megakernel/proof.py); 0 holds the tokens
+    exactly equal. The row says why its value."""
 
 
 GateSpec = Annotated[

@@ -109,15 +109,28 @@ __device__ void op_rms_norm(const TaskDesc& t, const Ctx& c) {
 // kept it at ~16 % of the copy ceiling on the H200 (docs/perf.md). The order of
 // the fp32 sums per lane is unchanged (k ascending), so results are too.
 constexpr int kChunks = 8;
+// The activations x[batch, K] are staged in the block's shared buffer when they
+// fit (every warp reads all of them once per weight row: from L2 that is batch x
+// the weight bytes, the traced step time grew with the batch although the
+// weights do not). Same values, same order: results are bitwise unchanged.
+constexpr u32 kSmemBytes = kSmemFloats * sizeof(float);
 
 template <bool kF32Out>
 __device__ void op_gemv(const TaskDesc& t, const Ctx& c) {
   const bf16_bits* W = operand<const bf16_bits>(t, c.buffers, 0);
-  const bf16_bits* x = operand<const bf16_bits>(t, c.buffers, 1);
+  const uint4* xg = reinterpret_cast<const uint4*>(operand<const bf16_bits>(t, c.buffers, 1));
   void* y = operand<void>(t, c.buffers, 2);
   const u32 K = t.tile[2], N = t.tile[3], K8 = K / 8;
   const int batch = static_cast<int>(c.s.batch);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  uint4* xs = reinterpret_cast<uint4*>(c.smem);
+  const bool staged = static_cast<u32>(batch) * K * sizeof(bf16_bits) <= kSmemBytes;
+  if (staged) {
+    // Activations come from other blocks of this launch: read them at L2
+    // (ld.global.cg), never through the non-coherent path.
+    for (u32 i = threadIdx.x; i < batch * K8; i += kThreads) xs[i] = __ldcg(xg + i);
+    __syncthreads();
+  }
   for (u32 row = t.tile[0] + warp; row < t.tile[0] + t.tile[1]; row += kWarps) {
     const uint4* wrow = reinterpret_cast<const uint4*>(W + static_cast<u64>(row) * K);
     float acc[kMaxBatch];
@@ -140,9 +153,7 @@ __device__ void op_gemv(const TaskDesc& t, const Ctx& c) {
         for (int b = 0; b < kMaxBatch; ++b) {
           if (b >= batch) break;
           float xf[8];
-          // Activations come from other blocks of this launch: read them at L2
-          // (ld.global.cg), never through the non-coherent path.
-          unpack8(__ldcg(reinterpret_cast<const uint4*>(x + static_cast<u64>(b) * K) + k8), xf);
+          unpack8(staged ? xs[b * K8 + k8] : __ldcg(xg + b * K8 + k8), xf);
 #pragma unroll
           for (int i = 0; i < 8; ++i) acc[b] = fmaf(wf[i], xf[i], acc[b]);
         }

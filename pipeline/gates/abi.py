@@ -126,6 +126,8 @@ class Abi(Gate):
             fails += problems[:3] + ([f"(+{len(problems) - 3} more)"] if len(problems) > 3 else [])
         proof_state, proof_why, counts = _proof(artifact_dir, state)
         metrics.update(gpu_proof=proof_state, **counts)
+        for cell, per_cell in _proof_cells(artifact_dir, proof_state).items():
+            cells.setdefault(cell, {}).update(per_cell)
         if proof_state == "mismatch":
             fails.append(proof_why)
         elif proof_state == "pending":
@@ -294,6 +296,21 @@ def _lists(row: Row, artifact_dir: Path) -> tuple[dict, list[str]]:
         if missing:
             problems.append(f"batch {batch}: the step has no {', '.join(missing)} task")
     return cells, problems
+
+
+def _proof_cells(artifact_dir: Path, proof_state: str) -> dict[str, dict]:
+    """Per cell, the proof's request counts by schedule (the report's per-cell table)."""
+    if proof_state not in ("passed", "mismatch"):
+        return {}
+    out: dict[str, dict] = {}
+    for cell, by in read_json(artifact_dir / PROOF).items():
+        row = out.setdefault(cell, {"schedules_identical": by.get("schedules_identical", True)})
+        for sched, r in by.items():
+            if isinstance(r, dict):
+                short = "static" if sched.startswith("static") else "dynamic"
+                row.update({f"{short}_exact": r["exact_requests"], f"{short}_ties": r["tie_requests"],
+                            f"{short}_mismatched": r["mismatched_requests"]})
+    return out
 
 
 def _proof(artifact_dir: Path, admitted: str) -> tuple[str, str, dict]:

@@ -166,6 +166,9 @@ def test_a_top2_swap_within_the_tie_margin_passes_and_is_counted(admitted, tmp_p
     assert "47/48 requests exact, 1 parting at a near-tie within the row's tie margin" \
         in d.reason
     assert d.metrics["tie_requests"] == 1 and d.metrics["mismatched_requests"] == 0
+    assert d.cells["i128-c4"]["dynamic_ties"] == 1 and d.cells["i128-c4"]["static_ties"] == 0
+    assert d.cells["i128-c4"]["dynamic_exact"] == 7 and d.cells["i128-c4"]["schedules_identical"]
+    assert d.cells["i128-c4"]["tasks"] > 0  # the task-list facts stay beside them
 
 
 def test_a_token_mismatch_on_the_device_fails_naming_the_first(admitted, tmp_path):

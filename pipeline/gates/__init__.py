@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipeline import device
 from pipeline.gates.abi import Abi
 from pipeline.gates.accuracy import Accuracy
 from pipeline.gates.audit import Audit
@@ -18,6 +17,7 @@ from pipeline.gates.interface import (
     GateError,
     GateResult,
     Status,
+    gate_device,
     run_gate,
 )
 from pipeline.gates.operator import Operator
@@ -58,9 +58,7 @@ def device_requirement(row: Row, spec: Any) -> str | None:
     """PENDING reason when the gate needs the row's device and none is here."""
     if spec.kind not in DEVICE_KINDS:
         return None
-    selector = spec.device or row.target.device
-    stand_ins = [] if spec.device else row.target.stand_in_arches
-    _, _, why_not = device.select(row.target.arch, selector, stand_ins)
+    _, _, why_not = gate_device(row, spec)
     if not why_not:
         return None
     declared = [p for p in row.pending if p.gate == spec.id]

@@ -11,10 +11,9 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from pipeline import device
 from pipeline.engines.interface import Engine, EngineError, WorkloadPass
 from pipeline.errors import Error
-from pipeline.gates.interface import GateContext, GateError
+from pipeline.gates.interface import GateContext, GateError, gate_device
 from pipeline.model import ModelInfo, model_info, why_unavailable
 from pipeline.model import resolve_model as model_resolve
 from pipeline.rows import Arm, ModelRef, Row
@@ -103,39 +102,37 @@ def select_cells(passes: list[WorkloadPass], cells: list[str]) -> list[WorkloadP
     return [p for p in passes if p.cell in cells]
 
 
-def device_name(row: Row) -> str:
-    """`cpu` for a CPU row, else `cuda:N` for the GPU `device.select` picks."""
+def device_name(row: Row, spec) -> str:
+    """`cpu` for a CPU row, else `cuda:N` for the GPU the gate runs on (`gate_device`)."""
     if row.target.arch == "cpu":
         return "cpu"
-    gpu, _, why_not = device.select(row.target.arch, row.target.device,
-                                    row.target.stand_in_arches)
+    gpu, _, why_not = gate_device(row, spec)
     if gpu is None:
         raise GateError(f"no device: {why_not}")
     return f"cuda:{gpu.index}"
 
 
-def measured_arch(row: Row) -> tuple[str, bool]:
+def measured_arch(row: Row, spec) -> tuple[str, bool]:
     """(arch the engines run on, whether it is a stand-in) for `Gate.arch`."""
     if row.target.arch == "cpu":
         return "cpu", False
-    gpu, stand_in, _ = device.select(row.target.arch, row.target.device,
-                                     row.target.stand_in_arches)
+    gpu, stand_in, _ = gate_device(row, spec)
     return (gpu.arch, stand_in) if gpu else ("", False)
 
 
-def gpu_index(row: Row) -> int | None:
-    name = device_name(row)
+def gpu_index(row: Row, spec) -> int | None:
+    name = device_name(row, spec)
     return int(name.split(":")[1]) if name.startswith("cuda:") else None
 
 
 @contextlib.contextmanager
-def started(arms: dict[str, tuple[Arm, ModelInfo]], row: Row, ctx: GateContext,
+def started(arms: dict[str, tuple[Arm, ModelInfo]], row: Row, spec, ctx: GateContext,
             options: dict[str, str] | None = None) -> Iterator[dict[str, Engine]]:
     """Start each arm once; stop every started arm however the block exits.
     `options` (the gate's own, e.g. `endpoint`) override the operator's."""
     from pipeline import engines
 
-    dev = device_name(row)
+    dev = device_name(row, spec)
     opts = {**ctx.options, **(options or {})}
     with contextlib.ExitStack() as stack:
         out: dict[str, Engine] = {}

@@ -47,8 +47,8 @@ def batch_dir(batch: int) -> str:
 class Abi(Gate):
     kind = "abi"
 
-    def arch(self, row: Row, ctx: GateContext) -> tuple[str, bool]:
-        return _arms.measured_arch(row)
+    def arch(self, row: Row, spec, ctx: GateContext) -> tuple[str, bool]:
+        return _arms.measured_arch(row, spec)
 
     def measure(self, row: Row, spec: AbiGate, ctx: GateContext) -> None:
         out = ctx.artifact_dir

@@ -116,8 +116,8 @@ class Accuracy(Gate):
             return f"{missing}; {model}"
         return missing or model
 
-    def arch(self, row: Row, ctx: GateContext) -> tuple[str, bool]:
-        return _arms.measured_arch(row)
+    def arch(self, row: Row, spec, ctx: GateContext) -> tuple[str, bool]:
+        return _arms.measured_arch(row, spec)
 
     # ------------------------------------------------------------- measure
 
@@ -130,7 +130,8 @@ class Accuracy(Gate):
         questions = load_questions(path, spec.num_questions)
         tokenizer = _tokenizer(model.path)
         work = _work(row, spec, questions, tokenizer)
-        with _arms.started({"candidate": (row.arms.candidate, model)}, row, ctx) as engines:
+        with _arms.started({"candidate": (row.arms.candidate, model)}, row, spec,
+                           ctx) as engines:
             ctx.progress.update(f"accuracy: {len(questions)} questions, candidate arm")
             result = _arms.generate(engines["candidate"], "candidate", work)
             engine = engines["candidate"].describe()

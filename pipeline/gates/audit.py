@@ -235,7 +235,7 @@ class Audit(Gate):
             raise GateError(f"audit artifacts in {artifact_dir} are not in this rowgate's "
                             f"format: missing or malformed {exc}") from exc
 
-    def arch(self, row: Row, ctx: GateContext) -> tuple[str, bool]:
+    def arch(self, row: Row, spec, ctx: GateContext) -> tuple[str, bool]:
         return row.target.arch, False
 
 

@@ -201,5 +201,5 @@ class Build(Gate):
             raise GateError(f"build artifacts in {artifact_dir} are not in this rowgate's "
                             f"format: missing or malformed {exc}") from exc
 
-    def arch(self, row: Row, ctx: GateContext) -> tuple[str, bool]:
+    def arch(self, row: Row, spec, ctx: GateContext) -> tuple[str, bool]:
         return row.target.arch, False

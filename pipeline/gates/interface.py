@@ -166,9 +166,21 @@ class Gate(abc.ABC):
         Raises `GateError` when the artifacts are missing or unreadable.
         """
 
-    def arch(self, row: "Row", ctx: GateContext) -> tuple[str, bool]:
+    def arch(self, row: "Row", spec: Any, ctx: GateContext) -> tuple[str, bool]:
         """(arch measured on, is it a stand-in). Host-only gates measure no arch."""
         return "", False
+
+
+def gate_device(row: "Row", spec: Any):
+    """The GPU a gate runs on, as `device.select` gives it (gpu, stand_in, why_not): the
+    gate's own `device` selector (e.g. `name:H100`, no stand-in allowed), else the row's
+    target with its stand-in arches. The one place a gate's GPU is chosen: the
+    requirement check, the arch recorded and the engines' device all ask it."""
+    from pipeline import device
+
+    own = getattr(spec, "device", "") if spec is not None else ""
+    return device.select(row.target.arch, own or row.target.device,
+                         [] if own else row.target.stand_in_arches)
 
 
 def run_gate(gate: Gate, row: "Row", spec: Any, ctx: GateContext, bundle_root: Path,
@@ -176,7 +188,7 @@ def run_gate(gate: Gate, row: "Row", spec: Any, ctx: GateContext, bundle_root: P
     """The template every kind shares: requirements → measure → derive."""
     start = time.monotonic()
     ctx.artifact_dir.mkdir(parents=True, exist_ok=True)
-    arch, stand_in = gate.arch(row, ctx)
+    arch, stand_in = gate.arch(row, spec, ctx)
 
     def result(derived: Derived) -> GateResult:
         artifacts = sorted(str(p.relative_to(bundle_root)) for p in ctx.artifact_dir.rglob("*")

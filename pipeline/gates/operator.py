@@ -14,22 +14,13 @@ import hashlib
 import json
 from pathlib import Path
 
-from pipeline import device
 from pipeline.errors import Error
-from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Status
+from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Status, gate_device
 from pipeline.rows import OperatorGate, Row
 
 CASES = "cases.json"
 TIMING = "timing.json"
 BUILD = "build.json"
-
-
-def _select(row: Row, spec: OperatorGate | None):
-    """The GPU the gate runs on, chosen as the framework's device check chooses:
-    a gate's own device selector allows no stand-in; the row's target does."""
-    own = getattr(spec, "device", "") if spec is not None else ""
-    return device.select(row.target.arch, own or row.target.device,
-                         [] if own else row.target.stand_in_arches)
 
 
 def _deps_missing() -> str | None:
@@ -53,9 +44,8 @@ class Operator(Gate):
     def requirements(self, row: Row, spec: OperatorGate, ctx: GateContext) -> str | None:
         return _deps_missing()
 
-    def arch(self, row: Row, ctx: GateContext) -> tuple[str, bool]:
-        spec = next((g for g in row.gates if g.kind == self.kind), None)
-        gpu, stand_in, _ = _select(row, spec)
+    def arch(self, row: Row, spec, ctx: GateContext) -> tuple[str, bool]:
+        gpu, stand_in, _ = gate_device(row, spec)
         return (gpu.arch, stand_in) if gpu else ("", False)
 
     # ------------------------------------------------------------------ measure
@@ -65,7 +55,7 @@ class Operator(Gate):
 
         from pipeline.ops import operator_ab as run
 
-        gpu, _, why_not = _select(row, spec)
+        gpu, _, why_not = gate_device(row, spec)
         if gpu is None:
             raise GateError(f"operator gate: {why_not}")
         dev = torch.device(f"cuda:{gpu.index}")

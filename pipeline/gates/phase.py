@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Status
-from pipeline.gates.operator import _deps_missing, _select
+from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Status, gate_device
+from pipeline.gates.operator import _deps_missing
 from pipeline.rows import PhaseGate, Row
 
 PHASE = "phase.json"
@@ -28,16 +28,15 @@ class Phase(Gate):
         missing = _deps_missing()
         if missing:
             return missing
-        gpu, stand_in, _ = _select(row, spec)
+        gpu, stand_in, _ = gate_device(row, spec)
         if gpu is not None and stand_in:
             return (f"phase attribution must run on {row.target.arch}: this {gpu.name} is a "
                     f"{gpu.arch} stand-in, whose phase costs are not the target's "
                     f"(see docs/perf.md for the {gpu.arch} figures)")
         return None
 
-    def arch(self, row: Row, ctx: GateContext) -> tuple[str, bool]:
-        spec = next((g for g in row.gates if g.kind == self.kind), None)
-        gpu, stand_in, _ = _select(row, spec)
+    def arch(self, row: Row, spec, ctx: GateContext) -> tuple[str, bool]:
+        gpu, stand_in, _ = gate_device(row, spec)
         return (gpu.arch, stand_in) if gpu else ("", False)
 
     def measure(self, row: Row, spec: PhaseGate, ctx: GateContext) -> None:
@@ -46,7 +45,7 @@ class Phase(Gate):
         from pipeline import toolchains
         from pipeline.ops import phase
 
-        gpu, _, why_not = _select(row, spec)
+        gpu, _, why_not = gate_device(row, spec)
         if gpu is None:
             raise GateError(f"phase gate: {why_not}")
         try:

@@ -75,8 +75,8 @@ class Throughput(Gate):
             return None  # measure raises it: a row naming a missing arm is an ERROR
         return _arms.arms_requirement(row, {"oracle": base, "candidate": row.arms.candidate})
 
-    def arch(self, row: Row, ctx: GateContext) -> tuple[str, bool]:
-        return _arms.measured_arch(row)
+    def arch(self, row: Row, spec, ctx: GateContext) -> tuple[str, bool]:
+        return _arms.measured_arch(row, spec)
 
     # ------------------------------------------------------------- measure
 
@@ -84,12 +84,12 @@ class Throughput(Gate):
         model = _arms.resolve_model(row)
         passes = _arms.select_cells(_arms.workload_passes(row, model), spec.cells)
         cand_model = _arms.candidate_model(model, ctx)
-        gpu = _arms.gpu_index(row)
+        gpu = _arms.gpu_index(row, spec)
         out = ctx.artifact_dir
         base = _arms.baseline_arm(row, spec.baseline)
         arms = {"oracle": (base, model), "candidate": (row.arms.candidate, cand_model)}
         endpoint = {"endpoint": "true"} if spec.endpoint else {}
-        with _arms.started(arms, row, ctx, endpoint) as engines, \
+        with _arms.started(arms, row, spec, ctx, endpoint) as engines, \
                 open(out / SAMPLES, "w", newline="") as s_file, \
                 open(out / REQUESTS, "w") as r_file, \
                 open(out / CLOCKS, "w", newline="") as c_file:
@@ -105,7 +105,7 @@ class Throughput(Gate):
         write_json(out / META, {
             "model_digest": model.digest, "cells": [p.cell for p in passes],
             "order": spec.order, "repeats": spec.repeats, "warmup": spec.warmup,
-            "device": _arms.device_name(row), "clocks_sampled": gpu is not None,
+            "device": _arms.device_name(row, spec), "clocks_sampled": gpu is not None,
             "baseline": spec.baseline,
             "schedules": {p.cell: schedule(spec.order, spec.repeats, cell_seed(row, spec, p.cell))
                           for p in passes},

@@ -44,8 +44,8 @@ class Tokens(Gate):
         return _arms.arms_requirement(row, arms if spec.oracle_record
                                       else {"oracle": row.arms.oracle, **arms})
 
-    def arch(self, row: Row, ctx: GateContext) -> tuple[str, bool]:
-        return _arms.measured_arch(row)
+    def arch(self, row: Row, spec, ctx: GateContext) -> tuple[str, bool]:
+        return _arms.measured_arch(row, spec)
 
     # ------------------------------------------------------------- measure
 
@@ -58,7 +58,7 @@ class Tokens(Gate):
             oracle = _record_side(spec, ctx)
         else:
             arms = {"oracle": (row.arms.oracle, model), **arms}
-        with _arms.started(arms, row, ctx) as engines:
+        with _arms.started(arms, row, spec, ctx) as engines:
             sides = {role: _run_side(role, engine, passes, ctx)
                      for role, engine in engines.items()}
         if spec.oracle_record:

@@ -40,8 +40,8 @@ class Trace(Gate):
     def requirements(self, row: Row, spec: TraceGate, ctx: GateContext) -> str | None:
         return _arms.model_requirement(row)
 
-    def arch(self, row: Row, ctx: GateContext) -> tuple[str, bool]:
-        return _arms.measured_arch(row)
+    def arch(self, row: Row, spec, ctx: GateContext) -> tuple[str, bool]:
+        return _arms.measured_arch(row, spec)
 
     def measure(self, row: Row, spec: TraceGate, ctx: GateContext) -> None:
         from pipeline import engines
@@ -55,7 +55,7 @@ class Trace(Gate):
                                 f"steps the reference engine only (another engine's decode loop "
                                 f"is out of this profiler's reach)")
         model = _arms.resolve_model(row)
-        device, gpu = _arms.device_name(row), _arms.gpu_index(row)
+        device, gpu = _arms.device_name(row, spec), _arms.gpu_index(row, spec)
         prompts = self._prompts(row, model, spec)
         plan = CapturePlan(concurrency=spec.warm_concurrency, primer_steps=spec.primer_steps,
                            primer_concurrency=spec.primer_concurrency,

@@ -1,0 +1,59 @@
+"""One choice of a gate's GPU on a host with several: the requirement, the arch
+recorded and the engines' device all follow the gate's own selector. The host's GPUs
+are stood in for (this machine has none); the selection logic is rowgate's own."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline import device
+from pipeline.gates import _arms, device_requirement
+from pipeline.gates.interface import gate_device
+from pipeline.rows import load_row
+from tests.support import write_row
+
+ROW = '''
+    [[models]]
+    id = "tiny"
+    name = "tiny-qwen3"
+
+    [[gates]]
+    id = "tp"
+    kind = "throughput"
+
+    [[gates]]
+    id = "h100-tp"
+    kind = "throughput"
+    device = "name:H100"
+'''
+
+
+def _gpu(index: int, name: str) -> device.Gpu:
+    return device.Gpu(index=index, name=name, arch="sm_90", uuid=f"GPU-{index}", driver="580",
+                      memory_total_mib=1, sm_clock_mhz=1, mem_clock_mhz=1,
+                      max_sm_clock_mhz=1, temperature_c=30)
+
+
+@pytest.fixture
+def row(tmp_path, monkeypatch):
+    monkeypatch.setattr(device, "gpus", lambda: [_gpu(0, "NVIDIA H200"), _gpu(1, "NVIDIA H100")])
+    return load_row(write_row(tmp_path, "TWO-GPUS", ROW, arch="sm_90")).row
+
+
+def test_a_gate_with_its_own_selector_runs_on_that_gpu(row):
+    spec = row.gate("h100-tp")
+    assert gate_device(row, spec)[0].index == 1
+    assert _arms.device_name(row, spec) == "cuda:1" and _arms.gpu_index(row, spec) == 1
+    assert _arms.measured_arch(row, spec) == ("sm_90", False)
+    assert device_requirement(row, spec) is None
+
+
+def test_a_gate_without_one_runs_on_the_rows_target(row):
+    spec = row.gate("tp")
+    assert _arms.device_name(row, spec) == "cuda:0"
+
+
+def test_a_selector_no_gpu_matches_is_pending_with_the_reason(row, monkeypatch):
+    monkeypatch.setattr(device, "gpus", lambda: [_gpu(0, "NVIDIA H200")])
+    reason = device_requirement(row, row.gate("h100-tp"))
+    assert reason == "needs an sm_90 device (name:H100); this host has NVIDIA H200 (sm_90)"

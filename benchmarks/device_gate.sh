@@ -28,6 +28,14 @@ if [ -n "$(git status --porcelain)" ]; then
   git add -A . && git -c user.name=rowgate-device -c user.email=device@rowgate.dev \
     commit -qs -m "device snapshot of the working tree" || exit 1
 fi
+# The subject commit travels back as a git bundle, so a reviewer can review exactly the
+# commit the device gated (docs/operators.md): thin when its parent is a commit the
+# reviewer has (the copied history), whole when the snapshot started a fresh repo.
+if git rev-parse -q --verify HEAD~1 >/dev/null; then
+  git bundle create "$R/subject.gitbundle" HEAD ^HEAD~1 2>/dev/null
+else
+  git bundle create "$R/subject.gitbundle" HEAD 2>/dev/null
+fi
 [ -n "${SKIP_TRACE:-}" ] || timeout 300 python3 benchmarks/trace_capture.py --device cuda --out "$R" 2>&1 | tee "$R/trace-log.txt"
 for row in "$@"; do
   timeout "${GATE_TIMEOUT:-240}" python3 -m pipeline.cli gate "$row" --out /tmp/evidence \

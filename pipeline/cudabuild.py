@@ -22,8 +22,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline import CHECKOUT, resources, toolchains
 from pipeline import kernels as kernels_toml
-from pipeline import resources, toolchains
 from pipeline.errors import Error
 from pipeline.kernels import KERNELS_DIR, KernelManifest
 from pipeline.toolchains import Toolchain
@@ -133,7 +133,7 @@ def _run(step: dict, work: Path) -> dict:
     env = dict(os.environ)
     # NVRTC's module is ours: make it importable from any working directory.
     env["PYTHONPATH"] = os.pathsep.join(
-        [str(Path(__file__).resolve().parent.parent), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        [str(CHECKOUT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     try:
         proc = subprocess.run(step["argv"], cwd=work, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, timeout=COMPILE_TIMEOUT_S, env=env,

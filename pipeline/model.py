@@ -24,13 +24,13 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from pipeline import CHECKOUT
 from pipeline.errors import UsageError
 
 BUILDER_VERSION = 1
 """Bumped whenever the bytes a spec builds into change."""
 
-ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_ROOT = ROOT / "build" / "models" / "tiny-qwen3"
+DEFAULT_ROOT = CHECKOUT / "build" / "models" / "tiny-qwen3"
 MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors",
                "tokenizer.json", "tokenizer_config.json")
 RECORD_FILE = "rowgate-model.json"

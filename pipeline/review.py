@@ -26,7 +26,7 @@ from typing import Literal
 import git
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipeline import __version__
+from pipeline import CHECKOUT, __version__
 from pipeline._records import file_sha256, now, read_record, sign_record, write_record
 from pipeline.device import Gpu
 from pipeline.errors import ExitCode, RepoError, UsageError, VerificationError
@@ -60,8 +60,6 @@ REVIEW_SUFFIX = ".review.json"
 ATTESTATION_SUFFIX = ".attestation.json"
 GATE_LEVEL = "(gate)"
 """Key of the gate-level value in a criterion's `measured` table."""
-CHECKOUT = Path(__file__).resolve().parent.parent
-"""The rowgate checkout; bundles record row files relative to it."""
 
 
 class _Model(BaseModel):

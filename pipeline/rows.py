@@ -18,9 +18,10 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from pipeline import CHECKOUT
 from pipeline.errors import RowError
 
-ROWS_DIR = Path(__file__).resolve().parent.parent / "rows"
+ROWS_DIR = CHECKOUT / "rows"
 ARCH_PATTERN = r"^(cpu|sm_[0-9]{2,3}a?)$"
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline import gates, provenance
+from pipeline import CHECKOUT, gates, provenance
 from pipeline.evidence import Bundle, Stage, overall_status
 from pipeline.gates.interface import GateContext, GateResult, Progress, Status
 from pipeline.rows import LoadedRow
@@ -28,9 +28,8 @@ class GateRun:
 
 def row_file_ref(loaded: LoadedRow) -> str:
     """The row path as recorded: relative to the rowgate checkout when inside it."""
-    here = Path(__file__).resolve().parent.parent
     try:
-        return loaded.path.relative_to(here).as_posix()
+        return loaded.path.relative_to(CHECKOUT).as_posix()
     except ValueError:
         return loaded.path.as_posix()
 

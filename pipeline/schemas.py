@@ -11,9 +11,10 @@ from typing import Any
 import jsonschema
 from pydantic import BaseModel
 
+from pipeline import CHECKOUT
 from pipeline.errors import VerificationError
 
-SCHEMAS_DIR = Path(__file__).resolve().parent.parent / "schemas"
+SCHEMAS_DIR = CHECKOUT / "schemas"
 
 
 def _models() -> dict[str, type[BaseModel]]:

@@ -9,11 +9,11 @@ import subprocess
 import time
 from pathlib import Path
 
+from pipeline import CHECKOUT
 from pipeline.engines.interface import EngineError
 
-ROOT = Path(__file__).resolve().parent.parent.parent
-VLLM_CACHE_ROOT = ROOT / "build" / "vllm-cache"
-LOG_DIR = ROOT / "build" / "engine-logs"
+VLLM_CACHE_ROOT = CHECKOUT / "build" / "vllm-cache"
+LOG_DIR = CHECKOUT / "build" / "engine-logs"
 
 
 def engine_env(device: str, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -57,7 +57,7 @@ def spawn(argv: list[str], env: dict[str, str], log: Path, *,
         with log.open("ab") as err:
             return subprocess.Popen(argv, env=env, stdin=stdin,
                                     stdout=stdout if stdout is not None else err, stderr=err,
-                                    start_new_session=True, cwd=ROOT)
+                                    start_new_session=True, cwd=CHECKOUT)
     except OSError as exc:
         raise EngineError(f"cannot start {argv[0]}: {exc.strerror}") from exc
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from pipeline import cudabuild, kernels, toolchains
+from pipeline import CHECKOUT, cudabuild, kernels, toolchains
 from pipeline.errors import Error
 from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Progress, Status
 from pipeline.rows import BuildGate, Row
@@ -133,7 +133,7 @@ def measure_aot(arches: list[str], out: Path, progress: Progress) -> None:
         progress.update(f"Triton AOT for {arch}")
         with tempfile.TemporaryDirectory(prefix="rowgate-triton-") as cache:
             env = dict(os.environ, TRITON_CACHE_DIR=cache,
-                       PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[2]),
+                       PYTHONPATH=os.pathsep.join([str(CHECKOUT),
                                                    os.environ.get("PYTHONPATH", "")]))
             argv = [sys.executable, "-m", "pipeline._triton_aot", arch]
             try:

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum, IntFlag
-from pathlib import Path
 
 import numpy as np
 
+from pipeline import CHECKOUT
 from pipeline.errors import UsageError
 
 ABI_VERSION = 1
@@ -23,7 +23,7 @@ SHAPE_BYTES = 80
 GRANULE = 16
 NO_COUNTER = 0xFFFFFFFF
 NO_BUFFER = 0xFFFF
-HEADER = Path(__file__).resolve().parents[2] / "kernels" / "persistent" / "task_abi.cuh"
+HEADER = CHECKOUT / "kernels" / "persistent" / "task_abi.cuh"
 
 
 class AbiError(UsageError):

@@ -18,9 +18,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pipeline import CHECKOUT
 from pipeline.ops.reference import E5M2, kv_dtype_of
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = CHECKOUT
 SOURCE = REPO / "kernels" / "decode_attention" / "split_kv.cu"
 INCLUDE = REPO / "kernels" / "include"
 VARIANTS = {"baseline": "base", "pipelined": "pipe"}

@@ -18,11 +18,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pipeline import CHECKOUT
 from pipeline.megakernel import abi, builder
 from pipeline.megakernel.validate import validate
 from pipeline.ops.decode_attention import _cuda_core, _current_stream, _stream, kernel
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = CHECKOUT
 KERNEL = "persistent_decode"
 ENTRY = {abi.Schedule.STATIC_ROUND_ROBIN: "persistent_decode_static",
          abi.Schedule.DYNAMIC_QUEUE: "persistent_decode_dynamic"}

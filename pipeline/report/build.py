@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from pipeline import signing
+from pipeline import CHECKOUT, signing
 from pipeline.errors import EvidenceError, RowError, UsageError, VerificationError
 from pipeline.evidence import Bundle
 from pipeline.gates.interface import GateResult, Status
@@ -23,8 +23,6 @@ from pipeline.report.sections import section_for
 from pipeline.report.tables import fmt, gates_table, metric_columns, table
 from pipeline.rows import Row, load_row
 
-CHECKOUT = Path(__file__).resolve().parent.parent.parent
-"""The rowgate checkout a bundle's `row.file` is relative to."""
 REVIEW_SUFFIX = ".review.json"
 
 

@@ -16,7 +16,7 @@ import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from pipeline import schemas
 from pipeline.errors import UsageError, VerificationError
@@ -50,16 +50,10 @@ def write_record(model: BaseModel, schema: str, path: Path) -> bytes:
 
 def read_record(model: type[BaseModel], schema: str, path: Path):
     try:
-        raw = json.loads(path.read_bytes())
+        data = path.read_bytes()
     except OSError as exc:
         raise UsageError(f"{path}: cannot read ({exc.strerror})") from exc
-    except ValueError as exc:
-        raise VerificationError(f"{path}: not JSON ({exc})") from exc
-    schemas.validate(schema, raw, str(path))
-    try:
-        return model.model_validate(raw)
-    except ValidationError as exc:
-        raise VerificationError(f"{path}: {exc.errors()[0]['msg']}") from exc
+    return schemas.load_checked(model, schema, data, str(path))
 
 
 def _single_file_dir(record: Path, tmp: str) -> Path:

@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline import __version__, schemas
 from pipeline.errors import EvidenceError, UsageError, VerificationError
@@ -276,15 +276,7 @@ class Bundle:
             data = (path / MANIFEST_FILE).read_bytes()
         except OSError as exc:
             raise VerificationError(f"{MANIFEST_FILE}: missing ({exc.strerror})") from exc
-        try:
-            raw = json.loads(data)
-        except ValueError as exc:
-            raise VerificationError(f"{MANIFEST_FILE}: not JSON ({exc})") from exc
-        schemas.validate("manifest", raw, MANIFEST_FILE)
-        try:
-            manifest = Manifest.model_validate(raw)
-        except ValidationError as exc:
-            raise VerificationError(f"{MANIFEST_FILE}: {exc.errors()[0]['msg']}") from exc
+        manifest = schemas.load_checked(Manifest, "manifest", data, MANIFEST_FILE)
         return cls(path.resolve(), manifest, data)
 
     def gate_result(self, gate_id: str) -> GateResult:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from pipeline import CHECKOUT
 from pipeline.errors import VerificationError
@@ -63,6 +63,21 @@ def drift(directory: Path = SCHEMAS_DIR) -> list[str]:
 @cache
 def load(name: str) -> dict[str, Any]:
     return json.loads((SCHEMAS_DIR / f"{name}.schema.json").read_text())
+
+
+def load_checked(model: type, name: str, data: bytes, where: str):
+    """JSON bytes -> `model`, checked against schema `name` first: the one chain every
+    signed document rowgate reads goes through (manifests, review and attestation
+    records). Each failure is one VerificationError line naming `where`."""
+    try:
+        raw = json.loads(data)
+    except ValueError as exc:
+        raise VerificationError(f"{where}: not JSON ({exc})") from exc
+    validate(name, raw, where)
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        raise VerificationError(f"{where}: {exc.errors()[0]['msg']}") from exc
 
 
 def validate(name: str, instance: Any, where: str) -> None:

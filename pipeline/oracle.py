@@ -46,6 +46,9 @@ class OracleOutput:
     cell: str
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
+    alternatives: tuple[tuple[tuple[int, float], ...], ...] = ()
+    """Per token the oracle's most likely other tokens (records made before they were
+    kept have none: a near-tie cannot be told from a mismatch against them)."""
 
 
 @dataclass(frozen=True)
@@ -110,7 +113,8 @@ def record_oracle(loaded: LoadedRow, signer: Signer, *, out_dir: Path = DEFAULT_
         for work in passes:
             say(f"oracle: cell {work.cell} ({len(work.requests)} requests)")
             result = engine.generate(work)
-            outputs += [OracleOutput(o.id, work.cell, tuple(o.token_ids), tuple(o.logprobs))
+            outputs += [OracleOutput(o.id, work.cell, tuple(o.token_ids), tuple(o.logprobs),
+                                     o.alternatives)
                         for o in result.outputs]
         info = engine.describe()
     doc = _record_doc(loaded, info, passes, outputs, model.digest)
@@ -182,8 +186,10 @@ def _parse(directory: Path, data: bytes, sha: str, identity: SignerIdentity) -> 
             raise EvidenceError(f"{directory}/{RECORD_FILE}: format {doc.get('format')!r}, "
                                 f"expected {FORMAT}")
         passes = _passes(doc["workload"]["passes"])
-        outputs = tuple(OracleOutput(o["id"], o["cell"], tuple(o["token_ids"]),
-                                     tuple(o["logprobs"])) for o in doc["outputs"])
+        outputs = tuple(OracleOutput(
+            o["id"], o["cell"], tuple(o["token_ids"]), tuple(o["logprobs"]),
+            tuple(tuple((int(t), float(lp)) for t, lp in alt) for alt in o.get("alternatives", ())))
+            for o in doc["outputs"])
         record = OracleRecord(
             path=directory, record_id=directory.name, row_id=doc["row"]["id"],
             row_sha256=doc["row"]["sha256"], engine=doc["engine"], version=doc["version"],

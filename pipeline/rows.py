@@ -220,6 +220,11 @@ class TokensGate(_GateBase):
     """Public key (PEM, a path in the repo) the record must be signed with: pinned in
     the row so a reviewer sees whose record counts (`--option oracle_record_key`
     overrides it)."""
+    tie_margin: Annotated[float, Field(ge=0)] = 0.0
+    """Near-tie rule (pipeline/divergence.py) for arms that round differently from the
+    oracle (bf16 against fp32, another engine's kernels): a request whose first
+    divergence keeps, on each side, a token the other side had within this many nats of
+    its own choice is not a mismatch. 0 holds the ids exactly equal. The row says why."""
     quantized: bool = False
     min_agreement: Annotated[float, Field(ge=0, le=1)] = 1.0
     max_logprob_divergence: Annotated[float, Field(ge=0)] = 0.0

@@ -33,6 +33,11 @@ def _channel():
     return proto
 
 
+ALTERNATIVES = 4
+"""Other tokens kept per generated token, as rowgate's reference engine keeps
+(pipeline/divergence.py tells near-ties from mismatches with them)."""
+
+
 def _sampling(work: dict, request: dict):
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
@@ -40,7 +45,7 @@ def _sampling(work: dict, request: dict):
     return SamplingParams(
         temperature=work["temperature"], top_k=max(work["top_k"], 0), top_p=work["top_p"],
         seed=request["seed"], max_tokens=request["max_tokens"], ignore_eos=work["ignore_eos"],
-        logprobs=1, detokenize=False, skip_special_tokens=False,
+        logprobs=1 + ALTERNATIVES, detokenize=False, skip_special_tokens=False,
         output_kind=RequestOutputKind.CUMULATIVE)
 
 
@@ -75,10 +80,13 @@ def _generate(llm, work: dict) -> dict:
 
 def _output(req: dict, comp, st: dict) -> dict:
     ids = list(comp.token_ids)
-    # logprobs=1 returns the sampled token's entry (plus the top-1); raw logprobs.
-    lps = [float(pos[tok].logprob) for tok, pos in zip(ids, comp.logprobs or [])]
+    # logprobs=k returns the top-k entries plus the sampled token's; raw logprobs.
+    steps = list(zip(ids, comp.logprobs or []))
+    lps = [float(pos[tok].logprob) for tok, pos in steps]
+    alternatives = [sorted(([int(t), float(lp.logprob)] for t, lp in pos.items() if t != tok),
+                           key=lambda e: -e[1])[:ALTERNATIVES] for tok, pos in steps]
     times = st["times"]
-    return {"id": req["id"], "token_ids": ids, "logprobs": lps,
+    return {"id": req["id"], "token_ids": ids, "logprobs": lps, "alternatives": alternatives,
             "ttft_s": times[0] - st["admitted"] if times else None,
             "latency_s": (times[-1] if times else st["admitted"]) - st["admitted"],
             "itl_s": [b - a for a, b in zip(times, times[1:])]}

@@ -144,7 +144,9 @@ class VllmEngine(Engine):
             raise EngineError(f"vLLM failed on {work.cell}: {_last_line(reply.get('error', ''))}")
         outputs = tuple(RequestOutput(
             id=o["id"], token_ids=tuple(o["token_ids"]), logprobs=tuple(o["logprobs"]),
-            ttft_s=o["ttft_s"], latency_s=o["latency_s"], itl_s=tuple(o["itl_s"]))
+            ttft_s=o["ttft_s"], latency_s=o["latency_s"], itl_s=tuple(o["itl_s"]),
+            alternatives=tuple(tuple((int(t), float(lp)) for t, lp in alt)
+                               for alt in o.get("alternatives", ())))
             for o in reply["outputs"])
         return PassResult(outputs=outputs, wall_s=reply["wall_s"])
 

@@ -84,11 +84,13 @@ class Tokens(Gate):
         if recorded and recorded != meta["model_digest"]:
             return Derived(Status.ERROR, f"the {source} was made on model {recorded}; this "
                                          f"row's model is {meta['model_digest']}")
-        if not spec.quantized and row.arms.candidate.dtype != row.arms.oracle.dtype:
+        if not spec.quantized and not spec.tie_margin and \
+                row.arms.candidate.dtype != row.arms.oracle.dtype:
             return Derived(Status.ERROR, f"exact token comparison needs the candidate at the "
                                          f"oracle's precision ({row.arms.oracle.dtype}), not "
                                          f"{row.arms.candidate.dtype}; declare quantized = true "
-                                         f"with agreement thresholds for a quantized arm")
+                                         f"with agreement thresholds for a quantized arm, or a "
+                                         f"tie_margin for one that only rounds differently")
         oracle = read_jsonl(artifact_dir / ARM_FILES["oracle"])
         candidate = {o["id"]: o for o in read_jsonl(artifact_dir / ARM_FILES["candidate"])}
         missing = [o["id"] for o in oracle if o["id"] not in candidate]
@@ -97,6 +99,8 @@ class Tokens(Gate):
                             f"requests (candidate lacks {missing[:3]}, "
                             f"{len(candidate)} vs {len(oracle)} outputs)")
         diffs = [compare_request(o, candidate[o["id"]]) for o in oracle]
+        if spec.tie_margin and not spec.quantized:
+            return _tie_verdict(spec, oracle, candidate, diffs, source)
         return _verdict(spec, diffs, source)
 
 
@@ -115,7 +119,9 @@ def _run_side(role: str, engine, passes, ctx: GateContext) -> _Side:
         ctx.progress.update(f"tokens: {role} cell {work.cell} ({len(work.requests)} requests)")
         result = _arms.generate(engine, role, work)
         outputs += [{"id": o.id, "cell": work.cell, "token_ids": list(o.token_ids),
-                     "logprobs": list(o.logprobs)} for o in result.outputs]
+                     "logprobs": list(o.logprobs),
+                     "alternatives": [[list(e) for e in alt] for alt in o.alternatives]}
+                    for o in result.outputs]
     return _Side(outputs, {"source": "live", "engine": engine.describe(),
                            "workload_digest": workload_digest(passes)})
 
@@ -138,7 +144,9 @@ def _record_side(spec: TokensGate, ctx: GateContext) -> _Side:
     except Error as exc:
         raise GateError(f"oracle record {path}: {exc.diagnostics()}") from exc
     outputs = [{"id": o.id, "cell": o.cell, "token_ids": list(o.token_ids),
-                "logprobs": list(o.logprobs)} for o in record.outputs]
+                "logprobs": list(o.logprobs),
+                "alternatives": [[list(e) for e in alt] for alt in o.alternatives]}
+               for o in record.outputs]
     return _Side(outputs, {"source": "record", "record": str(path_text),
                            "record_id": record.record_id, "record_sha256": record.sha256,
                            "record_signer": str(record.signer), "record_row": record.row_id,
@@ -246,3 +254,37 @@ def _verdict(spec: TokensGate, diffs: list[RequestDiff], source: str) -> Derived
     return Derived(Status.FAIL, f"{metrics['mismatched_requests']} of {len(diffs)} requests "
                                 f"differ from the {source}; first divergence at "
                                 f"{_describe(first)}", metrics, per_cell)
+
+
+def _tie_verdict(spec: TokensGate, oracle: list[dict], candidate: dict[str, dict],
+                 diffs: list[RequestDiff], source: str) -> Derived:
+    """Exact, near-tie or mismatch per request (pipeline/divergence.py); PASS iff no
+    mismatch. The position-wise agreement and logprob figures stay beside the counts."""
+    from pipeline.divergence import Out, divergence
+
+    parted = {o["id"]: divergence(Out.from_json(o), Out.from_json(candidate[o["id"]]),
+                                  spec.tie_margin, ("oracle", "candidate")) for o in oracle}
+
+    def counts(ids: list[str]) -> dict:
+        ties = sum(1 for i in ids if parted[i] and parted[i]["tie"])
+        bad = sum(1 for i in ids if parted[i] and not parted[i]["tie"])
+        return {"exact_requests": len(ids) - ties - bad, "tie_requests": ties,
+                "mismatched_requests": bad}
+
+    cells: dict[str, list[RequestDiff]] = {}
+    for d in diffs:
+        cells.setdefault(d.cell, []).append(d)
+    per_cell = {cell: {**_summary(ds), **counts([d.id for d in ds])} for cell, ds in cells.items()}
+    metrics = {**_summary(diffs), **counts([d.id for d in diffs]), "oracle_source": source,
+               "tie_margin": spec.tie_margin}
+    first = next((d for d in diffs if parted[d.id] and not parted[d.id]["tie"]), None)
+    metrics.update(first_divergence_request=first.id if first else None,
+                   first_divergence_position=first.first_divergence if first else None)
+    text = (f"{metrics['exact_requests']} of {len(diffs)} requests token-identical to the "
+            f"{source}, {metrics['tie_requests']} parting at a near-tie within "
+            f"{spec.tie_margin} nats")
+    if first is None:
+        return Derived(Status.PASS, text, metrics, per_cell)
+    return Derived(Status.FAIL, f"{metrics['mismatched_requests']} request(s) differ beyond a "
+                                f"near-tie ({text}); first at {_describe(first)}",
+                   metrics, per_cell)

@@ -287,3 +287,60 @@ def test_perturbed_candidate_is_caught_against_the_vllm_oracle_record(vllm_recor
     assert (result.metrics["first_divergence_request"],
             result.metrics["first_divergence_position"]) == truth[:2]
     assert f"oracle token {truth[2]} " in result.reason and record.sha256[:16] in result.reason
+
+
+TIE_GATE = '''
+    [[gates]]
+    id = "tokens"
+    kind = "tokens"
+    tie_margin = 0.5
+'''
+
+
+def _tie_row(tmp: Path, row_id: str, candidate_dtype: str) -> Path:
+    return tiny_row(tmp, row_id, TIE_GATE, oracle="reference", input_lens="[16, 40]",
+                    output_len=48, requests=8, candidate_dtype=candidate_dtype)
+
+
+def test_a_bf16_candidate_against_an_fp32_oracle_parts_only_at_near_ties(tmp_path):
+    # measured here: of 32 requests x 48 tokens, 12 exact and 20 parting at a near-tie
+    result = run_one(Tokens(), _tie_row(tmp_path, "TOK-TIE", "bfloat16"), "tokens",
+                     tmp_path / "stage")
+    m = result.metrics
+    assert result.status is Status.PASS, result.reason
+    assert m["mismatched_requests"] == 0 and m["tie_requests"] > 0
+    assert m["exact_requests"] + m["tie_requests"] == m["requests"] == 32
+    assert "parting at a near-tie within 0.5 nats" in result.reason
+    assert sum(c["tie_requests"] for c in result.cells.values()) == m["tie_requests"]
+    lines = (tmp_path / "stage/artifacts/tokens/oracle.jsonl").read_text().splitlines()
+    line = json.loads(lines[0])
+    assert len(line["alternatives"]) == len(line["token_ids"])
+    assert all(len(alt) == 4 for alt in line["alternatives"])
+
+
+def test_the_same_bf16_candidate_without_a_tie_margin_is_refused(tmp_path):
+    row = tiny_row(tmp_path, "TOK-NOTIE", TOKENS, oracle="reference", candidate_dtype="bfloat16")
+    result = run_one(Tokens(), row, "tokens", tmp_path / "stage")
+    assert result.status is Status.ERROR
+    assert "or a tie_margin for one that only rounds differently" in result.reason
+
+
+def test_a_perturbed_weight_is_a_mismatch_not_a_near_tie(tmp_path, perturbed):
+    result = run_one(Tokens(), _tie_row(tmp_path, "TOK-TIE-BAD", "float32"), "tokens",
+                     tmp_path / "stage", options={"candidate_model": str(perturbed.path)})
+    m = result.metrics
+    assert result.status is Status.FAIL, result.reason
+    assert m["mismatched_requests"] > 0
+    assert m["exact_requests"] + m["tie_requests"] + m["mismatched_requests"] == m["requests"]
+    assert result.reason.startswith(f"{m['mismatched_requests']} request(s) differ beyond a "
+                                    f"near-tie")
+
+
+@pytest.mark.slow
+def test_the_vllm_oracle_records_alternatives_per_token(vllm_record):
+    record, _, _ = vllm_record
+    out = record.outputs[0]
+    assert len(out.alternatives) == len(out.token_ids)
+    for lp, alt in zip(out.logprobs, out.alternatives):
+        assert len(alt) == 4 and all(a_lp <= lp for _, a_lp in alt)  # greedy: the top one
+        assert [a for _, a in alt] == sorted((a for _, a in alt), reverse=True)

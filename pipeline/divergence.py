@@ -1,0 +1,87 @@
+"""Where two greedy runs of one request part: exact, a near-tie kept the other way, or a
+real mismatch (the rule of vLLM's `check_logprobs_close`).
+
+Two correct paths that round differently (bf16 sums in another order, another
+engine's kernels, bf16 against fp32) cannot be held to identical tokens over a long
+greedy run: where the top logits tie within their rounding noise each path may keep a
+different one, and from there their histories differ. So at the first divergence:
+
+* tie: each path's token is among the other's most likely alternatives (the engine
+  records them per token), within `margin` nats of that path's own choice; tokens
+  after it are not compared;
+* mismatch: anything else, or either side without alternatives there.
+
+The abi gate's proof (persistent vs eager) and the tokens gate (candidate vs oracle,
+`tie_margin`) share it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Out:
+    """One request's greedy output as compared here."""
+
+    tokens: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    alternatives: tuple[tuple[tuple[int, float], ...], ...]
+
+    @classmethod
+    def of(cls, o) -> "Out":
+        """From an engine's RequestOutput."""
+        return cls(tuple(o.token_ids), tuple(o.logprobs), _alts(o.alternatives))
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Out":
+        """From a tokens artifact / oracle record line (`token_ids`, `logprobs`,
+        optional `alternatives`)."""
+        return cls(tuple(d["token_ids"]), tuple(d["logprobs"]), _alts(d.get("alternatives", ())))
+
+    def gap_to(self, pos: int, token: int) -> float | None:
+        """How many nats below this path's own choice `token` was at `pos` (None: not
+        among the alternatives kept)."""
+        if pos >= len(self.alternatives) or pos >= len(self.logprobs):
+            return None
+        return next((self.logprobs[pos] - lp for i, lp in self.alternatives[pos] if i == token),
+                    None)
+
+
+def _alts(alternatives) -> tuple[tuple[tuple[int, float], ...], ...]:
+    return tuple(tuple((int(i), float(lp)) for i, lp in alt) for alt in alternatives)
+
+
+def divergence(want: Out, got: Out, margin: float,
+               names: tuple[str, str] = ("want", "got")) -> dict | None:
+    """None when the tokens are equal; else where they part and whether it is a tie.
+    `names` label the two sides in the returned document."""
+    pos = next((i for i, (x, y) in enumerate(zip(want.tokens, got.tokens)) if x != y), None)
+    if pos is None:
+        if len(want.tokens) == len(got.tokens):
+            return None
+        pos = min(len(want.tokens), len(got.tokens))
+    a = want.tokens[pos] if pos < len(want.tokens) else None
+    b = got.tokens[pos] if pos < len(got.tokens) else None
+    doc = {"position": pos, names[0]: a, names[1]: b, "tie": False}
+    if a is None or b is None:
+        return doc
+    gap_want, gap_got = want.gap_to(pos, b), got.gap_to(pos, a)
+    doc.update({f"{names[0]}_gap": None if gap_want is None else round(gap_want, 6),
+                f"{names[1]}_gap": None if gap_got is None else round(gap_got, 6)})
+    doc["tie"] = (gap_want is not None and gap_got is not None
+                  and gap_want <= margin and gap_got <= margin)
+    return doc
+
+
+def compare(want: list[Out], got: list[Out], margin: float,
+            names: tuple[str, str] = ("want", "got")) -> dict:
+    """Counts, every divergence, and the first real mismatch of paired requests."""
+    parted = [(r, d) for r, d in enumerate(divergence(w, g, margin, names)
+                                           for w, g in zip(want, got)) if d]
+    mismatches = [{"request": r, **d} for r, d in parted if not d["tie"]]
+    return {"requests": len(want), "exact_requests": len(want) - len(parted),
+            "tie_requests": len(parted) - len(mismatches),
+            "mismatched_requests": len(mismatches) + abs(len(want) - len(got)),
+            "divergences": [{"request": r, **d} for r, d in parted],
+            "first_divergence": mismatches[0] if mismatches else None}

@@ -15,8 +15,8 @@ from pipeline.engines.interface import EngineError
 VLLM_CACHE_ROOT = CHECKOUT / "build" / "vllm-cache"
 INDUCTOR_CACHE = CHECKOUT / "build" / "torchinductor"
 """torch.compile's cache for engine subprocesses: under build/ like vLLM's, so a cache
-left truncated (a full disk, a kill) is this checkout's to remove, never /tmp's shared
-one (seen: `EOFError: marshal data too short` at vLLM start after a full disk)."""
+left truncated (a full disk, a kill) goes with `rm -rf build/`, and two checkouts never
+share /tmp's."""
 LOG_DIR = CHECKOUT / "build" / "engine-logs"
 
 

@@ -220,21 +220,6 @@ def _clone_cache(cache):
     return twin
 
 
-def _prefilled_f32(model32, args, cache_bf16, batch: int):
-    """An fp32 cache holding the same prompts (re-prefilled in fp32, same pages)."""
-    from pipeline.engines.reference import PAGE_SIZE, PagedKVCache
-
-    cache = PagedKVCache(model32.cfg, cache_bf16.num_blocks, DEV, torch.float32)
-    gen = torch.Generator().manual_seed(batch)  # prefilled()'s prompts, in its order
-    tables = args[3].tolist()
-    with torch.inference_mode():
-        for blocks in tables:
-            ids = torch.randint(1, model32.cfg.vocab_size, (PROMPT_LEN,), generator=gen)
-            slots = [blocks[p // PAGE_SIZE] * PAGE_SIZE + p % PAGE_SIZE for p in range(PROMPT_LEN)]
-            model32.prefill(ids.to(DEV), torch.tensor(slots, device=DEV), cache)
-    return cache
-
-
 def fidelity_section(cubin: Path, batches: list[int], steps: int) -> dict:
     from pipeline.engines.reference import PAGE_SIZE, Qwen3Model, torch_paged_decode_attention
     from pipeline.megakernel import interpret
@@ -249,7 +234,9 @@ def fidelity_section(cubin: Path, batches: list[int], steps: int) -> dict:
         log(f"fidelity batch {batch}")
         cache_e, args = prefilled(model, batch, steps)
         cache_s, cache_d, cache_i = (_clone_cache(cache_e) for _ in range(3))
-        cache_f = _prefilled_f32(model32, args, cache_e, batch)
+        # the same prompts in the same pages (prefilled() is seeded by batch and
+        # allocates in order), prefilled in fp32; its own first tokens are not used
+        cache_f, _ = prefilled(model32, batch, steps)
         static = PersistentDecode(model, cache_s, batch, Schedule.STATIC_ROUND_ROBIN, cubin)
         dynamic = PersistentDecode(model, cache_d, batch, Schedule.DYNAMIC_QUEUE, cubin)
         ids, pos, slots, tables, lens = args

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipeline.engines.interface import Alternatives, alternatives_from_json
+
 
 @dataclass(frozen=True)
 class Out:
@@ -26,18 +28,19 @@ class Out:
 
     tokens: tuple[int, ...]
     logprobs: tuple[float, ...]
-    alternatives: tuple[tuple[tuple[int, float], ...], ...]
+    alternatives: Alternatives
 
     @classmethod
     def of(cls, o) -> "Out":
         """From an engine's RequestOutput."""
-        return cls(tuple(o.token_ids), tuple(o.logprobs), _alts(o.alternatives))
+        return cls(tuple(o.token_ids), tuple(o.logprobs), tuple(o.alternatives))
 
     @classmethod
     def from_json(cls, d: dict) -> "Out":
         """From a tokens artifact / oracle record line (`token_ids`, `logprobs`,
         optional `alternatives`)."""
-        return cls(tuple(d["token_ids"]), tuple(d["logprobs"]), _alts(d.get("alternatives", ())))
+        return cls(tuple(d["token_ids"]), tuple(d["logprobs"]),
+                   alternatives_from_json(d.get("alternatives", ())))
 
     def gap_to(self, pos: int, token: int) -> float | None:
         """How many nats below this path's own choice `token` was at `pos` (None: not
@@ -46,10 +49,6 @@ class Out:
             return None
         return next((self.logprobs[pos] - lp for i, lp in self.alternatives[pos] if i == token),
                     None)
-
-
-def _alts(alternatives) -> tuple[tuple[tuple[int, float], ...], ...]:
-    return tuple(tuple((int(i), float(lp)) for i, lp in alt) for alt in alternatives)
 
 
 def divergence(want: Out, got: Out, margin: float,

@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from pipeline import __version__
-from pipeline.engines.interface import Request, WorkloadPass
+from pipeline.engines.interface import Alternatives, Request, WorkloadPass, alternatives_from_json
 from pipeline.errors import EvidenceError, VerificationError
 from pipeline.evidence import publish, thaw
 from pipeline.rows import LoadedRow
@@ -46,7 +46,7 @@ class OracleOutput:
     cell: str
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
-    alternatives: tuple[tuple[tuple[int, float], ...], ...] = ()
+    alternatives: Alternatives = ()
     """Per token the oracle's most likely other tokens (records made before they were
     kept have none: a near-tie cannot be told from a mismatch against them)."""
 
@@ -188,7 +188,7 @@ def _parse(directory: Path, data: bytes, sha: str, identity: SignerIdentity) -> 
         passes = _passes(doc["workload"]["passes"])
         outputs = tuple(OracleOutput(
             o["id"], o["cell"], tuple(o["token_ids"]), tuple(o["logprobs"]),
-            tuple(tuple((int(t), float(lp)) for t, lp in alt) for alt in o.get("alternatives", ())))
+            alternatives_from_json(o.get("alternatives", ())))
             for o in doc["outputs"])
         record = OracleRecord(
             path=directory, record_id=directory.name, row_id=doc["row"]["id"],

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -16,43 +15,18 @@ from pipeline.errors import EvidenceError, VerificationError
 from pipeline.model import build_tiny_model
 from pipeline.rows import load_row
 from pipeline.workload import build_passes
+from tests.gates.engine_rows import tiny_row
+
+HOST = '''
+    [[gates]]
+    id = "host"
+    kind = "host"
+'''
 
 
-def _row(directory: Path, engine: str, version: str, mode: str = "default") -> Path:
-    text = f'''
-        id = "ORACLE-TEST"
-        title = "oracle record test"
-        kind = "demo"
-
-        [target]
-        arch = "cpu"
-
-        [[models]]
-        id = "tiny"
-        name = "tiny-qwen3"
-
-        [arms.oracle]
-        engine = "{engine}"
-        version = "{version}"
-        mode = "{mode}"
-        dtype = "float32"
-
-        [arms.candidate]
-        engine = "reference"
-
-        [workload]
-        input_lens = [16]
-        concurrency = [1, 2]
-        output_len = 6
-        requests_per_cell = 2
-
-        [[gates]]
-        id = "host"
-        kind = "host"
-    '''
-    path = directory / "ORACLE-TEST.toml"
-    path.write_text(textwrap.dedent(text))
-    return path
+def _row(directory: Path, engine: str, mode: str = "default") -> Path:
+    return tiny_row(directory, "ORACLE-TEST", HOST, oracle=engine, concurrency="[1, 2]",
+                    output_len=6, requests=2, oracle_mode=mode)
 
 
 def _thaw(record: Path) -> None:
@@ -68,7 +42,7 @@ def signer():
 @pytest.fixture
 def record(tmp_path, signer):
     """A real record whose oracle arm is the reference engine (fast; vLLM below)."""
-    loaded = load_row(_row(tmp_path, "reference", "rowgate-0.1.0"))
+    loaded = load_row(_row(tmp_path, "reference"))
     return oracle.record_oracle(loaded, signer, out_dir=tmp_path / "records")
 
 
@@ -137,7 +111,7 @@ def test_not_a_record(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(installed_version() is None, reason="vLLM not installed")
 def test_cli_records_the_pinned_vllm_and_verifies(tmp_path, capsys):
-    row = _row(tmp_path, "vllm", "0.32.0", mode="eager")
+    row = _row(tmp_path, "vllm", mode="eager")
     with pytest.raises(SystemExit) as done:
         cli.main(["-q", "oracle", "record", str(row), "--out", str(tmp_path / "records")])
     assert done.value.code == 0

@@ -54,11 +54,21 @@ class RequestOutput:
     latency_s: float = 0.0
     itl_s: tuple[float, ...] = field(default_factory=tuple)
     """Inter-token latencies, where streamed."""
-    alternatives: tuple[tuple[tuple[int, float], ...], ...] = ()
+    alternatives: "Alternatives" = ()
     """Per generated token, the most likely other tokens with their log-probabilities,
     best first, where the engine exposes them (rowgate's reference engine keeps
     ALTERNATIVES of them): what tells a near-tie kept the other way from a real
     divergence when two bf16 paths part (bf16 logits tie three ways, too)."""
+
+
+Alternatives = tuple[tuple[tuple[int, float], ...], ...]
+"""Per generated token, (token id, log-probability) of the most likely other tokens."""
+
+
+def alternatives_from_json(raw) -> Alternatives:
+    """`RequestOutput.alternatives` from its JSON form (lists of [id, logprob] pairs), as a
+    worker reply, a tokens artifact or an oracle record holds it."""
+    return tuple(tuple((int(i), float(lp)) for i, lp in alt) for alt in raw)
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from pipeline.engines.interface import (
     PassResult,
     RequestOutput,
     WorkloadPass,
+    alternatives_from_json,
 )
 from pipeline.engines.openai import OpenAIEngine
 from pipeline.model import model_info
@@ -145,8 +146,7 @@ class VllmEngine(Engine):
         outputs = tuple(RequestOutput(
             id=o["id"], token_ids=tuple(o["token_ids"]), logprobs=tuple(o["logprobs"]),
             ttft_s=o["ttft_s"], latency_s=o["latency_s"], itl_s=tuple(o["itl_s"]),
-            alternatives=tuple(tuple((int(t), float(lp)) for t, lp in alt)
-                               for alt in o.get("alternatives", ())))
+            alternatives=alternatives_from_json(o.get("alternatives", ())))
             for o in reply["outputs"])
         return PassResult(outputs=outputs, wall_s=reply["wall_s"])
 

@@ -112,14 +112,6 @@ def device_name(row: Row, spec) -> str:
     return f"cuda:{gpu.index}"
 
 
-def measured_arch(row: Row, spec) -> tuple[str, bool]:
-    """(arch the engines run on, whether it is a stand-in) for `Gate.arch`."""
-    if row.target.arch == "cpu":
-        return "cpu", False
-    gpu, stand_in, _ = gate_device(row, spec)
-    return (gpu.arch, stand_in) if gpu else ("", False)
-
-
 def gpu_index(row: Row, spec) -> int | None:
     name = device_name(row, spec)
     return int(name.split(":")[1]) if name.startswith("cuda:") else None

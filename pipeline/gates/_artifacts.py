@@ -4,6 +4,7 @@ naming the file (the gate broke or the artifacts were tampered with: ERROR)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from pipeline.gates.interface import GateError
@@ -26,3 +27,13 @@ def read_jsonl(path: Path) -> list[dict]:
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     except (OSError, ValueError) as exc:
         raise GateError(f"artifact {path.name} unreadable in {path.parent}: {exc}") from exc
+
+
+def derive_known_layout(derive: Callable[[Path], object], artifact_dir: Path, what: str):
+    """`derive(artifact_dir)`, with artifacts of another layout (an older rowgate, or
+    edited by hand) an ERROR naming the missing piece instead of a traceback."""
+    try:
+        return derive(artifact_dir)
+    except (KeyError, TypeError, IndexError) as exc:
+        raise GateError(f"{what} artifacts in {artifact_dir} are not in this rowgate's "
+                        f"format: missing or malformed {exc}") from exc

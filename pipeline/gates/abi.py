@@ -31,7 +31,7 @@ from pipeline import device
 from pipeline.errors import Error
 from pipeline.gates import _arms
 from pipeline.gates._artifacts import read_json, write_json
-from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Status
+from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Status, gate_arch
 from pipeline.rows import AbiGate, Row, StopAction
 
 ADMISSION = "admission.json"
@@ -48,7 +48,7 @@ class Abi(Gate):
     kind = "abi"
 
     def arch(self, row: Row, spec, ctx: GateContext) -> tuple[str, bool]:
-        return _arms.measured_arch(row, spec)
+        return gate_arch(row, spec)
 
     def measure(self, row: Row, spec: AbiGate, ctx: GateContext) -> None:
         out = ctx.artifact_dir
@@ -124,9 +124,9 @@ class Abi(Gate):
             metrics.update(task_lists=len(cells), tasks=sum(c["tasks"] for c in cells.values()),
                            validator_problems=len(problems))
             fails += problems[:3] + ([f"(+{len(problems) - 3} more)"] if len(problems) > 3 else [])
-        proof_state, proof_why, counts = _proof(artifact_dir, state)
+        proof_state, proof_why, counts, proof_cells = _proof(artifact_dir, state)
         metrics.update(gpu_proof=proof_state, **counts)
-        for cell, per_cell in _proof_cells(artifact_dir, proof_state).items():
+        for cell, per_cell in proof_cells.items():
             cells.setdefault(cell, {}).update(per_cell)
         if proof_state == "mismatch":
             fails.append(proof_why)
@@ -298,12 +298,10 @@ def _lists(row: Row, artifact_dir: Path) -> tuple[dict, list[str]]:
     return cells, problems
 
 
-def _proof_cells(artifact_dir: Path, proof_state: str) -> dict[str, dict]:
+def _proof_cells(doc: dict) -> dict[str, dict]:
     """Per cell, the proof's request counts by schedule (the report's per-cell table)."""
-    if proof_state not in ("passed", "mismatch"):
-        return {}
     out: dict[str, dict] = {}
-    for cell, by in read_json(artifact_dir / PROOF).items():
+    for cell, by in doc.items():
         row = out.setdefault(cell, {"schedules_identical": by.get("schedules_identical", True)})
         for sched, r in by.items():
             if isinstance(r, dict):
@@ -313,16 +311,17 @@ def _proof_cells(artifact_dir: Path, proof_state: str) -> dict[str, dict]:
     return out
 
 
-def _proof(artifact_dir: Path, admitted: str) -> tuple[str, str, dict]:
-    """("passed" | "mismatch" | "pending" | "not admitted", why, request counts)."""
+def _proof(artifact_dir: Path, admitted: str) -> tuple[str, str, dict, dict]:
+    """("passed" | "mismatch" | "pending" | "not admitted", why, request counts, per-cell
+    counts)."""
     dev = read_json(artifact_dir / DEVICE)
     none = {"mismatched_requests": None}
     if admitted == "refused":
-        return "not admitted", "GPU proof not run: not admitted", none
+        return "not admitted", "GPU proof not run: not admitted", none, {}
     if not dev["present"]:
-        return "pending", f"GPU proof pending: {dev['why_not']}", none
+        return "pending", f"GPU proof pending: {dev['why_not']}", none, {}
     if admitted == "pending" or not (artifact_dir / PROOF).is_file():
-        return "pending", "GPU proof pending: not admitted yet", none
+        return "pending", "GPU proof pending: not admitted yet", none, {}
     doc = read_json(artifact_dir / PROOF)
     runs = [(cell, sched, r) for cell, by in doc.items() for sched, r in by.items()
             if isinstance(r, dict)]
@@ -340,10 +339,10 @@ def _proof(artifact_dir: Path, admitted: str) -> tuple[str, str, dict]:
     if racy:
         problems.append(f"the schedules disagree (a race) in {', '.join(racy)}")
     if problems:
-        return "mismatch", "; ".join(problems), counts
+        return "mismatch", "; ".join(problems), counts, _proof_cells(doc)
     ties = (f", {counts['tie_requests']} parting at a near-tie within the row's tie margin"
             if counts["tie_requests"] else "")
     note = f"; fallback taken at batch {', '.join(fell_back)}" if fell_back else ""
     return "passed", (f"persistent tokens equal eager in {len(runs)} run(s): "
                       f"{counts['exact_requests']}/{counts['requests']} requests exact{ties}; "
-                      f"schedules identical{note}"), counts
+                      f"schedules identical{note}"), counts, _proof_cells(doc)

@@ -27,7 +27,7 @@ from pathlib import Path
 from pipeline.engines.interface import Request, WorkloadPass
 from pipeline.gates import _arms
 from pipeline.gates._artifacts import read_json, read_jsonl, write_json
-from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Status
+from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Status, gate_arch
 from pipeline.rows import AccuracyGate, Row
 
 META = "meta.json"
@@ -117,7 +117,7 @@ class Accuracy(Gate):
         return missing or model
 
     def arch(self, row: Row, spec, ctx: GateContext) -> tuple[str, bool]:
-        return _arms.measured_arch(row, spec)
+        return gate_arch(row, spec)
 
     # ------------------------------------------------------------- measure
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline import kernels, resources
+from pipeline.gates._artifacts import derive_known_layout
 from pipeline.gates.build import Built, build_into, build_problems, gate_arches, read_index
 from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Progress, Status
 from pipeline.rows import AuditGate, Row
@@ -228,12 +229,7 @@ class Audit(Gate):
                       ctx.artifact_dir, ctx.progress, spec.verify_embedded_images)
 
     def derive(self, row: Row, spec: AuditGate, artifact_dir: Path) -> Derived:
-        try:
-            return derive_audit(artifact_dir)
-        except (KeyError, TypeError, IndexError) as exc:
-            # Artifacts of another layout (an older rowgate) or edited by hand.
-            raise GateError(f"audit artifacts in {artifact_dir} are not in this rowgate's "
-                            f"format: missing or malformed {exc}") from exc
+        return derive_known_layout(derive_audit, artifact_dir, "audit")
 
     def arch(self, row: Row, spec, ctx: GateContext) -> tuple[str, bool]:
         return row.target.arch, False

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from pipeline import CHECKOUT, cudabuild, kernels, toolchains
 from pipeline.errors import Error
+from pipeline.gates._artifacts import derive_known_layout
 from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Progress, Status
 from pipeline.rows import BuildGate, Row
 
@@ -195,11 +196,7 @@ class Build(Gate):
             measure_aot(spec.aot_arches or arches, ctx.artifact_dir, ctx.progress)
 
     def derive(self, row: Row, spec: BuildGate, artifact_dir: Path) -> Derived:
-        try:
-            return derive_builds(artifact_dir)
-        except (KeyError, TypeError, IndexError) as exc:
-            raise GateError(f"build artifacts in {artifact_dir} are not in this rowgate's "
-                            f"format: missing or malformed {exc}") from exc
+        return derive_known_layout(derive_builds, artifact_dir, "build")
 
     def arch(self, row: Row, spec, ctx: GateContext) -> tuple[str, bool]:
         return row.target.arch, False

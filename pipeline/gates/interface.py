@@ -183,6 +183,15 @@ def gate_device(row: "Row", spec: Any):
                          [] if own else row.target.stand_in_arches)
 
 
+def gate_arch(row: "Row", spec: Any) -> tuple[str, bool]:
+    """`Gate.arch` of a gate that runs on the row's device: (arch of the GPU
+    `gate_device` picks, whether it is a stand-in); `cpu` for a CPU row."""
+    if row.target.arch == "cpu":
+        return "cpu", False
+    gpu, stand_in, _ = gate_device(row, spec)
+    return (gpu.arch, stand_in) if gpu else ("", False)
+
+
 def run_gate(gate: Gate, row: "Row", spec: Any, ctx: GateContext, bundle_root: Path,
              pending: str | None = None) -> GateResult:
     """The template every kind shares: requirements → measure → derive."""

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 
 from pipeline.errors import Error
-from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Status, gate_device
+from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Status, gate_arch, gate_device
 from pipeline.rows import OperatorGate, Row
 
 CASES = "cases.json"
@@ -45,8 +45,7 @@ class Operator(Gate):
         return _deps_missing()
 
     def arch(self, row: Row, spec, ctx: GateContext) -> tuple[str, bool]:
-        gpu, stand_in, _ = gate_device(row, spec)
-        return (gpu.arch, stand_in) if gpu else ("", False)
+        return gate_arch(row, spec)
 
     # ------------------------------------------------------------------ measure
 

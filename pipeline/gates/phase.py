@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Status, gate_device
+from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Status, gate_arch, gate_device
 from pipeline.gates.operator import _deps_missing
 from pipeline.rows import PhaseGate, Row
 
@@ -36,8 +36,7 @@ class Phase(Gate):
         return None
 
     def arch(self, row: Row, spec, ctx: GateContext) -> tuple[str, bool]:
-        gpu, stand_in, _ = gate_device(row, spec)
-        return (gpu.arch, stand_in) if gpu else ("", False)
+        return gate_arch(row, spec)
 
     def measure(self, row: Row, spec: PhaseGate, ctx: GateContext) -> None:
         import torch

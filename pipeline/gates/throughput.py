@@ -31,7 +31,7 @@ from pathlib import Path
 from pipeline import device
 from pipeline.gates import _arms
 from pipeline.gates._artifacts import read_json, read_jsonl, write_json
-from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Status
+from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Status, gate_arch
 from pipeline.rows import Row, ThroughputGate
 from pipeline.workload import WorkloadMismatch, check_same_workload, workload_digest
 
@@ -76,7 +76,7 @@ class Throughput(Gate):
         return _arms.arms_requirement(row, {"oracle": base, "candidate": row.arms.candidate})
 
     def arch(self, row: Row, spec, ctx: GateContext) -> tuple[str, bool]:
-        return _arms.measured_arch(row, spec)
+        return gate_arch(row, spec)
 
     # ------------------------------------------------------------- measure
 

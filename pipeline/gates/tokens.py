@@ -26,7 +26,7 @@ from pathlib import Path
 from pipeline.errors import Error
 from pipeline.gates import _arms
 from pipeline.gates._artifacts import read_json, read_jsonl, write_json
-from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Status
+from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Status, gate_arch
 from pipeline.rows import Row, TokensGate
 from pipeline.workload import WorkloadMismatch, check_same_workload, workload_digest
 
@@ -45,7 +45,7 @@ class Tokens(Gate):
                                       else {"oracle": row.arms.oracle, **arms})
 
     def arch(self, row: Row, spec, ctx: GateContext) -> tuple[str, bool]:
-        return _arms.measured_arch(row, spec)
+        return gate_arch(row, spec)
 
     # ------------------------------------------------------------- measure
 
@@ -119,8 +119,7 @@ def _run_side(role: str, engine, passes, ctx: GateContext) -> _Side:
         ctx.progress.update(f"tokens: {role} cell {work.cell} ({len(work.requests)} requests)")
         result = _arms.generate(engine, role, work)
         outputs += [{"id": o.id, "cell": work.cell, "token_ids": list(o.token_ids),
-                     "logprobs": list(o.logprobs),
-                     "alternatives": [[list(e) for e in alt] for alt in o.alternatives]}
+                     "logprobs": list(o.logprobs), "alternatives": o.alternatives}
                     for o in result.outputs]
     return _Side(outputs, {"source": "live", "engine": engine.describe(),
                            "workload_digest": workload_digest(passes)})
@@ -144,8 +143,7 @@ def _record_side(spec: TokensGate, ctx: GateContext) -> _Side:
     except Error as exc:
         raise GateError(f"oracle record {path}: {exc.diagnostics()}") from exc
     outputs = [{"id": o.id, "cell": o.cell, "token_ids": list(o.token_ids),
-                "logprobs": list(o.logprobs),
-                "alternatives": [[list(e) for e in alt] for alt in o.alternatives]}
+                "logprobs": list(o.logprobs), "alternatives": o.alternatives}
                for o in record.outputs]
     return _Side(outputs, {"source": "record", "record": str(path_text),
                            "record_id": record.record_id, "record_sha256": record.sha256,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pipeline.errors import Error
 from pipeline.gates import _arms
-from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Status
+from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Status, gate_arch
 from pipeline.rows import EngineKind, Row, TraceGate
 
 CELL_METRICS = ("recoverable_idle_fraction", "gap_fraction", "tail_fraction",
@@ -41,7 +41,7 @@ class Trace(Gate):
         return _arms.model_requirement(row)
 
     def arch(self, row: Row, spec, ctx: GateContext) -> tuple[str, bool]:
-        return _arms.measured_arch(row, spec)
+        return gate_arch(row, spec)
 
     def measure(self, row: Row, spec: TraceGate, ctx: GateContext) -> None:
         from pipeline import engines

@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def tiny_row(directory: Path, row_id: str, body: str, *, oracle: str = "vllm",
              input_lens: str = "[16]", concurrency: str = "[1, 4]", output_len: int = 8,
-             requests: int = 4, seeds: str = "[0]", candidate_dtype: str = "float32") -> Path:
+             requests: int = 4, seeds: str = "[0]", candidate_dtype: str = "float32",
+             oracle_mode: str = "default") -> Path:
     """A CPU row over the tiny model; `oracle = "reference"` gives a fast A/A."""
     version = "0.32.0" if oracle == "vllm" else "rowgate"
     text = f'''
@@ -33,6 +34,7 @@ def tiny_row(directory: Path, row_id: str, body: str, *, oracle: str = "vllm",
         [arms.oracle]
         engine = "{oracle}"
         version = "{version}"
+        mode = "{oracle_mode}"
         dtype = "float32"
 
         [arms.candidate]

@@ -8,7 +8,7 @@ import pytest
 
 from pipeline import device
 from pipeline.gates import _arms, device_requirement
-from pipeline.gates.interface import gate_device
+from pipeline.gates.interface import gate_arch, gate_device
 from pipeline.rows import load_row
 from tests.support import write_row
 
@@ -44,7 +44,7 @@ def test_a_gate_with_its_own_selector_runs_on_that_gpu(row):
     spec = row.gate("h100-tp")
     assert gate_device(row, spec)[0].index == 1
     assert _arms.device_name(row, spec) == "cuda:1" and _arms.gpu_index(row, spec) == 1
-    assert _arms.measured_arch(row, spec) == ("sm_90", False)
+    assert gate_arch(row, spec) == ("sm_90", False)
     assert device_requirement(row, spec) is None
 
 

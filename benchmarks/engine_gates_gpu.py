@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, ".")
-from pipeline.gates.interface import GateContext, run_gate
+from pipeline import device, runner
+from pipeline.gates.interface import run_gate
 from pipeline.gates.throughput import Throughput
 from pipeline.gates.tokens import Tokens
 from pipeline.rows import load_row
@@ -68,8 +69,10 @@ class P:
 summary = {}
 for gate, gid in ((Tokens(), "tokens"), (Throughput(), "tp")):
     t = time.time()
-    ctx = GateContext(repo=Path.cwd(), artifact_dir=tmp / "stage" / "artifacts" / gid,
-                      subject=None, provenance=None, progress=P())
+    devices = device.inventory()
+    ctx = runner.gate_context(row, row.gate(gid), repo=Path.cwd(),
+                              artifact_dir=tmp / "stage" / "artifacts" / gid, subject=None,
+                              provenance=None, devices=devices, progress=P())
     r = run_gate(gate, row, row.gate(gid), ctx, tmp / "stage")
     print(gid, r.status.value, r.arch, r.reason, round(time.time() - t, 1), flush=True)
     summary[gid] = json.loads(r.model_dump_json())

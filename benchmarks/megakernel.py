@@ -7,7 +7,7 @@
 
 Sections (each one's failure is recorded and the next still runs):
   build     kernels/persistent/megakernel.cu -> cubin for the GPU's arch, exactly as
-            the build gate builds it (pipeline.cudabuild), build record kept
+            the build gate builds it (pipeline.build.cudabuild), build record kept
   ceiling   device-to-device copy bandwidth (bytes read + written), this run
   steps     the probe model (Qwen3, 16 layers, hidden 2048, bf16, fixed seed) at each
             batch: one decode step after a 128-token prefill, in four modes -- eager
@@ -66,9 +66,9 @@ def section(results: dict, name: str, fn):
 
 
 def build(nvcc: str, arch: str, out: Path) -> dict:
-    """The build gate's cubin (pipeline.cudabuild: its recipe, warnings as errors, cached),
+    """The build gate's cubin (pipeline.build.cudabuild: its recipe, warnings as errors, cached),
     with the device's own nvcc; its build record and ptxas report are kept in `out`."""
-    from pipeline.cudabuild import BUILD_RECORD
+    from pipeline.build.cudabuild import BUILD_RECORD
     from pipeline.ops.megakernel import build_cubin
 
     cubin = build_cubin(arch, nvcc)

@@ -15,8 +15,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pipeline import gates  # noqa: E402
-from pipeline.gates.interface import GateContext  # noqa: E402
+from pipeline import device, gates, runner  # noqa: E402
 from pipeline.rows import resolve_row  # noqa: E402
 
 
@@ -30,8 +29,9 @@ def main(argv=None) -> int:
     loaded = resolve_row(ns.row)
     spec = loaded.row.gate(ns.gate)
     options = dict(o.split("=", 1) for o in ns.option)
-    ctx = GateContext(repo=REPO, artifact_dir=ns.out / ns.gate, subject=None, provenance=None,
-                      options=options)
+    ctx = runner.gate_context(loaded.row, spec, repo=REPO, artifact_dir=ns.out / ns.gate,
+                              subject=None, provenance=None, devices=device.inventory(),
+                              options=options)
     result = gates.run(loaded.row, spec, ctx, ns.out)
     (ns.out / ns.gate / "gate-result.json").write_text(result.model_dump_json(indent=1) + "\n")
     print(f"{result.gate_id}: {result.status.value} arch={result.arch} "

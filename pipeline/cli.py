@@ -14,12 +14,18 @@ from typing import NoReturn
 
 from pipeline import __version__
 from pipeline.errors import Error, ExitCode, UsageError
-from pipeline.gates.interface import Status
+from pipeline.records.merge import MergeOutcome
+from pipeline.records.review import Verdict
+from pipeline.records.status import Status
 
 logger = logging.getLogger("rowgate")
 
 STATUS_EXIT = {Status.PASS: ExitCode.OK, Status.FAIL: ExitCode.FAILED,
                Status.ERROR: ExitCode.FAILED, Status.PENDING: ExitCode.PENDING}
+VERDICT_EXIT = {Verdict.APPROVE: ExitCode.OK, Verdict.REJECT: ExitCode.FAILED,
+                Verdict.PENDING: ExitCode.PENDING}
+MERGE_EXIT = {MergeOutcome.MERGED: ExitCode.OK, MergeOutcome.ALREADY_MERGED: ExitCode.OK,
+              MergeOutcome.REFUSED: ExitCode.FAILED}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -183,14 +189,14 @@ def _build(ns: argparse.Namespace) -> ExitCode:
     import re
 
     from pipeline import progress, report
-    from pipeline.gates import audit
-    from pipeline.rows import ARCH_PATTERN
+    from pipeline.build import local
+    from pipeline.rowspec import ARCH_PATTERN
 
     for arch in ns.arch:
         if arch == "cpu" or not re.fullmatch(ARCH_PATTERN, arch):
             raise UsageError(f"--arch {arch!r}: expected sm_NN (e.g. sm_70, sm_90a, sm_110)")
     with progress.progress(None, f"build {'+'.join(ns.arch)}", ns.quiet) as prog:
-        result = audit.local_build(ns.repo.resolve(), ns.arch, ns.kernel, _options(ns.option),
+        result = local.local_build(ns.repo.resolve(), ns.arch, ns.kernel, _options(ns.option),
                                    prog, aot=ns.aot)
     console = report.console()
     console.print(report.resource_table(result))
@@ -255,7 +261,8 @@ def _reviews_dir(ns: argparse.Namespace) -> Path:
 
 
 def _review(ns: argparse.Namespace) -> ExitCode:
-    from pipeline import review, signing
+    from pipeline import report, signing
+    from pipeline.decision import review
 
     if ns.key is None and not (ns.identity or ns.issuer):
         raise UsageError("review: pass --key PUB.pem of the bundle's signer "
@@ -264,38 +271,41 @@ def _review(ns: argparse.Namespace) -> ExitCode:
                                     ns.bundle / signing.SIGNATURE_FILE)
     result = review.review(ns.bundle, ns.repo.resolve(), ns.row, verifier,
                            signing.default_signer(), _reviews_dir(ns))
-    for line in review.describe(result.record):
+    for line in report.describe_review(result.record):
         print(line)
     print(result.path)
-    return review.VERDICT_EXIT[result.record.verdict]
+    return VERDICT_EXIT[result.record.verdict]
 
 
 def _attest_operator(ns: argparse.Namespace) -> ExitCode:
-    from pipeline import review, signing
+    from pipeline import signing
+    from pipeline.decision import attest
 
-    path = review.attest(ns.review, signing.default_signer(), ns.note)
+    path = attest.attest(ns.review, signing.default_signer(), ns.note)
     print(f"operator attestation for {ns.review.name} signed")
     print(path)
     return ExitCode.OK
 
 
 def _merge(ns: argparse.Namespace) -> ExitCode:
-    from pipeline import merge, rows, signing
+    from pipeline import rows, signing
+    from pipeline.decision import merge
 
     result = merge.merge(rows.resolve_row(ns.row), ns.repo.resolve(), ns.into, _reviews_dir(ns),
                          signing.default_signer())
-    print(result.record.message, file=sys.stderr if result.exit_code else sys.stdout)
+    code = MERGE_EXIT[result.record.outcome]
+    print(result.record.message, file=sys.stderr if code else sys.stdout)
     print(result.path)
-    return result.exit_code
+    return code
 
 
 def _oracle(ns: argparse.Namespace) -> ExitCode:
-    from pipeline import oracle, rows, signing
+    from pipeline import oracle, rows, runner, signing
 
     if ns.oracle_command == "record":
         loaded = rows.resolve_row(ns.row)
         say = (lambda _m: None) if ns.quiet else (lambda m: print(f"rowgate: {m}", file=sys.stderr))
-        record = oracle.record_oracle(loaded, signing.default_signer(),
+        record = runner.record_oracle(loaded, signing.default_signer(),
                                       out_dir=ns.out or Path.cwd() / oracle.DEFAULT_DIR,
                                       device=ns.device, options=_options(ns.option), say=say)
     else:

@@ -6,25 +6,13 @@ empty, which the gates turn into PENDING with the reason.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import cache
+from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 
-
-class Gpu(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    index: int
-    name: str
-    arch: str
-    """`sm_XY` from the compute capability."""
-    uuid: str
-    driver: str
-    memory_total_mib: int
-    sm_clock_mhz: int
-    mem_clock_mhz: int
-    max_sm_clock_mhz: int
-    temperature_c: int
+from pipeline.records.provenance import Gpu
 
 
 class ClockSample(BaseModel):
@@ -86,28 +74,49 @@ def sample_clocks(index: int, t: float) -> ClockSample:
                        temperature_c=nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))
 
 
-def select(arch: str, selector: str = "any", stand_ins: list[str] | None = None
-           ) -> tuple[Gpu | None, bool, str]:
-    """Pick the GPU a row's execution gates run on.
+class GpuChoice(NamedTuple):
+    """The GPU a gate runs on: (gpu, is it a stand-in, why none fits: the exact PENDING
+    reason, "" when one does or the row is a CPU row)."""
 
-    Returns (gpu, is_stand_in, why_not). `why_not` is the exact PENDING reason
-    when no suitable GPU is here.
-    """
-    if arch == "cpu":
-        return None, False, ""
+    gpu: Gpu | None
+    stand_in: bool
+    why_not: str
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """The GPUs of this host, enumerated once per run (NVML), and why there are none:
+    every choice of a gate's GPU in the run is made from it."""
+
+    gpus: tuple[Gpu, ...] = ()
+    why_none: str = "no GPU visible to NVML"
+
+    def select(self, arch: str, selector: str = "any", stand_ins: list[str] | None = None
+               ) -> GpuChoice:
+        """Pick the GPU a row's execution gates run on; `why_not` is the exact PENDING
+        reason when no suitable GPU is here."""
+        if arch == "cpu":
+            return GpuChoice(None, False, "")
+        if not self.gpus:
+            return GpuChoice(None, False, f"needs an {arch} device{_named(selector)}; this "
+                                          f"host has no GPU ({self.why_none})")
+        candidates = [g for g in self.gpus if _matches(g, selector)]
+        for g in candidates:
+            if g.arch == arch:
+                return GpuChoice(g, False, "")
+        for g in candidates:
+            if g.arch in (stand_ins or []):
+                return GpuChoice(g, True, "")
+        here = ", ".join(f"{g.name} ({g.arch})" for g in self.gpus)
+        return GpuChoice(None, False, f"needs an {arch} device{_named(selector)}; this host "
+                                      f"has {here}")
+
+
+def inventory() -> Inventory:
+    """Enumerate this host's GPUs (the one NVML enumeration of a run)."""
     found = gpus()
-    if not found:
-        why = nvml_unavailable_reason() or "no GPU visible to NVML"
-        return None, False, f"needs an {arch} device{_named(selector)}; this host has no GPU ({why})"
-    candidates = [g for g in found if _matches(g, selector)]
-    for g in candidates:
-        if g.arch == arch:
-            return g, False, ""
-    for g in candidates:
-        if g.arch in (stand_ins or []):
-            return g, True, ""
-    here = ", ".join(f"{g.name} ({g.arch})" for g in found)
-    return None, False, f"needs an {arch} device{_named(selector)}; this host has {here}"
+    return Inventory(tuple(found), "" if found else
+                     nvml_unavailable_reason() or "no GPU visible to NVML")
 
 
 def _named(selector: str) -> str:

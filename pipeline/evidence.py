@@ -20,75 +20,26 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from pipeline import __version__, schemas
+from pipeline import __version__
 from pipeline.errors import EvidenceError, UsageError, VerificationError
-from pipeline.gates.interface import GateResult, Status
-from pipeline.provenance import Provenance, Subject
-from pipeline.rows import LoadedRow
-from pipeline.signing import SIGNATURE_FILE, Signer, SignerIdentity, Verifier
+from pipeline.records import schema
+from pipeline.records.canonical import canonical_json
+from pipeline.records.gate_result import GateResult
+from pipeline.records.identity import SignerIdentity
+from pipeline.records.ids import BUNDLE_ID_LEN
+from pipeline.records.manifest import FileDigest, GateSummary, Manifest
+from pipeline.records.provenance import Provenance, Subject
+from pipeline.records.status import overall_status
+from pipeline.signing import SIGNATURE_FILE, Signer, Verifier
+
+if TYPE_CHECKING:
+    from pipeline.rows import LoadedRow
 
 MANIFEST_FILE = "manifest.json"
 STAGING_PREFIX = ".staging-"
-BUNDLE_ID_LEN = 16
 _CHUNK = 1 << 20
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class FileDigest(_Model):
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-    size: int = Field(ge=0)
-
-
-class RowRef(_Model):
-    id: str
-    file: str
-    """Row file path, relative to the rowgate checkout that ran the gate."""
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-
-
-class GateSummary(_Model):
-    gate_id: str
-    kind: str
-    status: Status
-    reason: str
-    file: str
-
-
-class Manifest(_Model):
-    """`manifest.json`: what the bundle is evidence of, and every file's digest."""
-
-    schema_version: Literal[1] = 1
-    rowgate_version: str
-    created: str
-    """UTC time of sealing, ISO 8601."""
-    run_id: str = Field(pattern=r"^[0-9a-f]{32}$")
-    """Random per run: two runs never seal the same manifest, even within one second
-    over identical artifacts, so a re-run always makes a new bundle."""
-    row: RowRef
-    subject: Subject
-    provenance: Provenance
-    signer: SignerIdentity
-    """Identity the signature must verify as."""
-    status: Status
-    """Overall: FAIL if any gate FAILed or ERRORed, else PENDING if any is, else PASS."""
-    gates: list[GateSummary]
-    files: dict[str, FileDigest]
-    """Every file of the bundle except manifest.json and the signature."""
-
-
-def overall_status(statuses: list[Status]) -> Status:
-    if any(s in (Status.FAIL, Status.ERROR) for s in statuses):
-        return Status.FAIL
-    if any(s is Status.PENDING for s in statuses):
-        return Status.PENDING
-    return Status.PASS
 
 
 # --------------------------------------------------------------- file digests
@@ -130,10 +81,6 @@ def digest_tree(root: Path, exclude: set[str]) -> dict[str, FileDigest]:
     return {rel: d for (rel, _), d in zip(files, digests)}
 
 
-def canonical_json(obj) -> bytes:
-    return (json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
-
-
 def _fsync_path(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -163,14 +110,14 @@ class Stage:
 
     def add_result(self, result: GateResult) -> None:
         data = json.loads(result.model_dump_json())
-        schemas.validate("gate-result", data, f"gates/{result.gate_id}.json")
+        schema.validate("gate-result", data, f"gates/{result.gate_id}.json")
         (self.root / "gates" / f"{result.gate_id}.json").write_bytes(canonical_json(data))
 
     def results(self) -> list[GateResult]:
         return [GateResult.model_validate_json(p.read_bytes())
                 for p in sorted((self.root / "gates").glob("*.json"))]
 
-    def seal(self, *, row: LoadedRow, row_file: str, subject: Subject, provenance: Provenance,
+    def seal(self, *, row: "LoadedRow", row_file: str, subject: Subject, provenance: Provenance,
              signer: Signer, order: list[str]) -> Path:
         """Write the manifest, sign, freeze and publish. Returns the bundle path."""
         by_id = {r.gate_id: r for r in self.results()}
@@ -186,7 +133,7 @@ class Stage:
                                file=f"gates/{r.gate_id}.json") for r in results],
             files=digest_tree(self.root, exclude={MANIFEST_FILE, SIGNATURE_FILE}))
         data = canonical_json(json.loads(manifest.model_dump_json()))
-        schemas.validate("manifest", json.loads(data), MANIFEST_FILE)
+        schema.validate("manifest", json.loads(data), MANIFEST_FILE)
         (self.root / MANIFEST_FILE).write_bytes(data)
         bundle_id = hashlib.sha256(data).hexdigest()[:BUNDLE_ID_LEN]
         named = self._holder / bundle_id  # the signed statement names the bundle id
@@ -276,7 +223,7 @@ class Bundle:
             data = (path / MANIFEST_FILE).read_bytes()
         except OSError as exc:
             raise VerificationError(f"{MANIFEST_FILE}: missing ({exc.strerror})") from exc
-        manifest = schemas.load_checked(Manifest, "manifest", data, MANIFEST_FILE)
+        manifest = schema.load_checked(Manifest, "manifest", data, MANIFEST_FILE)
         return cls(path.resolve(), manifest, data)
 
     def gate_result(self, gate_id: str) -> GateResult:
@@ -319,7 +266,7 @@ class Bundle:
             raise VerificationError(f"{extra[0]}: gate files differ from the manifest's gates")
         for g in self.manifest.gates:
             raw = json.loads((self.path / g.file).read_bytes())
-            schemas.validate("gate-result", raw, g.file)
+            schema.validate("gate-result", raw, g.file)
             if (raw["status"], raw["reason"], raw["gate_id"]) != (g.status.value, g.reason, g.gate_id):
                 raise VerificationError(f"{g.file}: status/reason differ from the manifest's summary")
 

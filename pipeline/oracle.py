@@ -1,4 +1,6 @@
-"""Oracle records: the pinned oracle's outputs on a row's workload, kept as signed evidence.
+"""Oracle records: the pinned oracle's outputs on a row's workload, kept as signed
+evidence; their format, sealing and verified reading (`pipeline.runner.record_oracle`
+runs the oracle to make one).
 
 Where the oracle cannot run beside the candidate (the H200 has no vLLM), the
 tokens gate compares against a record made where it can. A record is a small
@@ -19,20 +21,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import platform
 import shutil
 import tempfile
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
+from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline import __version__
 from pipeline.engines.interface import Alternatives, Request, WorkloadPass, alternatives_from_json
 from pipeline.errors import EvidenceError, VerificationError
 from pipeline.evidence import publish, thaw
-from pipeline.rows import LoadedRow
-from pipeline.signing import SIGNATURE_FILE, Signer, SignerIdentity, Verifier
+from pipeline.records.identity import SignerIdentity
+from pipeline.signing import SIGNATURE_FILE, Signer, Verifier
 
 FORMAT = "rowgate-oracle-record/1"
 RECORD_FILE = "record.json"
@@ -72,58 +70,13 @@ class OracleRecord:
     signer: SignerIdentity
 
 
-def _canonical(doc: dict) -> bytes:
+def canonical_record(doc: dict) -> bytes:
+    """record.json's bytes (its digest names the record; not the bundles' canonical form)."""
     return (json.dumps(doc, sort_keys=True, indent=1) + "\n").encode()
 
 
-def _record_doc(loaded: LoadedRow, engine_info: dict[str, str], passes: list[WorkloadPass],
-                outputs: list[OracleOutput], model_digest: str) -> dict:
-    from pipeline.workload import workload_digest
-
-    arm = loaded.row.arms.oracle
-    return {
-        "format": FORMAT, "rowgate_version": __version__,
-        "created": datetime.now(UTC).isoformat(timespec="seconds"), "host": platform.node(),
-        "row": {"id": loaded.row.id, "sha256": loaded.sha256},
-        "arm": json.loads(arm.model_dump_json()),
-        "engine": engine_info, "version": engine_info.get("version", arm.version),
-        "model": {"digest": model_digest},
-        "workload": {"digest": workload_digest(passes), "passes": [asdict(p) for p in passes]},
-        "outputs": [asdict(o) for o in outputs],
-    }
-
-
-def record_oracle(loaded: LoadedRow, signer: Signer, *, out_dir: Path = DEFAULT_DIR,
-                  device: str = "cpu", options: dict[str, str] | None = None,
-                  say: Callable[[str], None] = lambda _msg: None) -> OracleRecord:
-    """Run the row's pinned oracle arm once on its workload and seal a signed record."""
-    from pipeline import engines
-    from pipeline.model import resolve_model
-    from pipeline.workload import build_passes
-
-    row = loaded.row
-    if not row.models:
-        raise EvidenceError(f"row {row.id}: declares no [[models]]; nothing to record")
-    model = resolve_model(row.models[0])
-    passes = build_passes(row.workload, model.vocab_size, model.special_ids)
-    arm = row.arms.oracle
-    say(f"starting the oracle ({arm.engine.value} {arm.version}) on {device}")
-    outputs: list[OracleOutput] = []
-    with engines.create(arm, model.path, device=device, options=options) as engine:
-        for work in passes:
-            say(f"oracle: cell {work.cell} ({len(work.requests)} requests)")
-            result = engine.generate(work)
-            outputs += [OracleOutput(o.id, work.cell, tuple(o.token_ids), tuple(o.logprobs),
-                                     o.alternatives)
-                        for o in result.outputs]
-        info = engine.describe()
-    doc = _record_doc(loaded, info, passes, outputs, model.digest)
-    path = _seal(out_dir / row.id, _canonical(doc), signer)
-    say(f"oracle record {path}")
-    return load_record(path, signer.verifier())
-
-
-def _seal(row_dir: Path, data: bytes, signer: Signer) -> Path:
+def seal_record(row_dir: Path, data: bytes, signer: Signer) -> Path:
+    """Sign `data` as a record under `row_dir/RECORD-ID/` and publish it whole."""
     record_id = hashlib.sha256(data).hexdigest()[:RECORD_ID_LEN]
     final = row_dir / record_id
     if final.exists():

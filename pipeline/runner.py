@@ -1,18 +1,34 @@
-"""`rowgate gate`: provenance, each gate in order, then seal and sign.
+"""The runs that measure and seal: `rowgate gate` (provenance, each gate in order, then
+seal and sign a bundle) and `rowgate oracle record` (the row's pinned oracle once on its
+workload, sealed as a signed oracle record).
 
-The runner never measures (gates do) and never signs by itself (the sealer
-does, with the signer it is given).
+The runner never measures (gates and engines do) and never signs by itself (the sealer
+does, with the signer it is given). It chooses each gate's GPU from one enumeration of
+the host's and opens the signed records gates read (`RecordOpener`): what a gate may
+not do itself.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+import platform
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
-from pipeline import CHECKOUT, gates, provenance
-from pipeline.evidence import Bundle, Stage, overall_status
-from pipeline.gates.interface import GateContext, GateResult, Progress, Status
-from pipeline.rows import LoadedRow
+from pipeline import CHECKOUT, __version__, gates, oracle, provenance, signing
+from pipeline.device import Inventory, inventory
+from pipeline.engines.interface import WorkloadPass
+from pipeline.errors import EvidenceError
+from pipeline.evidence import Bundle, Stage
+from pipeline.gates.interface import GateContext, Progress, gate_device
+from pipeline.oracle import OracleOutput, OracleRecord
+from pipeline.records.gate_result import GateResult
+from pipeline.records.provenance import Provenance, Subject
+from pipeline.records.status import Status, overall_status
+from pipeline.rows import LoadedRow, Row
+from pipeline.rowspec import GateSpec
 from pipeline.signing import Signer
 
 
@@ -26,6 +42,14 @@ class GateRun:
         return overall_status([r.status for r in self.results])
 
 
+class RecordOpener:
+    """`gates.interface.SignedRecords`: signed records verified here, for the gates that
+    read them (no gate imports the signing code)."""
+
+    def oracle_record(self, path: Path, key: Path | None) -> OracleRecord:
+        return oracle.load_record(path, signing.KeyVerifier(key) if key else None)
+
+
 def row_file_ref(loaded: LoadedRow) -> str:
     """The row path as recorded: relative to the rowgate checkout when inside it."""
     try:
@@ -34,18 +58,34 @@ def row_file_ref(loaded: LoadedRow) -> str:
         return loaded.path.as_posix()
 
 
+def gate_context(row: Row, spec: GateSpec, *, repo: Path, artifact_dir: Path, subject: Subject,
+                 provenance: Provenance, devices: Inventory, progress: Progress | None = None,
+                 options: dict[str, str] | None = None) -> GateContext:
+    """One gate's context as the runner makes it: its GPU chosen from the run's
+    enumeration (`devices`), the runner's record opener."""
+    ctx = GateContext(repo=repo, artifact_dir=artifact_dir, subject=subject,
+                      provenance=provenance, options=dict(options or {}),
+                      gpu=gate_device(row, spec, devices), devices=devices,
+                      records=RecordOpener())
+    if progress is not None:
+        ctx.progress = progress
+    return ctx
+
+
 def run_row(loaded: LoadedRow, repo: Path, out_dir: Path, signer: Signer, progress: Progress,
             base: str | None = None, options: dict[str, str] | None = None) -> GateRun:
     row = loaded.row
     subject = provenance.subject(repo, base, row.review.merge_into)
-    prov = provenance.collect()
+    devices = inventory()  # the run's one NVML enumeration
+    prov = provenance.collect(gpus=list(devices.gpus))
     stage = Stage(out_dir, row.id)
     try:
         for spec in row.gates:
             progress.update(f"gate {spec.id} ({spec.kind})")
-            ctx = GateContext(repo=Path(subject.repo), artifact_dir=stage.artifact_dir(spec.id),
-                              subject=subject, provenance=prov, progress=progress,
-                              options=dict(options or {}))
+            ctx = gate_context(row, spec, repo=Path(subject.repo),
+                               artifact_dir=stage.artifact_dir(spec.id), subject=subject,
+                               provenance=prov, devices=devices, progress=progress,
+                               options=options)
             stage.add_result(gates.run(row, spec, ctx, stage.root))
             progress.advance()
         progress.update("sealing and signing")
@@ -58,3 +98,53 @@ def run_row(loaded: LoadedRow, repo: Path, out_dir: Path, signer: Signer, progre
     sealed = Bundle.open(bundle)
     sealed.verify(signer.verifier())
     return GateRun(bundle=bundle, results=sealed.results())
+
+
+# ------------------------------------------------------------- oracle records
+
+
+def _oracle_doc(loaded: LoadedRow, engine_info: dict[str, str], passes: list[WorkloadPass],
+                outputs: list[OracleOutput], model_digest: str) -> dict:
+    from pipeline.workload import workload_digest
+
+    arm = loaded.row.arms.oracle
+    return {
+        "format": oracle.FORMAT, "rowgate_version": __version__,
+        "created": datetime.now(UTC).isoformat(timespec="seconds"), "host": platform.node(),
+        "row": {"id": loaded.row.id, "sha256": loaded.sha256},
+        "arm": json.loads(arm.model_dump_json()),
+        "engine": engine_info, "version": engine_info.get("version", arm.version),
+        "model": {"digest": model_digest},
+        "workload": {"digest": workload_digest(passes), "passes": [asdict(p) for p in passes]},
+        "outputs": [asdict(o) for o in outputs],
+    }
+
+
+def record_oracle(loaded: LoadedRow, signer: Signer, *, out_dir: Path = oracle.DEFAULT_DIR,
+                  device: str = "cpu", options: dict[str, str] | None = None,
+                  say: Callable[[str], None] = lambda _msg: None) -> OracleRecord:
+    """Run the row's pinned oracle arm once on its workload and seal a signed record."""
+    from pipeline import engines
+    from pipeline.model import resolve_model
+    from pipeline.workload import build_passes
+
+    row = loaded.row
+    if not row.models:
+        raise EvidenceError(f"row {row.id}: declares no [[models]]; nothing to record")
+    model = resolve_model(row.models[0])
+    passes = build_passes(row.workload, model.vocab_size, model.special_ids)
+    arm = row.arms.oracle
+    say(f"starting the oracle ({arm.engine.value} {arm.version}) on {device}")
+    outputs: list[OracleOutput] = []
+    with engines.create(arm, model.path, device=device, options=options) as engine:
+        for work in passes:
+            say(f"oracle: cell {work.cell} ({len(work.requests)} requests)")
+            result = engine.generate(work)
+            outputs += [OracleOutput(o.id, work.cell, tuple(o.token_ids), tuple(o.logprobs),
+                                     o.alternatives)
+                        for o in result.outputs]
+        info = engine.describe()
+    doc = _oracle_doc(loaded, info, passes, outputs, model.digest)
+    path = oracle.seal_record(out_dir / row.id, oracle.canonical_record(doc), signer)
+    say(f"oracle record {path}")
+    return oracle.load_record(path, signer.verifier())

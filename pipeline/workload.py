@@ -17,7 +17,7 @@ from dataclasses import asdict
 
 from pipeline.engines.interface import Request, WorkloadPass
 from pipeline.errors import Error, UsageError
-from pipeline.rows import Workload
+from pipeline.rowspec import Workload
 
 DIGEST_VERSION = 1
 """Bumped whenever the prompt derivation or the canonical form changes."""

@@ -16,8 +16,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from pipeline import cli, rows, runner, signing
-from pipeline.evidence import MANIFEST_FILE, canonical_json, digest_tree
+from pipeline.evidence import MANIFEST_FILE, digest_tree
 from pipeline.progress import PlainProgress
+from pipeline.records.canonical import canonical_json
 from pipeline.signing import SIGNATURE_FILE
 from tests.support import write_row
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import cudabuild, kernels
+from pipeline.build import cudabuild, kernels
 
 pytestmark = pytest.mark.slow
 FIXTURES = Path(__file__).parent / "fixtures" / "kernels"

@@ -12,7 +12,7 @@ import pytest
 from pipeline import signing
 from pipeline.errors import VerificationError
 from pipeline.evidence import MANIFEST_FILE, Bundle, find_bundles
-from pipeline.gates.interface import Status
+from pipeline.records.status import Status
 from pipeline.signing import SIGNATURE_FILE
 from tests.support import thaw
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import kernels
+from pipeline.build import kernels
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import cli, oracle, signing
+from pipeline import cli, oracle, runner, signing
 from pipeline.engines.reference import ReferenceEngine
 from pipeline.engines.vllm import installed_version
 from pipeline.errors import EvidenceError, VerificationError
@@ -43,7 +43,7 @@ def signer():
 def record(tmp_path, signer):
     """A real record whose oracle arm is the reference engine (fast; vLLM below)."""
     loaded = load_row(_row(tmp_path, "reference"))
-    return oracle.record_oracle(loaded, signer, out_dir=tmp_path / "records")
+    return runner.record_oracle(loaded, signer, out_dir=tmp_path / "records")
 
 
 def test_record_holds_outputs_digests_and_engine(record, signer, tmp_path):

@@ -28,7 +28,8 @@ import pytest
 
 from pipeline import provenance, report, rows, signing, stats
 from pipeline.evidence import Bundle, Stage
-from pipeline.gates.interface import GateResult, Status
+from pipeline.records.gate_result import GateResult
+from pipeline.records.status import Status
 from pipeline.report import html, markdown, plots
 from pipeline.report.model import BarFigure, ImageFigure, IntervalFigure, TimelineFigure
 from tests.support import thaw, write_row

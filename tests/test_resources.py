@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import kernels, resources
+from pipeline.build import kernels, resources
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ptxas"
 ENTRIES = ["decode_attention_bf16_hd64", "decode_attention_bf16_hd128",

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.cli import main
-from pipeline.rows import ROWS_DIR, Comparison, load_row
+from pipeline.records.criteria import Comparison
+from pipeline.rows import ROWS_DIR, load_row
 from tests.support import HOST_GATE, write_row
 
 SHIPPED = sorted(ROWS_DIR.glob("*.toml"))

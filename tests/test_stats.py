@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from pipeline import stats
-from pipeline.rows import Criterion
+from pipeline.rowspec import Criterion
 from pipeline.stats import ParityBound, Verdict
 
 

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from pipeline.errors import Error
-from pipeline.rows import Sampling, Workload
+from pipeline.rowspec import Sampling, Workload
 from pipeline.workload import (
     WorkloadError,
     WorkloadMismatch,

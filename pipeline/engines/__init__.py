@@ -23,7 +23,7 @@ from pipeline.engines.interface import (
     RequestOutput,
     WorkloadPass,
 )
-from pipeline.rows import Arm, EngineKind
+from pipeline.rowspec import Arm, EngineKind
 
 __all__ = ["Engine", "EngineError", "PassResult", "Request", "RequestOutput", "WorkloadPass",
            "create", "why_unavailable"]

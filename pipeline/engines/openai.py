@@ -22,7 +22,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from pipeline.engines import _process
+import pipeline.engines._process as _process
 from pipeline.engines.interface import (
     Engine,
     EngineError,

@@ -21,7 +21,7 @@ from dataclasses import asdict
 from importlib import metadata
 from pathlib import Path
 
-from pipeline.engines import _process
+import pipeline.engines._process as _process
 from pipeline.engines.interface import (
     Engine,
     EngineError,

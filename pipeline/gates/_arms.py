@@ -10,13 +10,17 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline.engines.interface import Engine, EngineError, WorkloadPass
 from pipeline.errors import Error
-from pipeline.gates.interface import GateContext, GateError, gate_device
+from pipeline.gates.interface import GateContext, GateError
 from pipeline.model import ModelInfo, model_info, why_unavailable
 from pipeline.model import resolve_model as model_resolve
-from pipeline.rows import Arm, ModelRef, Row
+from pipeline.rowspec import Arm, ModelRef
+
+if TYPE_CHECKING:
+    from pipeline.rows import Row
 
 CANDIDATE_MODEL_OPTION = "candidate_model"
 """`--option candidate_model=DIR`: the candidate arm loads this model directory
@@ -102,29 +106,30 @@ def select_cells(passes: list[WorkloadPass], cells: list[str]) -> list[WorkloadP
     return [p for p in passes if p.cell in cells]
 
 
-def device_name(row: Row, spec) -> str:
-    """`cpu` for a CPU row, else `cuda:N` for the GPU the gate runs on (`gate_device`)."""
+def device_name(row: Row, ctx: GateContext) -> str:
+    """`cpu` for a CPU row, else `cuda:N` for the GPU the runner chose for the gate
+    (`ctx.gpu`)."""
     if row.target.arch == "cpu":
         return "cpu"
-    gpu, _, why_not = gate_device(row, spec)
+    gpu, _, why_not = ctx.gpu
     if gpu is None:
         raise GateError(f"no device: {why_not}")
     return f"cuda:{gpu.index}"
 
 
-def gpu_index(row: Row, spec) -> int | None:
-    name = device_name(row, spec)
+def gpu_index(row: Row, ctx: GateContext) -> int | None:
+    name = device_name(row, ctx)
     return int(name.split(":")[1]) if name.startswith("cuda:") else None
 
 
 @contextlib.contextmanager
-def started(arms: dict[str, tuple[Arm, ModelInfo]], row: Row, spec, ctx: GateContext,
+def started(arms: dict[str, tuple[Arm, ModelInfo]], row: Row, ctx: GateContext,
             options: dict[str, str] | None = None) -> Iterator[dict[str, Engine]]:
     """Start each arm once; stop every started arm however the block exits.
     `options` (the gate's own, e.g. `endpoint`) override the operator's."""
     from pipeline import engines
 
-    dev = device_name(row, spec)
+    dev = device_name(row, ctx)
     opts = {**ctx.options, **(options or {})}
     with contextlib.ExitStack() as stack:
         out: dict[str, Engine] = {}

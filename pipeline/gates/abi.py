@@ -26,13 +26,22 @@ import json
 import math
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Literal
 
-from pipeline import device
+from pydantic import Field
+
+import pipeline.gates._arms as _arms
+from pipeline.device import Inventory
 from pipeline.errors import Error
-from pipeline.gates import _arms
 from pipeline.gates._artifacts import read_json, write_json
-from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Status, gate_arch
-from pipeline.rows import AbiGate, Row, StopAction
+from pipeline.gates.interface import Derived, Gate, GateContext, GateError, gate_arch
+from pipeline.gates.registry import register
+from pipeline.records.criteria import StopAction
+from pipeline.records.status import Status
+from pipeline.rowspec import GateSpec
+
+if TYPE_CHECKING:
+    from pipeline.rows import Row
 
 ADMISSION = "admission.json"
 MODEL = "model.json"
@@ -40,20 +49,38 @@ DEVICE = "device.json"
 PROOF = "proof.json"
 
 
+class AbiGate(GateSpec):
+    kind: Literal["abi"]
+    abi_version: Annotated[int, Field(ge=1)] = 1
+    schedules: list[Literal["static-round-robin", "dynamic-queue"]] = [
+        "static-round-robin", "dynamic-queue"]
+    admitted_by: str = ""
+    """Trace gate whose capacity verdict must admit this work."""
+    sm_count: Annotated[int, Field(gt=0)] = 132
+    """SMs the task lists are sized to where no device is here (H100/H200 SXM: 132)."""
+    tie_margin: Annotated[float, Field(ge=0)] = 0.0
+    """Largest log-probability gap (nats) between each path's choice and the other's, at
+    the first divergence, for persistent and eager parting to count as a near-tie kept
+    the other way, not a mismatch (pipeline/megakernel/proof.py); 0 holds the tokens
+    exactly equal. The row says why its value."""
+
+
 def batch_dir(batch: int) -> str:
     return f"b{batch}"
 
 
-class Abi(Gate):
+@register
+class Abi(Gate[AbiGate]):
     kind = "abi"
+    spec_model = AbiGate
 
     def arch(self, row: Row, spec, ctx: GateContext) -> tuple[str, bool]:
-        return gate_arch(row, spec)
+        return gate_arch(row, ctx.gpu)
 
     def measure(self, row: Row, spec: AbiGate, ctx: GateContext) -> None:
         out = ctx.artifact_dir
         write_json(out / ADMISSION, admission_record(spec, ctx.artifact_dir))
-        gpu, why_not = _device(row, spec)
+        gpu, why_not = _device(row, spec, ctx.devices)
         write_json(out / DEVICE, {"present": gpu is not None, "why_not": why_not,
                                         **({"name": gpu.name, "arch": gpu.arch,
                                             "index": gpu.index} if gpu else {})})
@@ -163,10 +190,12 @@ def admission_record(spec: AbiGate, artifact_dir: Path) -> dict:
     return {"admitted_by": spec.admitted_by, "found": True, "result": result}
 
 
-def _device(row: Row, spec: AbiGate):
+def _device(row: Row, spec: AbiGate, devices: Inventory):
+    """The sm_90 GPU the proof runs on: the gate's own selector or the row's device,
+    never a stand-in (the proof is a property of the arch it ran on)."""
     from pipeline.megakernel import fallback
 
-    gpu, _, why_not = device.select(row.target.arch, spec.device or row.target.device, [])
+    gpu, _, why_not = devices.select(row.target.arch, spec.device or row.target.device, [])
     if gpu is not None and gpu.arch not in fallback.ARCHES:
         return None, f"the persistent kernel is built for {', '.join(fallback.ARCHES)}, " \
                      f"this GPU is {gpu.arch}"

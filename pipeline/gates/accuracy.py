@@ -23,17 +23,39 @@ import hashlib
 import json
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Literal
 
+from pydantic import Field
+
+import pipeline.gates._arms as _arms
 from pipeline.engines.interface import Request, WorkloadPass
-from pipeline.gates import _arms
 from pipeline.gates._artifacts import read_json, read_jsonl, write_json
-from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Status, gate_arch
-from pipeline.rows import AccuracyGate, Row
+from pipeline.gates.interface import Derived, Gate, GateContext, GateError, gate_arch
+from pipeline.gates.registry import register
+from pipeline.records.status import Status
+from pipeline.rowspec import GateSpec, Sampling
+
+if TYPE_CHECKING:
+    from pipeline.rows import Row
 
 META = "meta.json"
 OUTPUTS = "outputs.jsonl"
 PROMPT_FORMAT = "Question: {question}\nAnswer:"
 NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+class AccuracyGate(GateSpec):
+    kind: Literal["accuracy"]
+    dataset: str
+    dataset_path: str = ""
+    weights: str = ""
+    sampling: Sampling
+    num_questions: Annotated[int, Field(gt=0)] = 1319
+    max_tokens: Annotated[int, Field(gt=0)] = 1024
+    max_empty_rate: Annotated[float, Field(ge=0, le=1)] = 0.0
+    """Health: largest fraction of outputs with no token before EOS."""
+    max_runaway_rate: Annotated[float, Field(ge=0, le=1)] = 0.05
+    """Health: largest fraction of outputs that hit max_tokens without EOS."""
 
 
 def dataset_file(spec: AccuracyGate, repo: Path) -> Path | None:
@@ -106,8 +128,11 @@ def predicted_number(text: str) -> str | None:
     return _normalise(found[-1]) if found else None
 
 
-class Accuracy(Gate):
+@register
+class Accuracy(Gate[AccuracyGate]):
     kind = "accuracy"
+    spec_model = AccuracyGate
+    needs_device = True
 
     def requirements(self, row: Row, spec: AccuracyGate, ctx: GateContext) -> str | None:
         missing = dataset_missing(spec, ctx.repo)
@@ -117,7 +142,7 @@ class Accuracy(Gate):
         return missing or model
 
     def arch(self, row: Row, spec, ctx: GateContext) -> tuple[str, bool]:
-        return gate_arch(row, spec)
+        return gate_arch(row, ctx.gpu)
 
     # ------------------------------------------------------------- measure
 
@@ -130,7 +155,7 @@ class Accuracy(Gate):
         questions = load_questions(path, spec.num_questions)
         tokenizer = _tokenizer(model.path)
         work = _work(row, spec, questions, tokenizer)
-        with _arms.started({"candidate": (row.arms.candidate, model)}, row, spec,
+        with _arms.started({"candidate": (row.arms.candidate, model)}, row,
                            ctx) as engines:
             ctx.progress.update(f"accuracy: {len(questions)} questions, candidate arm")
             result = _arms.generate(engines["candidate"], "candidate", work)

@@ -19,17 +19,32 @@ import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Literal
 
-from pipeline import kernels, resources
+from pydantic import Field
+
+from pipeline.build import kernels, resources
 from pipeline.gates._artifacts import derive_known_layout
 from pipeline.gates.build import Built, build_into, build_problems, gate_arches, read_index
-from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Progress, Status
-from pipeline.rows import AuditGate, Row
+from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Progress
+from pipeline.gates.registry import register
+from pipeline.records.status import Status
+from pipeline.rowspec import ARCH_PATTERN, GateSpec
+
+if TYPE_CHECKING:
+    from pipeline.rows import Row
 
 AUDIT_INDEX = "audit.json"
 BUDGETS = "kernels.toml"
 TOOL_TIMEOUT_S = 300
 _EXTRACTED = re.compile(r"\.(sm_\w+)\.cubin$")
+
+
+class AuditGate(GateSpec):
+    kind: Literal["audit"]
+    arches: list[Annotated[str, Field(pattern=ARCH_PATTERN)]] = []
+    kernels: list[str] = []
+    verify_embedded_images: bool = True
 
 
 def measure_audit(repo: Path, arches: list[str], names: list[str], options: dict[str, str],
@@ -221,8 +236,11 @@ def _check_images(root: Path, entry: dict, record: dict, found: AuditFindings) -
             found.images_verified += 1
 
 
-class Audit(Gate):
+@register
+class Audit(Gate[AuditGate]):
     kind = "audit"
+    spec_model = AuditGate
+    report_view = "per_arch"
 
     def measure(self, row: Row, spec: AuditGate, ctx: GateContext) -> None:
         measure_audit(ctx.repo, gate_arches(row, spec.arches), spec.kernels, ctx.options,
@@ -233,36 +251,3 @@ class Audit(Gate):
 
     def arch(self, row: Row, spec, ctx: GateContext) -> tuple[str, bool]:
         return row.target.arch, False
-
-
-# ------------------------------------------------------------- `rowgate build` (no bundle)
-
-
-@dataclass(frozen=True)
-class LocalBuild:
-    """What `rowgate build --arch` found: the build and audit verdicts, and where."""
-
-    build: Derived
-    audit: Derived
-    out: Path
-
-    @property
-    def status(self) -> Status:
-        order = [Status.ERROR, Status.FAIL, Status.PENDING, Status.PASS]
-        return min((self.build.status, self.audit.status), key=order.index)
-
-
-def local_build(repo: Path, arches: list[str], names: list[str], options: dict[str, str],
-                progress: Progress, aot: bool = False) -> LocalBuild:
-    """Build and audit outside a bundle into build/reports/ARCHES/ (replaced each run;
-    the build cache makes an unchanged re-run instant). Raises GateError."""
-    from pipeline.gates.build import derive_builds, measure_aot
-
-    out = repo / "build" / "reports" / "+".join(arches)
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
-    measure_audit(repo, arches, names, options, out, progress)
-    if aot:
-        measure_aot(arches, out, progress)
-    return LocalBuild(derive_builds(out), derive_audit(out), out)

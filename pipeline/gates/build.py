@@ -19,16 +19,38 @@ import tempfile
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Literal
 
-from pipeline import CHECKOUT, cudabuild, kernels, toolchains
+from pydantic import Field
+
+from pipeline import CHECKOUT
+from pipeline.build import cudabuild, kernels, toolchains
 from pipeline.errors import Error
 from pipeline.gates._artifacts import derive_known_layout
-from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Progress, Status
-from pipeline.rows import BuildGate, Row
+from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Progress
+from pipeline.gates.registry import register
+from pipeline.records.status import Status
+from pipeline.rowspec import ARCH_PATTERN, GateSpec
+
+if TYPE_CHECKING:
+    from pipeline.rows import Row
 
 INDEX = "builds.json"
 AOT_DIR = "triton-aot"
 AOT_TIMEOUT_S = 600
+
+
+class BuildGate(GateSpec):
+    kind: Literal["build"]
+    arches: list[Annotated[str, Field(pattern=ARCH_PATTERN)]] = []
+    """Arches to build; empty means the row's `target.build_arches`."""
+    kernels: list[str] = []
+    """Kernel names from kernels/kernels.toml; empty means all."""
+    aot_reachability: bool = False
+    """Also record whether the pinned Triton compiles ahead of time per arch."""
+    aot_arches: list[Annotated[str, Field(pattern=ARCH_PATTERN)]] = []
+    """Arches the Triton AOT probe asks about (e.g. ones a release omits); empty
+    means the arches built."""
 
 
 @dataclass(frozen=True)
@@ -136,7 +158,7 @@ def measure_aot(arches: list[str], out: Path, progress: Progress) -> None:
             env = dict(os.environ, TRITON_CACHE_DIR=cache,
                        PYTHONPATH=os.pathsep.join([str(CHECKOUT),
                                                    os.environ.get("PYTHONPATH", "")]))
-            argv = [sys.executable, "-m", "pipeline._triton_aot", arch]
+            argv = [sys.executable, "-m", "pipeline.build._triton_aot", arch]
             try:
                 proc = subprocess.run(argv, capture_output=True, text=True, env=env,
                                       timeout=AOT_TIMEOUT_S, check=False)
@@ -186,8 +208,11 @@ def _first(text: str | None) -> str:
     return (fatal[-1] if fatal else lines[0] if lines else "unknown")[:200]
 
 
-class Build(Gate):
+@register
+class Build(Gate[BuildGate]):
     kind = "build"
+    spec_model = BuildGate
+    report_view = "per_arch"
 
     def measure(self, row: Row, spec: BuildGate, ctx: GateContext) -> None:
         arches = gate_arches(row, spec.arches)

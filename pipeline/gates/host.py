@@ -4,22 +4,37 @@ row's commands run in the subject repo."""
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import git
+from pydantic import Field
 
-from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Status
-from pipeline.rows import HostGate, Row
+from pipeline.gates.interface import Derived, Gate, GateContext, GateError
+from pipeline.gates.registry import register
+from pipeline.gitrepo import SIGNED_OFF
+from pipeline.records.status import Status
+from pipeline.rowspec import GateSpec
 
-SIGNED_OFF = re.compile(r"^Signed-off-by: .+ <[^<>@\s]+@[^<>\s]+>\s*$", re.MULTILINE)
+if TYPE_CHECKING:
+    from pipeline.rows import Row
+
 COMMAND_TIMEOUT_S = 1800
 
 
-class Host(Gate):
+class HostGate(GateSpec):
+    kind: Literal["host"]
+    commands: list[Annotated[list[str], Field(min_length=1)]] = []
+    require_clean: bool = True
+    require_dco: bool = True
+
+
+@register
+class Host(Gate[HostGate]):
     kind = "host"
+    spec_model = HostGate
 
     def measure(self, row: Row, spec: HostGate, ctx: GateContext) -> None:
         out = ctx.artifact_dir

@@ -18,59 +18,21 @@ import abc
 import time
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from pipeline.device import GpuChoice, Inventory
 from pipeline.errors import Error
+from pipeline.records.gate_result import GateResult
+from pipeline.records.status import MetricValue, Status
+from pipeline.rowspec import GateSpec
 
 if TYPE_CHECKING:
-    from pipeline.provenance import Provenance, Subject
+    from pipeline.oracle import OracleRecord
+    from pipeline.records.provenance import Provenance, Subject
     from pipeline.rows import Row
 
-
-class Status(str, Enum):
-    """One status enum everywhere."""
-
-    PASS = "PASS"
-    FAIL = "FAIL"
-    PENDING = "PENDING"
-    """Cannot run here (missing hardware, weights, credentials): with the reason."""
-    ERROR = "ERROR"
-    """The gate itself broke, or its kind is not implemented yet."""
-
-
-MetricValue = float | int | str | bool | None
-
-
-class GateResult(BaseModel):
-    """What one gate concluded; stored as `gates/GATE-ID.json` in a bundle."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    gate_id: str
-    """The gate's id in the row."""
-    kind: str
-    """The gate kind (`host`, `build`, …)."""
-    status: Status
-    reason: str
-    """Why this status: one line a reviewer can act on."""
-    metrics: dict[str, MetricValue] = Field(default_factory=dict)
-    """Gate-level metrics, recomputable from the artifacts by `derive`."""
-    cells: dict[str, dict[str, MetricValue]] = Field(default_factory=dict)
-    """Per-cell metrics (workload matrix cells or the gate's own cells)."""
-    arch: str = ""
-    """Arch the measurement came from (`cpu`, `sm_90`, …); empty when none."""
-    stand_in: bool = False
-    """True when measured on a stand-in arch rather than the row's target arch."""
-    artifacts: list[str] = Field(default_factory=list)
-    """Paths of the raw artifacts, relative to the bundle root."""
-    duration_s: float = 0.0
-
-    def __bool__(self) -> bool:
-        return self.status is Status.PASS
+S = TypeVar("S", bound=GateSpec)
 
 
 @dataclass(frozen=True)
@@ -122,6 +84,18 @@ class _SilentProgress:
         return nullcontext(self)
 
 
+class SignedRecords(Protocol):
+    """Signed documents a gate reads but may not verify itself: signatures are the
+    runner's business (`pipeline.runner.RecordOpener`), never a gate's."""
+
+    def oracle_record(self, path: Path, key: Path | None) -> "OracleRecord":
+        """The oracle record at `path` (a directory or its record.json), verified with
+        the public key `key`, or with None the key `rowgate verify` would use here.
+
+        Raises `Error` (unsigned, edited, renamed, another signer, malformed).
+        """
+
+
 @dataclass
 class GateContext:
     """What a gate gets besides its row and spec."""
@@ -135,23 +109,47 @@ class GateContext:
     progress: Progress = field(default_factory=_SilentProgress)
     options: dict[str, str] = field(default_factory=dict)
     """Operator-given settings (e.g. an explicit nvcc path on a device machine)."""
+    gpu: GpuChoice = GpuChoice(None, False, "")
+    """The GPU this gate runs on, chosen once by the runner (`gate_device`) from the run's
+    one enumeration: the device requirement, the arch recorded and the engines' device
+    all read it; no gate enumerates NVML. The default is a CPU row's choice."""
+    devices: Inventory = field(default_factory=Inventory)
+    """The run's GPUs, for a gate that chooses by a rule of its own (abi: no stand-in)."""
+    records: SignedRecords | None = None
+    """Opens the signed records a gate reads (the tokens gate's oracle record)."""
 
 
 class GateError(Error):
     """Raised by a gate's measure when the gate itself broke: becomes ERROR."""
 
 
-class Gate(abc.ABC):
-    """Base of every gate kind. Subclasses set `kind` and implement the three steps."""
+class Gate(abc.ABC, Generic[S]):
+    """Base of every gate kind: one module per kind defines its spec model and its Gate
+    subclass, and registers the class where it is defined (`@registry.register`). What
+    else in rowgate needs to know about a kind reads these class facts:
+
+    * `kind`: the `kind = "…"` of the row's [[gates]] tables (the spec's `kind` literal);
+    * `spec_model`: the pydantic model a row's table of this kind validates as;
+    * `needs_device`: runs on the row's target device, so the runner checks the device
+      first (PENDING with the exact reason where it is absent);
+    * `workload_matrix`: its cells are the workload matrix's (`i<len>-c<conc>`), so a
+      criterion naming a cell must name one of the matrix;
+    * `report_view`: the report's richer view of its results (`pipeline.report.sections`
+      `VIEWS`), "" for the generic view alone.
+    """
 
     kind: ClassVar[str]
+    spec_model: ClassVar[type[GateSpec]]
+    needs_device: ClassVar[bool] = False
+    workload_matrix: ClassVar[bool] = False
+    report_view: ClassVar[str] = ""
 
-    def requirements(self, row: "Row", spec: Any, ctx: GateContext) -> str | None:
+    def requirements(self, row: "Row", spec: S, ctx: GateContext) -> str | None:
         """Return why this gate cannot run here (-> PENDING), or None. Must not raise."""
         return None
 
     @abc.abstractmethod
-    def measure(self, row: "Row", spec: Any, ctx: GateContext) -> None:
+    def measure(self, row: "Row", spec: S, ctx: GateContext) -> None:
         """Run and write raw artifacts under `ctx.artifact_dir`.
 
         Raises `GateError` when the gate itself cannot complete (-> ERROR).
@@ -160,39 +158,35 @@ class Gate(abc.ABC):
         """
 
     @abc.abstractmethod
-    def derive(self, row: "Row", spec: Any, artifact_dir: Path) -> Derived:
+    def derive(self, row: "Row", spec: S, artifact_dir: Path) -> Derived:
         """Compute status, reason and metrics from the raw artifacts alone. Pure.
 
         Raises `GateError` when the artifacts are missing or unreadable.
         """
 
-    def arch(self, row: "Row", spec: Any, ctx: GateContext) -> tuple[str, bool]:
+    def arch(self, row: "Row", spec: S, ctx: GateContext) -> tuple[str, bool]:
         """(arch measured on, is it a stand-in). Host-only gates measure no arch."""
         return "", False
 
 
-def gate_device(row: "Row", spec: Any):
-    """The GPU a gate runs on, as `device.select` gives it (gpu, stand_in, why_not): the
-    gate's own `device` selector (e.g. `name:H100`, no stand-in allowed), else the row's
-    target with its stand-in arches. The one place a gate's GPU is chosen: the
-    requirement check, the arch recorded and the engines' device all ask it."""
-    from pipeline import device
-
-    own = getattr(spec, "device", "") if spec is not None else ""
-    return device.select(row.target.arch, own or row.target.device,
-                         [] if own else row.target.stand_in_arches)
+def gate_device(row: "Row", spec: GateSpec, devices: Inventory) -> GpuChoice:
+    """The GPU a gate runs on: the gate's own `device` selector (e.g. `name:H100`, no
+    stand-in allowed), else the row's target with its stand-in arches. The one rule
+    of a gate's GPU; the runner applies it once per gate (`GateContext.gpu`)."""
+    own = spec.device
+    return devices.select(row.target.arch, own or row.target.device,
+                          [] if own else row.target.stand_in_arches)
 
 
-def gate_arch(row: "Row", spec: Any) -> tuple[str, bool]:
-    """`Gate.arch` of a gate that runs on the row's device: (arch of the GPU
-    `gate_device` picks, whether it is a stand-in); `cpu` for a CPU row."""
+def gate_arch(row: "Row", gpu: GpuChoice) -> tuple[str, bool]:
+    """`Gate.arch` of a gate that runs on the row's device: (arch of the GPU chosen for
+    it, whether it is a stand-in); `cpu` for a CPU row."""
     if row.target.arch == "cpu":
         return "cpu", False
-    gpu, stand_in, _ = gate_device(row, spec)
-    return (gpu.arch, stand_in) if gpu else ("", False)
+    return (gpu.gpu.arch, gpu.stand_in) if gpu.gpu else ("", False)
 
 
-def run_gate(gate: Gate, row: "Row", spec: Any, ctx: GateContext, bundle_root: Path,
+def run_gate(gate: Gate[Any], row: "Row", spec: GateSpec, ctx: GateContext, bundle_root: Path,
              pending: str | None = None) -> GateResult:
     """The template every kind shares: requirements → measure → derive."""
     start = time.monotonic()

@@ -13,14 +13,39 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Literal
+
+from pydantic import Field
 
 from pipeline.errors import Error
-from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Status, gate_arch, gate_device
-from pipeline.rows import OperatorGate, Row
+from pipeline.gates.interface import Derived, Gate, GateContext, GateError, gate_arch
+from pipeline.gates.registry import register
+from pipeline.records.status import Status
+from pipeline.rowspec import GateSpec, Tolerance
+
+if TYPE_CHECKING:
+    from pipeline.rows import Row
 
 CASES = "cases.json"
 TIMING = "timing.json"
 BUILD = "build.json"
+
+
+class OperatorGate(GateSpec):
+    kind: Literal["operator"]
+    baseline: str
+    candidate: str
+    batches: list[Annotated[int, Field(gt=0)]] = [1, 4, 8, 12, 16]
+    layouts: list[Literal["uniform", "ragged"]] = ["uniform", "ragged"]
+    contexts: list[Annotated[str, Field(pattern=r"^(page[+-]1|page|[0-9]+(\.[0-9]+)?K?)$")]] = [
+        "1", "page-1", "page", "page+1", "1024", "16384", "17.8K"]
+    page_sizes: list[Annotated[int, Field(gt=0)]] = [16, 64]
+    kv_dtypes: list[Literal["bf16", "e5m2"]] = ["bf16", "e5m2"]
+    heads: list[Annotated[list[int], Field(min_length=2, max_length=2)]] = [[32, 8], [8, 1]]
+    head_dims: list[Literal[64, 128]] = [128, 64]
+    seeds: list[int] = [0, 1]
+    tolerance: Tolerance = Tolerance()
+    timing_repeats: Annotated[int, Field(ge=9)] = 9
 
 
 def _deps_missing() -> str | None:
@@ -38,14 +63,17 @@ def _deps_missing() -> str | None:
     return None
 
 
-class Operator(Gate):
+@register
+class Operator(Gate[OperatorGate]):
     kind = "operator"
+    spec_model = OperatorGate
+    needs_device = True
 
     def requirements(self, row: Row, spec: OperatorGate, ctx: GateContext) -> str | None:
         return _deps_missing()
 
     def arch(self, row: Row, spec, ctx: GateContext) -> tuple[str, bool]:
-        return gate_arch(row, spec)
+        return gate_arch(row, ctx.gpu)
 
     # ------------------------------------------------------------------ measure
 
@@ -54,7 +82,7 @@ class Operator(Gate):
 
         from pipeline.ops import operator_ab as run
 
-        gpu, _, why_not = gate_device(row, spec)
+        gpu, _, why_not = ctx.gpu
         if gpu is None:
             raise GateError(f"operator gate: {why_not}")
         dev = torch.device(f"cuda:{gpu.index}")

@@ -12,23 +12,40 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
-from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Status, gate_arch, gate_device
+from pipeline.gates.interface import Derived, Gate, GateContext, GateError, gate_arch
 from pipeline.gates.operator import _deps_missing
-from pipeline.rows import PhaseGate, Row
+from pipeline.gates.registry import register
+from pipeline.records.status import Status
+from pipeline.rowspec import GateSpec
+
+if TYPE_CHECKING:
+    from pipeline.rows import Row
 
 PHASE = "phase.json"
 REPEATS = 15
 
 
-class Phase(Gate):
+class PhaseGate(GateSpec):
+    kind: Literal["phase"]
+    phases: list[str]
+    shape: str
+    """Exact shape the attribution is measured on (e.g. `B16-ragged-17.8K-e5m2`)."""
+    counters: list[str] = []
+
+
+@register
+class Phase(Gate[PhaseGate]):
     kind = "phase"
+    spec_model = PhaseGate
+    needs_device = True
 
     def requirements(self, row: Row, spec: PhaseGate, ctx: GateContext) -> str | None:
         missing = _deps_missing()
         if missing:
             return missing
-        gpu, stand_in, _ = gate_device(row, spec)
+        gpu, stand_in, _ = ctx.gpu
         if gpu is not None and stand_in:
             return (f"phase attribution must run on {row.target.arch}: this {gpu.name} is a "
                     f"{gpu.arch} stand-in, whose phase costs are not the target's "
@@ -36,15 +53,15 @@ class Phase(Gate):
         return None
 
     def arch(self, row: Row, spec, ctx: GateContext) -> tuple[str, bool]:
-        return gate_arch(row, spec)
+        return gate_arch(row, ctx.gpu)
 
     def measure(self, row: Row, spec: PhaseGate, ctx: GateContext) -> None:
         import torch
 
-        from pipeline import toolchains
+        from pipeline.build import toolchains
         from pipeline.ops import phase
 
-        gpu, _, why_not = gate_device(row, spec)
+        gpu, _, why_not = ctx.gpu
         if gpu is None:
             raise GateError(f"phase gate: {why_not}")
         try:

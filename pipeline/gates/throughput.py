@@ -27,13 +27,21 @@ import json
 import statistics
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Literal
 
+from pydantic import Field
+
+import pipeline.gates._arms as _arms
 from pipeline import device
-from pipeline.gates import _arms
 from pipeline.gates._artifacts import read_json, read_jsonl, write_json
-from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Status, gate_arch
-from pipeline.rows import Row, ThroughputGate
+from pipeline.gates.interface import Derived, Gate, GateContext, GateError, gate_arch
+from pipeline.gates.registry import register
+from pipeline.records.status import Status
+from pipeline.rowspec import GateSpec
 from pipeline.workload import WorkloadMismatch, check_same_workload, workload_digest
+
+if TYPE_CHECKING:
+    from pipeline.rows import Row
 
 META = "meta.json"
 SAMPLES = "samples.csv"
@@ -44,6 +52,25 @@ CLOCK_FIELDS = ["cell", "seq", "arm", "when", "t", "sm_clock_mhz", "mem_clock_mh
                 "temperature_c"]
 ROLES = ("oracle", "candidate")
 LATENCIES = ("ttft", "tpot", "itl")
+
+
+class ThroughputGate(GateSpec):
+    kind: Literal["throughput"]
+    repeats: Annotated[int, Field(ge=5)] = 9
+    warmup: Annotated[int, Field(ge=0)] = 1
+    order: Literal["alternating", "random"] = "alternating"
+    min_effect: Annotated[float, Field(ge=0)] = 0.02
+    """Smallest relative difference treated as real (e.g. 0.02 = 2 %)."""
+    alpha: Annotated[float, Field(gt=0, lt=1)] = 0.05
+    bootstrap: Annotated[int, Field(ge=1000)] = 10000
+    cells: list[str] = []
+    """Subset of the workload matrix; empty means every cell."""
+    endpoint: bool = False
+    """Drive the arms through their OpenAI endpoints (streamed TTFT/TPOT/ITL)."""
+    baseline: str = "oracle"
+    """The A side: `oracle`, or the mode of one of the row's fallback arms (e.g.
+    `graph`: the persistent candidate against CUDA-graph replay on the same device).
+    The artifacts keep calling the A side `oracle`; meta.json names the arm."""
 
 
 def schedule(order: str, repeats: int, seed: int) -> list[str]:
@@ -65,8 +92,13 @@ def cell_seed(row: Row, spec: ThroughputGate, cell: str) -> int:
     return int.from_bytes(h[:8], "big")
 
 
-class Throughput(Gate):
+@register
+class Throughput(Gate[ThroughputGate]):
     kind = "throughput"
+    spec_model = ThroughputGate
+    needs_device = True
+    workload_matrix = True
+    report_view = "throughput"
 
     def requirements(self, row: Row, spec: ThroughputGate, ctx: GateContext) -> str | None:
         try:
@@ -76,7 +108,7 @@ class Throughput(Gate):
         return _arms.arms_requirement(row, {"oracle": base, "candidate": row.arms.candidate})
 
     def arch(self, row: Row, spec, ctx: GateContext) -> tuple[str, bool]:
-        return gate_arch(row, spec)
+        return gate_arch(row, ctx.gpu)
 
     # ------------------------------------------------------------- measure
 
@@ -84,12 +116,12 @@ class Throughput(Gate):
         model = _arms.resolve_model(row)
         passes = _arms.select_cells(_arms.workload_passes(row, model), spec.cells)
         cand_model = _arms.candidate_model(model, ctx)
-        gpu = _arms.gpu_index(row, spec)
+        gpu = _arms.gpu_index(row, ctx)
         out = ctx.artifact_dir
         base = _arms.baseline_arm(row, spec.baseline)
         arms = {"oracle": (base, model), "candidate": (row.arms.candidate, cand_model)}
         endpoint = {"endpoint": "true"} if spec.endpoint else {}
-        with _arms.started(arms, row, spec, ctx, endpoint) as engines, \
+        with _arms.started(arms, row, ctx, endpoint) as engines, \
                 open(out / SAMPLES, "w", newline="") as s_file, \
                 open(out / REQUESTS, "w") as r_file, \
                 open(out / CLOCKS, "w", newline="") as c_file:
@@ -105,7 +137,7 @@ class Throughput(Gate):
         write_json(out / META, {
             "model_digest": model.digest, "cells": [p.cell for p in passes],
             "order": spec.order, "repeats": spec.repeats, "warmup": spec.warmup,
-            "device": _arms.device_name(row, spec), "clocks_sampled": gpu is not None,
+            "device": _arms.device_name(row, ctx), "clocks_sampled": gpu is not None,
             "baseline": spec.baseline,
             "schedules": {p.cell: schedule(spec.order, spec.repeats, cell_seed(row, spec, p.cell))
                           for p in passes},

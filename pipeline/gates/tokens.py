@@ -22,21 +22,53 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Literal
 
+from pydantic import Field
+
+import pipeline.gates._arms as _arms
 from pipeline.errors import Error
-from pipeline.gates import _arms
 from pipeline.gates._artifacts import read_json, read_jsonl, write_json
-from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Status, gate_arch
-from pipeline.rows import Row, TokensGate
+from pipeline.gates.interface import Derived, Gate, GateContext, GateError, gate_arch
+from pipeline.gates.registry import register
+from pipeline.records.status import Status
+from pipeline.rowspec import GateSpec
 from pipeline.workload import WorkloadMismatch, check_same_workload, workload_digest
+
+if TYPE_CHECKING:
+    from pipeline.rows import Row
 
 META = "meta.json"
 ARM_FILES = {"oracle": "oracle.jsonl", "candidate": "candidate.jsonl"}
 RECORD_KEY_OPTION = "oracle_record_key"
 
 
-class Tokens(Gate):
+class TokensGate(GateSpec):
+    kind: Literal["tokens"]
+    oracle_record: str = ""
+    """Path of a signed oracle record to compare against when the oracle cannot
+    run beside the candidate; empty means run the oracle here."""
+    oracle_record_key: str = ""
+    """Public key (PEM, a path in the repo) the record must be signed with: pinned in
+    the row so a reviewer sees whose record counts (`--option oracle_record_key`
+    overrides it)."""
+    tie_margin: Annotated[float, Field(ge=0)] = 0.0
+    """Near-tie rule (pipeline/divergence.py) for arms that round differently from the
+    oracle (bf16 against fp32, another engine's kernels): a request whose first
+    divergence keeps, on each side, a token the other side had within this many nats of
+    its own choice is not a mismatch. 0 holds the ids exactly equal. The row says why."""
+    quantized: bool = False
+    min_agreement: Annotated[float, Field(ge=0, le=1)] = 1.0
+    max_logprob_divergence: Annotated[float, Field(ge=0)] = 0.0
+
+
+@register
+class Tokens(Gate[TokensGate]):
     kind = "tokens"
+    spec_model = TokensGate
+    needs_device = True
+    workload_matrix = True
+    report_view = "tokens"
 
     def requirements(self, row: Row, spec: TokensGate, ctx: GateContext) -> str | None:
         # a record stands in for the oracle arm: then only the candidate must run here
@@ -45,7 +77,7 @@ class Tokens(Gate):
                                       else {"oracle": row.arms.oracle, **arms})
 
     def arch(self, row: Row, spec, ctx: GateContext) -> tuple[str, bool]:
-        return gate_arch(row, spec)
+        return gate_arch(row, ctx.gpu)
 
     # ------------------------------------------------------------- measure
 
@@ -58,7 +90,7 @@ class Tokens(Gate):
             oracle = _record_side(spec, ctx)
         else:
             arms = {"oracle": (row.arms.oracle, model), **arms}
-        with _arms.started(arms, row, spec, ctx) as engines:
+        with _arms.started(arms, row, ctx) as engines:
             sides = {role: _run_side(role, engine, passes, ctx)
                      for role, engine in engines.items()}
         if spec.oracle_record:
@@ -126,20 +158,18 @@ def _run_side(role: str, engine, passes, ctx: GateContext) -> _Side:
 
 
 def _record_side(spec: TokensGate, ctx: GateContext) -> _Side:
-    """The oracle's outputs from a signed record, verified by `pipeline.oracle` with
-    the record signer's public key (`--option oracle_record_key=PUB.pem`, else the
-    row's `oracle_record_key`) or, with neither, the verifier `rowgate verify` would
-    use here."""
-    from pipeline import oracle
-    from pipeline.signing import KeyVerifier
-
+    """The oracle's outputs from a signed record, verified by the runner's record opener
+    (`ctx.records`) with the record signer's public key (`--option
+    oracle_record_key=PUB.pem`, else the row's `oracle_record_key`) or, with neither,
+    the verifier `rowgate verify` would use here."""
     path_text = spec.oracle_record
     path = _in_repo(path_text, ctx)
+    if ctx.records is None:
+        raise GateError(f"oracle record {path}: this gate context opens no signed records")
     ctx.progress.update(f"tokens: verifying oracle record {path}")
     key = ctx.options.get(RECORD_KEY_OPTION) or spec.oracle_record_key
-    key = str(_in_repo(key, ctx)) if key else ""
     try:
-        record = oracle.load_record(path, KeyVerifier(Path(key)) if key else None)
+        record = ctx.records.oracle_record(path, _in_repo(key, ctx) if key else None)
     except Error as exc:
         raise GateError(f"oracle record {path}: {exc.diagnostics()}") from exc
     outputs = [{"id": o.id, "cell": o.cell, "token_ids": list(o.token_ids),

@@ -11,14 +11,40 @@ verdict from the raw files alone.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Literal
 
+from pydantic import Field
+
+import pipeline.gates._arms as _arms
 from pipeline.errors import Error
-from pipeline.gates import _arms
-from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Status, gate_arch
-from pipeline.rows import EngineKind, Row, TraceGate
+from pipeline.gates.interface import Derived, Gate, GateContext, GateError, gate_arch
+from pipeline.gates.registry import register
+from pipeline.records.status import Status
+from pipeline.rowspec import EngineKind, GateSpec
+
+if TYPE_CHECKING:
+    from pipeline.rows import Row
 
 CELL_METRICS = ("recoverable_idle_fraction", "gap_fraction", "tail_fraction",
                 "bandwidth_fraction", "idle_fraction")
+
+
+class TraceGate(GateSpec):
+    kind: Literal["trace"]
+    modes: list[Literal["eager", "graph", "persistent"]] = ["graph"]
+    warm_concurrency: Annotated[int, Field(gt=0)] = 1
+    primer_steps: Annotated[int, Field(ge=0)] = 256
+    primer_concurrency: Annotated[int, Field(gt=0)] = 1
+    arm_delay: Annotated[int, Field(ge=0)] = 257
+    """Step at which the profiler arms; activation follows immediately before
+    the timed execution, so exactly one range is captured."""
+    steps: Annotated[int, Field(gt=0)] = 32
+    clock_tolerance: Annotated[float, Field(ge=0)] = 0.02
+    """Max relative SM-clock spread inside the range."""
+    graph_route_proof: bool = False
+    material_idle_fraction: Annotated[float, Field(ge=0, le=1)] = 0.10
+    """Recoverable idle capacity at or above this fraction of step time is material."""
+    arms: list[Literal["oracle", "candidate"]] = ["oracle", "candidate"]
 
 
 def judging(spec: TraceGate):
@@ -34,14 +60,19 @@ def traced_cell(row: Row, spec: TraceGate) -> str:
     return f"i{row.workload.input_lens[0]}-c{spec.warm_concurrency}"
 
 
-class Trace(Gate):
+@register
+class Trace(Gate[TraceGate]):
     kind = "trace"
+    spec_model = TraceGate
+    needs_device = True
+    workload_matrix = True
+    report_view = "trace"
 
     def requirements(self, row: Row, spec: TraceGate, ctx: GateContext) -> str | None:
         return _arms.model_requirement(row)
 
     def arch(self, row: Row, spec, ctx: GateContext) -> tuple[str, bool]:
-        return gate_arch(row, spec)
+        return gate_arch(row, ctx.gpu)
 
     def measure(self, row: Row, spec: TraceGate, ctx: GateContext) -> None:
         from pipeline import engines
@@ -55,7 +86,7 @@ class Trace(Gate):
                                 f"steps the reference engine only (another engine's decode loop "
                                 f"is out of this profiler's reach)")
         model = _arms.resolve_model(row)
-        device, gpu = _arms.device_name(row, spec), _arms.gpu_index(row, spec)
+        device, gpu = _arms.device_name(row, ctx), _arms.gpu_index(row, ctx)
         prompts = self._prompts(row, model, spec)
         plan = CapturePlan(concurrency=spec.warm_concurrency, primer_steps=spec.primer_steps,
                            primer_concurrency=spec.primer_concurrency,

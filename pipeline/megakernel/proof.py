@@ -42,7 +42,7 @@ def run(model_dir: Path, passes: list, schedules: list[str], device: str, dtype:
     import json
 
     from pipeline import engines
-    from pipeline.rows import Arm
+    from pipeline.rowspec import Arm
 
     def outputs(arm: Arm, opts: dict[str, str]):
         with engines.create(arm, model_dir, device=device, options=opts) as engine:

@@ -43,7 +43,7 @@ def cubin_path(arch: str, build_dir: Path | None = None) -> Path:
 def build_cubin(repo: Path, arch: str, nvcc: str | None = None) -> Path:
     """split_kv's cubin for `arch`, built (or found in the cache) exactly as the build
     gate builds it. Raises KernelsError, ToolchainError or BuildFailed."""
-    from pipeline import cudabuild
+    from pipeline.build import cudabuild
 
     return cudabuild.cubin(repo, "split_kv", arch, nvcc)
 

@@ -7,7 +7,7 @@ KV cache and one workspace: no weight is copied. Calling it has the signature
 of `Qwen3Model.decode` without the cache and returns the logits [batch, vocab]
 (fp32 of the bf16-rounded dot products, as the reference computes them).
 
-The cubin is the build gate's (`pipeline.cudabuild`), or a path given (a device
+The cubin is the build gate's (`pipeline.build.cudabuild`), or a path given (a device
 machine without the build's Python dependencies builds it with its own nvcc).
 """
 
@@ -31,7 +31,7 @@ THREADS = 256
 
 
 def build_cubin(arch: str, nvcc: str | None = None) -> Path:
-    from pipeline import cudabuild
+    from pipeline.build import cudabuild
 
     return cudabuild.cubin(REPO, KERNEL, arch, nvcc)
 

@@ -16,6 +16,7 @@ from pipeline.report.model import Report
 from pipeline.report.terminal import (
     STYLE,
     console,
+    describe_review,
     gate_table,
     inspect_json,
     print_inspect,
@@ -23,9 +24,9 @@ from pipeline.report.terminal import (
     rows_table,
 )
 
-__all__ = ["STYLE", "Report", "build", "console", "find_row", "gate_table", "inspect_json", "print_inspect",
-           "resource_table", "rows_table",
-           "publish", "read_review", "report_for", "review_path", "verify"]
+__all__ = ["STYLE", "Report", "build", "console", "describe_review", "find_row", "gate_table",
+           "inspect_json", "print_inspect", "resource_table", "rows_table", "publish",
+           "read_review", "report_for", "review_path", "verify"]
 
 
 def _write(path: Path, text: str) -> Path:

@@ -17,13 +17,13 @@ from pydantic import ValidationError
 from pipeline import CHECKOUT, signing
 from pipeline.errors import EvidenceError, RowError, UsageError, VerificationError
 from pipeline.evidence import Bundle
-from pipeline.gates.interface import GateResult, Status
+from pipeline.records.gate_result import GateResult
+from pipeline.records.review import REVIEW_SUFFIX
+from pipeline.records.status import Status
 from pipeline.report.model import PendingItem, Report, ReviewSummary, Table, Verification
 from pipeline.report.sections import section_for
 from pipeline.report.tables import fmt, gates_table, metric_columns, table
 from pipeline.rows import Row, load_row
-
-REVIEW_SUFFIX = ".review.json"
 
 
 def verify(bundle: Bundle, key: Path | None = None, identity: str | None = None,

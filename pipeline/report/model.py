@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Union
 
-from pipeline.gates.interface import Status
+from pipeline.records.status import Status
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """One report section per gate result: a generic view, plus richer views by kind.
 
 Every result renders from the generic `GateResult` fields alone (status,
-reason, metrics, cells, artifacts). A kind listed in `SPECIALISED` adds
+reason, metrics, cells, artifacts). A gate kind names one of the richer views in
+`VIEWS` (its class's `report_view`, read from the gate registry); the view adds
 tables and figures when the data it recognises is there, and adds nothing
 otherwise, so a gate whose result shape is new still shows in full:
 
@@ -31,7 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.gates.interface import GateResult, MetricValue
+from pipeline.records.gate_result import GateResult
+from pipeline.records.status import MetricValue
 from pipeline.report.model import (
     BarFigure,
     Figure,
@@ -70,7 +72,7 @@ def section_for(result: GateResult, bundle_root: Path, spec: object | None = Non
     row's thresholds to a plot); the section is complete without it."""
     ordered = dict(sorted(result.cells.items(), key=lambda kv: natural_key(kv[0])))
     result = result.model_copy(update={"cells": ordered})
-    special = SPECIALISED.get(result.kind)
+    special = VIEWS.get(_view_of(result.kind))
     extra = special(result, bundle_root, spec) if special else Extra()
     extra.figures += sealed_images(result, bundle_root)
     tables = [t for t in (metrics_table(result),) if t]
@@ -321,10 +323,19 @@ def tokens(result: GateResult, bundle_root: Path, spec: object | None) -> Extra:
     return extra
 
 
-SPECIALISED: dict[str, Callable[[GateResult, Path, object | None], Extra]] = {
+VIEWS: dict[str, Callable[[GateResult, Path, object | None], Extra]] = {
     "throughput": throughput,
     "trace": trace,
-    "build": per_arch,
-    "audit": per_arch,
+    "per_arch": per_arch,
     "tokens": tokens,
 }
+"""The richer views, by the name a gate class gives as its `report_view`."""
+
+
+def _view_of(kind: str) -> str:
+    """The view the kind's gate class names; "" for a kind this rowgate does not know
+    (a bundle of another version): the generic view."""
+    from pipeline.gates import registry
+
+    gate = registry.lookup(kind)
+    return gate.report_view if gate is not None else ""

@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 
-from pipeline.gates.interface import GateResult, MetricValue
+from pipeline.records.gate_result import GateResult
+from pipeline.records.status import MetricValue
 from pipeline.report.model import Table
 
 MAX_ROWS = 200

@@ -1,4 +1,5 @@
-"""Terminal rendering of core objects: rich tables for `rowgate gate` and `inspect`.
+"""Terminal rendering of core objects: rich tables for `rowgate gate` and `inspect`, the
+lines `rowgate review` prints.
 
 Nothing here computes a verdict; it only shows what a bundle or run holds.
 """
@@ -12,10 +13,12 @@ from rich.console import Console
 from rich.table import Table
 
 from pipeline.evidence import Bundle
-from pipeline.gates.interface import GateResult, Status
+from pipeline.records.gate_result import GateResult
+from pipeline.records.review import Outcome, ReviewRecord
+from pipeline.records.status import Status
 
 if TYPE_CHECKING:
-    from pipeline.gates.audit import LocalBuild
+    from pipeline.build.local import LocalBuild
     from pipeline.rows import LoadedRow
 
 STYLE = {Status.PASS: "green", Status.FAIL: "red", Status.PENDING: "yellow", Status.ERROR: "magenta"}
@@ -88,15 +91,33 @@ def resource_table(result: "LocalBuild") -> Table:
 
 def rows_table(loaded_rows: list["LoadedRow"]) -> Table:
     """`rowgate rows`: every row's gates and whether each can run here."""
-    from pipeline import gates
+    from pipeline import device, gates
 
+    devices = device.inventory()  # one enumeration for every row and gate listed
     table = Table(title="rows", title_justify="left")
     for col in ("row", "target", "gate", "kind", "here"):
         table.add_column(col, overflow="fold")
     for loaded in loaded_rows:
         row = loaded.row
         for n, spec in enumerate(row.gates):
-            state, why = gates.availability(row, spec)
+            state, why = gates.availability(row, spec, devices)
             table.add_row(row.id if n == 0 else "", row.target.arch if n == 0 else "",
                           spec.id, spec.kind, f"{state}: {why}" if why else state)
     return table
+
+
+def describe_review(record: ReviewRecord) -> list[str]:
+    """Plain lines for a terminal: the summary, then the per-criterion table."""
+    lines = [f"{record.row_id} bundle {record.bundle.id}: {record.verdict.value}"]
+    lines += [f"  {reason}" for reason in record.reasons]
+    for c in record.criteria:
+        measured = ", ".join(f"{k}={v}" for k, v in c.measured.items()) or "-"
+        # a pending criterion's detail repeats its gate's reason, listed above
+        detail = f" ({c.detail})" if c.detail and c.outcome is not Outcome.PENDING else ""
+        lines.append(f"  criterion {c.id}: {c.outcome.value}: {c.gate}.{c.metric} "
+                     f"{c.comparison.symbol} {c.threshold:g} [{c.arch}] measured {measured}"
+                     f"{detail}")
+    for a in record.implementation:
+        state = {True: "admitted", False: "not admitted", None: "undecided"}[a.admitted]
+        lines.append(f"  implementation gated on {a.gate}: {state}: {a.reason}")
+    return lines

@@ -12,8 +12,9 @@ import json
 from pathlib import Path
 
 from pipeline import rows, signing
+from pipeline.decision.criteria import verdict_of
+from pipeline.decision.review import evaluate
 from pipeline.evidence import Bundle
-from pipeline.review import evaluate, verdict_of
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "bundles"
 ROW_ID = "FIXTURE-SEALED-B68C77E"

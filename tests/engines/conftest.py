@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.model import TinyModelSpec, build_tiny_model
-from pipeline.rows import Workload
+from pipeline.rowspec import Workload
 from pipeline.workload import build_passes
 
 DEMO_WORKLOAD = Workload(input_lens=[16, 64], concurrency=[1, 4], output_len=16,

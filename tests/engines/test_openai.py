@@ -12,7 +12,7 @@ from pipeline.engines.interface import EngineError
 from pipeline.engines.openai import OpenAIEngine, _chunk_tokens
 from pipeline.engines.reference import ReferenceEngine
 from pipeline.engines.vllm import VllmServerEngine, installed_version
-from pipeline.rows import Arm, EngineKind
+from pipeline.rowspec import Arm, EngineKind
 
 
 def _group_gone(pid: int) -> bool:

@@ -12,7 +12,7 @@ pytest.importorskip("torch")
 
 from pipeline import engines  # noqa: E402
 from pipeline.engines.interface import EngineError  # noqa: E402
-from pipeline.rows import Arm  # noqa: E402
+from pipeline.rowspec import Arm
 
 
 def _run(tiny_model, work, mode: str, options: dict | None = None):

@@ -14,7 +14,7 @@ from pipeline.engines.reference import (
     ReferenceEngine,
     torch_paged_decode_attention,
 )
-from pipeline.rows import Arm, EngineKind
+from pipeline.rowspec import Arm, EngineKind
 
 
 @pytest.fixture(scope="module")

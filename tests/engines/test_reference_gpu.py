@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.model import TinyModelSpec, build_tiny_model
-from pipeline.rows import Workload
+from pipeline.rowspec import Workload
 from pipeline.workload import build_passes
 
 pytestmark = pytest.mark.gpu

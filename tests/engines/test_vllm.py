@@ -12,7 +12,7 @@ from pipeline.engines.interface import EngineError
 from pipeline.engines.reference import ReferenceEngine
 from pipeline.engines.vllm import VllmEngine, check_pinned, installed_version
 from pipeline.model import perturbed_copy
-from pipeline.rows import Arm, EngineKind
+from pipeline.rowspec import Arm, EngineKind
 
 PIN = "0.32.0"
 # mode eager: vLLM's enforce_eager, no torch.compile (saves ~50 s of start-up on 2 cores)

@@ -6,8 +6,9 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from pipeline import provenance
-from pipeline.gates.interface import Gate, GateContext, GateResult, run_gate
+from pipeline import device, provenance, runner
+from pipeline.gates.interface import Gate, run_gate
+from pipeline.records.gate_result import GateResult
 from pipeline.rows import load_row
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,7 +73,10 @@ def run_one(gate: Gate, row_path: Path, gate_id: str, stage: Path,
             options: dict[str, str] | None = None, repo: Path = ROOT) -> GateResult:
     """Run one gate of a row into `stage/artifacts/GATE-ID/`, as the runner does."""
     row = load_row(row_path).row
-    ctx = GateContext(repo=repo, artifact_dir=stage / "artifacts" / gate_id,
-                      subject=provenance.subject(ROOT), provenance=provenance.collect(),
-                      progress=Lines(), options=dict(options or {}))
+    devices = device.inventory()
+    ctx = runner.gate_context(row, row.gate(gate_id), repo=repo,
+                              artifact_dir=stage / "artifacts" / gate_id,
+                              subject=provenance.subject(ROOT),
+                              provenance=provenance.collect(gpus=list(devices.gpus)),
+                              devices=devices, progress=Lines(), options=options)
     return run_gate(gate, row, row.gate(gate_id), ctx, stage)

@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 
 from pipeline.gates.abi import Abi
-from pipeline.gates.interface import GateContext, GateResult, Status, run_gate
+from pipeline.gates.interface import GateContext, run_gate
 from pipeline.megakernel import proof
+from pipeline.records.gate_result import GateResult
+from pipeline.records.status import Status
 from pipeline.rows import load_row
 
 ROOT = Path(__file__).resolve().parents[2]

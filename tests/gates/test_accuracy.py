@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from pipeline.gates.accuracy import Accuracy, gold_number, load_questions, predicted_number
-from pipeline.gates.interface import GateError, Status
+from pipeline.gates.interface import GateError
 from pipeline.model import build_tiny_model
+from pipeline.records.status import Status
 from pipeline.rows import load_row
 from tests.gates.engine_rows import ROOT, Lines, run_one, tiny_row
 

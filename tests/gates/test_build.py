@@ -16,10 +16,10 @@ from pathlib import Path
 import git
 import pytest
 
-from pipeline import cudabuild, kernels, toolchains
+from pipeline.build import cudabuild, kernels, toolchains
 from pipeline.gates import audit, build
-from pipeline.gates.interface import Status
 from pipeline.progress import PlainProgress
+from pipeline.records.status import Status
 from tests.support import write_row
 
 pytestmark = pytest.mark.slow

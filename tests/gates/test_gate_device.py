@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline import device
+from pipeline import device, runner
 from pipeline.gates import _arms, device_requirement
 from pipeline.gates.interface import gate_arch, gate_device
 from pipeline.rows import load_row
@@ -40,20 +40,39 @@ def row(tmp_path, monkeypatch):
     return load_row(write_row(tmp_path, "TWO-GPUS", ROW, arch="sm_90")).row
 
 
-def test_a_gate_with_its_own_selector_runs_on_that_gpu(row):
+def _ctx(row, spec, tmp_path):
+    """The gate's context as the runner makes it: the GPU chosen once from one
+    enumeration of the host's (`device.gpus`, stood in for above)."""
+    return runner.gate_context(row, spec, repo=tmp_path, artifact_dir=tmp_path, subject=None,
+                               provenance=None, devices=device.inventory())
+
+
+def test_a_gate_with_its_own_selector_runs_on_that_gpu(row, tmp_path):
     spec = row.gate("h100-tp")
-    assert gate_device(row, spec)[0].index == 1
-    assert _arms.device_name(row, spec) == "cuda:1" and _arms.gpu_index(row, spec) == 1
-    assert gate_arch(row, spec) == ("sm_90", False)
-    assert device_requirement(row, spec) is None
+    ctx = _ctx(row, spec, tmp_path)
+    assert gate_device(row, spec, device.inventory())[0].index == 1
+    assert _arms.device_name(row, ctx) == "cuda:1" and _arms.gpu_index(row, ctx) == 1
+    assert gate_arch(row, ctx.gpu) == ("sm_90", False)
+    assert device_requirement(row, spec, ctx.gpu) is None
 
 
-def test_a_gate_without_one_runs_on_the_rows_target(row):
+def test_a_gate_without_one_runs_on_the_rows_target(row, tmp_path):
     spec = row.gate("tp")
-    assert _arms.device_name(row, spec) == "cuda:0"
+    assert _arms.device_name(row, _ctx(row, spec, tmp_path)) == "cuda:0"
 
 
-def test_a_selector_no_gpu_matches_is_pending_with_the_reason(row, monkeypatch):
+def test_a_selector_no_gpu_matches_is_pending_with_the_reason(row, monkeypatch, tmp_path):
     monkeypatch.setattr(device, "gpus", lambda: [_gpu(0, "NVIDIA H200")])
-    reason = device_requirement(row, row.gate("h100-tp"))
+    spec = row.gate("h100-tp")
+    reason = device_requirement(row, spec, _ctx(row, spec, tmp_path).gpu)
     assert reason == "needs an sm_90 device (name:H100); this host has NVIDIA H200 (sm_90)"
+
+
+def test_the_run_enumerates_the_gpus_once(row, tmp_path, monkeypatch):
+    """One NVML enumeration per run, however many gates choose from it."""
+    calls = []
+    two = [_gpu(0, "NVIDIA H200"), _gpu(1, "NVIDIA H100")]
+    monkeypatch.setattr(device, "gpus", lambda: calls.append(1) or two)
+    devices = device.inventory()
+    choices = [gate_device(row, spec, devices) for spec in row.gates]
+    assert [c.gpu.index for c in choices] == [0, 1] and len(calls) == 1

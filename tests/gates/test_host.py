@@ -6,7 +6,8 @@ from pathlib import Path
 
 from pipeline import provenance
 from pipeline.gates.host import Host
-from pipeline.gates.interface import GateContext, Status, run_gate
+from pipeline.gates.interface import GateContext, run_gate
+from pipeline.records.status import Status
 from pipeline.rows import load_row
 from tests.support import HOST_GATE, commit_file, write_row
 

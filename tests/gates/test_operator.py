@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from pipeline import gates
-from pipeline.gates.interface import Status
 from pipeline.gates.operator import Operator, derive_records
 from pipeline.ops import paged_inputs as pi
 from pipeline.ops.reference import decode_attention_fp64
+from pipeline.records.status import Status
 from pipeline.rows import resolve_row
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from pipeline import gates
-from pipeline.gates.interface import Status
 from pipeline.gates.phase import PHASE, Phase
 from pipeline.ops import phase
+from pipeline.records.status import Status
 from pipeline.rows import resolve_row
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,7 +83,7 @@ def test_pending_without_a_cuda_device():
 
 @pytest.mark.slow
 def test_every_variant_builds_with_the_sm90_toolchain(tmp_path):
-    from pipeline import toolchains
+    from pipeline.build import toolchains
 
     chain = toolchains.for_arch("sm_90")
     built = phase.build(chain.compiler.path, "sm_90",

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from pipeline import stats
-from pipeline.gates.interface import Status
 from pipeline.gates.throughput import Throughput, request_latencies, schedule
+from pipeline.records.status import Status
 from pipeline.rows import load_row
 from tests.gates.engine_rows import run_one, tiny_row
 

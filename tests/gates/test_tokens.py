@@ -17,9 +17,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from pipeline.engines.reference import ReferenceEngine
-from pipeline.gates.interface import Status
 from pipeline.gates.tokens import Tokens, compare_request
 from pipeline.model import build_tiny_model, perturbed_copy
+from pipeline.records.status import Status
 from pipeline.rows import load_row
 from pipeline.signing import KeySigner
 from pipeline.workload import build_passes
@@ -81,11 +81,11 @@ def keypair(directory: Path) -> tuple[Path, Path]:
 
 def make_record(row_path: Path, directory: Path, key: Path):
     """`rowgate oracle record` for the row, signed with `key`, config kept in `directory`."""
-    from pipeline import oracle
+    from pipeline import runner
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("XDG_CONFIG_HOME", str(directory / "config"))
-        return oracle.record_oracle(load_row(row_path), KeySigner(key),
+        return runner.record_oracle(load_row(row_path), KeySigner(key),
                                     out_dir=directory / "records")
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import gates, provenance
-from pipeline.gates.interface import GateContext, Status
+from pipeline import device, gates, provenance, runner
 from pipeline.gates.trace import Trace
+from pipeline.records.status import Status
 from pipeline.rows import load_row
 from tests.gates.engine_rows import ROOT, Lines, run_one, tiny_row
 from tests.trace import planted
@@ -102,9 +102,11 @@ def test_gpu_row_without_the_device_is_pending(tmp_path):
     text = row_path.read_text().replace('arch = "cpu"', 'arch = "sm_90"')
     row_path.write_text(text)
     row = load_row(row_path).row
-    ctx = GateContext(repo=ROOT, artifact_dir=tmp_path / "stage/artifacts/trace",
-                      subject=provenance.subject(ROOT), provenance=provenance.collect(),
-                      progress=Lines())
+    devices = device.inventory()
+    ctx = runner.gate_context(row, row.gate("trace"), repo=ROOT,
+                              artifact_dir=tmp_path / "stage/artifacts/trace",
+                              subject=provenance.subject(ROOT), provenance=provenance.collect(),
+                              devices=devices, progress=Lines())
     result = gates.run(row, row.gate("trace"), ctx, tmp_path / "stage")
     assert result.status is Status.PENDING
     assert "needs an sm_90 device" in result.reason

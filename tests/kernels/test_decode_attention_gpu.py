@@ -2,7 +2,7 @@
 GQA, bf16 and FP8-E5M2 KV with scales, randomized page tables, ragged lengths with
 the page boundaries (page-1, page, page+1) and an empty sequence.
 
-The cubin is the build gate's own (pipeline.cudabuild, wheel toolchain, the GPU's
+The cubin is the build gate's own (pipeline.build.cudabuild, wheel toolchain, the GPU's
 arch, or the nvcc ROWGATE_NVCC names on a device machine without the wheels);
 ROWGATE_DECODE_CUBIN=path uses a cubin built elsewhere instead (a device
 machine without this package's dependencies runs this file alone, --noconftest).
@@ -41,7 +41,7 @@ def module():
     dev.set_current()
     path = os.environ.get("ROWGATE_DECODE_CUBIN")
     if not path:
-        from pipeline import cudabuild
+        from pipeline.build import cudabuild
 
         major, minor = torch.cuda.get_device_capability()
         path = str(cudabuild.cubin(REPO, "decode_attention", f"sm_{major}{minor}",

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.gates import audit, build
-from pipeline.gates.interface import Status
 from pipeline.progress import PlainProgress
+from pipeline.records.status import Status
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]

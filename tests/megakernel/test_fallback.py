@@ -52,7 +52,7 @@ def test_fallback_arches_are_the_arches_kernels_toml_builds():
     """fallback.ARCHES is kept light (no kernels.toml parse at import); it must not drift."""
     from pathlib import Path
 
-    from pipeline import kernels
+    from pipeline.build import kernels
 
     repo = Path(fallback.__file__).resolve().parents[2]
     assert set(fallback.ARCHES) == set(kernels.load(repo).kernels["persistent_decode"].arches)

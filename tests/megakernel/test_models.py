@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pipeline.megakernel import models
-from pipeline.rows import ModelRef
+from pipeline.rowspec import ModelRef
 
 
 def test_the_probe_is_known_by_name_and_sized_like_the_issue_says():

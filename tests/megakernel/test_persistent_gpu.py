@@ -2,7 +2,7 @@
 torch step, and whole greedy generations equal across eager, CUDA graph and persistent
 (both schedules), with the fallback taken (and recorded) for a batch it does not support.
 
-The cubin is the build gate's (pipeline.cudabuild, the GPU's arch; with the nvcc
+The cubin is the build gate's (pipeline.build.cudabuild, the GPU's arch; with the nvcc
 ROWGATE_NVCC names on a device machine without the wheels) unless
 ROWGATE_PERSISTENT_CUBIN names one built elsewhere (docs/task-abi.md gives the
 device command).
@@ -103,7 +103,7 @@ def test_one_step_equals_the_eager_step(tiny, cubin, batch, schedule):
 def _generate(tiny, mode: str, options: dict, work):
     from pipeline import engines
     from pipeline.megakernel.proof import Out
-    from pipeline.rows import Arm
+    from pipeline.rowspec import Arm
 
     arm = Arm(engine="reference", mode=mode, dtype="bfloat16")
     with engines.create(arm, tiny.path, device="cuda:0", options=options) as engine:
@@ -117,7 +117,7 @@ TIE_MARGIN = 0.5
 
 @pytest.fixture(scope="module")
 def passes(tiny):
-    from pipeline.rows import Workload
+    from pipeline.rowspec import Workload
     from pipeline.workload import build_passes
 
     work = Workload(input_lens=[16], concurrency=[1, 4, 8, 12], output_len=24,

@@ -1,4 +1,4 @@
-"""`python -m pipeline._triton_aot sm_XX`: can the installed Triton compile ahead of
+"""`python -m pipeline.build._triton_aot sm_XX`: can the installed Triton compile ahead of
 time for this arch? Prints one JSON object: {arch, triton, reachable, error, …}.
 
 No GPU is needed: `triton.compile` with an explicit `GPUTarget` lowers through

@@ -18,10 +18,11 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from pipeline import schemas
 from pipeline.errors import UsageError, VerificationError
-from pipeline.evidence import canonical_json
-from pipeline.signing import Signer, SignerIdentity, Verifier
+from pipeline.records.canonical import canonical_json
+from pipeline.records.identity import SignerIdentity
+from pipeline.records.schema import load_checked, validate
+from pipeline.signing import Signer, Verifier
 
 
 def now() -> str:
@@ -36,7 +37,7 @@ def signature_path(record: Path) -> Path:
 def write_record(model: BaseModel, schema: str, path: Path) -> bytes:
     """Schema-check and write atomically; returns the bytes written."""
     data = json.loads(model.model_dump_json())
-    schemas.validate(schema, data, str(path))
+    validate(schema, data, str(path))
     raw = canonical_json(data)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
@@ -53,7 +54,7 @@ def read_record(model: type[BaseModel], schema: str, path: Path):
         data = path.read_bytes()
     except OSError as exc:
         raise UsageError(f"{path}: cannot read ({exc.strerror})") from exc
-    return schemas.load_checked(model, schema, data, str(path))
+    return load_checked(model, schema, data, str(path))
 
 
 def _single_file_dir(record: Path, tmp: str) -> Path:

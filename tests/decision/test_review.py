@@ -8,11 +8,14 @@ from pathlib import Path
 import git
 import pytest
 
-from pipeline import _records, review, schemas, signing
+from pipeline import signing
+from pipeline.decision import attest, criteria, record_files, review
 from pipeline.errors import VerificationError
 from pipeline.evidence import Bundle
-from pipeline.gates.interface import GateResult, Status
-from pipeline.review import Outcome, Verdict
+from pipeline.records import schema
+from pipeline.records.gate_result import GateResult
+from pipeline.records.review import Outcome, ReviewRecord, Verdict
+from pipeline.records.status import Status
 from pipeline.rows import Row
 from tests.review_support import HOST_ROW, World, commit_file, thaw
 
@@ -24,7 +27,7 @@ def world(tmp_path, monkeypatch, capsys):
     world.close()
 
 
-def _record(lines: list[str]) -> tuple[Path, review.ReviewRecord]:
+def _record(lines: list[str]) -> tuple[Path, ReviewRecord]:
     path = Path(lines[-1])
     return path, review.load_review(path)
 
@@ -36,7 +39,7 @@ def test_approve_writes_a_signed_schema_valid_record(world):
     path, record = _record(out)
     assert path == world.reviews / "TEST-REVIEW" / f"{bundle.name}.review.json"
     assert record.verdict is Verdict.APPROVE and record.summary == "APPROVE"
-    schemas.validate("review", json.loads(path.read_text()), str(path))
+    schema.validate("review", json.loads(path.read_text()), str(path))
     [line] = record.criteria
     assert (line.id, line.outcome, line.measured, line.threshold) == (
         "commands-pass", Outcome.PASS, {"(gate)": 0}, 0.0)
@@ -44,11 +47,11 @@ def test_approve_writes_a_signed_schema_valid_record(world):
     assert record.freshness.moved == []
     reviewer = world.as_reviewer()
     assert record.reviewer == reviewer.identity
-    assert _records.verify_record(reviewer.verifier(), path) == reviewer.identity
+    assert record_files.verify_record(reviewer.verifier(), path) == reviewer.identity
     # the signature covers the record: one changed byte and it no longer verifies
     path.write_text(path.read_text().replace('"APPROVE"', '"APPROVE" '))
     with pytest.raises(VerificationError):
-        _records.verify_record(reviewer.verifier(), path)
+        record_files.verify_record(reviewer.verifier(), path)
 
 
 def test_review_with_the_bundle_signers_key_is_refused(world):
@@ -229,11 +232,11 @@ def test_operator_attestation_is_signed_by_the_bundles_signer(world):
     assert code == 0, err
     path = Path(out[-1])
     assert path == review_file.with_name(f"{bundle.name}.attestation.json")
-    att = review.load_attestation(path)
+    att = attest.load_attestation(path)
     assert (att.bundle_id, att.review_sha256, att.note) == (
-        bundle.name, _records.file_sha256(review_file), "H200 in rack 4")
+        bundle.name, record_files.file_sha256(review_file), "H200 in rack 4")
     assert att.operator == operator.identity
-    assert _records.verify_record(operator.verifier(), path) == operator.identity
+    assert record_files.verify_record(operator.verifier(), path) == operator.identity
 
 
 # ------------------------------------------------ judging, on constructed results
@@ -260,9 +263,9 @@ def _result(gate_id: str, kind: str, status=Status.PASS, arch="sm_110", stand_in
                       arch=arch, stand_in=stand_in)
 
 
-def _judge(results: list[GateResult], row: dict = MEGA) -> review.Evaluation:
-    ev = review.Evaluation()
-    review.judge(Row.model_validate(row), {r.gate_id: r for r in results}, ev)
+def _judge(results: list[GateResult], row: dict = MEGA) -> criteria.Evaluation:
+    ev = criteria.Evaluation()
+    criteria.judge(Row.model_validate(row), {r.gate_id: r for r in results}, ev)
     return ev
 
 

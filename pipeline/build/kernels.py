@@ -15,7 +15,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from pipeline.errors import UsageError
-from pipeline.rows import ARCH_PATTERN
+from pipeline.rowspec import ARCH_PATTERN
 
 KERNELS_DIR = "kernels"
 MANIFEST = "kernels.toml"

@@ -11,7 +11,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
-from pipeline.kernels import Budget, Kernel
+from pipeline.build.kernels import Budget, Kernel
 
 _COMPILING = re.compile(r"^ptxas info\s*: Compiling entry function '([^']+)' for '(sm_\w+)'")
 _PROPERTIES = re.compile(r"^ptxas info\s*: Function properties for (\S+)")

@@ -8,8 +8,9 @@ from pathlib import Path
 import git
 import pytest
 
-from pipeline import _records, review, signing
-from pipeline.merge import MergeOutcome, MergeRecord
+from pipeline import signing
+from pipeline.decision import attest, record_files, review
+from pipeline.records.merge import MergeOutcome, MergeRecord
 from tests.review_support import HOST_ROW, World, commit_file, thaw
 
 
@@ -31,9 +32,9 @@ def _approved(world: World, row: Path | None = None) -> tuple[Path, Path]:
 def _merge_record(lines: list[str]) -> MergeRecord:
     path = Path(lines[-1])
     assert path.parent.name == "merges"
-    record = _records.read_record(MergeRecord, "merge", path)
+    record = record_files.read_record(MergeRecord, "merge", path)
     # every outcome is signed by the merger
-    assert _records.verify_record(signing.default_signer().verifier(), path) == record.merger
+    assert record_files.verify_record(signing.default_signer().verifier(), path) == record.merger
     return record
 
 
@@ -71,7 +72,7 @@ def test_approved_head_is_merged_with_trailers_and_the_remote_is_untouched(world
     trailers = world.repo.git.log("-1", "--format=%(trailers:unfold)", merge.hexsha)
     bundle_id = review_file.name.split(".")[0]
     assert f"Rowgate-Row: TEST-REVIEW\nRowgate-Bundle: {bundle_id}\n" in trailers
-    assert f"Rowgate-Review: sha256:{_records.file_sha256(review_file)}" in trailers
+    assert f"Rowgate-Review: sha256:{record_files.file_sha256(review_file)}" in trailers
     assert "Signed-off-by: Test Author <author@example.com>" in trailers
     assert merge.tree.hexsha == head.tree.hexsha
     assert world.repo.active_branch.name == "main"
@@ -178,8 +179,8 @@ def test_attestation_copied_from_another_bundle_is_refused(world):
     world.as_gate()
     assert world.cli("attest-operator", first)[0] == 0
     row, second = _approved(world, row)  # a second bundle of the same head
-    for src in (review.attestation_path(first), _records.signature_path(
-            review.attestation_path(first))):
+    for src in (attest.attestation_path(first), record_files.signature_path(
+            attest.attestation_path(first))):
         dst = second.parent / src.name.replace(first.name.split(".")[0],
                                                second.name.split(".")[0])
         dst.write_bytes(src.read_bytes())

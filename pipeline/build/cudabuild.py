@@ -22,11 +22,12 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline import CHECKOUT, resources, toolchains
-from pipeline import kernels as kernels_toml
+from pipeline import CHECKOUT
+from pipeline.build import kernels as kernels_toml
+from pipeline.build import resources, toolchains
+from pipeline.build.kernels import KERNELS_DIR, KernelManifest
+from pipeline.build.toolchains import Toolchain
 from pipeline.errors import Error
-from pipeline.kernels import KERNELS_DIR, KernelManifest
-from pipeline.toolchains import Toolchain
 
 BUILD_RECORD = "build.json"
 BUILD_ROOT = Path("build") / "kernels"
@@ -104,7 +105,7 @@ def build(repo: Path, manifest: KernelManifest, name: str, arch: str, toolchain:
 def _nvrtc_steps(name: str, arch: str, tc: Toolchain, src: Path, includes: list[str],
                  defines: list[str]) -> list[dict]:
     sm = sm_number(arch)
-    nvrtc = [sys.executable, "-m", "pipeline._nvrtc", tc.compiler.path, str(src), f"{name}.ptx",
+    nvrtc = [sys.executable, "-m", "pipeline.build._nvrtc", tc.compiler.path, str(src), f"{name}.ptx",
              f"--gpu-architecture=compute_{sm}", f"--std={CXX_STD}",
              *[f"-I{i}" for i in [*includes, *tc.include_dirs]], *defines]
     if tc.ptxas is None:

@@ -1,4 +1,4 @@
-"""`python -m pipeline._nvrtc LIB SRC OUT.ptx [NVRTC options…]`: one NVRTC compile.
+"""`python -m pipeline.build._nvrtc LIB SRC OUT.ptx [NVRTC options…]`: one NVRTC compile.
 
 Run as its own process so the build records a command line anyone can re-run,
 and so a crash in the driver-less NVRTC library cannot take rowgate down. Prints

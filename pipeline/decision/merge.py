@@ -10,64 +10,22 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
-from typing import Literal
 
 import git
-from pydantic import BaseModel, ConfigDict
 
 from pipeline import __version__
-from pipeline._records import file_sha256, now, sign_record, verify_record, write_record
-from pipeline.errors import Error, ExitCode, RepoError, UsageError
+from pipeline.decision.attest import attestation_path, load_attestation
+from pipeline.decision.record_files import file_sha256, now, sign_record, verify_record, write_record
+from pipeline.decision.review import bundle_verifier, load_review
+from pipeline.errors import Error, RepoError, UsageError
 from pipeline.evidence import Bundle
-from pipeline.gates.host import SIGNED_OFF
-from pipeline.gates.interface import Status
-from pipeline.provenance import open_repo
-from pipeline.review import (
-    ReviewRecord,
-    Verdict,
-    attestation_path,
-    load_attestation,
-    load_review,
-    local_branch,
-)
+from pipeline.gitrepo import SIGNED_OFF, local_branch, open_repo
+from pipeline.records.merge import MergeOutcome, MergeRecord
+from pipeline.records.review import ReviewRecord, Verdict
+from pipeline.records.status import Status
 from pipeline.rows import LoadedRow
-from pipeline.signing import Signer, SignerIdentity
-
-
-class MergeOutcome(str, Enum):
-    MERGED = "merged"
-    ALREADY_MERGED = "already-merged"
-    REFUSED = "refused"
-
-
-class MergeRecord(BaseModel):
-    """What `rowgate merge` did, and why."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    schema_version: Literal[1] = 1
-    rowgate_version: str
-    created: str
-    row_id: str
-    outcome: MergeOutcome
-    message: str
-    """The one line printed."""
-    precondition: str = ""
-    """Name of the precondition that refused (`clean-tree`, `review`, …)."""
-    repo: str
-    branch: str
-    head: str
-    into: str
-    into_before: str
-    into_after: str = ""
-    merge_commit: str = ""
-    merged_tree: str = ""
-    bundle_id: str = ""
-    review_file: str = ""
-    review_sha256: str = ""
-    merger: SignerIdentity
+from pipeline.signing import Signer
 
 
 class _Refused(Exception):
@@ -81,10 +39,6 @@ class _Refused(Exception):
 class MergeResult:
     record: MergeRecord
     path: Path
-
-    @property
-    def exit_code(self) -> ExitCode:
-        return ExitCode.FAILED if self.record.outcome is MergeOutcome.REFUSED else ExitCode.OK
 
 
 @dataclass
@@ -160,7 +114,7 @@ def _check_bundle(record: ReviewRecord) -> Bundle:
         raise _Refused("bundle", f"review of bundle {ref.id} records no verifier for it")
     try:
         bundle = Bundle.open(Path(ref.path))
-        bundle.verify(ref.verifier.verifier())
+        bundle.verify(bundle_verifier(ref.verifier))
     except Error as exc:
         why = f"bundle {ref.id} no longer verifies: {exc.diagnostics()}"
         raise _Refused("bundle", why) from exc
@@ -187,7 +141,7 @@ def _check_attestation(review: Path, record: ReviewRecord, digest: str) -> None:
                                       f"rowgate attest-operator {review})")
     try:
         att = load_attestation(path)
-        verify_record(record.bundle.verifier.verifier(), path)
+        verify_record(bundle_verifier(record.bundle.verifier), path)
     except Error as exc:
         raise _Refused("attestation", f"operator attestation {path.name} does not verify as the "
                                       f"bundle's signer: {exc.diagnostics()}") from exc

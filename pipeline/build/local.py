@@ -1,0 +1,42 @@
+"""`rowgate build --arch`: build and audit a checkout's kernels/ outside a bundle, with
+the build and audit gates' own measure and derive, and combine their statuses."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.gates.audit import derive_audit, measure_audit
+from pipeline.gates.build import derive_builds, measure_aot
+from pipeline.gates.interface import Derived, Progress
+from pipeline.records.status import Status, overall_status
+
+
+@dataclass(frozen=True)
+class LocalBuild:
+    """What `rowgate build --arch` found: the build and audit verdicts, and where."""
+
+    build: Derived
+    audit: Derived
+    out: Path
+
+    @property
+    def status(self) -> Status:
+        """Combined as a bundle's gates are: FAIL if either is FAIL or ERROR, else
+        PENDING if either is, else PASS."""
+        return overall_status((self.build.status, self.audit.status))
+
+
+def local_build(repo: Path, arches: list[str], names: list[str], options: dict[str, str],
+                progress: Progress, aot: bool = False) -> LocalBuild:
+    """Build and audit outside a bundle into build/reports/ARCHES/ (replaced each run;
+    the build cache makes an unchanged re-run instant). Raises GateError."""
+    out = repo / "build" / "reports" / "+".join(arches)
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    measure_audit(repo, arches, names, options, out, progress)
+    if aot:
+        measure_aot(arches, out, progress)
+    return LocalBuild(derive_builds(out), derive_audit(out), out)

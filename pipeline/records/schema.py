@@ -1,0 +1,53 @@
+"""Validation against the checked-in JSON Schemas (jsonschema, Draft 2020-12), and the
+one checked chain every signed document rowgate reads goes through.
+
+The schemas are generated from the record models by `pipeline.schemas`
+(`rowgate schemas`) and checked in under schemas/ beside the package.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any, TypeVar
+
+import jsonschema
+from pydantic import BaseModel, ValidationError
+
+from pipeline.errors import VerificationError
+
+SCHEMAS_DIR = Path(__file__).resolve().parents[2] / "schemas"
+"""schemas/ of the rowgate checkout (rowgate is installed editable). Computed here, not
+from `pipeline.CHECKOUT`: the records import nothing of rowgate but its errors."""
+
+M = TypeVar("M", bound=BaseModel)
+
+
+@cache
+def load(name: str) -> dict[str, Any]:
+    return json.loads((SCHEMAS_DIR / f"{name}.schema.json").read_text())
+
+
+def load_checked(model: type[M], name: str, data: bytes, where: str) -> M:
+    """JSON bytes -> `model`, checked against schema `name` first: the one chain every
+    signed document rowgate reads goes through (manifests, review and attestation
+    records). Each failure is one VerificationError line naming `where`."""
+    try:
+        raw = json.loads(data)
+    except ValueError as exc:
+        raise VerificationError(f"{where}: not JSON ({exc})") from exc
+    validate(name, raw, where)
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        raise VerificationError(f"{where}: {exc.errors()[0]['msg']}") from exc
+
+
+def validate(name: str, instance: Any, where: str) -> None:
+    """Validate against the checked-in schema; the first error names file and key."""
+    validator = jsonschema.Draft202012Validator(load(name))
+    error = jsonschema.exceptions.best_match(validator.iter_errors(instance))
+    if error is not None:
+        path = ".".join(str(p) for p in error.absolute_path) or "(top level)"
+        raise VerificationError(f"{where}: schema {name}: {path}: {error.message}")

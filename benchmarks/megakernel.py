@@ -100,7 +100,7 @@ def probe():
 
 
 def prefilled(model, batch: int, decode_steps: int = 1):
-    from pipeline.engines.reference import PAGE_SIZE, PagedKVCache
+    from pipeline.engines.qwen3 import PAGE_SIZE, PagedKVCache
 
     pages = (PROMPT_LEN + decode_steps + PAGE_SIZE) // PAGE_SIZE + 1
     cache = PagedKVCache(model.cfg, batch * pages, DEV, model.dtype)
@@ -124,11 +124,11 @@ def prefilled(model, batch: int, decode_steps: int = 1):
 
 
 def step_fns(model, cache, args, cubin: Path) -> dict:
-    from pipeline.engines.reference import _DecodeGraphs
+    from pipeline.engines.qwen3 import DecodeGraphs
     from pipeline.megakernel.abi import Schedule
     from pipeline.ops.megakernel import PersistentDecode
 
-    graphs = _DecodeGraphs(model)
+    graphs = DecodeGraphs(model)
     graphs.reset(cache)
     batch = args[0].shape[0]
     static = PersistentDecode(model, cache, batch, Schedule.STATIC_ROUND_ROBIN, cubin)
@@ -173,7 +173,7 @@ def time_steps(fns: dict, steps: int, repeats: int) -> dict[str, list[float]]:
 
 def steps_section(cubin: Path, batches: list[int], steps: int, repeats: int,
                   ceiling: float) -> dict:
-    from pipeline.engines.reference import Qwen3Model, torch_paged_decode_attention
+    from pipeline.engines.qwen3 import Qwen3Model, torch_paged_decode_attention
 
     info = probe()
     model = Qwen3Model(info.path, "cuda", torch.bfloat16, torch_paged_decode_attention)
@@ -221,7 +221,7 @@ def _clone_cache(cache):
 
 
 def fidelity_section(cubin: Path, batches: list[int], steps: int) -> dict:
-    from pipeline.engines.reference import PAGE_SIZE, Qwen3Model, torch_paged_decode_attention
+    from pipeline.engines.qwen3 import PAGE_SIZE, Qwen3Model, torch_paged_decode_attention
     from pipeline.megakernel import interpret
     from pipeline.megakernel.abi import Schedule
     from pipeline.ops.megakernel import PersistentDecode, StepBuffers

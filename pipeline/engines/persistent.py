@@ -65,16 +65,16 @@ class PersistentEngine(ReferenceEngine):
 
 
 class _StepRouter:
-    """Stands in for the engine's `_DecodeGraphs`: `run(...)` picks the step's route."""
+    """Stands in for the engine's `DecodeGraphs`: `run(...)` picks the step's route."""
 
     def __init__(self, engine: PersistentEngine):
-        from pipeline.engines.reference import _DecodeGraphs
+        from pipeline.engines.qwen3 import DecodeGraphs
         from pipeline.ops.megakernel import model_dims
 
         self.engine = engine
         self.model = engine.model
         self.dims = model_dims(engine.model)
-        self.graphs = _DecodeGraphs(engine.model) if engine.device.startswith("cuda") else None
+        self.graphs = DecodeGraphs(engine.model) if engine.device.startswith("cuda") else None
         self.steps = None
         self.cache = None
 

@@ -48,21 +48,6 @@ class OperatorGate(GateSpec):
     timing_repeats: Annotated[int, Field(ge=9)] = 9
 
 
-def _deps_missing() -> str | None:
-    try:
-        import torch
-    except ImportError:
-        return "torch is not installed (pip install 'rowgate[ops]')"
-    if not torch.cuda.is_available():
-        return "torch sees no CUDA device (a CPU-only torch build, or no driver)"
-    try:
-        from pipeline.ops.decode_attention import _cuda_core
-        _cuda_core()
-    except ImportError:
-        return "cuda-core is not installed (pip install 'rowgate[ops-gpu]')"
-    return None
-
-
 @register
 class Operator(Gate[OperatorGate]):
     kind = "operator"
@@ -70,7 +55,9 @@ class Operator(Gate[OperatorGate]):
     needs_device = True
 
     def requirements(self, row: Row, spec: OperatorGate, ctx: GateContext) -> str | None:
-        return _deps_missing()
+        from pipeline.ops.launch import why_unavailable
+
+        return why_unavailable()
 
     def arch(self, row: Row, spec, ctx: GateContext) -> tuple[str, bool]:
         return gate_arch(row, ctx.gpu)

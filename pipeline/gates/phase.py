@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from pipeline.gates.interface import Derived, Gate, GateContext, GateError, gate_arch
-from pipeline.gates.operator import _deps_missing
 from pipeline.gates.registry import register
 from pipeline.records.status import Status
 from pipeline.rowspec import GateSpec
@@ -42,7 +41,9 @@ class Phase(Gate[PhaseGate]):
     needs_device = True
 
     def requirements(self, row: Row, spec: PhaseGate, ctx: GateContext) -> str | None:
-        missing = _deps_missing()
+        from pipeline.ops.launch import why_unavailable
+
+        missing = why_unavailable()
         if missing:
             return missing
         gpu, stand_in, _ = ctx.gpu

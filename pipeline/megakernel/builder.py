@@ -1,6 +1,6 @@
 """The task list of one decode step of the reference engine's Qwen3 model.
 
-Mirrors `pipeline.engines.reference.Qwen3Model.forward` for one new token per
+Mirrors `pipeline.engines.qwen3.Qwen3Model.forward` for one new token per
 sequence: embed; per layer input RMSNorm, q/k/v GEMV tiles, q/k head norm +
 RoPE (k appended to the paged cache, v appended as is), attention splits and
 their merge, o_proj tiles, residual add, post-attention RMSNorm, gate/up

@@ -2,9 +2,7 @@
 
 The device code is `kernels/decode_attention/split_kv.cu`; its cubin for the
 device's arch is loaded once per (path, kernel) with cuda.core and launched on
-torch's current stream. cuda.core moved from `cuda.core.experimental` to
-`cuda.core`; both import paths are accepted (the H200 image pins the version
-recorded in docs/kernels.md).
+torch's current stream (`pipeline.ops.launch`).
 """
 
 from __future__ import annotations
@@ -19,6 +17,8 @@ import numpy as np
 import torch
 
 from pipeline import CHECKOUT
+from pipeline.ops import launch
+from pipeline.ops.launch import kernel
 from pipeline.ops.reference import E5M2, kv_dtype_of
 
 REPO = CHECKOUT
@@ -59,49 +59,6 @@ def variant_suffix(variant: str) -> str:
 
 def kernel_name(kv: str, dim: int, group: int, variant: str) -> str:
     return f"split_kv_{kv}_d{dim}_g{group}_{variant_suffix(variant)}"
-
-
-def _cuda_core():
-    try:
-        import cuda.core as cc
-        cc.launch  # noqa: B018 - older releases expose the API only under .experimental
-    except (ImportError, AttributeError):
-        import cuda.core.experimental as cc
-    return cc
-
-
-@cache
-def _module(path: str):
-    cc = _cuda_core()
-    cc.Device().set_current()
-    data = Path(path).read_bytes()
-    if hasattr(cc.ObjectCode, "from_cubin"):
-        return cc.ObjectCode.from_cubin(data)
-    return cc.ObjectCode(data, "cubin")
-
-
-@cache
-def kernel(path: str, name: str):
-    """The named kernel of a cubin, loaded once."""
-    return _module(path).get_kernel(name)
-
-
-class _TorchStream:
-    """Hands torch's stream to cuda.core through the `__cuda_stream__` protocol."""
-
-    def __init__(self, handle: int):
-        self.handle = handle
-
-    def __cuda_stream__(self) -> tuple[int, int]:
-        return (0, self.handle)
-
-
-@cache
-def _stream(handle: int):
-    dev = _cuda_core().Device()
-    if handle == 0:  # torch's legacy default stream
-        return dev.default_stream
-    return dev.create_stream(_TorchStream(handle))
 
 
 @cache
@@ -216,7 +173,7 @@ class _Launcher:
         except (ImportError, AttributeError, TypeError, ValueError):
             if smem > OPT_IN:
                 raise
-            cc = _cuda_core()
+            cc = launch.cuda_core()
             self.config = cc.LaunchConfig(grid=grid, block=block, shmem_size=smem)
         if self.raw is not None and smem > OPT_IN:
             (err,) = driver.cuFuncSetAttribute(
@@ -250,18 +207,10 @@ class _Launcher:
             if err != self.driver.CUresult.CUDA_SUCCESS:
                 raise RuntimeError(f"cuLaunchKernel failed: {err!r}")
             return
-        cc = _cuda_core()
-        cc.launch(_stream(stream), self.config, self.fn, *pointers,
+        cc = launch.cuda_core()
+        cc.launch(launch.stream(stream), self.config, self.fn, *pointers,
                   *[np.int32(a) for a in self.scalars[:4]],
                   *[np.float32(a) for a in self.scalars[4:]])
-
-
-def _current_stream(index: int) -> int:
-    """torch's current stream on device `index`, as a raw handle."""
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # no Stream object per call
-    if raw is not None:
-        return raw(index)
-    return torch.cuda.current_stream(index).cuda_stream
 
 
 class DecodeAttention:
@@ -323,7 +272,7 @@ class DecodeAttention:
         elif out.shape != q.shape or out.dtype != q.dtype or not out.is_contiguous():
             raise ValueError(f"out: expected a contiguous {q.dtype} tensor of shape "
                              f"{tuple(q.shape)}, got {out.dtype} {tuple(out.shape)}")
-        self.launcher(_current_stream(self.index), (
+        self.launcher(launch.current_stream(self.index), (
             q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), block_table.data_ptr(),
             seq_lens.data_ptr(), out.data_ptr(), self.ws_acc.data_ptr(), self.ws_ml.data_ptr(),
             self.counters.data_ptr()))

@@ -21,7 +21,7 @@ import torch
 from pipeline import CHECKOUT
 from pipeline.megakernel import abi, builder
 from pipeline.megakernel.validate import validate
-from pipeline.ops.decode_attention import _cuda_core, _current_stream, _stream, kernel
+from pipeline.ops.launch import cuda_core, current_stream, kernel, stream
 
 REPO = CHECKOUT
 KERNEL = "persistent_decode"
@@ -137,12 +137,12 @@ class PersistentDecode:
         return self.step.logits.clone()
 
     def launch(self, trace: torch.Tensor | None = None) -> None:
-        cc = _cuda_core()
+        cc = cuda_core()
         index = self.device.index if self.device.index is not None else 0
         config = cc.LaunchConfig(grid=self.sm_count, block=THREADS)
         counters = self.sync.data_ptr()
         head = counters + 4 * self.plan.num_counters
-        cc.launch(_stream(_current_stream(index)), config, self.fn, self.tasks.data_ptr(),
+        cc.launch(stream(current_stream(index)), config, self.fn, self.tasks.data_ptr(),
                   np.uint32(len(self.plan.tasks)), self.buffers.data_ptr(),
                   self.shape.data_ptr(), counters, head,
                   trace.data_ptr() if trace is not None else 0)

@@ -9,11 +9,8 @@ import torch
 
 from pipeline.engines import create
 from pipeline.engines.interface import EngineError
-from pipeline.engines.reference import (
-    PAGE_SIZE,
-    ReferenceEngine,
-    torch_paged_decode_attention,
-)
+from pipeline.engines.qwen3 import PAGE_SIZE, torch_paged_decode_attention
+from pipeline.engines.reference import ReferenceEngine
 from pipeline.rowspec import Arm, EngineKind
 
 

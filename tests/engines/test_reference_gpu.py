@@ -47,7 +47,8 @@ def test_cuda_equals_cpu(setup, mode):
 
 
 def test_decode_attention_seam_on_cuda(setup):
-    from pipeline.engines.reference import ReferenceEngine, torch_paged_decode_attention
+    from pipeline.engines.qwen3 import torch_paged_decode_attention
+    from pipeline.engines.reference import ReferenceEngine
 
     model, passes, expected = setup
     calls = []

@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pipeline.engines.reference import (  # noqa: E402
+from pipeline.engines.qwen3 import (  # noqa: E402
     PAGE_SIZE,
     PagedKVCache,
     Qwen3Model,

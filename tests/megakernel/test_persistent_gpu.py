@@ -42,7 +42,7 @@ def cubin() -> Path:
 
 def _prefilled(tiny, batch: int, prompt_len: int):
     """A bf16 model and cache holding `batch` prefilled random prompts; the next step's args."""
-    from pipeline.engines.reference import (
+    from pipeline.engines.qwen3 import (
         PAGE_SIZE,
         PagedKVCache,
         Qwen3Model,

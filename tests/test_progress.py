@@ -92,12 +92,15 @@ def test_a_terminal_gets_bars_and_a_line_per_finished_task():
     assert "✓ build sm_90: ptxas report (1," in text
 
 
-def test_the_default_gate_context_progress_supports_tasks(tmp_path):
-    from pipeline.provenance import collect
-
+def test_the_default_gate_context_progress_supports_tasks_and_prints_nothing(tmp_path, capsys):
     ctx = GateContext(repo=tmp_path, artifact_dir=tmp_path, subject=None,  # type: ignore[arg-type]
-                      provenance=collect())
+                      provenance=None)  # type: ignore[arg-type]
     _use(ctx.progress)
+    with ctx.progress.task("outer", total=2) as outer, outer.task("inner") as inner:
+        inner.update("a step")
+        inner.advance(total=1)
+        outer.advance()
+    assert capsys.readouterr() == ("", "")
 
 
 def test_gate_command_logs_plain_lines_and_q_after_the_subcommand_silences(

@@ -8,7 +8,7 @@ import pytest
 
 from pipeline.build import kernels
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_repository_kernels_toml_loads():

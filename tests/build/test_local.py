@@ -11,7 +11,7 @@ import pytest
 from pipeline.cli import main
 
 pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _run(args: list[str], capsys) -> tuple[int, str, str]:

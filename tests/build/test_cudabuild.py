@@ -11,7 +11,7 @@ import pytest
 from pipeline.build import cudabuild, kernels
 
 pytestmark = pytest.mark.slow
-FIXTURES = Path(__file__).parent / "fixtures" / "kernels"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "kernels"
 
 
 def _repo(root: Path, source: str, entry: str) -> Path:

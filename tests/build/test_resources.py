@@ -9,7 +9,7 @@ import pytest
 
 from pipeline.build import kernels, resources
 
-FIXTURES = Path(__file__).parent / "fixtures" / "ptxas"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "ptxas"
 ENTRIES = ["decode_attention_bf16_hd64", "decode_attention_bf16_hd128",
            "decode_attention_e5m2_hd64", "decode_attention_e5m2_hd128"]
 

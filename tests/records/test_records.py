@@ -1,0 +1,53 @@
+"""The records layer on its own: canonical bytes, the checked chain every signed
+document is read through, and the patterns that become path components."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from pipeline.errors import VerificationError
+from pipeline.records.canonical import canonical_json
+from pipeline.records.gate_result import GateResult
+from pipeline.records.ids import BUNDLE_ID, ROW_ID
+from pipeline.records.schema import SCHEMAS_DIR, load_checked
+from pipeline.records.status import Status
+
+
+def test_canonical_json_is_sorted_indented_utf8_with_a_final_newline():
+    assert canonical_json({"b": 1, "a": "é"}) == '{\n  "a": "é",\n  "b": 1\n}\n'.encode()
+
+
+def test_the_schemas_dir_is_the_checkouts():
+    assert (SCHEMAS_DIR / "gate-result.schema.json").is_file()
+
+
+def _result(**changes) -> bytes:
+    doc = {"gate_id": "host", "kind": "host", "status": "PASS", "reason": "ok", **changes}
+    return canonical_json(doc)
+
+
+def test_load_checked_gives_the_model():
+    result = load_checked(GateResult, "gate-result", _result(), "gates/host.json")
+    assert (result.gate_id, result.status) == ("host", Status.PASS)
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    (b"{", r"^gates/host.json: not JSON"),
+    (_result(status="MAYBE"), r"^gates/host.json: schema gate-result: status: 'MAYBE' is not "),
+    (_result(extra=1), r"^gates/host.json: schema gate-result: \(top level\): Additional "),
+])
+def test_each_failure_is_one_line_naming_the_file(data, message):
+    with pytest.raises(VerificationError, match=message) as exc:
+        load_checked(GateResult, "gate-result", data, "gates/host.json")
+    assert "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize(("pattern", "good", "bad"), [
+    (ROW_ID, ["DEMO-CPU-DECODE", "A1"], ["demo", "-A", "A_B", "A\n", ""]),
+    (BUNDLE_ID, ["0123456789abcdef"], ["0123456789ABCDEF", "0123456789abcde", "../x"]),
+])
+def test_id_patterns(pattern, good, bad):
+    assert all(re.fullmatch(pattern, g) for g in good)
+    assert not any(re.fullmatch(pattern, b) for b in bad)

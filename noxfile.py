@@ -78,9 +78,10 @@ def gpu(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """Lint with ruff."""
-    session.install("ruff>=0.6")
+    """Lint with ruff; type-check pipeline/ with mypy (strict: pyproject.toml [tool.mypy])."""
+    _install(session, "lint", "stats")  # mypy reads the installed dependencies' types
     session.run("ruff", "check", "pipeline", "tests", "noxfile.py", "benchmarks", *session.posargs)
+    session.run("mypy")
 
 
 @nox.session

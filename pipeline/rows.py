@@ -80,7 +80,6 @@ def _matrix_kind(kind: str) -> bool:
 class Row(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-
     id: Annotated[str, Field(pattern=ROW_ID)]
     title: str
     kind: Literal["research", "kernel-pr", "parity", "demo"]

@@ -36,8 +36,9 @@ PTXAS_FLAGS = ["-Werror", "-warn-spills", "-warn-lmem-usage", "-v"]
 NVCC_WARNING_FLAGS = ["-Werror", "all-warnings", "-Xptxas", "-v,-warn-spills,-warn-lmem-usage",
                       "-Xcompiler", "-Wall,-Wextra,-Werror"]
 CXX_STD = "c++17"
-RECIPE = 2
-"""Bump when the command lines below change: part of every cache key."""
+RECIPE = 3
+"""Bump when the command lines below change: part of every cache key. 3: the NVRTC
+driver moved to `pipeline.build._nvrtc` (a cached build would record the old module)."""
 _SAYS = re.compile(r"\b(error|warning|fatal)\b", re.IGNORECASE)
 
 

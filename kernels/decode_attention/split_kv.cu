@@ -869,14 +869,25 @@ __device__ __forceinline__ void softmax(float* scores, float* s_ml, const Ctx& c
   }
 }
 
+// A barrier of the 8 math warps: all of the CTA for the baseline and the ring
+// candidate; for the bulk candidate a named barrier its producer warp never joins.
+template <bool NAMED>
+__device__ __forceinline__ void cta_sync() {
+  if constexpr (NAMED) {
+    asm volatile("bar.sync 1, %0;" ::"n"(kThreads) : "memory");
+  } else {
+    __syncthreads();
+  }
+}
+
 // Sum the warps' partials (fixed order); write the output (one split) or the
 // partial, and let the last CTA of the (sequence, head) merge the splits.
-template <int D, int G>
+template <int D, int G, bool NAMED = false>
 __device__ __forceinline__ void finish(const Params& p, const Ctx& c, const float* red,
                                        const float* s_ml, int nsplit, int* s_last) {
   const int s = blockIdx.x;
   const size_t bh = (size_t)c.b * p.num_kv_heads + c.h;
-  __syncthreads();
+  cta_sync<NAMED>();
   for (int i = c.tid; i < G * D; i += kThreads) {
     float o = 0.f;
 #pragma unroll
@@ -891,9 +902,9 @@ __device__ __forceinline__ void finish(const Params& p, const Ctx& c, const floa
   if (c.tid < 2 * G) p.ws_ml[(bh * gridDim.x + s) * 2 * G + c.tid] = s_ml[c.tid];
 
   __threadfence();
-  __syncthreads();
+  cta_sync<NAMED>();
   if (c.tid == 0) *s_last = atomicAdd(p.counters + bh, 1) == nsplit - 1;
-  __syncthreads();
+  cta_sync<NAMED>();
   if (!*s_last) return;
   __threadfence();
   const float* ml = p.ws_ml + bh * gridDim.x * 2 * G;
@@ -915,7 +926,7 @@ __device__ __forceinline__ void finish(const Params& p, const Ctx& c, const floa
 
 template <class KV, int D, int G, bool PIPE>
 __device__ __forceinline__ void split_kv(const Params& p) {
-  static_assert(G % 4 == 0 && G <= 8, "GQA groups of 4 or 8 query heads");
+  static_assert(G == 2 || G == 4 || G == 8, "GQA groups of 2, 4 or 8 query heads");
   extern __shared__ __align__(16) float smem[];
   __shared__ float s_ml[2 * G];
   __shared__ int s_last;
@@ -950,6 +961,419 @@ __device__ __forceinline__ void split_kv(const Params& p) {
   pc.run(p, c, scores, ring);                     // V load + conversion, PV
   finish<D, G>(p, c, scores, s_ml, nsplit, &s_last);
 }
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+// ============================================================ bulk candidate (sm_90+)
+// A producer warp streams the chunk's K and V through two shared-memory rings
+// of 64-token slots: whole page slabs (one cp.async.bulk per page piece of a
+// slot; a 64-token page is one 8 KB copy for E5M2 D128) completing on an
+// mbarrier per slot, issued as soon as a slot is free and never held by the
+// math warps' barriers (those are named barriers of the 8 math warps only).
+// The math warps run the baseline's arithmetic in the baseline's order on the
+// same operand values (rows past the sequence are zero-filled in registers
+// exactly as the baseline does), so the candidate is bitwise equal to it; the
+// two-pass softmax is kept for that reason (a one-pass online softmax rescales
+// by running maxima and rounds differently). The `_bulkc` entry points are
+// launched as clusters of 8 splits: the last step merges the splits' partial
+// states through distributed shared memory in split order instead of a global
+// workspace, a device-scope fence and an atomic ticket (same arithmetic).
+constexpr int kSlotTokens = 64;
+constexpr int kBulkThreads = kThreads + 32;  // 8 math warps + the producer warp
+constexpr int kBarrierBytes = 256;           // 4 x 8 mbarriers of 8 bytes
+constexpr int kClusterSplits = 8;
+constexpr int kMaxChunk = 512;
+
+__host__ __device__ constexpr int cmin(int a, int b) { return a < b ? a : b; }
+
+// Ring sizes: three CTAs per SM (72 registers, 72 KB) where four slots fit beside
+// MAX_CHUNK tokens of scores and the math fits the registers without spilling (not the
+// D128 bf16 or D128 group-of-8 math: ptxas spills them at 72), else two CTAs per SM in
+// 110 KB. pipeline/ops/decode_attention.py mirrors this to size the dynamic shared memory.
+template <class KV, int D, int G>
+struct BulkCfg {
+  static constexpr int SLOT = kSlotTokens * D * KV::kBytes;  // bytes per slot
+  static constexpr int SCORES = kMaxChunk * G * 4;
+  static constexpr bool REGS3 = !(D == 128 && (KV::kBytes == 2 || G == 8));
+  static constexpr bool THREE = REGS3 && (72 * 1024 - SCORES) / SLOT >= 4;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
+  static constexpr int BLOCKS = 1;  // sm_110's allocation spills at sm_90's caps
+#else
+  static constexpr int BLOCKS = THREE ? 3 : 2;  // __launch_bounds__: the register cap
+#endif
+  static constexpr int BUDGET = THREE ? 72 * 1024 : 110 * 1024;
+  static constexpr int SLOTS = (BUDGET - SCORES) / SLOT;
+  static constexpr int NK = cmin(8, (SLOTS + 1) / 2);
+  static constexpr int NV = cmin(8, SLOTS - NK);
+  static_assert(NK >= 2 && NV >= 1, "rings of at least two K and one V slot");
+  static_assert(kWarps * G * D * 4 <= NK * SLOT, "the cross-warp reduction reuses the K ring");
+  static_assert(G * D * 4 <= NV * SLOT, "the cluster partial reuses the V ring");
+};
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, p;\n}"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  }
+}
+// Global -> shared bulk copy completing on `bar` (bytes a multiple of 16, both ends
+// 16-byte aligned: a token row is D * element bytes >= 64).
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const uint8_t* src, uint32_t bytes,
+                                          uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+      ::"r"(dst), "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
+}
+
+struct Bars {  // the 32 mbarriers at the start of dynamic shared memory
+  uint32_t base;
+  __device__ __forceinline__ uint32_t full_k(int i) const { return base + 8 * i; }
+  __device__ __forceinline__ uint32_t empty_k(int i) const { return base + 8 * (8 + i); }
+  __device__ __forceinline__ uint32_t full_v(int i) const { return base + 8 * (16 + i); }
+  __device__ __forceinline__ uint32_t empty_v(int i) const { return base + 8 * (24 + i); }
+};
+
+// One slot (tokens [64 s, 64 s + 64) of the chunk, clipped to the sequence): one
+// expect-tx for all its bytes, then one bulk copy per page piece. Every lane of the
+// producer warp runs this (the page numbers travel by shuffle); lane 0 issues.
+template <class KV, int D>
+__device__ __forceinline__ void produce_slot(const Params& p, const Ctx& c, const uint8_t* cache,
+                                             uint32_t dst, uint32_t full, int s, int my_page) {
+  constexpr int kRow = D * KV::kBytes;
+  const int t0 = s * kSlotTokens;
+  const int n = min(kSlotTokens, c.n_tok - t0);
+  const int page_tokens = 1 << p.page_shift;
+  const int piece = min(page_tokens, kSlotTokens);
+  if (c.lane == 0) mbar_expect_tx(full, static_cast<uint32_t>(n * kRow));
+  for (int i = 0; i < n; i += piece) {
+    const int rel = t0 + i;  // token offset in the chunk; chunks start on a page
+    const int page = __shfl_sync(0xffffffffu, my_page, rel >> p.page_shift);
+    if (c.lane == 0) {
+      const int in_page = rel & (page_tokens - 1);
+      const size_t row = (((size_t)page * p.num_kv_heads + c.h) << p.page_shift) + in_page;
+      bulk_copy(dst + i * kRow, cache + row * kRow, static_cast<uint32_t>(min(piece, n - i) * kRow),
+                full);
+    }
+  }
+}
+
+// The producer warp: the first slots of K, then of V, then each further slot as
+// soon as the math warps release the one it reuses.
+template <class KV, int D, int G>
+__device__ __forceinline__ void produce(const Params& p, const Ctx& c, uint32_t kring,
+                                        uint32_t vring, const Bars& bars) {
+  using B = BulkCfg<KV, D, G>;
+  // A chunk is at most 512 tokens and pages are >= 16: at most 32 pages, one per lane.
+  const int npages = (c.n_tok + (1 << p.page_shift) - 1) >> p.page_shift;
+  const int my_page = c.lane < npages
+      ? __ldg(p.block_table + (size_t)c.b * p.bt_stride + (c.start >> p.page_shift) + c.lane) : 0;
+  const int nslots = (c.n_tok + kSlotTokens - 1) / kSlotTokens;
+  const int nk0 = min(B::NK, nslots), nv0 = min(B::NV, nslots);
+  for (int s = 0; s < nk0; ++s)
+    produce_slot<KV, D>(p, c, p.k, kring + s * B::SLOT, bars.full_k(s), s, my_page);
+  for (int s = 0; s < nv0; ++s)
+    produce_slot<KV, D>(p, c, p.v, vring + s * B::SLOT, bars.full_v(s), s, my_page);
+  for (int s = nk0; s < nslots; ++s) {
+    const int i = s % B::NK;
+    mbar_wait(bars.empty_k(i), (s / B::NK - 1) & 1);
+    produce_slot<KV, D>(p, c, p.k, kring + i * B::SLOT, bars.full_k(i), s, my_page);
+  }
+  for (int s = nv0; s < nslots; ++s) {
+    const int i = s % B::NV;
+    mbar_wait(bars.empty_v(i), (s / B::NV - 1) & 1);
+    produce_slot<KV, D>(p, c, p.v, vring + i * B::SLOT, bars.full_v(i), s, my_page);
+  }
+}
+
+template <int N>
+__device__ __forceinline__ void lds_u32(uint32_t* w, const uint8_t* ptr) {
+  if constexpr (N % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i) {
+      const uint4 v = reinterpret_cast<const uint4*>(ptr)[i];
+      w[4 * i] = v.x; w[4 * i + 1] = v.y; w[4 * i + 2] = v.z; w[4 * i + 3] = v.w;
+    }
+  } else {
+    static_assert(N == 2, "8-byte or multiple-of-16-byte pieces");
+    const uint2 v = *reinterpret_cast<const uint2*>(ptr);
+    w[0] = v.x; w[1] = v.y;
+  }
+}
+
+// Phase A from the K ring: the baseline's loads (load_k) from shared memory, then its
+// MMA and score publication, line for line.
+template <class KV, int D, int G>
+__device__ __forceinline__ void phase_a_bulk(const Params& p, const Ctx& c, float* scores,
+                                             const uint8_t* kring, const Bars& bars) {
+  using M = Mma<KV, D>;
+  using B = BulkCfg<KV, D, G>;
+  const int grp = c.lane >> 2, tig = c.lane & 3;
+  uint32_t qa[M::STEPS][2];
+  if (grp < G) {
+    const uint8_t* qh = reinterpret_cast<const uint8_t*>(
+        p.q + ((size_t)c.b * c.hq + c.h * G + grp) * D);
+    uint32_t qw[M::SPAN / 2];
+    load_words<M::SPAN / 4>(qw, qh + tig * M::HALF * 2);
+    load_words<M::SPAN / 4>(qw + M::SPAN / 4, qh + (D / 2 + tig * M::HALF) * 2);
+#pragma unroll
+    for (int s = 0; s < M::STEPS; ++s) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const uint32_t w = qw[2 * s + e];
+        if constexpr (KV::kBytes == 1)
+          qa[s][e] = pack2<KV>(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+        else
+          qa[s][e] = w;
+      }
+    }
+  } else {
+#pragma unroll
+    for (int s = 0; s < M::STEPS; ++s) qa[s][0] = qa[s][1] = 0u;
+  }
+  for (int t = c.warp; t < c.n_tiles; t += kWarps) {
+    const int valid = min(kTile, c.n_tok - t * kTile);
+    const int slot = t / (kSlotTokens / kTile), ring = slot % B::NK;
+    mbar_wait(bars.full_k(ring), (slot / B::NK) & 1);
+    const uint8_t* tile = kring + ring * B::SLOT + (t % (kSlotTokens / kTile)) * kTile * D * KV::kBytes;
+    uint32_t kr[2][M::KW];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const int tt = nt * 8 + grp;
+      if (tt < valid) {
+        const uint8_t* row = tile + (size_t)tt * D * KV::kBytes;
+        lds_u32<M::KW / 2>(kr[nt], row + tig * M::HB);
+        lds_u32<M::KW / 2>(kr[nt] + M::KW / 2, row + (D / 2) * KV::kBytes + tig * M::HB);
+      } else {
+#pragma unroll
+        for (int i = 0; i < M::KW; ++i) kr[nt][i] = 0u;
+      }
+    }
+    __syncwarp();
+    mbar_arrive(bars.empty_k(ring));  // this warp is done with its tile of the slot
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      float s[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int st = 0; st < M::STEPS; ++st) {
+        uint32_t b0, b1;
+        if constexpr (KV::kBytes == 1) {
+          const uint32_t w = kr[nt][st];
+          b0 = prmt(w, 0u, 0x1404u); b1 = prmt(w, 0u, 0x3424u);
+        } else {
+          b0 = kr[nt][2 * st]; b1 = kr[nt][2 * st + 1];
+        }
+        mma16816<KV>(s, qa[st][0], 0u, qa[st][1], 0u, b0, b1);
+      }
+      if (grp < G) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int tt = nt * 8 + 2 * tig + e;
+          if (tt < valid) scores[(size_t)(t * kTile + tt) * G + grp] = s[e] * p.qk_scale_log2;
+        }
+      }
+    }
+  }
+}
+
+// Phase C from the V ring: the baseline's loads (load_v) from shared memory and its PV
+// MMA; the per-warp result into red[warp][G][D] (the K ring, idle by now).
+template <class KV, int D, int G>
+__device__ __forceinline__ void phase_c_bulk(const Ctx& c, const float* scores, float* red,
+                                             const uint8_t* vring, const Bars& bars) {
+  using M = Mma<KV, D>;
+  using B = BulkCfg<KV, D, G>;
+  const int grp = c.lane >> 2, tig = c.lane & 3;
+  float o[M::STEPS][4];
+#pragma unroll
+  for (int m = 0; m < M::STEPS; ++m) o[m][0] = o[m][1] = o[m][2] = o[m][3] = 0.f;
+  for (int t = c.warp; t < c.n_tiles; t += kWarps) {
+    const int valid = min(kTile, c.n_tok - t * kTile);
+    const int slot = t / (kSlotTokens / kTile), ring = slot % B::NV;
+    mbar_wait(bars.full_v(ring), (slot / B::NV) & 1);
+    const uint8_t* tile = vring + ring * B::SLOT + (t % (kSlotTokens / kTile)) * kTile * D * KV::kBytes;
+    uint32_t vr[4][M::VW];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int tt = 2 * tig + (r & 1) + (r >> 1) * 8;
+      if (tt < valid) {
+        lds_u32<M::VW>(vr[r], tile + ((size_t)tt * D + grp * M::VD) * KV::kBytes);
+      } else {
+#pragma unroll
+        for (int i = 0; i < M::VW; ++i) vr[r][i] = 0u;
+      }
+    }
+    __syncwarp();
+    mbar_arrive(bars.empty_v(ring));
+    float pr[4] = {0.f, 0.f, 0.f, 0.f};
+    if (grp < G) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int tt = 2 * tig + (r & 1) + (r >> 1) * 8;
+        if (tt < valid) pr[r] = scores[(size_t)(t * kTile + tt) * G + grp];
+      }
+    }
+    const uint32_t b0 = pack2<KV>(pr[0], pr[1]), b1 = pack2<KV>(pr[2], pr[3]);
+#pragma unroll
+    for (int m = 0; m < M::STEPS; ++m) {
+      uint32_t a0, a1, a2, a3;
+      if constexpr (KV::kBytes == 1) {
+        const int w = m >> 1;
+        const uint32_t sel = (m & 1) ? 0x7362u : 0x5140u;
+        const uint32_t z01 = prmt(vr[0][w], vr[1][w], sel), z23 = prmt(vr[2][w], vr[3][w], sel);
+        a0 = prmt(z01, 0u, 0x1404u); a1 = prmt(z01, 0u, 0x3424u);
+        a2 = prmt(z23, 0u, 0x1404u); a3 = prmt(z23, 0u, 0x3424u);
+      } else {
+        a0 = prmt(vr[0][m], vr[1][m], 0x5410u); a1 = prmt(vr[0][m], vr[1][m], 0x7632u);
+        a2 = prmt(vr[2][m], vr[3][m], 0x5410u); a3 = prmt(vr[2][m], vr[3][m], 0x7632u);
+      }
+      mma16816<KV>(o[m], a0, a1, a2, a3, b0, b1);
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < M::STEPS; ++m) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int g = 2 * tig + e;
+      if (g < G) {
+        float* r = red + (c.warp * G + g) * D + grp * M::VD + 2 * m;
+        r[0] = o[m][e];
+        r[1] = o[m][2 + e];
+      }
+    }
+  }
+}
+
+__device__ __forceinline__ void cluster_sync_all() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;"
+               ::: "memory");
+}
+// A float in CTA `rank`'s shared memory at the address `p` has in this CTA.
+__device__ __forceinline__ float ld_cluster(const float* p, uint32_t rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(p)), "r"(rank));
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+  return v;
+}
+
+// The cluster's ending: every split keeps its partial (the baseline's sum over warps)
+// in its own shared memory, then split 0 merges them in split order with the
+// baseline's last-CTA arithmetic, reading the others through distributed shared memory.
+template <int D, int G>
+__device__ __forceinline__ void finish_cluster(const Params& p, const Ctx& c, const float* red,
+                                               const float* s_ml, float* part, int nsplit) {
+  cta_sync<true>();
+  for (int i = c.tid; i < G * D; i += kThreads) {
+    float o = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) o += red[w * G * D + i];
+    const int g = i / D;
+    if (nsplit == 1)
+      p.out[((size_t)c.b * c.hq + c.h * G) * D + i] = rowgate::float_to_bf16(o / s_ml[G + g] * p.v_scale);
+    else
+      part[i] = o;
+  }
+}
+
+template <int D, int G>
+__device__ __forceinline__ void merge_cluster(const Params& p, const Ctx& c, const float* s_ml,
+                                              const float* part, int nsplit) {
+  for (int i = c.tid; i < G * D; i += kThreads) {
+    const int g = i / D;
+    float m = -__int_as_float(0x7f800000);
+    for (int sp = 0; sp < nsplit; ++sp) m = fmaxf(m, ld_cluster(s_ml + g, sp));
+    float l = 0.f, o = 0.f;
+    for (int sp = 0; sp < nsplit; ++sp) {
+      const float w = fast_exp2(ld_cluster(s_ml + g, sp) - m);
+      l = fmaf(w, ld_cluster(s_ml + G + g, sp), l);
+      o = fmaf(w, ld_cluster(part + i, sp), o);
+    }
+    p.out[((size_t)c.b * c.hq + c.h * G) * D + i] = rowgate::float_to_bf16(o / l * p.v_scale);
+  }
+}
+
+template <class KV, int D, int G, bool CLUSTER>
+__device__ __forceinline__ void split_kv_bulk(const Params& p) {
+  static_assert(G == 2 || G == 4 || G == 8, "GQA groups of 2, 4 or 8 query heads");
+  using B = BulkCfg<KV, D, G>;
+  extern __shared__ __align__(16) uint8_t bulk_smem[];
+  __shared__ float s_ml[2 * G];
+  __shared__ int s_last;
+
+  Ctx c;
+  c.b = blockIdx.z; c.h = blockIdx.y;
+  c.tid = threadIdx.x; c.warp = c.tid >> 5; c.lane = c.tid & 31;
+  c.hq = p.num_kv_heads * G;
+  const int len = p.seq_lens[c.b];
+  const int nsplit = min((len + p.chunk - 1) / p.chunk, (int)gridDim.x);
+  if (len <= 0) {  // the whole cluster (one sequence and head) leaves together
+    if (blockIdx.x == 0)
+      for (int i = c.tid; i < G * D; i += kBulkThreads)
+        p.out[((size_t)c.b * c.hq + c.h * G) * D + i] = rowgate::float_to_bf16(0.f);
+    return;
+  }
+  const bool active = (int)blockIdx.x < nsplit;
+  if (!CLUSTER && !active) return;
+  c.start = blockIdx.x * p.chunk;
+  c.n_tok = active ? min(len, c.start + p.chunk) - c.start : 0;
+  c.n_tiles = (c.n_tok + kTile - 1) / kTile;
+  const Bars bars{smem_addr(bulk_smem)};
+  uint8_t* kring = bulk_smem + kBarrierBytes;
+  uint8_t* vring = kring + B::NK * B::SLOT;
+  float* scores = reinterpret_cast<float*>(vring + B::NV * B::SLOT);
+  if (c.tid == 0) {
+    for (int i = 0; i < 8; ++i) {
+      mbar_init(bars.full_k(i), 1);
+      mbar_init(bars.full_v(i), 1);
+      mbar_init(bars.empty_k(i), (kSlotTokens / kTile) * 32);  // the 4 warps of a slot
+      mbar_init(bars.empty_v(i), (kSlotTokens / kTile) * 32);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();  // the only barrier of all 288 threads: the mbarriers are ready
+  if (active) {
+    if (c.warp == kWarps) {
+      produce<KV, D, G>(p, c, smem_addr(kring), smem_addr(vring), bars);
+    } else {
+      phase_a_bulk<KV, D, G>(p, c, scores, kring, bars);
+      cta_sync<true>();
+      softmax<G>(scores, s_ml, c);
+      cta_sync<true>();
+      float* red = reinterpret_cast<float*>(kring);
+      phase_c_bulk<KV, D, G>(c, scores, red, vring, bars);
+      if constexpr (CLUSTER)
+        finish_cluster<D, G>(p, c, red, s_ml, reinterpret_cast<float*>(vring), nsplit);
+      else
+        finish<D, G, true>(p, c, red, s_ml, nsplit, &s_last);
+    }
+  }
+  if constexpr (CLUSTER) {
+    __syncwarp();
+    cluster_sync_all();  // every split's partial is in its shared memory
+    if (blockIdx.x % kClusterSplits == 0 && nsplit > 1 && c.warp < kWarps)
+      merge_cluster<D, G>(p, c, s_ml, reinterpret_cast<const float*>(vring), nsplit);
+    cluster_sync_all();  // no split leaves while split 0 reads its shared memory
+  }
+}
+#endif  // sm_90+
 
 }  // namespace
 
@@ -993,4 +1417,40 @@ RG_KERNEL(split_kv_bf16_d64_g4_base, BF16, 64, 4, false)
 RG_KERNEL(split_kv_bf16_d64_g4_pipe, BF16, 64, 4, true)
 RG_KERNEL(split_kv_bf16_d64_g8_base, BF16, 64, 8, false)
 RG_KERNEL(split_kv_bf16_d64_g8_pipe, BF16, 64, 8, true)
+// GQA groups of 2 (e.g. 16 query heads over 8 KV heads): the bf16 cache of the
+// fused reference engine (pipeline/engines/fused.py).
+RG_KERNEL(split_kv_bf16_d128_g2_base, BF16, 128, 2, false)
+RG_KERNEL(split_kv_bf16_d128_g2_pipe, BF16, 128, 2, true)
+RG_KERNEL(split_kv_bf16_d64_g2_base, BF16, 64, 2, false)
+RG_KERNEL(split_kv_bf16_d64_g2_pipe, BF16, 64, 2, true)
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+// The bulk candidate (cp.async.bulk + mbarriers: sm_90+). 288 threads: 8 math warps
+// and the producer warp; `_bulkc` runs as clusters of 8 splits (docs/kernels.md).
+#define RG_BULK_KERNEL(NAME, KV, D, G, CLUSTER, ...)                                    \
+  extern "C" __global__ void __VA_ARGS__ __launch_bounds__(                            \
+      kBulkThreads, BulkCfg<KV, D, G>::BLOCKS) NAME(                                   \
+      const bf16_bits* q, const uint8_t* k, const uint8_t* v, const int* block_table,  \
+      const int* seq_lens, bf16_bits* out, float* ws_acc, float* ws_ml, int* counters, \
+      int bt_stride, int num_kv_heads, int page_shift, int chunk, float qk_scale_log2,     \
+      float v_scale) {                                                                   \
+    const Params p{q, k, v, block_table, seq_lens, out, ws_acc, ws_ml, counters,         \
+                   bt_stride, num_kv_heads, page_shift, chunk, qk_scale_log2, v_scale};  \
+    split_kv_bulk<KV, D, G, CLUSTER>(p);                                                 \
+  }
+#define RG_BULK_PAIR(KV_NAME, KV, D, G)                                                  \
+  RG_BULK_KERNEL(split_kv_##KV_NAME##_d##D##_g##G##_bulk, KV, D, G, false)              \
+  RG_BULK_KERNEL(split_kv_##KV_NAME##_d##D##_g##G##_bulkc, KV, D, G, true,              \
+                 __cluster_dims__(kClusterSplits, 1, 1))
+RG_BULK_PAIR(e5m2, E5M2, 128, 4)
+RG_BULK_PAIR(e5m2, E5M2, 128, 8)
+RG_BULK_PAIR(e5m2, E5M2, 64, 4)
+RG_BULK_PAIR(e5m2, E5M2, 64, 8)
+RG_BULK_PAIR(bf16, BF16, 128, 2)
+RG_BULK_PAIR(bf16, BF16, 128, 4)
+RG_BULK_PAIR(bf16, BF16, 128, 8)
+RG_BULK_PAIR(bf16, BF16, 64, 2)
+RG_BULK_PAIR(bf16, BF16, 64, 4)
+RG_BULK_PAIR(bf16, BF16, 64, 8)
+#endif
 #endif

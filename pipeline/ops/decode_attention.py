@@ -24,9 +24,14 @@ from pipeline.ops.reference import E5M2, kv_dtype_of
 REPO = CHECKOUT
 SOURCE = REPO / "kernels" / "decode_attention" / "split_kv.cu"
 INCLUDE = REPO / "kernels" / "include"
-VARIANTS = {"baseline": "base", "pipelined": "pipe"}
-"""Variant names as rows spell them (`e5m2_baseline`, `e5m2_pipelined`) -> kernel suffix."""
+VARIANTS = {"baseline": "base", "pipelined": "pipe", "bulk": "bulk"}
+"""Variant names as rows spell them (`e5m2_baseline`, `e5m2_pipelined`) -> kernel suffix.
+`bulk` (sm_90+) runs `_bulkc` (a cluster of 8 splits) when a plan has at most 8 splits."""
 WARPS = 8
+BULK_THREADS = WARPS * 32 + 32   # the bulk candidate's 8 math warps and producer warp
+CLUSTER_SPLITS = 8
+SLOT_TOKENS = 64
+BARRIER_BYTES = 256
 TILE = 16
 MAX_CHUNK = 512
 STAGES = 2                       # the kernel's kStages (3 measured slower: docs/perf.md)
@@ -81,10 +86,29 @@ def ring_bytes(kv: str, dim: int) -> int:
     return WARPS * STAGES * 4 * 32 * (dim // 8) if kv == E5M2 else 0
 
 
+def bulk_rings(kv: str, dim: int, group: int) -> tuple[int, int, int, int]:
+    """(slot bytes, K slots, V slots, CTAs per SM) of the bulk candidate: the
+    kernel's `BulkCfg`, which these lines mirror (three CTAs in 72 KB where four
+    slots fit beside MAX_CHUNK tokens of scores and 72 registers hold the math)."""
+    slot = SLOT_TOKENS * dim * (1 if kv == E5M2 else 2)
+    scores = MAX_CHUNK * group * 4
+    regs3 = not (dim == 128 and (kv != E5M2 or group == 8))
+    three = regs3 and (72 * 1024 - scores) // slot >= 4
+    slots = ((72 if three else 110) * 1024 - scores) // slot
+    nk = min(8, (slots + 1) // 2)
+    return slot, nk, min(8, slots - nk), 3 if three else 2
+
+
 def smem_bytes(chunk: int, group: int, dim: int, kv: str, variant: str) -> int:
     """Dynamic shared memory: scores (+ the candidate's ring), or the cross-warp
-    reduction that reuses the same space, whichever is larger."""
-    ring = ring_bytes(kv, dim) if variant_suffix(variant) == "pipe" else 0
+    reduction that reuses the same space, whichever is larger; for the bulk
+    candidate its mbarriers, K and V rings (the reduction reuses the K ring) and
+    the scores."""
+    suffix = variant_suffix(variant)
+    if suffix == "bulk":
+        slot, nk, nv, _ = bulk_rings(kv, dim, group)
+        return BARRIER_BYTES + (nk + nv) * slot + chunk * group * 4
+    ring = ring_bytes(kv, dim) if suffix == "pipe" else 0
     return max(chunk * group * 4 + ring, WARPS * group * dim * 4)
 
 
@@ -137,8 +161,10 @@ def validate(q, k_cache, v_cache, block_table, seq_lens, max_seq_len: int) -> tu
                          f"got {tuple(v_cache.shape)}")
     if kdim != dim or dim not in (64, 128):
         raise ValueError(f"q/k_cache: expected head dim 64 or 128 on both, got {dim} and {kdim}")
-    if hq % hkv or hq // hkv not in (4, 8):
-        raise ValueError(f"q: expected query heads 4 or 8 times k_cache's {hkv} KV heads, got {hq}")
+    groups = (4, 8) if k_cache.dtype != torch.bfloat16 else (2, 4, 8)
+    if hq % hkv or hq // hkv not in groups:
+        raise ValueError(f"q: expected query heads {' or '.join(map(str, groups))} times "
+                         f"k_cache's {hkv} KV heads ({k_cache.dtype}), got {hq}")
     if page < TILE or page & (page - 1):
         raise ValueError(f"k_cache: expected a page size that is a power of two >= {TILE}, "
                          f"got {page}")
@@ -253,8 +279,13 @@ class DecodeAttention:
         scale = softmax_scale if softmax_scale is not None else dim ** -0.5
         scalars = (block_table.shape[1], hkv, page.bit_length() - 1, p.chunk,
                    scale * k_scale * LOG2E, v_scale)
-        fn = kernel(str(cubin), kernel_name(kv, dim, group, variant))
-        self.launcher = _Launcher(fn, (p.splits, hkv, batch), WARPS * 32,
+        name, grid_x, threads = kernel_name(kv, dim, group, variant), p.splits, WARPS * 32
+        if variant_suffix(variant) == "bulk":
+            threads = BULK_THREADS
+            if p.splits <= CLUSTER_SPLITS:  # one cluster per (sequence, head)
+                name, grid_x = name + "c", CLUSTER_SPLITS
+        self.kernel = name
+        self.launcher = _Launcher(kernel(str(cubin), name), (grid_x, hkv, batch), threads,
                                   smem_bytes(p.chunk, group, dim, kv, variant))
         self.launcher.set_scalars(scalars)
 

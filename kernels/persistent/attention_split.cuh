@@ -22,7 +22,7 @@ constexpr int kMaxGroup = 8;
 constexpr float kLog2e = 1.4426950408889634f;
 
 struct SplitArgs {
-  const bf16_bits* q;       // [batch, heads, D]
+  const bf16_bits* q;       // this (sequence, kv head)'s group of query heads, [group, D]
   const bf16_bits* k_cache; // [pages, page_size, kv_heads, D]
   const bf16_bits* v_cache;
   float* partials;          // [batch, kv_heads, max_splits, group, D + 2]
@@ -52,20 +52,40 @@ __device__ __forceinline__ void attention_split(const SplitArgs& a, float* smem)
     for (int i = 0; i < kPer; ++i) {
       acc[j][i] = 0.0f;
       qv[j][i] = 0.0f;
-      if (j < a.group) {
-        const long long h = static_cast<long long>(a.seq) * a.heads + a.kv_head * a.group + j;
-        qv[j][i] = bf16_to_float(a.q[h * D + lane * kPer + i]) * q_scale;
-      }
+      if (j < a.group) qv[j][i] = bf16_to_float(a.q[j * D + lane * kPer + i]) * q_scale;
     }
   }
   const long long token_stride = static_cast<long long>(a.kv_heads) * D;
-  for (int t = start + warp; t < end; t += kWarps) {
+  // The K and V rows of a warp's next token are requested while it works on the
+  // current one (one dependent load round trip per token instead of two); the
+  // arithmetic and its order are unchanged.
+  auto row_of = [&](int t) {
     const long long page = a.block_table[t / a.page_size];
-    const long long row = (page * a.page_size + t % a.page_size) * token_stride +
-                          static_cast<long long>(a.kv_head) * D + lane * kPer;
+    return (page * a.page_size + t % a.page_size) * token_stride +
+           static_cast<long long>(a.kv_head) * D + lane * kPer;
+  };
+  float kc[kPer] = {}, vc[kPer] = {};
+  if (start + warp < end) {
+    const long long row = row_of(start + warp);
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      kc[i] = bf16_to_float(a.k_cache[row + i]);
+      vc[i] = bf16_to_float(a.v_cache[row + i]);
+    }
+  }
+  for (int t = start + warp; t < end; t += kWarps) {
+    float kn[kPer] = {}, vn[kPer] = {};
+    if (t + kWarps < end) {
+      const long long row = row_of(t + kWarps);
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) {
+        kn[i] = bf16_to_float(a.k_cache[row + i]);
+        vn[i] = bf16_to_float(a.v_cache[row + i]);
+      }
+    }
     float kv[kPer];
 #pragma unroll
-    for (int i = 0; i < kPer; ++i) kv[i] = bf16_to_float(a.k_cache[row + i]);
+    for (int i = 0; i < kPer; ++i) kv[i] = kc[i];
     float p[kMaxGroup];
 #pragma unroll
     for (int j = 0; j < kMaxGroup; ++j) {
@@ -84,11 +104,16 @@ __device__ __forceinline__ void attention_split(const SplitArgs& a, float* smem)
       for (int i = 0; i < kPer; ++i) acc[j][i] *= correction;
     }
 #pragma unroll
-    for (int i = 0; i < kPer; ++i) kv[i] = bf16_to_float(a.v_cache[row + i]);
+    for (int i = 0; i < kPer; ++i) kv[i] = vc[i];
 #pragma unroll
     for (int j = 0; j < kMaxGroup; ++j) {
 #pragma unroll
       for (int i = 0; i < kPer; ++i) acc[j][i] = fmaf(p[j], kv[i], acc[j][i]);
+    }
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      kc[i] = kn[i];
+      vc[i] = vn[i];
     }
   }
 

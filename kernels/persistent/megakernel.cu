@@ -1,26 +1,47 @@
 // Persistent decode megakernel: one block per SM runs a whole decode step from
-// a task list (task ABI v1, kernels/persistent/task_abi.cuh, docs/task-abi.md).
+// a task list (task ABI v2, kernels/persistent/task_abi.cuh, docs/task-abi.md).
 //
-// Launch: grid = number of SMs, block kThreads, no dynamic shared memory; the
-// counters and the queue head are zeroed before every launch. Arguments: tasks,
-// num_tasks, buffer table, step shape, counters, queue head, trace (nullptr, or
-// num_tasks x 4 u64 for per-task timing). Two entry
-// points, one per schedule variant:
+// Launch: grid = number of SMs, block kThreads, kDynamicSmemBytes of dynamic
+// shared memory (opted in); the counters and the queue head are zeroed before
+// every launch. Arguments: tasks, num_tasks, buffer table, step shape, counters,
+// queue head, trace (nullptr, or num_tasks x 4 u64 for per-task timing). Two
+// entry points, one per schedule variant:
 //   persistent_decode_static   block i runs tasks i, i + grid, ... in order
 //   persistent_decode_dynamic  blocks claim task indices from an atomic head
 // Both take tasks in increasing index order; the host validator guarantees
 // every producer precedes its consumers, so neither can deadlock while all
-// blocks are resident (one per SM).
+// blocks are resident (one per SM). The dynamic queue claims a block's next
+// index while its current task runs (RG_MK_CLAIM_AHEAD): a block then holds two
+// claims, the lower one unfinished, so the lowest unfinished task is still some
+// block's current task and its producers are done (docs/task-abi.md, Progress).
 //
 // Weights are bf16 and read through the read-only path (they never change
-// during a launch); activations written by other blocks are read with plain
-// loads after the counter acquire. Accumulation is fp32; each op rounds to
-// bf16 where the torch reference engine rounds, so results track it.
+// during a launch); activations written by other blocks are read at L2 or with
+// plain loads after the counter acquire. Accumulation is fp32; each op rounds to
+// bf16 where the torch reference engine rounds, so results track it. Every
+// fused flag computes what the unfused ops compute, in the same order, and the
+// weight stream feeds the same per-lane sums in the same order: a fused list
+// gives the unfused list's logits bit for bit.
+//
+// Build variants (the benchmark's A/B; the build gate builds the defaults):
+//   RG_MK_RING=1         a GEMV's weights stream through a per-lane cp.async
+//                        ring in shared memory (kRingGroups x 8 16-byte loads in
+//                        flight per lane, no registers held), its first groups
+//                        issued before the task's counter wait; 0: v1's register
+//                        loads (8 in flight per lane) and L2 bulk prefetch
+//   RG_MK_CLAIM_AHEAD=1  the dynamic queue claims the next index during a task
 
 #include "rowgate/dtypes.cuh"
 #include "rowgate/reduce.cuh"
 #include "attention_split.cuh"
 #include "task_abi.cuh"
+
+#ifndef RG_MK_RING
+#define RG_MK_RING 1
+#endif
+#ifndef RG_MK_CLAIM_AHEAD
+#define RG_MK_CLAIM_AHEAD 1
+#endif
 
 namespace {
 
@@ -34,24 +55,20 @@ using rowgate::task::StepShape;
 using rowgate::task::TaskDesc;
 using rowgate::task::operand;
 using u64 = rowgate::task::u64;
+namespace task = rowgate::task;
 
 constexpr int kMaxBatch = 8;
-constexpr int kSmemFloats = kWarps * rowgate::persistent::kMaxGroup * (128 + 2);
+constexpr u32 kAttnFloats = kWarps * rowgate::persistent::kMaxGroup * (128 + 2);
+constexpr int kRingGroups = 3;    // groups of 8 16-byte loads in flight per lane
+constexpr int kGroupChunks = 8;
+constexpr u32 kRingBytes = kWarps * 32 * kRingGroups * kGroupChunks * 16;  // 96 KB
+// Dynamic shared memory: the staging buffer (a GEMV's input; an attention split's
+// warp states and query heads), the scratch (MERGE_IN's split weights), the ring.
+constexpr u32 kDynamicSmemBytes = task::kStageBytes + task::kScratchBytes + kRingBytes;
+static_assert(kAttnFloats * 4 + rowgate::persistent::kMaxGroup * 128 * 2 <= task::kStageBytes,
+              "attention splits keep their warp states and query heads in the staging buffer");
 
 __device__ __forceinline__ float round_bf16(float x) { return bf16_to_float(float_to_bf16(x)); }
-
-// Sum over the block; every thread gets it. `red` holds kWarps floats.
-__device__ __forceinline__ float block_sum(float v, float* red) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  v = rowgate::warp_sum(v);
-  if (lane == 0) red[warp] = v;
-  __syncthreads();
-  float total = 0.0f;
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) total += red[w];
-  __syncthreads();  // red is reused by the next call
-  return total;
-}
 
 __device__ __forceinline__ void unpack8(const uint4& v, float (&f)[8]) {
   const u32 w[4] = {v.x, v.y, v.z, v.w};
@@ -62,12 +79,49 @@ __device__ __forceinline__ void unpack8(const uint4& v, float (&f)[8]) {
   }
 }
 
+__device__ __forceinline__ uint4 pack8(const float (&f)[8]) {
+  u32 w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    w[i] = static_cast<u32>(float_to_bf16(f[2 * i])) |
+           (static_cast<u32>(float_to_bf16(f[2 * i + 1])) << 16);
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 struct Ctx {
   const StepShape& s;
   const u64* buffers;
   const int* meta;
-  float* smem;
+  unsigned char* stage;   // kStageBytes
+  float* scratch;         // kScratchBytes
+  uint4* ring;            // kRingBytes
+  float* red;             // kMaxBatch x kWarps floats (static shared)
 };
+
+// Sums over the block of up to kMaxBatch values per thread; every thread gets the
+// sums. The same order as one row at a time (each warp's butterfly, then the warps
+// in order), so a batched norm equals the per-row one bit for bit.
+template <int kRows>
+__device__ __forceinline__ void block_sums(float (&v)[kRows], int rows, float* red) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    if (r >= rows) break;
+    const float w = rowgate::warp_sum(v[r]);
+    if (lane == 0) red[r * kWarps + warp] = w;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    if (r >= rows) break;
+    float total = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) total += red[r * kWarps + w];
+    v[r] = total;
+  }
+  __syncthreads();  // red is reused by the next call
+}
 
 // ------------------------------------------------------------------ ops
 
@@ -83,59 +137,276 @@ __device__ void op_embed(const TaskDesc& t, const Ctx& c) {
   }
 }
 
-__device__ void op_rms_norm(const TaskDesc& t, const Ctx& c) {
-  const bf16_bits* x = operand<const bf16_bits>(t, c.buffers, 0);
-  const bf16_bits* w = operand<const bf16_bits>(t, c.buffers, 1);
-  bf16_bits* out = operand<bf16_bits>(t, c.buffers, 2);
-  const u32 n = t.tile[2];
-  for (u32 r = t.tile[0]; r < t.tile[0] + t.tile[1]; ++r) {
-    float ss = 0.0f;
+// out[r] = bf16(x[r] * rsqrt(mean(x[r]^2) + eps) * w) for rows r0 .. r0 + rows; the
+// RMS_NORM op and a GEMV's NORM_IN staging (x_stride: the source row stride).
+__device__ __forceinline__ void norm_rows(const bf16_bits* x, u32 x_stride, const bf16_bits* w,
+                                          bf16_bits* out, u32 out_stride, u32 r0, u32 rows,
+                                          u32 n, const Ctx& c) {
+  float ss[kMaxBatch];
+#pragma unroll
+  for (int r = 0; r < kMaxBatch; ++r) {
+    ss[r] = 0.0f;
+    if (r >= static_cast<int>(rows)) continue;
     for (u32 i = threadIdx.x; i < n; i += kThreads) {
-      const float v = bf16_to_float(x[r * n + i]);
-      ss = fmaf(v, v, ss);
+      const float v = bf16_to_float(x[(r0 + r) * x_stride + i]);
+      ss[r] = fmaf(v, v, ss[r]);
     }
-    const float inv = rsqrtf(block_sum(ss, c.smem) / n + c.s.rms_eps);
+  }
+  block_sums<kMaxBatch>(ss, static_cast<int>(rows), c.red);
+#pragma unroll
+  for (int r = 0; r < kMaxBatch; ++r) {
+    if (r >= static_cast<int>(rows)) break;
+    const float inv = rsqrtf(ss[r] / n + c.s.rms_eps);
     for (u32 i = threadIdx.x; i < n; i += kThreads) {
-      const float v = bf16_to_float(x[r * n + i]) * inv;
-      out[r * n + i] = float_to_bf16(v * bf16_to_float(__ldg(w + i)));
+      const float v = bf16_to_float(x[(r0 + r) * x_stride + i]) * inv;
+      out[(r0 + r) * out_stride + i] = float_to_bf16(v * bf16_to_float(__ldg(w + i)));
     }
   }
 }
 
-// y[b, row] = x[b, :] . W[row, :] for the tile's rows; one warp per row.
-// Each lane first issues kChunks 16-byte weight loads, then consumes them: a
-// step is bound by weight bytes, and HBM needs ~32 KB in flight per SM to run
-// at bandwidth (Little's law at ~1 us latency); one load at a time per lane
-// kept it at ~16 % of the copy ceiling on the H200 (docs/perf.md). The order of
-// the fp32 sums per lane is unchanged (k ascending), so results are too.
-constexpr int kChunks = 8;
-// The activations x[batch, K] are staged in the block's shared buffer when they
-// fit (every warp reads all of them once per weight row: from L2 that is batch x
-// the weight bytes, the traced step time grew with the batch although the
-// weights do not). Same values, same order: results are bitwise unchanged.
-constexpr u32 kSmemBytes = kSmemFloats * sizeof(float);
+__device__ void op_rms_norm(const TaskDesc& t, const Ctx& c) {
+  const u32 n = t.tile[2];
+  for (u32 r = t.tile[0]; r < t.tile[0] + t.tile[1]; r += kMaxBatch) {
+    norm_rows(operand<const bf16_bits>(t, c.buffers, 0), n,
+              operand<const bf16_bits>(t, c.buffers, 1), operand<bf16_bits>(t, c.buffers, 2), n,
+              r, min(static_cast<u32>(kMaxBatch), t.tile[0] + t.tile[1] - r), n, c);
+  }
+}
 
-template <bool kF32Out>
-__device__ void op_gemv(const TaskDesc& t, const Ctx& c) {
-  const bf16_bits* W = operand<const bf16_bits>(t, c.buffers, 0);
-  const uint4* xg = reinterpret_cast<const uint4*>(operand<const bf16_bits>(t, c.buffers, 1));
-  void* y = operand<void>(t, c.buffers, 2);
-  const u32 K = t.tile[2], N = t.tile[3], K8 = K / 8;
-  const int batch = static_cast<int>(c.s.batch);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  uint4* xs = reinterpret_cast<uint4*>(c.smem);
-  const bool staged = static_cast<u32>(batch) * K * sizeof(bf16_bits) <= kSmemBytes;
-  if (staged) {
+__device__ __forceinline__ float silu_mul(float g, float up) {
+  return round_bf16(g / (1.0f + expf(-g))) * up;
+}
+
+// MERGE_IN: stage[b][h * D + d] = bf16 of the merged splits of (b, h / group), the
+// ATTN_MERGE arithmetic: weights exp2(m_s - max m) (0 for a split without tokens), the
+// sums in split order. The weights go to the scratch first (every d shares them); a
+// zero weight adds exactly nothing (fmaf(acc, 0, o) == o for the finite acc of a split),
+// so its split is not read.
+__device__ void stage_merge(const TaskDesc& t, const Ctx& c, bf16_bits* xs) {
+  const float* parts = operand<const float>(t, c.buffers, 1);
+  const int H = c.s.num_heads, KV = c.s.num_kv_heads, G = H / KV, D = c.s.head_dim;
+  const int S = c.s.max_splits, row = D + 2, batch = c.s.batch;
+  float* weights = c.scratch;                  // [batch * H][S]
+  float* lsum = c.scratch + batch * H * S;     // [batch * H]
+  for (int idx = threadIdx.x; idx < batch * H; idx += kThreads) {
+    const int b = idx / H, h = idx % H;
+    const float* p = parts + ((static_cast<long long>(b) * KV + h / G) * S * G + h % G) * row;
+    float m_all = rowgate::persistent::neg_inf();
+    for (int s = 0; s < S; ++s) m_all = fmaxf(m_all, __ldcg(p + s * G * row + D));
+    float l_all = 0.0f;
+    for (int s = 0; s < S; ++s) {
+      const float l = __ldcg(p + s * G * row + D + 1);
+      const float w = l > 0.0f ? exp2f(__ldcg(p + s * G * row + D) - m_all) : 0.0f;
+      l_all = fmaf(l, w, l_all);
+      weights[idx * S + s] = w;
+    }
+    lsum[idx] = l_all;
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < batch * H * D; e += kThreads) {
+    const int idx = e / D, d = e % D, b = idx / H, h = idx % H;
+    const float* p = parts + ((static_cast<long long>(b) * KV + h / G) * S * G + h % G) * row + d;
+    float o = 0.0f;
+    for (int s = 0; s < S; ++s) {
+      const float w = weights[idx * S + s];
+      if (w != 0.0f) o = fmaf(__ldcg(p + s * G * row), w, o);
+    }
+    const float l = lsum[idx];
+    xs[e] = float_to_bf16(l > 0.0f ? __fdividef(o, l) : 0.0f);
+  }
+}
+
+// What a GEMV stages as its input x[batch][K] (bf16) in shared memory, by its flags.
+__device__ void stage_input(const TaskDesc& t, const Ctx& c, u32 K, u32 x_stride) {
+  bf16_bits* xs = reinterpret_cast<bf16_bits*>(c.stage);
+  const u32 batch = c.s.batch, K8 = K / 8, s8 = x_stride / 8;
+  if (t.flags & task::kFlagMergeIn) {
+    stage_merge(t, c, xs);
+  } else if (t.flags & task::kFlagNormIn) {
+    norm_rows(operand<const bf16_bits>(t, c.buffers, 1), x_stride,
+              operand<const bf16_bits>(t, c.buffers, 3), xs, K, 0, batch, K, c);
+  } else if (t.flags & task::kFlagSiluIn) {
+    const uint4* gate = operand<const uint4>(t, c.buffers, 1);
+    const uint4* up = operand<const uint4>(t, c.buffers, 3);
+    for (u32 i = threadIdx.x; i < batch * K8; i += kThreads) {
+      const u32 b = i / K8, k8 = i % K8;
+      float g[8], u[8], a[8];
+      unpack8(__ldcg(gate + b * s8 + k8), g);
+      unpack8(__ldcg(up + b * s8 + k8), u);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) a[j] = silu_mul(g[j], u[j]);
+      reinterpret_cast<uint4*>(xs)[i] = pack8(a);
+    }
+  } else {
     // Activations come from other blocks of this launch: read them at L2
     // (ld.global.cg), never through the non-coherent path.
-    for (u32 i = threadIdx.x; i < batch * K8; i += kThreads) xs[i] = __ldcg(xg + i);
-    __syncthreads();
+    const uint4* xg = operand<const uint4>(t, c.buffers, 1);
+    for (u32 i = threadIdx.x; i < batch * K8; i += kThreads) {
+      reinterpret_cast<uint4*>(xs)[i] = __ldcg(xg + (i / K8) * s8 + i % K8);
+    }
   }
-  for (u32 row = t.tile[0] + warp; row < t.tile[0] + t.tile[1]; row += kWarps) {
-    const uint4* wrow = reinterpret_cast<const uint4*>(W + static_cast<u64>(row) * K);
-    float acc[kMaxBatch];
+  __syncthreads();
+}
+
+// One output row's epilogue (lane 0 writes): y = bf16(dot), or with RESIDUAL_OUT the
+// residual stream y = bf16(y + bf16(dot)) -- GEMV then RESIDUAL_ADD, fused.
+template <bool kF32Out>
+__device__ __forceinline__ void gemv_store(const TaskDesc& t, void* y, u32 index, float v) {
+  if (kF32Out) {
+    static_cast<float*>(y)[index] = round_bf16(v);
+  } else if (t.flags & task::kFlagResidualOut) {
+    bf16_bits* r = static_cast<bf16_bits*>(y) + index;
+    *r = float_to_bf16(bf16_to_float(__ldcg(r)) + round_bf16(v));
+  } else {
+    static_cast<bf16_bits*>(y)[index] = float_to_bf16(v);
+  }
+}
+
+#if RG_MK_RING
+// The per-warp weight stream of a GEMV task: rows row0 + warp + 8 i, each in
+// J = ceil(K8 / 32) steps of one 16-byte load per lane (k8 = lane + 32 j); the
+// stream's chunk c = i * J + j, in groups of kGroupChunks. Every lane runs the same
+// sequence, so the row ends are warp-uniform.
+struct Stream {
+  const uint4* w;   // the weight's first row
+  u32 row0, K8, J, rows, total;
+  __device__ __forceinline__ Stream(const TaskDesc& t, const u64* buffers, int warp) {
+    w = operand<const uint4>(t, buffers, 0);
+    const u32 tile_rows = t.tile[1];
+    row0 = t.tile[0] + warp;
+    K8 = t.tile[2] / 8;
+    J = (K8 + 31) / 32;
+    rows = static_cast<u32>(warp) < tile_rows ? (tile_rows - warp + kWarps - 1) / kWarps : 0;
+    total = rows * J;
+  }
+  __device__ __forceinline__ u32 groups() const {
+    return (total + kGroupChunks - 1) / kGroupChunks;
+  }
+};
+
+__device__ __forceinline__ uint4* ring_slot(uint4* ring, int warp, u32 group, int e, int lane) {
+  return ring + ((warp * kRingGroups + group % kRingGroups) * kGroupChunks + e) * 32 + lane;
+}
+
+// Copies of one group of the stream into its ring slot (an empty group past the end:
+// the commit keeps the group count uniform).
+__device__ __forceinline__ void ring_issue(const Stream& st, u32 g, uint4* ring, int warp,
+                                           int lane) {
+  if (g < st.groups()) {
+    u32 c = g * kGroupChunks, i = c / st.J, j = c % st.J;
 #pragma unroll
-    for (int b = 0; b < kMaxBatch; ++b) acc[b] = 0.0f;
+    for (int e = 0; e < kGroupChunks; ++e, ++c) {
+      if (c >= st.total) break;
+      const u32 k8 = lane + 32 * j;
+      const bool ok = k8 < st.K8;
+      const uint4* src = st.w + static_cast<u64>(st.row0 + kWarps * i) * st.K8 + (ok ? k8 : 0);
+      const u32 dst = static_cast<u32>(__cvta_generic_to_shared(ring_slot(ring, warp, g, e, lane)));
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                   "r"(ok ? 16 : 0)
+                   : "memory");
+      if (++j == st.J) {
+        j = 0;
+        ++i;
+      }
+    }
+  }
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+#endif
+
+// Before the counter wait: the first groups of a GEMV task's weights (which depend on
+// no counter) are already on their way while the block waits for the previous stage.
+__device__ __forceinline__ void prefetch_weights(const TaskDesc& t, const Ctx& c) {
+#if RG_MK_RING
+  if (t.opcode != task::kGemv && t.opcode != task::kLogits) return;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const Stream st(t, c.buffers, warp);
+#pragma unroll
+  for (int g = 0; g < kRingGroups - 1; ++g) ring_issue(st, g, c.ring, warp, lane);
+#else
+  // v1: ask L2 for the task's rows before waiting (Hopper's bulk prefetch, a slice
+  // per warp).
+  constexpr u32 kPrefetchSlice = 16384;
+  if (t.opcode != task::kGemv && t.opcode != task::kLogits) return;
+  const char* w = reinterpret_cast<const char*>(operand<const bf16_bits>(t, c.buffers, 0)) +
+                  static_cast<u64>(t.tile[0]) * t.tile[2] * sizeof(bf16_bits);
+  const u64 bytes = static_cast<u64>(t.tile[1]) * t.tile[2] * sizeof(bf16_bits);
+  if (threadIdx.x % 32 != 0) return;
+  for (u64 at = static_cast<u64>(threadIdx.x / 32) * kPrefetchSlice; at < bytes;
+       at += static_cast<u64>(kWarps) * kPrefetchSlice) {
+    const u32 n = static_cast<u32>(min(static_cast<u64>(kPrefetchSlice), bytes - at));
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(w + at), "r"(n) : "memory");
+  }
+#endif
+}
+
+// y[b, col + row] (row stride N) = x[b, :] . W[row, :] for the tile's rows, one warp per
+// row, all B sequences per weight load; x staged in shared memory (always for a fused
+// GEMV; for a plain one when it fits, else read at L2). Per lane the fp32 sums run over
+// k8 = lane, lane + 32, ... in order, whichever way the weights arrive.
+template <bool kF32Out>
+__device__ void op_gemv(const TaskDesc& t, const Ctx& c) {
+  const u32 K = t.tile[2], N = t.tile[3], col = t.tile[4];
+  const u32 x_stride = t.tile[5] ? t.tile[5] : K;
+  const u32 K8 = K / 8, s8 = x_stride / 8;
+  const int batch = static_cast<int>(c.s.batch);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  void* y = operand<void>(t, c.buffers, 2);
+  const uint4* xg = operand<const uint4>(t, c.buffers, 1);
+  const uint4* xs = reinterpret_cast<const uint4*>(c.stage);
+  const bool staged = static_cast<u32>(batch) * K * sizeof(bf16_bits) <= task::kStageBytes;
+  if (staged) stage_input(t, c, K, x_stride);
+  auto x_at = [&](int b, u32 k8) { return staged ? xs[b * K8 + k8] : __ldcg(xg + b * s8 + k8); };
+  float acc[kMaxBatch];
+#pragma unroll
+  for (int b = 0; b < kMaxBatch; ++b) acc[b] = 0.0f;
+  auto finish_row = [&](u32 row) {
+#pragma unroll
+    for (int b = 0; b < kMaxBatch; ++b) {
+      if (b >= batch) break;
+      const float v = rowgate::warp_sum(acc[b]);
+      if (lane == 0) gemv_store<kF32Out>(t, y, b * N + col + row, v);
+      acc[b] = 0.0f;
+    }
+  };
+  auto fma_chunk = [&](const uint4& wv, u32 k8) {
+    float wf[8];
+    unpack8(wv, wf);
+#pragma unroll
+    for (int b = 0; b < kMaxBatch; ++b) {
+      if (b >= batch) break;
+      float xf[8];
+      unpack8(x_at(b, k8), xf);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[b] = fmaf(wf[i], xf[i], acc[b]);
+    }
+  };
+#if RG_MK_RING
+  const Stream st(t, c.buffers, warp);
+  const u32 groups = st.groups();
+  u32 i = 0, j = 0;
+  for (u32 g = 0; g < groups; ++g) {
+    ring_issue(st, g + kRingGroups - 1, c.ring, warp, lane);
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kRingGroups - 1) : "memory");
+#pragma unroll
+    for (int e = 0; e < kGroupChunks; ++e) {
+      if (g * kGroupChunks + e >= st.total) break;
+      const u32 k8 = lane + 32 * j;
+      if (k8 < K8) fma_chunk(*ring_slot(c.ring, warp, g, e, lane), k8);
+      if (++j == st.J) {
+        finish_row(st.row0 + kWarps * i);
+        j = 0;
+        ++i;
+      }
+    }
+  }
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+#else
+  // v1: kChunks 16-byte weight loads in flight per lane, consumed in order
+  constexpr int kChunks = 8;
+  const uint4* W = operand<const uint4>(t, c.buffers, 0);
+  for (u32 row = t.tile[0] + warp; row < t.tile[0] + t.tile[1]; row += kWarps) {
+    const uint4* wrow = W + static_cast<u64>(row) * K8;
     for (u32 base = lane; base < K8; base += 32 * kChunks) {
       uint4 wv[kChunks];
 #pragma unroll
@@ -147,77 +418,67 @@ __device__ void op_gemv(const TaskDesc& t, const Ctx& c) {
       for (int j = 0; j < kChunks; ++j) {
         const u32 k8 = base + 32 * j;
         if (k8 >= K8) break;
-        float wf[8];
-        unpack8(wv[j], wf);
-#pragma unroll
-        for (int b = 0; b < kMaxBatch; ++b) {
-          if (b >= batch) break;
-          float xf[8];
-          unpack8(staged ? xs[b * K8 + k8] : __ldcg(xg + b * K8 + k8), xf);
-#pragma unroll
-          for (int i = 0; i < 8; ++i) acc[b] = fmaf(wf[i], xf[i], acc[b]);
-        }
+        fma_chunk(wv[j], k8);
       }
     }
+    finish_row(row);
+  }
+#endif
+}
+
+// One head row: per-head RMSNorm (Qwen3 q/k norm) then the neox rotation at the
+// position's cos | sin row, one warp; `in` and `out` may alias.
+template <int D>
+__device__ __forceinline__ void rope_head(const bf16_bits* in, bf16_bits* out,
+                                          const bf16_bits* w, const bf16_bits* cs_row, float eps,
+                                          int lane, bf16_bits* also = nullptr) {
+  constexpr int kHalf = D / 2, kPairs = D / 64;
+  float lo[kPairs], hi[kPairs];
+  float ss = 0.0f;
 #pragma unroll
-    for (int b = 0; b < kMaxBatch; ++b) {
-      if (b >= batch) break;
-      const float v = rowgate::warp_sum(acc[b]);
-      if (lane == 0) {
-        if (kF32Out) {
-          static_cast<float*>(y)[b * N + row] = round_bf16(v);
-        } else {
-          static_cast<bf16_bits*>(y)[b * N + row] = float_to_bf16(v);
-        }
-      }
+  for (int j = 0; j < kPairs; ++j) {
+    lo[j] = bf16_to_float(in[lane + 32 * j]);
+    hi[j] = bf16_to_float(in[lane + 32 * j + kHalf]);
+    ss = fmaf(lo[j], lo[j], fmaf(hi[j], hi[j], ss));
+  }
+  const float inv = rsqrtf(rowgate::warp_sum(ss) / D + eps);
+#pragma unroll
+  for (int j = 0; j < kPairs; ++j) {
+    const int i = lane + 32 * j;
+    const float x1 = round_bf16(lo[j] * inv * bf16_to_float(__ldg(w + i)));
+    const float x2 = round_bf16(hi[j] * inv * bf16_to_float(__ldg(w + i + kHalf)));
+    const float cos = bf16_to_float(__ldg(cs_row + i));
+    const float sin = bf16_to_float(__ldg(cs_row + kHalf + i));
+    const bf16_bits o1 = float_to_bf16(round_bf16(x1 * cos) - round_bf16(x2 * sin));
+    const bf16_bits o2 = float_to_bf16(round_bf16(x2 * cos) + round_bf16(x1 * sin));
+    out[i] = o1;
+    out[i + kHalf] = o2;
+    if (also != nullptr) {
+      also[i] = o1;
+      also[i + kHalf] = o2;
     }
   }
 }
 
-// Per-head RMSNorm then neox rotation, in place; one warp per (sequence, head) row.
+// ROPE: rows (sequence, head) in place; one warp per row.
 template <int D>
 __device__ void rope_rows(const TaskDesc& t, const Ctx& c) {
-  constexpr int kHalf = D / 2, kPairs = D / 64;
   bf16_bits* x = operand<bf16_bits>(t, c.buffers, 0);
   const bf16_bits* cs = operand<const bf16_bits>(t, c.buffers, 1);
   const bf16_bits* w = operand<const bf16_bits>(t, c.buffers, 2);
-  const bool append = t.flags & rowgate::task::kFlagAppendKv;
+  const bool append = t.flags & task::kFlagAppendKv;
   const u32 nheads = t.tile[2];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (u32 r = t.tile[0] + warp; r < t.tile[0] + t.tile[1]; r += kWarps) {
     const u32 b = r / nheads, head = r % nheads;
     const long long pos = c.meta[c.s.positions_at + b];
-    bf16_bits* row = x + static_cast<u64>(r) * D;
-    float lo[kPairs], hi[kPairs];
-    float ss = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kPairs; ++j) {
-      lo[j] = bf16_to_float(row[lane + 32 * j]);
-      hi[j] = bf16_to_float(row[lane + 32 * j + kHalf]);
-      ss = fmaf(lo[j], lo[j], fmaf(hi[j], hi[j], ss));
-    }
-    const float inv = rsqrtf(rowgate::warp_sum(ss) / D + c.s.rms_eps);
     bf16_bits* cache = nullptr;
     if (append) {
       const long long slot = c.meta[c.s.slots_at + b];
       cache = operand<bf16_bits>(t, c.buffers, 3) + (slot * nheads + head) * D;
     }
-#pragma unroll
-    for (int j = 0; j < kPairs; ++j) {
-      const int i = lane + 32 * j;
-      const float x1 = round_bf16(lo[j] * inv * bf16_to_float(__ldg(w + i)));
-      const float x2 = round_bf16(hi[j] * inv * bf16_to_float(__ldg(w + i + kHalf)));
-      const float cos = bf16_to_float(__ldg(cs + pos * D + i));
-      const float sin = bf16_to_float(__ldg(cs + pos * D + kHalf + i));
-      const bf16_bits o1 = float_to_bf16(round_bf16(x1 * cos) - round_bf16(x2 * sin));
-      const bf16_bits o2 = float_to_bf16(round_bf16(x2 * cos) + round_bf16(x1 * sin));
-      row[i] = o1;
-      row[i + kHalf] = o2;
-      if (append) {
-        cache[i] = o1;
-        cache[i + kHalf] = o2;
-      }
-    }
+    bf16_bits* row = x + static_cast<u64>(r) * D;
+    rope_head<D>(row, row, w, cs + pos * D, c.s.rms_eps, lane, cache);
   }
 }
 
@@ -233,26 +494,72 @@ __device__ void op_kv_append(const TaskDesc& t, const Ctx& c) {
   }
 }
 
+// ROPE_IN: the split's query heads normalised and rotated into shared memory `q`; the
+// split holding the sequence's position also writes that token's rotated K and its V
+// into the caches (it reads them back below, after the block barrier).
+template <int D>
+__device__ void split_prologue(const TaskDesc& t, const Ctx& c, bf16_bits* q) {
+  const u32 seq = t.tile[0], kvh = t.tile[1], stride = t.tile[4];
+  const u32 k_col = t.tile[5], v_col = t.tile[6], q_col = t.tile[7];
+  const int G = c.s.num_heads / c.s.num_kv_heads;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const long long pos = c.meta[c.s.positions_at + seq];
+  const u32 start = t.tile[2] * t.tile[3];
+  const bool append = pos >= start && pos < start + t.tile[3];
+  const bf16_bits* row = operand<const bf16_bits>(t, c.buffers, 0) + static_cast<u64>(seq) * stride;
+  const bf16_bits* cs = operand<const bf16_bits>(t, c.buffers, 4) + pos * D;
+  for (int job = warp; job < G + 2; job += kWarps) {
+    if (job < G) {
+      rope_head<D>(row + q_col + (kvh * G + job) * D, q + job * D,
+                   operand<const bf16_bits>(t, c.buffers, 5), cs, c.s.rms_eps, lane);
+    } else if (append) {
+      const long long slot = c.meta[c.s.slots_at + seq];
+      const u64 at = (static_cast<u64>(slot) * c.s.num_kv_heads + kvh) * D;
+      if (job == G) {
+        rope_head<D>(row + k_col + kvh * D, operand<bf16_bits>(t, c.buffers, 1) + at,
+                     operand<const bf16_bits>(t, c.buffers, 6), cs, c.s.rms_eps, lane);
+      } else {
+        bf16_bits* v = operand<bf16_bits>(t, c.buffers, 2) + at;
+        for (int i = lane; i < D; i += 32) v[i] = row[v_col + kvh * D + i];
+      }
+    }
+  }
+  __syncthreads();
+}
+
 template <int D>
 __device__ void op_attn_split(const TaskDesc& t, const Ctx& c) {
   rowgate::persistent::SplitArgs a;
-  a.q = operand<const bf16_bits>(t, c.buffers, 0);
-  a.k_cache = operand<const bf16_bits>(t, c.buffers, 1);
-  a.v_cache = operand<const bf16_bits>(t, c.buffers, 2);
-  a.partials = operand<float>(t, c.buffers, 3);
   a.seq = t.tile[0];
   a.kv_head = t.tile[1];
   a.split = t.tile[2];
   a.chunk = t.tile[3];
   a.len = c.meta[c.s.context_lens_at + a.seq];
-  a.block_table = c.meta + c.s.block_tables_at + a.seq * c.s.table_width;
   a.heads = c.s.num_heads;
   a.kv_heads = c.s.num_kv_heads;
   a.group = c.s.num_heads / c.s.num_kv_heads;
   a.page_size = c.s.page_size;
   a.max_splits = c.s.max_splits;
   a.softmax_scale = c.s.softmax_scale;
-  rowgate::persistent::attention_split<D>(a, c.smem);
+  a.k_cache = operand<const bf16_bits>(t, c.buffers, 1);
+  a.v_cache = operand<const bf16_bits>(t, c.buffers, 2);
+  a.partials = operand<float>(t, c.buffers, 3);
+  a.block_table = c.meta + c.s.block_tables_at + a.seq * c.s.table_width;
+  float* smem = reinterpret_cast<float*>(c.stage);
+  if (t.flags & task::kFlagRopeIn) {
+    if (a.split * a.chunk >= a.len) {  // no token here: the empty state, no prologue
+      a.q = operand<const bf16_bits>(t, c.buffers, 0);  // read, never used
+      rowgate::persistent::attention_split<D>(a, smem);
+      return;
+    }
+    bf16_bits* q = reinterpret_cast<bf16_bits*>(smem + kAttnFloats);
+    split_prologue<D>(t, c, q);
+    a.q = q;
+  } else {
+    a.q = operand<const bf16_bits>(t, c.buffers, 0) +
+          (static_cast<long long>(a.seq) * a.heads + a.kv_head * a.group) * D;
+  }
+  rowgate::persistent::attention_split<D>(a, smem);
 }
 
 template <int D>
@@ -270,9 +577,8 @@ __device__ void op_silu_mul(const TaskDesc& t, const Ctx& c) {
   const u32 n = t.tile[2];
   for (u32 b = 0; b < c.s.batch; ++b) {
     for (u32 i = t.tile[0] + threadIdx.x; i < t.tile[0] + t.tile[1]; i += kThreads) {
-      const float g = bf16_to_float(gate[b * n + i]);
-      const float act = round_bf16(g / (1.0f + expf(-g)));
-      out[b * n + i] = float_to_bf16(act * bf16_to_float(up[b * n + i]));
+      out[b * n + i] =
+          float_to_bf16(silu_mul(bf16_to_float(gate[b * n + i]), bf16_to_float(up[b * n + i])));
     }
   }
 }
@@ -288,28 +594,7 @@ __device__ void op_residual_add(const TaskDesc& t, const Ctx& c) {
   }
 }
 
-// A GEMV task's weight rows do not depend on any counter: ask L2 for them before
-// waiting, so the weight stream overlaps the wait for the previous stage (the
-// traced breakdown put 25-30 % of block time in counter waits). Hopper's bulk
-// prefetch takes a byte range per instruction; each warp issues a slice.
-constexpr u32 kPrefetchSlice = 16384;
-
-__device__ __forceinline__ void prefetch_weights(const TaskDesc& t, const u64* buffers) {
-  namespace task = rowgate::task;
-  if (t.opcode != task::kGemv && t.opcode != task::kLogits) return;
-  const char* w = reinterpret_cast<const char*>(operand<const bf16_bits>(t, buffers, 0)) +
-                  static_cast<u64>(t.tile[0]) * t.tile[2] * sizeof(bf16_bits);
-  const u64 bytes = static_cast<u64>(t.tile[1]) * t.tile[2] * sizeof(bf16_bits);
-  if (threadIdx.x % 32 != 0) return;
-  for (u64 at = static_cast<u64>(threadIdx.x / 32) * kPrefetchSlice; at < bytes;
-       at += static_cast<u64>(kWarps) * kPrefetchSlice) {
-    const u32 n = static_cast<u32>(min(static_cast<u64>(kPrefetchSlice), bytes - at));
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(w + at), "r"(n) : "memory");
-  }
-}
-
 __device__ void run_task(const TaskDesc& t, const Ctx& c) {
-  namespace task = rowgate::task;
   const bool d128 = c.s.head_dim == 128;
   switch (t.opcode) {
     case task::kEmbed: op_embed(t, c); break;
@@ -332,6 +617,12 @@ __device__ __forceinline__ u64 global_ns() {
   return t;
 }
 
+__device__ __forceinline__ u32 dynamic_smem_size() {
+  u32 n;
+  asm volatile("mov.u32 %0, %%dynamic_smem_size;" : "=r"(n));
+  return n;
+}
+
 // Optional per-task timing (trace != nullptr): kTraceWords u64 per task index, written by
 // thread 0: block, globaltimer at claim (ns), cycles waiting on counters, cycles running
 // (until the signal). Cycles are the SM's clock64: differences on one SM only.
@@ -341,28 +632,24 @@ template <bool kDynamic>
 __device__ __forceinline__ void persistent_decode(const TaskDesc* tasks, u32 num_tasks,
                                                   const u64* buffers, const StepShape* shape,
                                                   u32* counters, u32* queue_head, u64* trace) {
+  extern __shared__ __align__(16) unsigned char dsmem[];
   __shared__ __align__(16) TaskDesc s_task;
   __shared__ StepShape s_shape;
   __shared__ u32 s_index;
-  __shared__ __align__(16) float s_buf[kSmemFloats];
+  __shared__ float s_red[kMaxBatch * kWarps];
+  if (dynamic_smem_size() < kDynamicSmemBytes) __trap();  // launched without its buffers
   if (threadIdx.x < sizeof(StepShape) / 4) {
     reinterpret_cast<u32*>(&s_shape)[threadIdx.x] =
         reinterpret_cast<const u32*>(shape)[threadIdx.x];
   }
+  if (kDynamic && threadIdx.x == 0) s_index = atomicAdd(queue_head, 1u);
   __syncthreads();
-  const Ctx c{s_shape, buffers,
-              reinterpret_cast<const int*>(buffers[s_shape.meta_buffer]), s_buf};
-  for (u32 k = 0;; ++k) {
-    u32 index;
-    if (kDynamic) {
-      if (threadIdx.x == 0) s_index = atomicAdd(queue_head, 1u);
-      __syncthreads();
-      index = s_index;
-    } else {
-      index = blockIdx.x + k * gridDim.x;
-    }
-    if (index >= num_tasks) break;
-    if (threadIdx.x < rowgate::task::kTaskBytes / 16) {
+  const Ctx c{s_shape, buffers, reinterpret_cast<const int*>(buffers[s_shape.meta_buffer]),
+              dsmem, reinterpret_cast<float*>(dsmem + task::kStageBytes),
+              reinterpret_cast<uint4*>(dsmem + task::kStageBytes + task::kScratchBytes), s_red};
+  u32 index = kDynamic ? s_index : blockIdx.x;
+  while (index < num_tasks) {
+    if (threadIdx.x < task::kTaskBytes / 16) {
       reinterpret_cast<uint4*>(&s_task)[threadIdx.x] =
           __ldg(reinterpret_cast<const uint4*>(tasks + index) + threadIdx.x);
     }
@@ -373,11 +660,17 @@ __device__ __forceinline__ void persistent_decode(const TaskDesc* tasks, u32 num
       c0 = clock64();
     }
     __syncthreads();
-    prefetch_weights(s_task, buffers);
-    rowgate::task::wait_counters(s_task, counters);
+    prefetch_weights(s_task, c);
+    task::wait_counters(s_task, counters);
     if (timed) c1 = clock64();
+    u32 next = 0;
+    if (kDynamic && RG_MK_CLAIM_AHEAD && threadIdx.x == 0) next = atomicAdd(queue_head, 1u);
     run_task(s_task, c);
-    rowgate::task::signal_counter(s_task, counters);
+    if (kDynamic && threadIdx.x == 0) {
+      // claimed during the task (its latency hidden), or now
+      s_index = RG_MK_CLAIM_AHEAD ? next : atomicAdd(queue_head, 1u);
+    }
+    task::signal_counter(s_task, counters);  // its barrier also publishes s_index
     if (timed) {
       u64* r = trace + static_cast<u64>(index) * kTraceWords;
       r[0] = blockIdx.x;
@@ -385,6 +678,7 @@ __device__ __forceinline__ void persistent_decode(const TaskDesc* tasks, u32 num
       r[2] = c1 - c0;
       r[3] = clock64() - c1;
     }
+    index = kDynamic ? s_index : index + gridDim.x;
   }
 }
 

@@ -1,9 +1,14 @@
-// rowgate persistent decode task ABI, version 1 (docs/task-abi.md).
+// rowgate persistent decode task ABI, version 2 (docs/task-abi.md).
 //
 // A decode step is a flat list of fixed-size task descriptors executed by a
 // persistent kernel (one block per SM). Tasks name their operands as
-// (buffer-table slot, 16-byte granule offset), wait on up to two counters
+// (buffer-table slot, 16-byte granule offset), wait on up to three counters
 // (proceed when counter >= value) and add 1 to one counter when done.
+// Version 2: 128-byte descriptors (8 operands, 8 tile words) and flags that fuse
+// the small stages into their consumers: a GEMV normalises, merges attention
+// splits or applies SiLU-mul while staging its input, and adds its output into
+// the residual stream; an attention split applies the q/k head norm and RoPE to
+// its own heads and appends the newest token's K/V itself.
 //
 // This header is included by host C++ as well (pipeline/megakernel/abi.py's
 // layout test compiles it with g++ -x c++): the data layout below uses no
@@ -19,14 +24,19 @@ using u32 = unsigned int;
 using u64 = unsigned long long;
 static_assert(sizeof(u16) == 2 && sizeof(u32) == 4 && sizeof(u64) == 8, "integer widths");
 
-constexpr u32 kAbiVersion = 1;
-constexpr u32 kTaskBytes = 64;
+constexpr u32 kAbiVersion = 2;
+constexpr u32 kTaskBytes = 128;
 constexpr u32 kGranuleBytes = 16;    // operand offsets count 16-byte granules
 constexpr u32 kNoCounter = 0xffffffffu;
 constexpr u16 kNoBuffer = 0xffffu;
-constexpr int kOperands = 4;
-constexpr int kWaits = 2;
-constexpr int kTileWords = 4;
+constexpr int kOperands = 8;
+constexpr int kWaits = 3;
+constexpr int kTileWords = 8;
+// Shared memory a fused task relies on (the validator checks a list against these):
+// a GEMV with an input flag stages batch x K bf16 in kStageBytes; MERGE_IN keeps the
+// split weights, batch x heads x (max_splits + 1) floats, in kScratchBytes.
+constexpr u32 kStageBytes = 96 * 1024;
+constexpr u32 kScratchBytes = 16 * 1024;
 
 // Operation codes of one decode step. Operands a..d and tile words t0..t3 per
 // opcode are specified in docs/task-abi.md; pipeline/megakernel/abi.py holds
@@ -48,27 +58,34 @@ enum Opcode : u16 {
 
 enum Flag : u16 {
   kFlagNone = 0,
-  kFlagAppendKv = 1u << 0,  // kRope: also write the rotated row into the cache (operand d)
+  kFlagAppendKv = 1u << 0,    // kRope: also write the rotated row into the cache (operand d)
+  kFlagNormIn = 1u << 1,      // kGemv/kLogits: x = bf16(rmsnorm(x) * w), w = operand d
+  kFlagSiluIn = 1u << 2,      // kGemv: x = bf16(bf16(silu(gate)) * up), gate = b, up = d
+  kFlagMergeIn = 1u << 3,     // kGemv: x = the merged attention splits (partials = b)
+  kFlagResidualOut = 1u << 4, // kGemv: y = bf16(y + bf16(x . W)) (y is the residual stream)
+  kFlagRopeIn = 1u << 5,      // kAttnSplit: q/k/v rows (a), head norms + RoPE, own append
 };
-constexpr u16 kKnownFlags = kFlagAppendKv;
+constexpr u16 kKnownFlags = kFlagAppendKv | kFlagNormIn | kFlagSiluIn | kFlagMergeIn |
+                            kFlagResidualOut | kFlagRopeIn;
 
 enum Schedule : u32 {
   kStaticRoundRobin = 0,  // block i runs tasks i, i+grid, i+2*grid, ... in list order
   kDynamicQueue = 1,      // blocks claim the next index from an atomic queue head
 };
 
-// 64 bytes: two per 128-byte line, read once per task by one thread.
+// 128 bytes: one line, copied to shared memory by 8 threads (16 bytes each).
 struct TaskDesc {
-  u16 opcode;              //  0
-  u16 flags;               //  2
-  u32 signal;              //  4 counter to add 1 to when done (kNoCounter: none)
-  u32 wait_counter[kWaits];//  8 counters to wait on (kNoCounter: unused slot)
-  u32 wait_value[kWaits];  // 16 proceed once counter >= value
-  u16 buffer[kOperands];   // 24 buffer-table slot of operand a..d (kNoBuffer: unused)
-  u32 offset[kOperands];   // 32 operand start, in 16-byte granules from the buffer base
-  u32 tile[kTileWords];    // 48 op-specific tile coordinates
+  u16 opcode;              //   0
+  u16 flags;               //   2
+  u32 signal;              //   4 counter to add 1 to when done (kNoCounter: none)
+  u32 wait_counter[kWaits];//   8 counters to wait on (kNoCounter: unused slot)
+  u32 wait_value[kWaits];  //  20 proceed once counter >= value
+  u16 buffer[kOperands];   //  32 buffer-table slot of operand a..h (kNoBuffer: unused)
+  u32 offset[kOperands];   //  48 operand start, in 16-byte granules from the buffer base
+  u32 tile[kTileWords];    //  80 op-specific tile coordinates
+  u32 reserved[4];         // 112 must be 0
 };
-static_assert(sizeof(TaskDesc) == kTaskBytes, "TaskDesc must be 64 bytes");
+static_assert(sizeof(TaskDesc) == kTaskBytes, "TaskDesc must be 128 bytes");
 static_assert(alignof(TaskDesc) == 8 || alignof(TaskDesc) == 4, "TaskDesc alignment");
 
 // Step-wide shape and metadata, one per launch (read-only in the kernel).

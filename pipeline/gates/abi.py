@@ -316,7 +316,7 @@ def _lists(row: Row, artifact_dir: Path) -> tuple[dict, list[str]]:
         buffers = [Buffer(**b) for b in plan["buffers"]]
         report = validate(tasks, shape, buffers, plan["num_counters"])
         problems += [f"batch {batch}: {p}" for p in report.problems]
-        ops = {t.opcode for t in tasks}
+        ops = abi.covered(tasks)  # fused lists run RMS_NORM etc. as flags of their consumers
         cells[f"i{first}-c{batch}"] = {
             "tasks": len(tasks), "counters": plan["num_counters"],
             "problems": len(report.problems), "max_splits": shape.max_splits,

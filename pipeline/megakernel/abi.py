@@ -17,9 +17,12 @@ import numpy as np
 from pipeline import CHECKOUT
 from pipeline.errors import UsageError
 
-ABI_VERSION = 1
-TASK_BYTES = 64
+ABI_VERSION = 2
+TASK_BYTES = 128
 SHAPE_BYTES = 80
+OPERANDS = 8
+WAITS = 3
+TILE_WORDS = 8
 GRANULE = 16
 NO_COUNTER = 0xFFFFFFFF
 NO_BUFFER = 0xFFFF
@@ -47,6 +50,50 @@ class Opcode(IntEnum):
 class Flag(IntFlag):
     NONE = 0
     APPEND_KV = 1
+    """ROPE: also write the rotated row into the cache."""
+    NORM_IN = 2
+    """GEMV/LOGITS: stage x as bf16(rmsnorm(x) * w) (w: operand d)."""
+    SILU_IN = 4
+    """GEMV: stage x as bf16(bf16(silu(gate)) * up) (gate: operand b, up: operand d)."""
+    MERGE_IN = 8
+    """GEMV: stage x as the merged attention splits (partials: operand b)."""
+    RESIDUAL_OUT = 16
+    """GEMV: y = bf16(y + bf16(x . W)): the output is added into the residual stream."""
+    ROPE_IN = 32
+    """ATTN_SPLIT: q/k/v rows (operand a) get the head norm and RoPE in the task; the split
+    holding the sequence's position appends that token's K and V to the caches first."""
+
+
+KNOWN_FLAGS = {
+    # which flags each opcode accepts (anything else is refused by the validator)
+    Opcode.ROPE: Flag.APPEND_KV,
+    Opcode.GEMV: Flag.NORM_IN | Flag.SILU_IN | Flag.MERGE_IN | Flag.RESIDUAL_OUT,
+    Opcode.LOGITS: Flag.NORM_IN,
+    Opcode.ATTN_SPLIT: Flag.ROPE_IN,
+}
+FUSED_BY = {Opcode.RMS_NORM: Flag.NORM_IN, Opcode.ROPE: Flag.ROPE_IN,
+            Opcode.KV_APPEND: Flag.ROPE_IN, Opcode.ATTN_MERGE: Flag.MERGE_IN,
+            Opcode.SILU_MUL: Flag.SILU_IN, Opcode.RESIDUAL_ADD: Flag.RESIDUAL_OUT}
+"""The flag that does an op's work inside another task in a fused list."""
+
+
+def covered(tasks: "list[Task]") -> set[Opcode]:
+    """The ops a list runs: its opcodes, and each op a flag of its tasks fuses in."""
+    ops = {Opcode(t.opcode) for t in tasks if t.opcode in Opcode._value2member_map_}
+    flags = Flag(0)
+    for t in tasks:
+        flags |= Flag(t.flags & int(sum(Flag)))
+    return ops | {op for op, flag in FUSED_BY.items() if flags & flag}
+
+
+STAGE_BYTES = 96 * 1024
+"""The kernel's shared staging buffer for a GEMV's input (kStageBytes): a GEMV with an
+input flag stages batch x K bf16 there, so it must fit."""
+SCRATCH_BYTES = 16 * 1024
+"""The kernel's shared scratch (kScratchBytes): MERGE_IN keeps each (sequence, head)'s
+split weights and sum there, batch x heads x (max_splits + 1) floats."""
+INPUT_FLAGS = Flag.NORM_IN | Flag.SILU_IN | Flag.MERGE_IN
+"""At most one of these per GEMV: each says where its staged input comes from."""
 
 
 class Schedule(IntEnum):
@@ -61,9 +108,10 @@ class Schedule(IntEnum):
 
 TASK_DTYPE = np.dtype({
     "names": ["opcode", "flags", "signal", "wait_counter", "wait_value", "buffer", "offset",
-              "tile"],
-    "formats": ["<u2", "<u2", "<u4", ("<u4", 2), ("<u4", 2), ("<u2", 4), ("<u4", 4), ("<u4", 4)],
-    "offsets": [0, 2, 4, 8, 16, 24, 32, 48],
+              "tile", "reserved"],
+    "formats": ["<u2", "<u2", "<u4", ("<u4", WAITS), ("<u4", WAITS), ("<u2", OPERANDS),
+                ("<u4", OPERANDS), ("<u4", TILE_WORDS), ("<u4", 4)],
+    "offsets": [0, 2, 4, 8, 20, 32, 48, 80, 112],
     "itemsize": TASK_BYTES,
 })
 
@@ -93,14 +141,20 @@ UNUSED = Operand(NO_BUFFER, 0)
 @dataclass(frozen=True)
 class Task:
     opcode: int
-    tile: tuple[int, int, int, int] = (0, 0, 0, 0)
+    tile: tuple[int, ...] = (0,) * TILE_WORDS
+    """Up to TILE_WORDS words; shorter tuples are padded with zeros."""
     operands: tuple[Operand, ...] = ()
     waits: tuple[tuple[int, int], ...] = ()
-    """(counter, value) pairs: proceed once counter >= value; at most two."""
+    """(counter, value) pairs: proceed once counter >= value; at most WAITS."""
     signal: int = NO_COUNTER
     flags: int = 0
     label: str = ""
     """Host-side only (not packed): what the builder meant, for reports."""
+
+    def __post_init__(self):
+        tile = tuple(self.tile)
+        if len(tile) < TILE_WORDS:
+            object.__setattr__(self, "tile", tile + (0,) * (TILE_WORDS - len(tile)))
 
     def operand(self, i: int) -> Operand:
         return self.operands[i] if i < len(self.operands) else UNUSED
@@ -142,14 +196,15 @@ def pack(tasks: list[Task]) -> bytes:
     """Descriptors as the kernel reads them (little-endian, 64 bytes each)."""
     arr = np.zeros(len(tasks), dtype=TASK_DTYPE)
     for i, t in enumerate(tasks):
-        if len(t.waits) > 2 or len(t.operands) > 4:
-            raise AbiError(f"task {i}: {len(t.waits)} waits / {len(t.operands)} operands; the "
-                           f"ABI holds at most 2 waits and 4 operands")
-        waits = list(t.waits) + [(NO_COUNTER, 0)] * (2 - len(t.waits))
-        ops = [t.operand(k) for k in range(4)]
+        if len(t.waits) > WAITS or len(t.operands) > OPERANDS or len(t.tile) > TILE_WORDS:
+            raise AbiError(f"task {i}: {len(t.waits)} waits / {len(t.operands)} operands / "
+                           f"{len(t.tile)} tile words; the ABI holds at most {WAITS} waits, "
+                           f"{OPERANDS} operands and {TILE_WORDS} tile words")
+        waits = list(t.waits) + [(NO_COUNTER, 0)] * (WAITS - len(t.waits))
+        ops = [t.operand(k) for k in range(OPERANDS)]
         try:
             arr[i] = (t.opcode, t.flags, t.signal, [w[0] for w in waits], [w[1] for w in waits],
-                      [o.buffer for o in ops], [o.offset for o in ops], list(t.tile))
+                      [o.buffer for o in ops], [o.offset for o in ops], list(t.tile), [0] * 4)
         except (OverflowError, ValueError) as exc:
             raise AbiError(f"task {i} ({t.label or t.opcode}): a field does not fit its "
                            f"ABI width: {exc}") from exc
@@ -161,7 +216,9 @@ def unpack(data: bytes) -> list[Task]:
     if len(data) % TASK_BYTES:
         raise AbiError(f"task list: {len(data)} bytes is not a multiple of {TASK_BYTES}")
     out = []
-    for rec in np.frombuffer(data, dtype=TASK_DTYPE):
+    for i, rec in enumerate(np.frombuffer(data, dtype=TASK_DTYPE)):
+        if rec["reserved"].any():
+            raise AbiError(f"task {i}: reserved descriptor words are not zero")
         waits = tuple((int(c), int(v)) for c, v in zip(rec["wait_counter"], rec["wait_value"])
                       if c != NO_COUNTER)
         ops = [Operand(int(b), int(o)) for b, o in zip(rec["buffer"], rec["offset"])]

@@ -1,15 +1,26 @@
 """The task list of one decode step of the reference engine's Qwen3 model.
 
 Mirrors `pipeline.engines.qwen3.Qwen3Model.forward` for one new token per
-sequence: embed; per layer input RMSNorm, q/k/v GEMV tiles, q/k head norm +
-RoPE (k appended to the paged cache, v appended as is), attention splits and
-their merge, o_proj tiles, residual add, post-attention RMSNorm, gate/up
-tiles, SiLU·mul, down tiles, residual add; final RMSNorm and lm_head logits.
+sequence. Unfused (`fuse=False`, the ABI v1 stages): embed; per layer input
+RMSNorm, q/k/v GEMV tiles, q/k head norm + RoPE (k appended to the paged cache,
+v appended as is), attention splits and their merge, o_proj tiles, residual
+add, post-attention RMSNorm, gate/up tiles, SiLU·mul, down tiles, residual
+add; final RMSNorm and lm_head logits: 12 stages a layer.
+
+Fused (the default, ABI v2 flags): per layer five stages -- q/k/v tiles that
+normalise their input (NORM_IN) into one q|k|v region; attention splits that
+apply the head norms and RoPE to their own heads and append the newest token
+themselves (ROPE_IN); o_proj tiles that merge the splits while staging their
+input and add into the residual stream (MERGE_IN | RESIDUAL_OUT); gate/up tiles
+(NORM_IN) into one gate|up region; down tiles that apply SiLU·mul while staging
+(SILU_IN | RESIDUAL_OUT); then the logits (NORM_IN). Every fused op computes
+exactly what the unfused stages compute, in the same order (docs/task-abi.md).
 
 Each stage signals one counter that the next stage waits on (its full task
-count), except attention: the splits of one (sequence, kv head) signal their
-own counter, so its merge starts as soon as its splits are done. GEMV tiles
-and attention splits are sized to the SM count.
+count), except attention: unfused, the splits of one (sequence, kv head) signal
+their own counter for its merge; fused with `fine_deps`, a kv head's splits wait
+only for the q/k/v tiles of that head. GEMV tiles (about one per SM, times
+`tile_scale`) and attention splits are sized to the SM count.
 """
 
 from __future__ import annotations
@@ -20,7 +31,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.errors import UsageError
-from pipeline.megakernel.abi import GRANULE, Flag, Opcode, Operand, StepShape, Task
+from pipeline.megakernel.abi import (
+    GRANULE,
+    SCRATCH_BYTES,
+    STAGE_BYTES,
+    Flag,
+    Opcode,
+    Operand,
+    StepShape,
+    Task,
+)
 from pipeline.megakernel.validate import Buffer
 
 PAGE_SIZE = 16
@@ -117,6 +137,8 @@ class StepPlan:
     """Buffer-table slot of each weight / cache / workspace / meta buffer."""
     regions: dict[str, Region] = field(default_factory=dict)
     """Workspace regions (activations, partials, logits)."""
+    options: dict = field(default_factory=dict)
+    """How the list was built: fused, fine_deps, tile_scale (and why not fused)."""
 
     def summary(self) -> dict:
         ops: dict[str, int] = {}
@@ -124,16 +146,16 @@ class StepPlan:
             ops[Opcode(t.opcode).name] = ops.get(Opcode(t.opcode).name, 0) + 1
         return {"batch": self.batch, "sm_count": self.sm_count, "tasks": len(self.tasks),
                 "counters": self.num_counters, "buffers": len(self.buffers),
-                "max_splits": self.shape.max_splits, "ops": ops}
+                "max_splits": self.shape.max_splits, "ops": ops, **self.options}
 
 
 def _up(x: int, m: int) -> int:
     return (x + m - 1) // m * m
 
 
-def gemv_rows(n: int, sm_count: int) -> int:
-    """Rows per GEMV tile: about one tile per SM, a whole number of warps."""
-    return min(_up(n, WARPS), max(WARPS, _up(math.ceil(n / sm_count), WARPS)))
+def gemv_rows(n: int, sm_count: int, scale: int = 1) -> int:
+    """Rows per GEMV tile: about `scale` tiles' worth per SM, a whole number of warps."""
+    return min(_up(n, WARPS), max(WARPS, _up(math.ceil(n / sm_count), WARPS) * scale))
 
 
 def col_chunk(n: int, sm_count: int) -> int:
@@ -167,12 +189,26 @@ class _Emitter:
         return c, len(tasks)
 
 
+def fusion_blockers(dims: ModelDims, batch: int, splits: int) -> list[str]:
+    """Why the fused list cannot be used at this shape ([] when it can): what the
+    fused tasks keep in the kernel's shared memory must fit there."""
+    out = []
+    k = max(dims.hidden, dims.intermediate, dims.heads * dims.head_dim)
+    if batch * k * 2 > STAGE_BYTES:
+        out.append(f"batch {batch} x K {k} bf16 exceeds the {STAGE_BYTES}-byte staging buffer")
+    if batch * dims.heads * (splits + 1) * 4 > SCRATCH_BYTES:
+        out.append(f"{splits} splits' merge weights exceed the {SCRATCH_BYTES}-byte scratch")
+    return out
+
+
 def build_step(dims: ModelDims, batch: int, sm_count: int, *, num_blocks: int,
-               max_context: int | None = None, page_size: int = PAGE_SIZE) -> StepPlan:
-    """Task list, step shape and buffer table for one decode step at `batch`."""
-    if batch < 1 or sm_count < 1 or num_blocks < 1:
+               max_context: int | None = None, page_size: int = PAGE_SIZE, fuse: bool = True,
+               fine_deps: bool = True, tile_scale: int = 1) -> StepPlan:
+    """Task list, step shape and buffer table for one decode step at `batch`: fused
+    (ABI v2 flags) where the shape allows, else the unfused stages."""
+    if batch < 1 or sm_count < 1 or num_blocks < 1 or tile_scale < 1:
         raise UsageError(f"build_step: batch {batch}, sm_count {sm_count}, num_blocks "
-                         f"{num_blocks} must all be positive")
+                         f"{num_blocks}, tile_scale {tile_scale} must all be positive")
     max_context = max_context or dims.max_position
     splits, chunk = attention_splits(batch, dims.kv_heads, max_context, sm_count, page_size)
     table_width = math.ceil(max_context / page_size)
@@ -189,7 +225,9 @@ def build_step(dims: ModelDims, batch: int, sm_count: int, *, num_blocks: int,
     for i in range(dims.layers):
         add(f"k_cache.{i}", cache_bytes, True)
         add(f"v_cache.{i}", cache_bytes, True)
-    regions = _workspace(dims, batch, splits, add)
+    blockers = fusion_blockers(dims, batch, splits) if fuse else []
+    fused = fuse and not blockers
+    regions = _workspace(dims, batch, splits, add, fused)
     meta_at = {"ids": 0, "positions": batch, "slots": 2 * batch, "context_lens": 3 * batch,
                "block_tables": 4 * batch}
     meta = add("meta", (4 * batch + batch * table_width) * 4, False)
@@ -202,20 +240,33 @@ def build_step(dims: ModelDims, batch: int, sm_count: int, *, num_blocks: int,
                       slots_at=meta_at["slots"], context_lens_at=meta_at["context_lens"],
                       block_tables_at=meta_at["block_tables"])
     e = _Emitter()
-    _emit(e, dims, batch, sm_count, splits, chunk, slots, regions)
+    layout = _Layout(dims, batch, sm_count, splits, chunk, slots, regions, tile_scale)
+    if fused:
+        _emit_fused(e, layout, fine_deps)
+    else:
+        _emit(e, dims, batch, sm_count, splits, chunk, slots, regions, tile_scale)
+    options = {"fused": fused, "fine_deps": fused and fine_deps, "tile_scale": tile_scale}
+    if blockers:
+        options["not_fused"] = blockers
     return StepPlan(dims=dims, batch=batch, sm_count=sm_count, tasks=e.tasks, shape=shape,
-                    buffers=buffers, num_counters=e.counters, slots=slots, regions=regions)
+                    buffers=buffers, num_counters=e.counters, slots=slots, regions=regions,
+                    options=options)
 
 
-def _workspace(dims: ModelDims, batch: int, splits: int, add) -> dict[str, Region]:
+def _workspace(dims: ModelDims, batch: int, splits: int, add, fused: bool) -> dict[str, Region]:
     q, kv = dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim
-    sizes = {"x": batch * dims.hidden * 2, "h": batch * dims.hidden * 2, "q": batch * q * 2,
-             "k": batch * kv * 2, "v": batch * kv * 2, "attn": batch * q * 2,
-             "y": batch * dims.hidden * 2, "gate": batch * dims.intermediate * 2,
-             "up": batch * dims.intermediate * 2, "act": batch * dims.intermediate * 2,
-             "partials": batch * dims.kv_heads * splits * (dims.heads // dims.kv_heads)
-             * (dims.head_dim + 2) * 4,
-             "logits": batch * dims.vocab * 4}
+    partials = batch * dims.kv_heads * splits * (dims.heads // dims.kv_heads) * \
+        (dims.head_dim + 2) * 4
+    if fused:  # the residual stream, q|k|v rows, split states, gate|up rows, logits
+        sizes = {"x": batch * dims.hidden * 2, "qkv": batch * (q + 2 * kv) * 2,
+                 "partials": partials, "gu": batch * 2 * dims.intermediate * 2,
+                 "logits": batch * dims.vocab * 4}
+    else:
+        sizes = {"x": batch * dims.hidden * 2, "h": batch * dims.hidden * 2, "q": batch * q * 2,
+                 "k": batch * kv * 2, "v": batch * kv * 2, "attn": batch * q * 2,
+                 "y": batch * dims.hidden * 2, "gate": batch * dims.intermediate * 2,
+                 "up": batch * dims.intermediate * 2, "act": batch * dims.intermediate * 2,
+                 "partials": partials, "logits": batch * dims.vocab * 4}
     offset, placed = 0, {}
     for name, n in sizes.items():
         placed[name] = (offset, n)
@@ -225,8 +276,8 @@ def _workspace(dims: ModelDims, batch: int, splits: int, add) -> dict[str, Regio
 
 
 def _gemv(op: Opcode, w: Operand, x: Operand, y: Operand, n: int, k: int, sm: int,
-          label: str) -> list[Task]:
-    rows = gemv_rows(n, sm)
+          label: str, scale: int = 1) -> list[Task]:
+    rows = gemv_rows(n, sm, scale)
     return [Task(op, (r, min(rows, n - r), k, n), (w, x, y), label=f"{label}[{r}]")
             for r in range(0, n, rows)]
 
@@ -243,7 +294,7 @@ def _rows(op: Opcode, ops: tuple[Operand, ...], batch: int, width: int, label: s
 
 
 def _emit(e: _Emitter, d: ModelDims, batch: int, sm: int, splits: int, chunk: int,
-          slots: dict[str, int], r: dict[str, Region]) -> None:
+          slots: dict[str, int], r: dict[str, Region], scale: int = 1) -> None:
     def w(name: str) -> Operand:
         return Operand(slots[name], 0)
 
@@ -257,11 +308,11 @@ def _emit(e: _Emitter, d: ModelDims, batch: int, sm: int, splits: int, chunk: in
                              batch, d.hidden, f"L{i}.input_norm"), ((c, n),))
         c, n = e.stage(
             _gemv(Opcode.GEMV, w(p + "self_attn.q_proj.weight"), ws["h"], ws["q"], qn, d.hidden,
-                  sm, f"L{i}.q") +
+                  sm, f"L{i}.q", scale) +
             _gemv(Opcode.GEMV, w(p + "self_attn.k_proj.weight"), ws["h"], ws["k"], kvn, d.hidden,
-                  sm, f"L{i}.k") +
+                  sm, f"L{i}.k", scale) +
             _gemv(Opcode.GEMV, w(p + "self_attn.v_proj.weight"), ws["h"], ws["v"], kvn, d.hidden,
-                  sm, f"L{i}.v"), ((c, n),))
+                  sm, f"L{i}.v", scale), ((c, n),))
         rope = w("rope.cos_sin")
         c, n = e.stage(
             [Task(Opcode.ROPE, (b * d.heads, d.heads, d.heads, d.head_dim),
@@ -288,7 +339,7 @@ def _emit(e: _Emitter, d: ModelDims, batch: int, sm: int, splits: int, chunk: in
             e.tasks.append(Task(t.opcode, t.tile, t.operands, ((sc, sn),), mc, 0, t.label))
         c, n = mc, len(merges)
         c, n = e.stage(_gemv(Opcode.GEMV, w(p + "self_attn.o_proj.weight"), ws["attn"], ws["y"],
-                             d.hidden, qn, sm, f"L{i}.o"), ((c, n),))
+                             d.hidden, qn, sm, f"L{i}.o", scale), ((c, n),))
         c, n = e.stage(_cols(Opcode.RESIDUAL_ADD, (ws["x"], ws["y"]), d.hidden, sm,
                              f"L{i}.residual_attn"), ((c, n),))
         c, n = e.stage(_rows(Opcode.RMS_NORM,
@@ -296,16 +347,118 @@ def _emit(e: _Emitter, d: ModelDims, batch: int, sm: int, splits: int, chunk: in
                              batch, d.hidden, f"L{i}.post_norm"), ((c, n),))
         c, n = e.stage(
             _gemv(Opcode.GEMV, w(p + "mlp.gate_proj.weight"), ws["h"], ws["gate"], d.intermediate,
-                  d.hidden, sm, f"L{i}.gate") +
+                  d.hidden, sm, f"L{i}.gate", scale) +
             _gemv(Opcode.GEMV, w(p + "mlp.up_proj.weight"), ws["h"], ws["up"], d.intermediate,
-                  d.hidden, sm, f"L{i}.up"), ((c, n),))
+                  d.hidden, sm, f"L{i}.up", scale), ((c, n),))
         c, n = e.stage(_cols(Opcode.SILU_MUL, (ws["gate"], ws["up"], ws["act"]), d.intermediate,
                              sm, f"L{i}.silu_mul"), ((c, n),))
         c, n = e.stage(_gemv(Opcode.GEMV, w(p + "mlp.down_proj.weight"), ws["act"], ws["y"],
-                             d.hidden, d.intermediate, sm, f"L{i}.down"), ((c, n),))
+                             d.hidden, d.intermediate, sm, f"L{i}.down", scale), ((c, n),))
         c, n = e.stage(_cols(Opcode.RESIDUAL_ADD, (ws["x"], ws["y"]), d.hidden, sm,
                              f"L{i}.residual_mlp"), ((c, n),))
     c, n = e.stage(_rows(Opcode.RMS_NORM, (ws["x"], w("model.norm.weight"), ws["h"]), batch,
                          d.hidden, "final_norm"), ((c, n),))
     e.stage(_gemv(Opcode.LOGITS, w("lm_head.weight"), ws["h"], ws["logits"], d.vocab, d.hidden,
-                  sm, "logits"), ((c, n),))
+                  sm, "logits", scale), ((c, n),))
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """What the fused emitter needs of a planned step."""
+
+    d: ModelDims
+    batch: int
+    sm: int
+    splits: int
+    chunk: int
+    slots: dict[str, int]
+    regions: dict[str, Region]
+    scale: int
+
+    def w(self, name: str) -> Operand:
+        return Operand(self.slots[name], 0)
+
+    def ws(self, name: str, column: int = 0) -> Operand:
+        """A workspace region, optionally from a bf16 column of its rows (a multiple of
+        8 elements: one granule)."""
+        r = self.regions[name]
+        return Operand(r.slot, (r.offset + 2 * column) // GRANULE)
+
+
+def _tiles(op: Opcode, n: int, rows: int, rest: tuple[int, ...], ops: tuple[Operand, ...],
+           flags: int, label: str) -> list[Task]:
+    """GEMV tiles of rows [r, r + rows) of an n-row weight; `rest` = tile words 2.."""
+    return [Task(op, (r, min(rows, n - r), *rest), ops, flags=flags, label=f"{label}[{r}]")
+            for r in range(0, n, rows)]
+
+
+def _emit_fused(e: _Emitter, lay: _Layout, fine_deps: bool) -> None:
+    d, batch = lay.d, lay.batch
+    D, G = d.head_dim, d.heads // d.kv_heads
+    qn, kvn = d.heads * D, d.kv_heads * D
+    qkv_n, gu_n = qn + 2 * kvn, 2 * d.intermediate
+    rope = lay.w("rope.cos_sin")
+    c, n = e.stage([Task(Opcode.EMBED, (b, 1, d.hidden, d.vocab),
+                         (lay.w("model.embed_tokens.weight"), lay.ws("x")), label=f"embed[{b}]")
+                    for b in range(batch)], ())
+    for i in range(d.layers):
+        p = f"model.layers.{i}."
+        # q | k | v rows of every sequence, normalised on the way in
+        rows = gemv_rows(qkv_n, lay.sm, lay.scale)
+        head_aligned = fine_deps and D % rows == 0
+        ins = (lay.ws("x"), lay.ws("qkv"), lay.w(p + "input_layernorm.weight"))
+        tiles = []
+        for name, n_rows, col in (("q", qn, 0), ("k", kvn, qn), ("v", kvn, qn + kvn)):
+            for t in _tiles(Opcode.GEMV, n_rows, rows, (d.hidden, qkv_n, col),
+                            (lay.w(p + f"self_attn.{name}_proj.weight"), *ins),
+                            int(Flag.NORM_IN), f"L{i}.{name}"):
+                per_head = G * D if name == "q" else D
+                tiles.append((t.tile[0] // per_head, t))
+        if head_aligned:  # one counter per kv head: its splits start once its rows are in
+            counters = [e.counter() for _ in range(d.kv_heads)]
+            count = [0] * d.kv_heads
+            for kvh, t in tiles:
+                e.tasks.append(Task(t.opcode, t.tile, t.operands, ((c, n),), counters[kvh],
+                                    t.flags, t.label))
+                count[kvh] += 1
+            split_waits = [((counters[g], count[g]),) for g in range(d.kv_heads)]
+        else:
+            sc, sn = e.stage([t for _, t in tiles], ((c, n),))
+            split_waits = [((sc, sn),)] * d.kv_heads
+        # attention splits: head norms + RoPE of their own heads, the newest token appended
+        att = e.counter()
+        for b in range(batch):
+            for g in range(d.kv_heads):
+                for s in range(lay.splits):
+                    e.tasks.append(Task(
+                        Opcode.ATTN_SPLIT, (b, g, s, lay.chunk, qkv_n, qn, qn + kvn, 0),
+                        (lay.ws("qkv"), lay.w(f"k_cache.{i}"), lay.w(f"v_cache.{i}"),
+                         lay.ws("partials"), rope, lay.w(p + "self_attn.q_norm.weight"),
+                         lay.w(p + "self_attn.k_norm.weight")),
+                        split_waits[g], att, int(Flag.ROPE_IN), f"L{i}.split[{b},{g},{s}]"))
+        c, n = att, batch * d.kv_heads * lay.splits
+        # o_proj: merge while staging, add into the residual stream
+        c, n = e.stage(_tiles(Opcode.GEMV, d.hidden, gemv_rows(d.hidden, lay.sm, lay.scale),
+                              (qn, d.hidden, 0),
+                              (lay.w(p + "self_attn.o_proj.weight"), lay.ws("partials"),
+                               lay.ws("x")),
+                              int(Flag.MERGE_IN | Flag.RESIDUAL_OUT), f"L{i}.o"), ((c, n),))
+        # gate | up rows, normalised on the way in
+        rows = gemv_rows(gu_n, lay.sm, lay.scale)
+        ins = (lay.ws("x"), lay.ws("gu"), lay.w(p + "post_attention_layernorm.weight"))
+        c, n = e.stage(
+            _tiles(Opcode.GEMV, d.intermediate, rows, (d.hidden, gu_n, 0),
+                   (lay.w(p + "mlp.gate_proj.weight"), *ins), int(Flag.NORM_IN), f"L{i}.gate") +
+            _tiles(Opcode.GEMV, d.intermediate, rows, (d.hidden, gu_n, d.intermediate),
+                   (lay.w(p + "mlp.up_proj.weight"), *ins), int(Flag.NORM_IN), f"L{i}.up"),
+            ((c, n),))
+        # down: SiLU-mul while staging, add into the residual stream
+        c, n = e.stage(_tiles(Opcode.GEMV, d.hidden, gemv_rows(d.hidden, lay.sm, lay.scale),
+                              (d.intermediate, d.hidden, 0, gu_n),
+                              (lay.w(p + "mlp.down_proj.weight"), lay.ws("gu"), lay.ws("x"),
+                               lay.ws("gu", d.intermediate)),
+                              int(Flag.SILU_IN | Flag.RESIDUAL_OUT), f"L{i}.down"), ((c, n),))
+    e.stage(_tiles(Opcode.LOGITS, d.vocab, gemv_rows(d.vocab, lay.sm, lay.scale),
+                   (d.hidden, d.vocab, 0),
+                   (lay.w("lm_head.weight"), lay.ws("x"), lay.ws("logits"),
+                    lay.w("model.norm.weight")), int(Flag.NORM_IN), "logits"), ((c, n),))

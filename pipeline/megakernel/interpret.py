@@ -3,9 +3,11 @@
 An executable statement of what each opcode does (docs/task-abi.md), with the
 kernel's rounding points (bf16 where the reference engine rounds, fp32 inside)
 and its attention-split format (base-2 online-softmax state per split). The
-CPU tests run the builder's lists through it against the reference engine's
-decode step: operands, tiles, layouts and the order of a step are checked
-here without a GPU; the kernel is then held to the same outputs on the GPU.
+CPU tests run the builder's lists (unfused and fused) through it against the
+reference engine's decode step: operands, tiles, layouts, flags and the order
+of a step are checked here without a GPU; the kernel is then held to the same
+outputs on the GPU. A fused flag is the unfused op it replaces, applied where
+the flag says (the same helpers below compute both).
 """
 
 from __future__ import annotations
@@ -45,55 +47,94 @@ def run(tasks: list[Task], shape: StepShape, tensors: list[torch.Tensor]) -> Non
 
 
 def _embed(t, s, mem, meta):
-    row0, rows, hidden, vocab = t.tile
+    row0, rows, hidden, vocab = t.tile[:4]
     table = mem.at(t, 0, torch.bfloat16, vocab * hidden).view(vocab, hidden)
     out = mem.at(t, 1, torch.bfloat16).view(-1)
     for b in range(row0, row0 + rows):
         out[b * hidden:(b + 1) * hidden] = table[int(meta[s.ids_at + b])]
 
 
-def _rms_norm(t, s, mem, meta):
-    row0, rows, n, _ = t.tile
-    x = mem.at(t, 0, torch.bfloat16, (row0 + rows) * n).view(-1, n)[row0:]
-    w = mem.at(t, 1, torch.bfloat16, n).float()
-    out = mem.at(t, 2, torch.bfloat16, (row0 + rows) * n).view(-1, n)[row0:]
+def _norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """bf16(x * rsqrt(mean(x^2) + eps) * w) per row: RMS_NORM, and GEMV's NORM_IN."""
     xf = x.float()
-    inv = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + s.rms_eps)
-    out.copy_(((xf * inv) * w).to(torch.bfloat16))
+    inv = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return ((xf * inv) * w.float()).to(torch.bfloat16)
+
+
+def _rms_norm(t, s, mem, meta):
+    row0, rows, n = t.tile[:3]
+    x = mem.at(t, 0, torch.bfloat16, (row0 + rows) * n).view(-1, n)[row0:]
+    w = mem.at(t, 1, torch.bfloat16, n)
+    out = mem.at(t, 2, torch.bfloat16, (row0 + rows) * n).view(-1, n)[row0:]
+    out.copy_(_norm(x, w, s.rms_eps))
+
+
+def _rows_of(t, s, mem, i: int, k: int, stride: int) -> torch.Tensor:
+    """batch rows of k bf16 at a row stride, from operand i."""
+    raw = mem.at(t, i, torch.bfloat16, (s.batch - 1) * stride + k)
+    return torch.stack([raw[b * stride:b * stride + k] for b in range(s.batch)])
+
+
+def _silu_mul_values(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """bf16(bf16(silu(gate)) * up): SILU_MUL, and GEMV's SILU_IN."""
+    gf = gate.float()
+    return (_r(gf / (1 + torch.exp(-gf))) * up.float()).to(torch.bfloat16)
+
+
+def _gemv_input(t, s, mem) -> torch.Tensor:
+    """What a GEMV stages as its input x [batch, K] (bf16), by its flags."""
+    k, stride = t.tile[2], t.tile[5] or t.tile[2]
+    if t.flags & Flag.MERGE_IN:
+        return _merged(_partials(t, s, mem, 1), s).view(s.batch, k)
+    if t.flags & Flag.SILU_IN:
+        return _silu_mul_values(_rows_of(t, s, mem, 1, k, stride),
+                                _rows_of(t, s, mem, 3, k, stride))
+    x = _rows_of(t, s, mem, 1, k, stride)
+    if t.flags & Flag.NORM_IN:
+        return _norm(x, mem.at(t, 3, torch.bfloat16, k), s.rms_eps)
+    return x
 
 
 def _gemv(t, s, mem, meta, f32: bool = False):
-    row0, rows, k, n = t.tile
+    row0, rows, k, n, col = t.tile[:5]
     w = mem.at(t, 0, torch.bfloat16, (row0 + rows) * k).view(-1, k)[row0:]
-    x = mem.at(t, 1, torch.bfloat16, s.batch * k).view(s.batch, k)
-    y = _r(x.float() @ w.float().T)
-    out = mem.at(t, 2, torch.float32 if f32 else torch.bfloat16, s.batch * n).view(s.batch, n)
-    out[:, row0:row0 + rows] = y.to(out.dtype)
+    y = _r(_gemv_input(t, s, mem).float() @ w.float().T)
+    dtype = torch.float32 if f32 else torch.bfloat16
+    raw = mem.at(t, 2, dtype, (s.batch - 1) * n + col + row0 + rows)
+    for b in range(s.batch):
+        out = raw[b * n + col + row0:b * n + col + row0 + rows]
+        if t.flags & Flag.RESIDUAL_OUT:
+            out.copy_((out.float() + y[b]).to(dtype))
+        else:
+            out.copy_(y[b].to(dtype))
+
+
+def _rope_row(x: torch.Tensor, w: torch.Tensor, cs: torch.Tensor, eps: float) -> torch.Tensor:
+    """One head row: RMSNorm with w, then the neox rotation by the position's cos | sin."""
+    half = x.shape[-1] // 2
+    xf = x.float()
+    y = _r(xf * torch.rsqrt(xf.pow(2).mean() + eps) * w.float())
+    cos, sin = cs.float()[:half], cs.float()[half:]
+    x1, x2 = y[:half], y[half:]
+    return torch.cat([_r(x1 * cos) - _r(x2 * sin), _r(x2 * cos) + _r(x1 * sin)]).to(x.dtype)
 
 
 def _rope(t, s, mem, meta):
-    row0, rows, nheads, d = t.tile
-    half = d // 2
+    row0, rows, nheads, d = t.tile[:4]
     x = mem.at(t, 0, torch.bfloat16, (row0 + rows) * d).view(-1, d)
     table = mem.at(t, 1, torch.bfloat16).view(-1, d)
-    w = mem.at(t, 2, torch.bfloat16, d).float()
+    w = mem.at(t, 2, torch.bfloat16, d)
     cache = mem.at(t, 3, torch.bfloat16) if t.flags & Flag.APPEND_KV else None
     for r in range(row0, row0 + rows):
         b, head = divmod(r, nheads)
-        xf = x[r].float()
-        y = _r(xf * torch.rsqrt(xf.pow(2).mean() + s.rms_eps) * w)
-        cs = table[int(meta[s.positions_at + b])].float()
-        cos, sin = cs[:half], cs[half:]
-        x1, x2 = y[:half], y[half:]
-        row = torch.cat([_r(x1 * cos) - _r(x2 * sin), _r(x2 * cos) + _r(x1 * sin)])
-        x[r] = row.to(torch.bfloat16)
+        x[r] = _rope_row(x[r], w, table[int(meta[s.positions_at + b])], s.rms_eps)
         if cache is not None:
             at = (int(meta[s.slots_at + b]) * nheads + head) * d
             cache[at:at + d] = x[r]
 
 
 def _kv_append(t, s, mem, meta):
-    row0, rows, nheads, d = t.tile
+    row0, rows, nheads, d = t.tile[:4]
     src = mem.at(t, 0, torch.bfloat16, (row0 + rows) * d).view(-1, d)
     cache = mem.at(t, 1, torch.bfloat16)
     for r in range(row0, row0 + rows):
@@ -109,25 +150,48 @@ def _partials(t, s, mem, i: int) -> torch.Tensor:
         s.batch, s.num_kv_heads, s.max_splits, g, s.head_dim + 2)
 
 
-def _attn_split(t, s, mem, meta):
-    seq, kvh, split, chunk = t.tile
+def _split_q(t, s, mem, meta) -> torch.Tensor:
+    """The split's query heads [group, D] (bf16): read, or with ROPE_IN normalised and
+    rotated from the q/k/v rows; the split holding the sequence's position then also
+    appends that token's rotated K and its V to the caches (operands b, c)."""
+    seq, kvh, split, chunk, stride, k_col, v_col, q_col = t.tile
     d, g = s.head_dim, s.num_heads // s.num_kv_heads
-    q = mem.at(t, 0, torch.bfloat16, s.batch * s.num_heads * d).view(s.batch, s.num_heads, d)
+    if not t.flags & Flag.ROPE_IN:
+        q = mem.at(t, 0, torch.bfloat16, s.batch * s.num_heads * d).view(s.batch, s.num_heads, d)
+        return q[seq, kvh * g:(kvh + 1) * g]
+    row = mem.at(t, 0, torch.bfloat16, s.batch * stride)[seq * stride:(seq + 1) * stride]
+    pos = int(meta[s.positions_at + seq])
+    cs = mem.at(t, 4, torch.bfloat16).view(-1, d)[pos]
+    q_w, k_w = mem.at(t, 5, torch.bfloat16, d), mem.at(t, 6, torch.bfloat16, d)
+    q = torch.stack([_rope_row(row[q_col + h * d:q_col + (h + 1) * d], q_w, cs, s.rms_eps)
+                     for h in range(kvh * g, (kvh + 1) * g)])
+    if split * chunk <= pos < (split + 1) * chunk:
+        at = (int(meta[s.slots_at + seq]) * s.num_kv_heads + kvh) * d
+        mem.at(t, 1, torch.bfloat16)[at:at + d] = _rope_row(
+            row[k_col + kvh * d:k_col + (kvh + 1) * d], k_w, cs, s.rms_eps)
+        mem.at(t, 2, torch.bfloat16)[at:at + d] = row[v_col + kvh * d:v_col + (kvh + 1) * d]
+    return q
+
+
+def _attn_split(t, s, mem, meta):
+    seq, kvh, split, chunk = t.tile[:4]
+    d = s.head_dim
     k_cache = mem.at(t, 1, torch.bfloat16).view(-1, s.page_size, s.num_kv_heads, d)
     v_cache = mem.at(t, 2, torch.bfloat16).view(-1, s.page_size, s.num_kv_heads, d)
     length = int(meta[s.context_lens_at + seq])
     start, end = split * chunk, min(length, split * chunk + chunk)
     out = _partials(t, s, mem, 3)[seq, kvh, split]
-    if end <= start:
+    if end <= start:  # an empty split: no token, weight 0 in the merge
         out.zero_()
         out[:, d] = -math.inf
         return
+    q = _split_q(t, s, mem, meta)
     table = meta[s.block_tables_at + seq * s.table_width:][:s.table_width]
     tok = torch.arange(start, end)
     pages = table[tok // s.page_size].long()
     k = k_cache[pages, tok % s.page_size, kvh].float()
     v = v_cache[pages, tok % s.page_size, kvh].float()
-    qg = q[seq, kvh * g:(kvh + 1) * g].float() * (s.softmax_scale * LOG2E)
+    qg = q.float() * (s.softmax_scale * LOG2E)
     scores = qg @ k.T  # [g, tokens], base 2
     m = scores.max(-1).values
     p = torch.exp2(scores - m[:, None])
@@ -136,30 +200,40 @@ def _attn_split(t, s, mem, meta):
     out[:, d + 1] = p.sum(-1)
 
 
-def _attn_merge(t, s, mem, meta):
-    seq, kvh, splits, _ = t.tile
-    d, g = s.head_dim, s.num_heads // s.num_kv_heads
-    parts = _partials(t, s, mem, 0)[seq, kvh, :splits]  # [splits, g, d + 2]
-    out = mem.at(t, 1, torch.bfloat16, s.batch * s.num_heads * d).view(s.batch, s.num_heads, d)
+def _merge(parts: torch.Tensor, d: int) -> torch.Tensor:
+    """[splits, g, d + 2] split states -> [g, d] bf16 (0 where no split saw a token)."""
     m, ls = parts[..., d], parts[..., d + 1]
     m_all = m.max(0).values
     w = torch.where(ls > 0, torch.exp2(m - m_all), torch.zeros_like(m))
     num = (parts[..., :d] * w[..., None]).sum(0)
     den = (ls * w).sum(0)
     val = torch.where(den[:, None] > 0, num / den[:, None], torch.zeros_like(num))
-    out[seq, kvh * g:(kvh + 1) * g] = val.to(torch.bfloat16)
+    return val.to(torch.bfloat16)
+
+
+def _merged(parts: torch.Tensor, s) -> torch.Tensor:
+    """Every (sequence, kv head)'s splits merged: [batch, heads, D] bf16 (MERGE_IN)."""
+    return torch.stack([torch.cat([_merge(parts[b, h], s.head_dim)
+                                   for h in range(s.num_kv_heads)]) for b in range(s.batch)])
+
+
+def _attn_merge(t, s, mem, meta):
+    seq, kvh, splits = t.tile[:3]
+    d, g = s.head_dim, s.num_heads // s.num_kv_heads
+    parts = _partials(t, s, mem, 0)[seq, kvh, :splits]  # [splits, g, d + 2]
+    out = mem.at(t, 1, torch.bfloat16, s.batch * s.num_heads * d).view(s.batch, s.num_heads, d)
+    out[seq, kvh * g:(kvh + 1) * g] = _merge(parts, d)
 
 
 def _cols(t, s, mem, n_ops):
-    col0, cols, n, _ = t.tile
+    col0, cols, n = t.tile[:3]
     return [mem.at(t, i, torch.bfloat16, s.batch * n).view(s.batch, n)[:, col0:col0 + cols]
             for i in range(n_ops)]
 
 
 def _silu_mul(t, s, mem, meta):
     gate, up, out = _cols(t, s, mem, 3)
-    gf = gate.float()
-    out.copy_((_r(gf / (1 + torch.exp(-gf))) * up.float()).to(torch.bfloat16))
+    out.copy_(_silu_mul_values(gate, up))
 
 
 def _residual_add(t, s, mem, meta):

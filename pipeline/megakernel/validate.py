@@ -21,8 +21,12 @@ from pipeline.errors import UsageError
 from pipeline.megakernel.abi import (
     ABI_VERSION,
     GRANULE,
+    INPUT_FLAGS,
+    KNOWN_FLAGS,
     NO_BUFFER,
     NO_COUNTER,
+    SCRATCH_BYTES,
+    STAGE_BYTES,
     Flag,
     Opcode,
     StepShape,
@@ -99,16 +103,17 @@ def _task_problems(t: Task, shape: StepShape, buffers: list[Buffer], num_counter
     if t.opcode not in Opcode._value2member_map_:
         yield f"unknown opcode {t.opcode} (ABI {ABI_VERSION} knows 0..{max(Opcode)})"
         return
-    if t.flags & ~int(Flag.APPEND_KV):
-        yield f"unknown flag bits {t.flags:#x}"
+    allowed = int(KNOWN_FLAGS.get(Opcode(t.opcode), Flag.NONE))
+    if t.flags & ~allowed:
+        yield (f"flag bits {t.flags & ~allowed:#x} are not flags of "
+               f"{Opcode(t.opcode).name} (it takes {allowed:#x})")
     for c in [w[0] for w in t.waits] + ([t.signal] if t.signal != NO_COUNTER else []):
         if c >= num_counters:
             yield f"counter {c} outside the {num_counters}-counter array"
     spec = OPS[Opcode(t.opcode)]
     yield from spec.checks(t, shape)
-    for k, o in enumerate(spec.operands):
-        if not o.when(t):
-            continue
+    yield from _smem_problems(t, shape)
+    for k, o in spec.used(t):
         op = t.operand(k)
         if op.buffer == NO_BUFFER or op.buffer >= len(buffers):
             yield f"operand {o.name}: buffer slot {op.buffer} not in the {len(buffers)}-slot table"
@@ -120,6 +125,20 @@ def _task_problems(t: Task, shape: StepShape, buffers: list[Buffer], num_counter
                    f"buffer {buf.name!r} ({buf.size} bytes)")
         if "w" in o.access and not buf.writable:
             yield f"operand {o.name} writes read-only buffer {buf.name!r}"
+
+
+def _smem_problems(t: Task, shape: StepShape):
+    """What a fused task keeps in the kernel's shared memory must fit there."""
+    if t.opcode in (Opcode.GEMV, Opcode.LOGITS) and t.flags & INPUT_FLAGS:
+        need = shape.batch * t.tile[2] * 2
+        if need > STAGE_BYTES:
+            yield (f"staged input of {need} bytes (batch x K bf16) exceeds the kernel's "
+                   f"{STAGE_BYTES}-byte staging buffer")
+    if t.opcode == Opcode.GEMV and t.flags & Flag.MERGE_IN:
+        need = shape.batch * shape.num_heads * (shape.max_splits + 1) * 4
+        if need > SCRATCH_BYTES:
+            yield (f"MERGE_IN: {need} bytes of split weights exceed the kernel's "
+                   f"{SCRATCH_BYTES}-byte scratch")
 
 
 def _dependency_problems(tasks: list[Task]) -> list[str]:

@@ -28,6 +28,23 @@ KERNEL = "persistent_decode"
 ENTRY = {abi.Schedule.STATIC_ROUND_ROBIN: "persistent_decode_static",
          abi.Schedule.DYNAMIC_QUEUE: "persistent_decode_dynamic"}
 THREADS = 256
+DYNAMIC_SMEM = abi.STAGE_BYTES + abi.SCRATCH_BYTES + 96 * 1024
+"""The kernel's kDynamicSmemBytes: staging buffer, scratch and the weight ring (the
+kernel traps when launched with less)."""
+
+
+def _allow_dynamic_smem(fn, nbytes: int, device_index: int) -> None:
+    """Raise a kernel's dynamic shared memory limit above the default 48 KB."""
+    from cuda.bindings import driver
+
+    attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    (err,) = driver.cuKernelSetAttribute(attr, nbytes, driver.CUkernel(int(fn.handle)),
+                                         driver.CUdevice(device_index))
+    if err != driver.CUresult.CUDA_SUCCESS:  # an older cuda.core hands out a CUfunction
+        (err,) = driver.cuFuncSetAttribute(driver.CUfunction(int(fn.handle)), attr, nbytes)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"persistent kernel: cannot allow {nbytes} B of dynamic shared "
+                           f"memory: {err!r}")
 
 
 def build_cubin(arch: str, nvcc: str | None = None) -> Path:
@@ -50,11 +67,13 @@ class StepBuffers:
     """The buffer table of one planned step bound to tensors, and the step's metadata
     staged into it. Device-independent (the CPU interpreter runs on it too)."""
 
-    def __init__(self, model, cache, batch: int, sm_count: int):
+    def __init__(self, model, cache, batch: int, sm_count: int, **options):
         self.device = torch.device(model.device)
         self.batch = batch
         self.dims = model_dims(model)
-        self.plan = builder.build_step(self.dims, batch, sm_count, num_blocks=cache.num_blocks)
+        # options: the builder's (fuse, fine_deps, tile_scale); its defaults otherwise
+        self.plan = builder.build_step(self.dims, batch, sm_count, num_blocks=cache.num_blocks,
+                                       **options)
         validate(self.plan.tasks, self.plan.shape, self.plan.buffers,
                  self.plan.num_counters).raise_if_bad()
         self.tensors = self._bind(model, cache)
@@ -112,11 +131,11 @@ class PersistentDecode:
     """A planned persistent decode step for one batch size; reusable across steps."""
 
     def __init__(self, model, cache, batch: int, schedule: abi.Schedule, cubin: Path,
-                 sm_count: int | None = None):
+                 sm_count: int | None = None, options: dict | None = None):
         dev = torch.device(model.device)
         self.device, self.batch, self.schedule = dev, batch, schedule
         self.sm_count = sm_count or torch.cuda.get_device_properties(dev).multi_processor_count
-        self.step = StepBuffers(model, cache, batch, self.sm_count)
+        self.step = StepBuffers(model, cache, batch, self.sm_count, **(options or {}))
         self.plan = self.step.plan
         ptrs = [t.data_ptr() for t in self.step.tensors]
         self.buffers = torch.tensor(np.array(ptrs, dtype=np.uint64).view(np.int64), device=dev)
@@ -125,6 +144,7 @@ class PersistentDecode:
         # counters then the queue head, zeroed by one memset per step
         self.sync = torch.zeros(self.plan.num_counters + 1, dtype=torch.int32, device=dev)
         self.fn = kernel(str(cubin), ENTRY[schedule])
+        _allow_dynamic_smem(self.fn, DYNAMIC_SMEM, dev.index if dev.index is not None else 0)
 
     def _upload(self, data: bytes) -> torch.Tensor:
         return torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self.device)
@@ -139,7 +159,7 @@ class PersistentDecode:
     def launch(self, trace: torch.Tensor | None = None) -> None:
         cc = cuda_core()
         index = self.device.index if self.device.index is not None else 0
-        config = cc.LaunchConfig(grid=self.sm_count, block=THREADS)
+        config = cc.LaunchConfig(grid=self.sm_count, block=THREADS, shmem_size=DYNAMIC_SMEM)
         counters = self.sync.data_ptr()
         head = counters + 4 * self.plan.num_counters
         cc.launch(stream(current_stream(index)), config, self.fn, self.tasks.data_ptr(),

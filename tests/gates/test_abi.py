@@ -14,7 +14,7 @@ import pytest
 
 from pipeline.gates.abi import Abi
 from pipeline.gates.interface import GateContext, run_gate
-from pipeline.megakernel import proof
+from pipeline.megakernel import abi, proof
 from pipeline.records.gate_result import GateResult
 from pipeline.records.status import Status
 from pipeline.rows import load_row
@@ -62,7 +62,7 @@ def test_lists_are_built_and_valid_and_the_gpu_part_is_pending(admitted):
     art = root / "artifacts" / "abi"
     for b in (1, 4, 8):
         tasks = json.loads((art / f"b{b}" / "tasks.json").read_text())
-        assert len(tasks) == (art / f"b{b}" / "tasks.bin").stat().st_size // 64
+        assert len(tasks) == (art / f"b{b}" / "tasks.bin").stat().st_size // abi.TASK_BYTES
         assert tasks[0]["op"] == "EMBED" and tasks[-1]["op"] == "LOGITS"
         assert json.loads((art / f"b{b}" / "validation.json").read_text())["ok"] is True
     assert json.loads((art / "admission.json").read_text())["result"]["metrics"][
@@ -75,7 +75,7 @@ def test_derive_revalidates_the_sealed_bytes(admitted, tmp_path):
     art = tmp_path / "abi"
     shutil.copytree(root / "artifacts" / "abi", art)
     data = bytearray((art / "b1" / "tasks.bin").read_bytes())
-    data[5 * 64] = 42  # task 5's opcode (low byte)
+    data[5 * abi.TASK_BYTES] = 42  # task 5's opcode (low byte)
     (art / "b1" / "tasks.bin").write_bytes(bytes(data))
     d = Abi().derive(ROW, SPEC, art)
     assert d.status is Status.FAIL

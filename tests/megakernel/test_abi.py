@@ -18,7 +18,7 @@ GXX = shutil.which("g++")
 needs_gxx = pytest.mark.skipif(GXX is None, reason="needs the machine's g++ to compile the header")
 
 TASK_FIELDS = ["opcode", "flags", "signal", "wait_counter", "wait_value", "buffer", "offset",
-               "tile"]
+               "tile", "reserved"]
 
 PROGRAM = textwrap.dedent(r"""
     #include <cstddef>
@@ -33,16 +33,18 @@ PROGRAM = textwrap.dedent(r"""
       std::printf("{\"task\": {");
       FIELD(TaskDesc, opcode); FIELD(TaskDesc, flags); FIELD(TaskDesc, signal);
       FIELD(TaskDesc, wait_counter); FIELD(TaskDesc, wait_value); FIELD(TaskDesc, buffer);
-      FIELD(TaskDesc, offset); FIELD(TaskDesc, tile);
+      FIELD(TaskDesc, offset); FIELD(TaskDesc, tile); FIELD(TaskDesc, reserved);
       std::printf("\"size\": [0, %zu]}, \"shape\": {", sizeof(TaskDesc));
     %SHAPE_FIELDS%
-      std::printf("\"size\": [0, %zu]}, \"version\": %u, \"opcodes\": %d, \"no_counter\": %u}",
-                  sizeof(StepShape), kAbiVersion, static_cast<int>(kOpcodeCount), kNoCounter);
+      std::printf("\"size\": [0, %zu]}, \"version\": %u, \"opcodes\": %d, \"no_counter\": %u, "
+                  "\"flags\": %u, \"stage\": %u, \"scratch\": %u}",
+                  sizeof(StepShape), kAbiVersion, static_cast<int>(kOpcodeCount), kNoCounter,
+                  static_cast<unsigned>(kKnownFlags), kStageBytes, kScratchBytes);
       // A descriptor with every field distinct, written as raw bytes for the round trip.
       TaskDesc t{};
-      t.opcode = kAttnSplit; t.flags = kFlagAppendKv; t.signal = 0x01020304u;
-      t.wait_counter[0] = 7; t.wait_value[0] = 9; t.wait_counter[1] = kNoCounter;
-      t.wait_value[1] = 0;
+      t.opcode = kAttnSplit; t.flags = kFlagRopeIn; t.signal = 0x01020304u;
+      t.wait_counter[0] = 7; t.wait_value[0] = 9; t.wait_counter[1] = 8; t.wait_value[1] = 10;
+      t.wait_counter[2] = kNoCounter; t.wait_value[2] = 0;
       for (int i = 0; i < kOperands; ++i) { t.buffer[i] = 100 + i; t.offset[i] = 0x10000 * i + 3; }
       for (int i = 0; i < kTileWords; ++i) t.tile[i] = 0xa0000000u + i;
       std::FILE* f = std::fopen(argv[argc - 1], "wb");
@@ -93,22 +95,25 @@ def test_constants_match_the_header(header_layout):
     assert c["version"] == abi.ABI_VERSION
     assert c["opcodes"] == len(Opcode)
     assert c["no_counter"] == NO_COUNTER
+    assert c["flags"] == int(sum(abi.Flag))
+    assert (c["stage"], c["scratch"]) == (abi.STAGE_BYTES, abi.SCRATCH_BYTES)
 
 
 @needs_gxx
 def test_bytes_written_by_cxx_decode_and_re_encode_identically(header_layout):
     _, raw = header_layout
     (t,) = abi.unpack(raw)
-    assert t.opcode == Opcode.ATTN_SPLIT and t.flags == abi.Flag.APPEND_KV
-    assert t.signal == 0x01020304 and t.waits == ((7, 9),)
-    assert t.operands == tuple(Operand(100 + i, 0x10000 * i + 3) for i in range(4))
-    assert t.tile == tuple(0xA0000000 + i for i in range(4))
+    assert t.opcode == Opcode.ATTN_SPLIT and t.flags == abi.Flag.ROPE_IN
+    assert t.signal == 0x01020304 and t.waits == ((7, 9), (8, 10))
+    assert t.operands == tuple(Operand(100 + i, 0x10000 * i + 3) for i in range(abi.OPERANDS))
+    assert t.tile == tuple(0xA0000000 + i for i in range(abi.TILE_WORDS))
     assert abi.pack([t]) == raw
 
 
 def test_pack_unpack_round_trip():
-    tasks = [Task(Opcode.GEMV, (0, 16, 2048, 4096), (Operand(3, 0), Operand(200, 16),
-                                                     Operand(200, 64)), ((5, 12),), 6),
+    tasks = [Task(Opcode.GEMV, (0, 16, 2048, 4096, 2048, 8192),
+                  (Operand(3, 0), Operand(200, 16), Operand(200, 64), Operand(4, 0)),
+                  ((5, 12), (6, 1), (7, 2)), 6, int(abi.Flag.NORM_IN)),
              Task(Opcode.NOP),
              Task(Opcode.RESIDUAL_ADD, (256, 256, 2048, 0), (Operand(1, 2), Operand(1, 3)),
                   ((1, 2), (3, 4)), NO_COUNTER)]
@@ -133,5 +138,18 @@ def test_a_field_too_wide_is_refused_naming_the_task():
 
 
 def test_truncated_bytes_are_refused():
-    with pytest.raises(abi.AbiError, match="not a multiple of 64"):
-        abi.unpack(b"\0" * 65)
+    with pytest.raises(abi.AbiError, match="not a multiple of 128"):
+        abi.unpack(b"\0" * 129)
+
+
+def test_reserved_words_must_be_zero():
+    raw = bytearray(abi.pack([Task(Opcode.NOP), Task(Opcode.NOP)]))
+    raw[abi.TASK_BYTES + 120] = 1
+    with pytest.raises(abi.AbiError, match="task 1: reserved"):
+        abi.unpack(bytes(raw))
+
+
+def test_short_tiles_are_padded_and_too_many_waits_refused():
+    assert Task(Opcode.GEMV, (1, 2, 3, 4)).tile == (1, 2, 3, 4, 0, 0, 0, 0)
+    with pytest.raises(abi.AbiError, match="at most 3 waits"):
+        abi.pack([Task(Opcode.NOP, waits=((0, 1),) * 4)])

@@ -34,25 +34,53 @@ def _ancestors(tasks) -> list[int]:
     return anc
 
 
+def _column(plan, op) -> tuple[str, int]:
+    """(region or buffer name, bf16 column the operand starts at within its region)."""
+    at = op.offset * GRANULE
+    for name, r in plan.regions.items():
+        if r.slot == op.buffer and r.offset <= at < r.offset + r.nbytes:
+            return name, (at - r.offset) // 2
+    return plan.buffers[op.buffer].name, 0
+
+
 def _touches(plan, t):
-    """(key, access) per operand: workspace regions by name, other buffers by name."""
+    """(key, lo, hi, access) per operand: workspace regions by name and the bf16 columns
+    of their rows a task touches ([0, inf) where not narrowed), other buffers by name."""
     spec = operands.OPS[Opcode(t.opcode)]
-    by_start = {(r.slot, r.offset): name for name, r in plan.regions.items()}
+    d = plan.dims
     out = []
-    for k, o in enumerate(spec.operands):
-        if not o.when(t):
+    for k, o in spec.used(t):
+        key, col = _column(plan, t.operand(k))
+        lo, hi = 0, 1 << 62
+        if key == "partials":  # one slice per (sequence, kv head)
+            if t.opcode in (Opcode.ATTN_SPLIT, Opcode.ATTN_MERGE):
+                out.append((f"partials[{t.tile[0]},{t.tile[1]}]", lo, hi, o.access))
+            else:  # MERGE_IN reads every slice
+                out += [(f"partials[{b},{h}]", lo, hi, o.access) for b in range(plan.batch)
+                        for h in range(d.kv_heads)]
             continue
-        op = t.operand(k)
-        key = by_start.get((op.buffer, op.offset * GRANULE), plan.buffers[op.buffer].name)
-        if key == "partials":  # one slice per (sequence, kv head), its own counter
-            key += f"[{t.tile[0]},{t.tile[1]}]"
-        out.append((key, o.access))
+        if t.opcode in (Opcode.GEMV, Opcode.LOGITS) and k == 2:  # y: the tile's columns
+            lo = t.tile[4] + t.tile[0]
+            hi = lo + t.tile[1]
+        elif t.opcode in (Opcode.GEMV, Opcode.LOGITS) and k in (1, 3) and key in plan.regions:
+            lo, hi = col, col + t.tile[2]
+        elif t.opcode == Opcode.ATTN_SPLIT and t.flags & Flag.ROPE_IN and k == 0:
+            g, dh, kvh = d.heads // d.kv_heads, d.head_dim, t.tile[1]
+            out += [(key, t.tile[7] + kvh * g * dh, t.tile[7] + (kvh + 1) * g * dh, "r"),
+                    (key, t.tile[5] + kvh * dh, t.tile[5] + (kvh + 1) * dh, "r"),
+                    (key, t.tile[6] + kvh * dh, t.tile[6] + (kvh + 1) * dh, "r")]
+            continue
+        out.append((key, lo, hi, o.access))
     return out
+
+
+MODES = [{"fuse": False}, {"fuse": True, "fine_deps": False}, {"fuse": True},
+         {"fuse": True, "tile_scale": 2}]
 
 
 @pytest.mark.parametrize("batch", [1, 4, 8])
 def test_every_op_of_the_step_is_covered(batch):
-    plan = builder.build_step(TINY, batch, 132, num_blocks=batch * 8)
+    plan = builder.build_step(TINY, batch, 132, num_blocks=batch * 8, fuse=False)
     assert {Opcode(t.opcode) for t in plan.tasks} == EVERY_OP
     counts = plan.summary()["ops"]
     layers = TINY.layers
@@ -65,42 +93,61 @@ def test_every_op_of_the_step_is_covered(batch):
 
 
 @pytest.mark.parametrize("batch", [1, 4, 8])
-def test_every_read_waits_for_its_writer_and_every_overwrite_for_its_readers(batch):
-    plan = builder.build_step(TINY, batch, 16, num_blocks=batch * 8)
+def test_the_fused_step_has_five_stages_a_layer_and_every_flag(batch):
+    plan = builder.build_step(TINY, batch, 132, num_blocks=batch * 8)
+    assert plan.options == {"fused": True, "fine_deps": True, "tile_scale": 1}
+    assert {Opcode(t.opcode) for t in plan.tasks} == {Opcode.EMBED, Opcode.GEMV,
+                                                      Opcode.ATTN_SPLIT, Opcode.LOGITS}
+    flags = {(Opcode(t.opcode), t.flags) for t in plan.tasks}
+    assert flags == {(Opcode.EMBED, 0), (Opcode.GEMV, Flag.NORM_IN), (Opcode.LOGITS, Flag.NORM_IN),
+                     (Opcode.ATTN_SPLIT, Flag.ROPE_IN),
+                     (Opcode.GEMV, Flag.MERGE_IN | Flag.RESIDUAL_OUT),
+                     (Opcode.GEMV, Flag.SILU_IN | Flag.RESIDUAL_OUT)}
+    # counters: embed, per layer one per kv head (q/k/v) + splits + o + gate/up + down, logits
+    assert plan.num_counters == 2 + TINY.layers * (TINY.kv_heads + 4)
+    assert validate(plan.tasks, plan.shape, plan.buffers, plan.num_counters).ok
+
+
+@pytest.mark.parametrize("options", MODES)
+@pytest.mark.parametrize("batch", [1, 4, 8])
+def test_every_read_waits_for_its_writer_and_every_overwrite_for_its_readers(batch, options):
+    plan = builder.build_step(TINY, batch, 16, num_blocks=batch * 8, **options)
+    assert validate(plan.tasks, plan.shape, plan.buffers, plan.num_counters).ok
     anc = _ancestors(plan.tasks)
-    last_write: dict[str, list[int]] = {}
-    reads_since: dict[str, list[int]] = {}
+    writes: dict[str, list[tuple[int, int, int]]] = {}
+    reads: dict[str, list[tuple[int, int, int]]] = {}
     for i, t in enumerate(plan.tasks):
         touched = _touches(plan, t)
         # Tasks of one stage (one signal counter) touch disjoint tiles of a region.
-        def others(tasks, i=i, t=t):
-            return [j for j in tasks if plan.tasks[j].signal != t.signal]
-
-        for key, access in touched:
-            if "r" in access:
-                for w in others(last_write.get(key, [])):
+        for key, lo, hi, access in touched:
+            for wlo, whi, w in writes.get(key, []):
+                if "r" in access and wlo < hi and lo < whi and plan.tasks[w].signal != t.signal:
                     assert anc[i] >> w & 1, f"task {i} {t.label} reads {key} before writer {w}"
-        for key, access in touched:
-            if "w" in access:
-                for r in others(reads_since.get(key, [])):
+            for rlo, rhi, r in reads.get(key, []):
+                if "w" in access and rlo < hi and lo < rhi and plan.tasks[r].signal != t.signal:
                     assert anc[i] >> r & 1, \
                         f"task {i} {t.label} overwrites {key} before reader {r} is done"
-        for key, access in touched:
+        for key, lo, hi, access in touched:
             if "w" in access:
-                stage = [w for w in last_write.get(key, []) if plan.tasks[w].signal == t.signal]
-                last_write[key] = stage + [i]
-                reads_since[key] = []
+                writes.setdefault(key, []).append((lo, hi, i))
             if "r" in access:
-                reads_since.setdefault(key, []).append(i)
+                reads.setdefault(key, []).append((lo, hi, i))
 
 
 @pytest.mark.parametrize("batch", [1, 4, 8])
 def test_probe_model_list_is_valid_and_sized_to_the_sms(batch):
-    plan = builder.build_step(PROBE, batch, 132, num_blocks=batch * 64)
+    plan = builder.build_step(PROBE, batch, 132, num_blocks=batch * 64, fuse=False)
     assert validate(plan.tasks, plan.shape, plan.buffers, plan.num_counters).ok
     q_tiles = [t for t in plan.tasks if t.label.startswith("L0.q[")]
     # about one tile per SM, each a whole number of 8-row warps
     assert len(q_tiles) == 128 and all(t.tile[1] == 16 for t in q_tiles)
+    fused = builder.build_step(PROBE, batch, 132, num_blocks=batch * 64)
+    assert validate(fused.tasks, fused.shape, fused.buffers, fused.num_counters).ok
+    qkv = [t for t in fused.tasks if t.label.startswith(("L0.q[", "L0.k[", "L0.v["))]
+    assert len(qkv) == 128 and all(t.tile[1] == 32 for t in qkv)  # one q|k|v stage
+    bigger = builder.build_step(PROBE, batch, 132, num_blocks=batch * 64, tile_scale=2)
+    assert sum(t.opcode == Opcode.GEMV for t in bigger.tasks) * 2 == \
+        sum(t.opcode == Opcode.GEMV for t in fused.tasks)
     splits = {t.tile[2] for t in plan.tasks
               if t.opcode == Opcode.ATTN_SPLIT and t.label.startswith("L0.")}
     assert len(splits) * batch * PROBE.kv_heads >= 132
@@ -108,7 +155,7 @@ def test_probe_model_list_is_valid_and_sized_to_the_sms(batch):
 
 
 def test_attention_merge_waits_only_for_its_own_splits():
-    plan = builder.build_step(TINY, 2, 16, num_blocks=8)
+    plan = builder.build_step(TINY, 2, 16, num_blocks=8, fuse=False)
     by_counter: dict[int, list] = {}
     for t in plan.tasks:
         by_counter.setdefault(t.signal, []).append(t)
@@ -119,8 +166,26 @@ def test_attention_merge_waits_only_for_its_own_splits():
         assert {(s.tile[0], s.tile[1]) for s in splits} == {(m.tile[0], m.tile[1])}
 
 
+def test_fused_splits_wait_only_for_the_qkv_tiles_of_their_kv_head():
+    plan = builder.build_step(TINY, 2, 16, num_blocks=8)
+    signalers: dict[int, list] = {}
+    for t in plan.tasks:
+        signalers.setdefault(t.signal, []).append(t)
+    g, d = TINY.heads // TINY.kv_heads, TINY.head_dim
+    for s in (t for t in plan.tasks if t.opcode == Opcode.ATTN_SPLIT):
+        (c, n), = s.waits
+        tiles = signalers[c]
+        assert len(tiles) == n
+        kvh = s.tile[1]
+        for t in tiles:  # every one lies in the q, k or v rows of this kv head
+            col = t.tile[4] + t.tile[0]
+            q, k, v = (kvh * g * d, (kvh + 1) * g * d), (s.tile[5] + kvh * d,) * 2, \
+                (s.tile[6] + kvh * d,) * 2
+            assert q[0] <= col < q[1] or k[0] <= col < k[0] + d or v[0] <= col < v[0] + d
+
+
 def test_k_is_appended_after_rope_and_v_as_is():
-    plan = builder.build_step(TINY, 1, 16, num_blocks=8)
+    plan = builder.build_step(TINY, 1, 16, num_blocks=8, fuse=False)
     ropes = [t for t in plan.tasks if t.opcode == Opcode.ROPE and t.label.startswith("L1.")]
     assert [bool(t.flags & Flag.APPEND_KV) for t in ropes] == [False, True]
     assert plan.buffers[ropes[1].operands[3].buffer].name == "k_cache.1"

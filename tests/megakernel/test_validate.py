@@ -1,4 +1,5 @@
-"""The host validator refuses what the persistent kernel must not run, naming the task."""
+"""The host validator refuses what the persistent kernel must not run, naming the task:
+on the unfused stages (every opcode) and on the fused list (ABI v2 flags)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import dataclasses
 import pytest
 
 from pipeline.megakernel import builder
-from pipeline.megakernel.abi import Opcode, Operand, Task
+from pipeline.megakernel.abi import Flag, Opcode, Operand, Task
 from pipeline.megakernel.validate import TaskListError, validate
 
 DIMS = builder.ModelDims(vocab=512, hidden=128, intermediate=256, layers=2, heads=4, kv_heads=2,
@@ -16,6 +17,11 @@ DIMS = builder.ModelDims(vocab=512, hidden=128, intermediate=256, layers=2, head
 
 @pytest.fixture
 def plan():
+    return builder.build_step(DIMS, 2, 16, num_blocks=8, fuse=False)
+
+
+@pytest.fixture
+def fused():
     return builder.build_step(DIMS, 2, 16, num_blocks=8)
 
 
@@ -33,10 +39,12 @@ def _first(plan, op):
     return next(i for i, t in enumerate(plan.tasks) if t.opcode == op)
 
 
-def test_the_built_list_is_accepted(plan):
-    report = _check(plan, plan.tasks)
-    assert report.ok, report.problems
-    report.raise_if_bad()
+def test_the_built_lists_are_accepted(plan, fused):
+    for p in (plan, fused):
+        report = _check(p, p.tasks)
+        assert report.ok, report.problems
+        report.raise_if_bad()
+    assert fused.options["fused"] and not plan.options["fused"]
 
 
 def test_a_cycle_is_refused_naming_its_tasks(plan):
@@ -95,10 +103,10 @@ def test_an_out_of_bounds_operand_is_refused(plan):
 def test_a_tile_outside_the_matrix_is_refused(plan):
     i = _first(plan, Opcode.LOGITS)
     t = plan.tasks[i]
-    row0, rows, k, n = t.tile
+    row0, rows, k, n = t.tile[:4]
     report = _check(plan, _replace(plan.tasks, i, tile=(n - 1, rows, k, n)))
-    assert any(p.startswith(f"task {i} (LOGITS {t.label}): output rows: rows "
-               f"{n - 1}..{n - 1 + rows} exceed {n}") for p in report.problems)
+    assert any(p.startswith(f"task {i} (LOGITS {t.label}): output columns "
+               f"{n - 1}..{n - 1 + rows} exceed the row stride {n}") for p in report.problems)
 
 
 def test_a_write_into_weights_is_refused(plan):
@@ -112,14 +120,15 @@ def test_a_write_into_weights_is_refused(plan):
 def test_an_unknown_opcode_is_refused(plan):
     i = _first(plan, Opcode.SILU_MUL)
     report = _check(plan, _replace(plan.tasks, i, opcode=42, label=""))
-    assert report.problems == [f"task {i} (opcode 42): unknown opcode 42 (ABI 1 knows 0..10)"]
+    assert report.problems == [f"task {i} (opcode 42): unknown opcode 42 (ABI 2 knows 0..10)"]
 
 
 def test_unknown_flags_and_counters_are_refused(plan):
     i = _first(plan, Opcode.KV_APPEND)
     t = plan.tasks[i]
     report = _check(plan, _replace(plan.tasks, i, flags=0x8, signal=plan.num_counters))
-    assert f"task {i} (KV_APPEND {t.label}): unknown flag bits 0x8" in report.problems
+    assert (f"task {i} (KV_APPEND {t.label}): flag bits 0x8 are not flags of KV_APPEND "
+            f"(it takes 0x0)") in report.problems
     assert (f"task {i} (KV_APPEND {t.label}): counter {plan.num_counters} outside the "
             f"{plan.num_counters}-counter array") in report.problems
 
@@ -137,3 +146,56 @@ def test_an_operand_slot_outside_the_table_is_refused():
     report = validate([bad], plan.shape, plan.buffers, plan.num_counters)
     assert report.problems == [f"task 0 (RESIDUAL_ADD): operand x: buffer slot "
                                f"{len(plan.buffers)} not in the {len(plan.buffers)}-slot table"]
+
+
+def _first_flagged(plan, op, flag):
+    return next(i for i, t in enumerate(plan.tasks) if t.opcode == op and t.flags & flag)
+
+
+def test_a_gemv_with_two_inputs_is_refused(fused):
+    i = _first_flagged(fused, Opcode.GEMV, Flag.NORM_IN)
+    t = fused.tasks[i]
+    report = _check(fused, _replace(fused.tasks, i, flags=int(Flag.NORM_IN | Flag.SILU_IN)))
+    assert any(p.startswith(f"task {i} (GEMV {t.label}): more than one input flag")
+               for p in report.problems)
+
+
+def test_a_flag_of_another_opcode_is_refused(fused):
+    i = _first_flagged(fused, Opcode.GEMV, Flag.NORM_IN)
+    t = fused.tasks[i]
+    report = _check(fused, _replace(fused.tasks, i, flags=int(Flag.ROPE_IN)))
+    assert report.problems == [f"task {i} (GEMV {t.label}): flag bits 0x20 are not flags of "
+                               f"GEMV (it takes 0x1e)"]
+
+
+def test_a_merge_over_the_wrong_width_is_refused(fused):
+    i = _first_flagged(fused, Opcode.GEMV, Flag.MERGE_IN)
+    t = fused.tasks[i]
+    k = DIMS.heads * DIMS.head_dim
+    report = _check(fused, _replace(fused.tasks, i, tile=(t.tile[0], t.tile[1], k - 8,
+                                                           *t.tile[3:])))
+    assert (f"task {i} (GEMV {t.label}): MERGE_IN: K={k - 8} is not heads x head_dim = {k}"
+            in report.problems)
+
+
+def test_a_staged_input_too_large_for_shared_memory_is_refused():
+    wide = dataclasses.replace(DIMS, hidden=8192, intermediate=8192, heads=64, kv_heads=16)
+    plan = builder.build_step(wide, 8, 16, num_blocks=8, fuse=False)
+    i = next(i for i, t in enumerate(plan.tasks) if t.opcode == Opcode.GEMV)
+    t = plan.tasks[i]
+    report = validate(_replace(plan.tasks, i, flags=int(Flag.NORM_IN),
+                               operands=t.operands + (t.operands[0],)),
+                      plan.shape, plan.buffers, plan.num_counters)
+    assert any("exceeds the kernel's 98304-byte staging buffer" in p for p in report.problems)
+    assert builder.fusion_blockers(wide, 8, plan.shape.max_splits)
+    assert not builder.build_step(wide, 8, 16, num_blocks=8).options["fused"]
+
+
+def test_rope_in_columns_outside_the_rows_are_refused(fused):
+    i = _first_flagged(fused, Opcode.ATTN_SPLIT, Flag.ROPE_IN)
+    t = fused.tasks[i]
+    tile = list(t.tile)
+    tile[6] = tile[4] - 8  # v columns run past the q|k|v rows
+    report = _check(fused, _replace(fused.tasks, i, tile=tuple(tile)))
+    assert any(p.startswith(f"task {i} (ATTN_SPLIT {t.label}): ROPE_IN: v columns")
+               for p in report.problems)

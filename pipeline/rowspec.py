@@ -62,7 +62,7 @@ class Arm(_Model):
     commit: str = ""
     command: list[str] = []
     """Command that starts an OpenAI-compatible server (engine `openai`)."""
-    mode: Literal["eager", "graph", "persistent", "default"] = "default"
+    mode: Literal["eager", "graph", "graph-fused", "persistent", "default"] = "default"
     kernel_variant: str = ""
     dtype: str = "float32"
     note: str = ""

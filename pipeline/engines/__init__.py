@@ -8,7 +8,9 @@
 * `reference`: rowgate's own torch decode engine (paged KV cache).
 
 Options (strings, from `rowgate gate --option KEY=VALUE` / the gate):
-`endpoint` (true/false), `vllm_max_num_seqs`, `vllm_enforce_eager`, `seed`.
+`endpoint` (true/false), `vllm_max_num_seqs`, `vllm_enforce_eager`, `seed`; for the
+reference engine `persistent_schedule`, `persistent_cubin`, `fused_compile` (mode
+`graph-fused`: a torch.compile mode or `none`), `fused_cubin`, `nvcc`.
 """
 
 from __future__ import annotations
@@ -63,6 +65,12 @@ def _openai(arm: Arm, model_dir: Path, device: str, options: dict[str, str]) -> 
 def _reference(arm: Arm, model_dir: Path, device: str, options: dict[str, str]) -> Engine:
     from pipeline.engines.reference import ReferenceEngine
 
+    if arm.mode == "graph-fused":
+        from pipeline.engines.fused import COMPILE_MODES, FusedEngine
+
+        return FusedEngine(model_dir, device=device, dtype=arm.dtype,
+                           compile_mode=options.get("fused_compile", COMPILE_MODES[0]),
+                           cubin=options.get("fused_cubin"), nvcc=options.get("nvcc"))
     if arm.mode == "persistent":
         from pipeline.engines.persistent import PersistentEngine
 

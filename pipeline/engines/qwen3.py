@@ -83,13 +83,13 @@ class Qwen3Config:
             raise EngineError(f"{path}/config.json: not a readable Qwen3 config") from exc
 
 
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return (xf * weight.float()).to(x.dtype)
 
 
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Neox-style rotary embedding (rotate halves), as Qwen3 uses. cos/sin: [T, D/2]."""
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
@@ -131,10 +131,10 @@ class Qwen3Model:
         q = (x @ self.w[p + "q_proj.weight"].T).view(t, c.num_heads, c.head_dim)
         k = (x @ self.w[p + "k_proj.weight"].T).view(t, c.num_kv_heads, c.head_dim)
         v = (x @ self.w[p + "v_proj.weight"].T).view(t, c.num_kv_heads, c.head_dim)
-        q = _rms_norm(q, self.w[p + "q_norm.weight"], c.rms_norm_eps)
-        k = _rms_norm(k, self.w[p + "k_norm.weight"], c.rms_norm_eps)
+        q = rms_norm(q, self.w[p + "q_norm.weight"], c.rms_norm_eps)
+        k = rms_norm(k, self.w[p + "k_norm.weight"], c.rms_norm_eps)
         cos, sin = self.cos[positions], self.sin[positions]
-        return _rope(q, cos, sin), _rope(k, cos, sin), v
+        return rope(q, cos, sin), rope(k, cos, sin), v
 
     def _mlp(self, i: int, x: torch.Tensor) -> torch.Tensor:
         p = f"model.layers.{i}.mlp."
@@ -149,14 +149,14 @@ class Qwen3Model:
         x = self.w["model.embed_tokens.weight"][ids]
         for i in range(c.num_layers):
             p = f"model.layers.{i}."
-            h = _rms_norm(x, self.w[p + "input_layernorm.weight"], c.rms_norm_eps)
+            h = rms_norm(x, self.w[p + "input_layernorm.weight"], c.rms_norm_eps)
             q, k, v = self._qkv(i, h, positions)
             cache.write(i, slots, k, v)
             a = attend(i, q, k, v).reshape(x.shape[0], c.num_heads * c.head_dim)
             x = x + a @ self.w[p + "self_attn.o_proj.weight"].T
-            h = _rms_norm(x, self.w[p + "post_attention_layernorm.weight"], c.rms_norm_eps)
+            h = rms_norm(x, self.w[p + "post_attention_layernorm.weight"], c.rms_norm_eps)
             x = x + self._mlp(i, h)
-        x = _rms_norm(x, self.w["model.norm.weight"], c.rms_norm_eps)
+        x = rms_norm(x, self.w["model.norm.weight"], c.rms_norm_eps)
         return (x @ self.w["lm_head.weight"].T).float()
 
     def prefill(self, ids: torch.Tensor, slots: torch.Tensor, cache: "PagedKVCache"):

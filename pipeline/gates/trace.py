@@ -31,7 +31,7 @@ CELL_METRICS = ("recoverable_idle_fraction", "gap_fraction", "tail_fraction",
 
 class TraceGate(GateSpec):
     kind: Literal["trace"]
-    modes: list[Literal["eager", "graph", "persistent"]] = ["graph"]
+    modes: list[Literal["eager", "graph", "graph-fused", "persistent"]] = ["graph"]
     warm_concurrency: Annotated[int, Field(gt=0)] = 1
     primer_steps: Annotated[int, Field(ge=0)] = 256
     primer_concurrency: Annotated[int, Field(gt=0)] = 1

@@ -8,10 +8,13 @@ Sections (each one's failure is recorded and the next still runs):
   ceiling   device-to-device copy bandwidth (bytes read + written), this run
   operator  the row's operator gate cases (randomized pages, poison, bitwise A/B,
             fp64 reference) -> DIR/operator/{cases.json,cases.csv,timing.json},
-            the same raw artifacts the operator gate writes
-  bench     FP8/bf16 B16x16K and FP8 B1x1K: split_kv baseline and candidate, torch
-            SDPA on dense bf16 KV, the naive path (dequantise to bf16, then SDPA),
-            interleaved in rotated order, L2 flushed / inputs rotated
+            the same raw artifacts the operator gate writes (--candidate picks the
+            candidate variant: the row's, or e.g. e5m2_bulk); operator_bf16 the same
+            matrix on bf16 KV, operator_g2 on bf16 GQA groups of 2 (16/8 heads)
+  bench     FP8/bf16 B16x16K and FP8 B1x1K: split_kv baseline, ring (pipelined) and
+            bulk candidates, torch SDPA on dense bf16 KV, the naive path (dequantise
+            to bf16, then SDPA), interleaved in rotated order, L2 flushed / inputs
+            rotated
   phase     B16 ragged 17.8K E5M2: leave-one-out / do-twice variants of each phase
   ncu       hardware counters for the target shapes (--clock-control none)
 Everything lands in DIR/results.json; a short table is printed last.
@@ -154,6 +157,56 @@ def run_operator(spec, cubin: Path, dev, out: Path, label: str) -> dict:
                        for k, rec in timing_rec["shapes"].items()}}
 
 
+# --------------------------------------------------------------------- smoke
+
+def done_within(dev, seconds: float) -> bool:
+    """Whether the work queued on the device finishes within `seconds` (a kernel that
+    never finishes, e.g. a producer/consumer mbarrier wait that never completes, would
+    otherwise hang the whole call)."""
+    ev = torch.cuda.Event()
+    ev.record(torch.cuda.current_stream(dev))
+    t0 = time.time()
+    while not ev.query():
+        if time.time() - t0 > seconds:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def smoke(cubin: Path, dev, out: Path, results: dict) -> dict:
+    """One launch of every new kernel family before anything is timed; a launch that
+    does not finish ends the process (the results so far are written first)."""
+    shapes = [("e5m2", 16, 16384, 32, 8, 128, 64), ("e5m2", 1, 1024, 32, 8, 128, 64),
+              ("bf16", 16, 16384, 32, 8, 128, 64), ("bf16", 4, 1000, 16, 8, 128, 16),
+              ("e5m2", 4, 700, 8, 1, 64, 16), ("bf16", 1, 70, 16, 8, 64, 16)]
+    rec = {}
+    for kv, batch, ctx, hq, hkv, dim, page in shapes:
+        case = Case(3, batch, "uniform", str(ctx), page, kv, hq, hkv, dim, [ctx] * batch)
+        inp = make_inputs(case, dev)
+        ref = reference.decode_attention_fp64(inp.q, inp.k_cache, inp.v_cache, inp.block_table,
+                                              inp.seq_lens, k_scale=inp.k_scale,
+                                              v_scale=inp.v_scale)
+        outs = {}
+        for variant in ("baseline", "bulk"):
+            planned = op.DecodeAttention(inp.q, inp.k_cache, inp.v_cache, inp.block_table,
+                                         inp.seq_lens, max_seq_len=ctx, cubin=cubin,
+                                         k_scale=inp.k_scale, v_scale=inp.v_scale,
+                                         variant=variant)
+            outs[variant] = planned.run(inp.q, inp.k_cache, inp.v_cache, inp.block_table,
+                                        inp.seq_lens)
+            name = f"{kv} B{batch}x{ctx} {hq}/{hkv} d{dim} p{page} {planned.kernel}"
+            if not done_within(dev, 10.0):
+                rec[name] = "did not finish in 10 s"
+                results["smoke"] = rec
+                (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
+                log(f"[smoke] {name} did not finish: stopping")
+                os._exit(3)
+        rec[name] = {"bitwise_equal": bool(torch.equal(outs["bulk"].view(torch.int16),
+                                                       outs["baseline"].view(torch.int16))),
+                     "max_abs_err_vs_fp64": float((outs["bulk"].double() - ref).abs().max())}
+    return rec
+
+
 # --------------------------------------------------------------------- bench
 
 def dense_bf16(batch, hkv, length, dim, dev, gen):
@@ -180,7 +233,9 @@ def bench_large(cubin: Path, dev, repeats: int, ceiling: float) -> dict:
         return lambda: planned.run(*args, out=out)
 
     fns = {"e5m2_baseline": split(fp8, "baseline"), "e5m2_pipelined": split(fp8, "pipelined"),
+           "e5m2_bulk": split(fp8, "bulk"),
            "bf16_baseline": split(bf, "baseline"), "bf16_pipelined": split(bf, "pipelined"),
+           "bf16_bulk": split(bf, "bulk"),
            "sdpa_bf16_dense": lambda: reference.dense_sdpa(bf.q, dk, dvv),
            "naive_dequant_sdpa": lambda: reference.naive_dequant_sdpa(
                fp8.q, fp8.k_cache, fp8.v_cache, fp8.block_table, length,
@@ -189,14 +244,19 @@ def bench_large(cubin: Path, dev, repeats: int, ceiling: float) -> dict:
     ref8 = reference.decode_attention_fp64(fp8.q, fp8.k_cache, fp8.v_cache, fp8.block_table,
                                            fp8.seq_lens, k_scale=fp8.k_scale,
                                            v_scale=fp8.v_scale)
-    acc = {}
-    for name in ("e5m2_baseline", "e5m2_pipelined", "naive_dequant_sdpa"):
-        o = fns[name]().clone()
-        acc[name] = float((o.double() - ref8).abs().max())
+    acc, outs = {}, {}
+    for name in ("e5m2_baseline", "e5m2_pipelined", "e5m2_bulk", "naive_dequant_sdpa"):
+        outs[name] = fns[name]().clone()
+        acc[name] = float((outs[name].double() - ref8).abs().max())
+    bits = {"e5m2_bulk": bool(torch.equal(outs["e5m2_bulk"].view(torch.int16),
+                                          outs["e5m2_baseline"].view(torch.int16)))}
+    base16 = fns["bf16_baseline"]().clone()
+    bits["bf16_bulk"] = bool(torch.equal(fns["bf16_bulk"]().view(torch.int16),
+                                         base16.view(torch.int16)))
     samples = timing.interleaved(fns, repeats=repeats, device=dev, flush=True)
     kv_bytes = {"e5m2": batch * length * hkv * dim * 2, "bf16": batch * length * hkv * dim * 4}
     res = {"shape": "B16x16384 GQA32/8 D128 page64", "max_abs_err_vs_fp64": acc,
-           "order": samples["order"], "variants": {}}
+           "bitwise_equal_to_baseline": bits, "order": samples["order"], "variants": {}}
     for name, s in samples["samples_us"].items():
         nbytes = kv_bytes["e5m2" if name.startswith(("e5m2", "naive")) else "bf16"]
         med = median(s)
@@ -220,7 +280,7 @@ def bench_small(cubin: Path, dev, repeats: int) -> dict:
                                    inputs[0].block_table, inputs[0].seq_lens,
                                    max_seq_len=length, cubin=cubin, k_scale=inputs[0].k_scale,
                                    v_scale=inputs[0].v_scale, variant=v)
-             for v in ("baseline", "pipelined")}
+             for v in ("baseline", "pipelined", "bulk")}
 
     def call(variant):
         planned = plans[variant]
@@ -243,8 +303,9 @@ def bench_small(cubin: Path, dev, repeats: int) -> dict:
         return reference.dense_sdpa(inputs[i].q, *dense[i])
 
     fns = {"e5m2_baseline": call("baseline"), "e5m2_pipelined": call("pipelined"),
-           "sdpa_bf16_dense": sdpa}
+           "e5m2_bulk": call("bulk"), "sdpa_bf16_dense": sdpa}
     res = {"shape": "B1x1024 GQA32/8 D128 page64 e5m2", "rotating_inputs": n_inputs,
+           "bulk_kernel": plans["bulk"].kernel,
            "launcher": "cuLaunchKernel" if plans["baseline"].launcher.raw is not None
            else "cuda.core launch", "variants": {}}
     names = list(fns)
@@ -372,7 +433,7 @@ def ncu_target(cubin: Path, dev) -> None:
               Case(7, 16, "uniform", "16384", 64, "bf16", 32, 8, 128, [16384] * 16)]
     for case in shapes:
         inp = make_inputs(case, dev)
-        for variant in ("baseline", "pipelined"):
+        for variant in ("baseline", "pipelined", "bulk"):
             op.decode_attention(inp.q, inp.k_cache, inp.v_cache, inp.block_table, inp.seq_lens,
                                 max_seq_len=max(case.lens), cubin=cubin, k_scale=inp.k_scale,
                                 v_scale=inp.v_scale, variant=variant)
@@ -386,7 +447,7 @@ def run_ncu(out: Path, cubin: Path) -> dict:
            NCU_METRICS, "--csv", "--page", "raw", sys.executable, __file__, "--ncu-target",
            "--cubin", str(cubin)]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=400,
-                       env={**os.environ, "PYTHONPATH": str(REPO)})
+                       env={**os.environ, "PYTHONPATH": f"{REPO}:{os.environ.get('PYTHONPATH', '')}"})
     text = p.stdout
     start = text.find('"ID"')
     csv_path.write_text(text[start:] if start >= 0 else text + "\n" + p.stderr)
@@ -429,17 +490,22 @@ def summary(results: dict) -> None:
     c = results.get("ceiling", {})
     if "tb_per_s" in c:
         log(f"copy ceiling: {c['tb_per_s']:.3f} TB/s ({c['median_us']:.1f} us for 4 GiB moved)")
-    for key in ("operator", "operator_bf16"):
+    for key in ("operator", "operator_bf16", "operator_g2"):
         o = results.get(key, {})
         if "cases" in o:
             log(f"{key}: {o['cases']} cases, bitwise mismatches {o['bitwise_mismatches']}, "
                 f"bad cases {o['bad_cases']}, max abs err {o['max_abs_err']:.4g}, "
                 f"{o['seconds']} s")
     big = results.get("bench_large", {})
+    if "bitwise_equal_to_baseline" in big:
+        log(f"B16x16K bulk bitwise == baseline: {big['bitwise_equal_to_baseline']}; max |err| vs "
+            f"fp64: {big['max_abs_err_vs_fp64']}")
     for name, v in big.get("variants", {}).items():
         log(f"B16x16K {name:22s} {v['median_us']:9.1f} us  [{v['min']:.1f}..{v['max']:.1f}]  "
             f"{v['tb_per_s']:.3f} TB/s  {v['pct_of_copy']:.1f}% of copy")
     small = results.get("bench_small", {})
+    if "bulk_kernel" in small:
+        log(f"B1x1K   bulk runs {small['bulk_kernel']}")
     for name, v in small.get("variants", {}).items():
         log(f"B1x1K   {name:22s} gpu {v['gpu_us_median']:7.2f} us  call {v['call_us_median']:7.2f} us")
     if "unplanned_call_us" in small:
@@ -459,7 +525,10 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--skip", action="append", default=[], help="section names to skip")
     ap.add_argument("--ncu-target", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--cubin", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--cubin", type=Path,
+                    help="a split_kv cubin built elsewhere (skips the build and phase sections)")
+    ap.add_argument("--candidate", help="the operator sections' candidate variant "
+                                        "(default: the row's), e.g. e5m2_bulk")
     ns = ap.parse_args(argv)
     dev = torch.device("cuda:0")
     if ns.ncu_target:
@@ -470,16 +539,32 @@ def main(argv=None) -> int:
     results: dict = {"command": " ".join(sys.argv), "arch": arch}
     results["env"] = environment(dev)
     log(json.dumps(results["env"]))
-    build_rec = section(results, "build", lambda: build(ns.nvcc, arch, REPO / "build", ns.out))
-    cubin = op.cubin_path(arch, REPO / "build")
+    if ns.cubin:
+        build_rec, cubin = {"cubin": str(ns.cubin)}, ns.cubin
+        ns.skip.append("phase")
+    else:
+        build_rec = section(results, "build", lambda: build(ns.nvcc, arch, REPO / "build",
+                                                            ns.out))
+        cubin = op.cubin_path(arch, REPO / "build")
+    cand = {"candidate": ns.candidate} if ns.candidate else {}
+    cand16 = {"candidate": "bf16_" + ns.candidate.rsplit("_", 1)[-1]} if ns.candidate else {}
     ceiling = section(results, "ceiling", lambda: copy_ceiling(dev)).get("tb_per_s", float("nan"))
-    plan = {"operator": lambda: run_operator(operator_spec(ns.row), cubin, dev,
+    plan = {"smoke": lambda: smoke(cubin, dev, ns.out, results),
+            "bench_large": lambda: bench_large(cubin, dev, ns.repeats, ceiling),
+            "bench_small": lambda: bench_small(cubin, dev, max(9, ns.repeats // 2)),
+            "operator": lambda: run_operator(operator_spec(ns.row, **cand), cubin, dev,
                                              ns.out / "operator", "row"),
             "operator_bf16": lambda: run_operator(
                 operator_spec(ns.row, kv_dtypes=["bf16"], batches=[1, 4, 16], seeds=[0],
-                              timing_repeats=9), cubin, dev, Path("/tmp/operator_bf16"), "bf16"),
-            "bench_large": lambda: bench_large(cubin, dev, ns.repeats, ceiling),
-            "bench_small": lambda: bench_small(cubin, dev, max(9, ns.repeats // 2)),
+                              timing_repeats=9, **cand16), cubin, dev,
+                Path("/tmp/operator_bf16"), "bf16"),
+            "operator_g2": lambda: run_operator(
+                operator_spec(ns.row, kv_dtypes=["bf16"], batches=[1, 4, 8], seeds=[0],
+                              heads=[[16, 8]], page_sizes=[16],
+                              contexts=["1", "page-1", "page", "page+1", "1024"],
+                              timing_repeats=3, baseline="bf16_baseline",
+                              **(cand16 or {"candidate": "bf16_pipelined"})), cubin, dev,
+                Path("/tmp/operator_g2"), "bf16 g2"),
             "phase": lambda: phase_attribution(build_rec, dev, ns.repeats),
             "ncu": lambda: run_ncu(ns.out, cubin)}
     for name, fn in plan.items():

@@ -99,11 +99,13 @@ def probe():
     return models.build(models.NAMED["probe-qwen3-h2048-l16"])
 
 
-def prefilled(model, batch: int, decode_steps: int = 1):
+def prefilled(model, batch: int, decode_steps: int = 1, cache_cls=None):
+    """A cache (`cache_cls`, default the reference engine's) holding `batch` seeded
+    128-token prompts, and the next step's arguments."""
     from pipeline.engines.qwen3 import PAGE_SIZE, PagedKVCache
 
     pages = (PROMPT_LEN + decode_steps + PAGE_SIZE) // PAGE_SIZE + 1
-    cache = PagedKVCache(model.cfg, batch * pages, DEV, model.dtype)
+    cache = (cache_cls or PagedKVCache)(model.cfg, batch * pages, DEV, model.dtype)
     gen = torch.Generator().manual_seed(batch)
     rows, first = [], []
     with torch.inference_mode():

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The cubins benchmarks/issue19_device.sh runs, built here with the build gate's nvcc
+# flags (pipeline/build/cudabuild.py: warnings as errors, ptxas -v, no spills or local
+# memory) for sm_90, into DIR/cubins (default .devrun/kernels/cubins):
+#   split_kv.sm_90.cubin   every split_kv entry point (base, pipe, bulk, bulkc)
+#   mk_v2.cubin            the persistent kernel as the build gate builds it
+#   mk_ring0.cubin         RG_MK_RING=0 RG_MK_CLAIM_AHEAD=0 (v1's register-load GEMV)
+#   mk_noclaim.cubin       RG_MK_CLAIM_AHEAD=0 (the ring, no claim-ahead)
+# Usage: bash benchmarks/issue19_build.sh [DIR] (NVCC=path to pick the compiler).
+set -euo pipefail
+OUT=${1:-.devrun/kernels}/cubins
+NVCC=${NVCC:-nvcc}
+mkdir -p "$OUT"
+flags=(-cubin -arch=sm_90 -std=c++17 -I kernels/include -Werror all-warnings
+       -Xptxas -v,-warn-spills,-warn-lmem-usage -Xcompiler -Wall,-Wextra,-Werror)
+build() {  # out source [defines...]
+  local out=$1 src=$2
+  shift 2
+  "$NVCC" "${flags[@]}" "$@" -o "$OUT/$out" "$src" > "$OUT/$out.log" 2>&1 ||
+    { cat "$OUT/$out.log"; exit 1; }
+}
+pids=()
+build split_kv.sm_90.cubin kernels/decode_attention/split_kv.cu & pids+=($!)
+build mk_v2.cubin kernels/persistent/megakernel.cu & pids+=($!)
+build mk_ring0.cubin kernels/persistent/megakernel.cu -DRG_MK_RING=0 -DRG_MK_CLAIM_AHEAD=0 &
+pids+=($!)
+build mk_noclaim.cubin kernels/persistent/megakernel.cu -DRG_MK_CLAIM_AHEAD=0 & pids+=($!)
+for p in "${pids[@]}"; do wait "$p"; done
+"$NVCC" --version | tail -1 > "$OUT/nvcc-version.txt"
+ls -la "$OUT"

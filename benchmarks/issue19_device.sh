@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Issue 19 in one device call (docs/perf.md, "Issue 19"): the split_kv bulk candidate
+# against its baseline (bitwise on the operator gate's case matrix, fp64, B16x16K / B1x1K
+# timing, ncu) and the persistent kernel's variants against the strong graph-fused
+# baseline (benchmarks/megakernel_ab.py). Run from a directory holding this checkout's
+# pipeline/, kernels/, benchmarks/, rows/, the cubins it names (built beforehand with the
+# build gate's flags: benchmarks/issue19_build.sh) and whl/ (pydantic and its
+# dependencies, which the device image lacks). Results: $OUT/results.tar.gz.
+set -uo pipefail
+R=/tmp/issue19 && rm -rf "$R" && mkdir -p "$R"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+  whl/*.whl || exit 1
+export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1
+{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu \
+    --format=csv; nvcc --version | tail -1; git rev-parse HEAD 2>/dev/null; cat COMMIT; } \
+  > "$R/env.txt" 2>&1
+SPLIT=cubins/split_kv.sm_90.cubin
+timeout "${ATTN_TIMEOUT:-110}" python3 benchmarks/decode_attention.py --out "$R/attn" \
+  --cubin "$SPLIT" --candidate e5m2_bulk --skip ncu --repeats 15 2>&1 | tee "$R/attn.log"
+timeout "${MK_TIMEOUT:-330}" python3 benchmarks/megakernel_ab.py --out "$R/mk" \
+  --cubins v2=cubins/mk_v2.cubin ring0=cubins/mk_ring0.cubin noclaim=cubins/mk_noclaim.cubin \
+  --split-kv-cubin "$SPLIT" --repeats "${MK_REPEATS:-7}" --budget-s "${MK_BUDGET:-170}" \
+  2>&1 | tee "$R/mk.log"
+timeout "${NCU_TIMEOUT:-60}" python3 benchmarks/decode_attention.py --out "$R/ncu" \
+  --cubin "$SPLIT" --skip smoke --skip bench_large --skip bench_small --skip operator \
+  --skip operator_bf16 --skip operator_g2 2>&1 | tail -5 | tee "$R/ncu.log"
+tar czf "$OUT/results.tar.gz" -C "$R" .
+ls -la "$OUT"

@@ -1,0 +1,352 @@
+"""Issue 19 on one GPU, in one call: the persistent kernel's steps toward the floor
+against the strongest conventional baseline, on the probe model, same weights, same
+prefilled state.
+
+    PYTHONUNBUFFERED=1 PYTHONPATH=. python3 benchmarks/megakernel_ab.py --out DIR \
+        --cubins NAME=PATH ... --split-kv-cubin PATH [--batches 1 4 8] [--repeats 9]
+
+Cubins (built elsewhere with the build gate's flags; docs/perf.md gives the commands):
+`v2` the default build (weight ring, claim-ahead), `ring0` RG_MK_RING=0
+RG_MK_CLAIM_AHEAD=0 (v1's register-load GEMV), `noclaim` RG_MK_CLAIM_AHEAD=0.
+
+Per batch, every path's decode step from the same state, timed interleaved (rounds in
+rotated order, CUDA events over --steps steps, medians of --repeats rounds):
+  graph          the reference engine's CUDA graph (the old baseline, now a fallback arm)
+  fused-<mode>   mode graph-fused: q|k|v and gate|up GEMMs, split_kv bf16 attention, the
+                 layers torch.compile'd with <mode> (none / default /
+                 max-autotune-no-cudagraphs), one CUDA graph (pipeline/engines/fused.py)
+  mk-<variant>   the persistent kernel, dynamic queue (and static for the last):
+                   stages        the unfused (ABI v1) task list on ring0
+                   fused         the fused list (NORM/SILU/MERGE_IN, RESIDUAL_OUT, ROPE_IN),
+                                 stage counters, ring0
+                   +ring         ... on the weight ring with the pre-wait prefetch (noclaim)
+                   +claim        ... and the dynamic queue claiming ahead (v2)
+                   +fine         ... and splits waiting only for their kv head's q/k/v
+                   +tiles2       ... and GEMV tiles twice as large
+Checks: every persistent variant and schedule gives the same logits bit for bit (they
+run the same arithmetic); each path's logits against eager bf16 (max |d|, argmax);
+32 greedy steps of each path against eager's tokens (first divergence and the margin
+there); the fused list through the ABI's torch interpreter on the GPU (batch 1).
+Then one traced launch per schedule of the last variant: the breakdown (counter waits,
+GEMV, other ops; pipeline/megakernel/timeline.py). DIR/results.json is rewritten after
+every section; a table is printed last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import megakernel as mk  # noqa: E402  (benchmarks/megakernel.py: probe, prefill, ceiling)
+
+VARIANTS = [  # name, cubin, builder options
+    ("stages", "ring0", {"fuse": False}),
+    ("fused", "ring0", {"fine_deps": False}),
+    ("+ring", "noclaim", {"fine_deps": False}),
+    ("+claim", "v2", {"fine_deps": False}),
+    ("+fine", "v2", {}),
+    ("+tiles2", "v2", {"tile_scale": 2}),
+]
+COMPILE = ["none", "max-autotune-no-cudagraphs", "default"]
+GREEDY_STEPS = 32
+
+
+def log(*parts) -> None:
+    print(*parts, flush=True)
+
+
+def timed(results: dict, name: str, fn, out: Path):
+    t0 = time.time()
+    try:
+        results[name] = fn()
+        log(f"[{name}] ok in {time.time() - t0:.1f}s")
+    except Exception:  # noqa: BLE001 - a broken section is recorded, the next one runs
+        results[name] = {"error": traceback.format_exc()}
+        log(f"[{name}] FAILED in {time.time() - t0:.1f}s\n{traceback.format_exc()}")
+    (out / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
+    return results[name]
+
+
+def fused_engines(info, split_kv_cubin: str, modes: list[str]) -> dict:
+    """One started graph-fused engine per compile mode (weights loaded and fused; each
+    mode compiles at its first graph capture, in the batch sections)."""
+    from pipeline.engines.fused import FusedEngine
+
+    out = {}
+    for mode in modes:
+        eng = FusedEngine(info.path, device="cuda", dtype="bfloat16", compile_mode=mode,
+                          cubin=split_kv_cubin)
+        eng.start()
+        out[mode] = eng
+    return out
+
+
+def fused_state(eng, batch: int):
+    """mk.prefilled()'s state in the fused cache layout (same prompts, pages and values:
+    prefill is the reference engine's, on views of the same weights) and its graphs."""
+    from pipeline.engines.fused import FusedKVCache
+    from pipeline.engines.qwen3 import DecodeGraphs
+
+    cache, args = mk.prefilled(eng.model, batch, GREEDY_STEPS + 2, cache_cls=FusedKVCache)
+    graphs = DecodeGraphs(eng.model)
+    graphs.reset(cache)
+    return graphs, args
+
+
+def done_within(seconds: float) -> bool:
+    """Whether the queued device work finishes within `seconds` (a persistent kernel whose
+    counters never reach their values would otherwise hang the call)."""
+    ev = torch.cuda.Event()
+    ev.record()
+    t0 = time.time()
+    while not ev.query():
+        if time.time() - t0 > seconds:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+HANG = {}
+"""Set by main: where to write the results before leaving when a launch hangs."""
+
+
+def persistent_steps(model, cache, batch: int, cubins: dict) -> dict:
+    """mk-<variant> (dynamic queue; the last variant also static): PersistentDecode
+    objects sharing one plan per task list, each with its variant's kernel."""
+    from pipeline.megakernel.abi import Schedule
+    from pipeline.ops.launch import kernel
+    from pipeline.ops.megakernel import DYNAMIC_SMEM, ENTRY, PersistentDecode, _allow_dynamic_smem
+
+    plans: dict[str, PersistentDecode] = {}
+    steps = {}
+    for name, cub, options in VARIANTS:
+        key = json.dumps(options, sort_keys=True)
+        if key not in plans:
+            plans[key] = PersistentDecode(model, cache, batch, Schedule.DYNAMIC_QUEUE,
+                                          Path(cubins["v2"]), options=options)
+        schedules = [Schedule.DYNAMIC_QUEUE]
+        if name == VARIANTS[-1][0]:
+            schedules.append(Schedule.STATIC_ROUND_ROBIN)
+        for schedule in schedules:
+            pd = copy.copy(plans[key])  # same buffers and task list, this variant's kernel
+            pd.schedule = schedule
+            pd.fn = kernel(str(cubins[cub]), ENTRY[schedule])
+            _allow_dynamic_smem(pd.fn, DYNAMIC_SMEM, 0)
+            suffix = ":static" if schedule is Schedule.STATIC_ROUND_ROBIN else ""
+            steps[f"mk-{name}{suffix}"] = pd
+            pd.step.stage(*HANG["args"])
+            pd.sync.zero_()
+            pd.launch()
+            if not done_within(10.0):  # record and leave: the device is stuck
+                HANG["results"][f"b{batch}"] = {"hang": f"mk-{name}{suffix} did not finish"}
+                HANG["write"]()
+                log(f"mk-{name}{suffix} at batch {batch} did not finish in 10 s: stopping")
+                os._exit(3)
+    return steps
+
+
+def time_modes(fns: dict, steps: int, repeats: int) -> dict[str, list[float]]:
+    names = list(fns)
+    samples = {m: [] for m in names}
+    for r in range(repeats):
+        k = r % len(names)
+        for m in names[k:] + names[:k]:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(steps):
+                fns[m]()
+            end.record()
+            end.synchronize()
+            samples[m].append(start.elapsed_time(end) * 1e3 / steps)
+    return samples
+
+
+def greedy(fn_step, args, steps: int) -> list[list[int]]:
+    """`steps` greedy tokens per sequence from the prefilled state (each path on its own
+    cache; the caller hands a fresh one)."""
+    from pipeline.engines.qwen3 import PAGE_SIZE
+
+    ids, pos, slots, tables, lens = args
+    out = []
+    for _ in range(steps):
+        logits = fn_step(ids, pos, slots, tables, lens)
+        ids = logits.argmax(-1)
+        out.append(ids.tolist())
+        pos, lens = pos + 1, lens + 1
+        slots = torch.tensor([t[int(p) // PAGE_SIZE] * PAGE_SIZE + int(p) % PAGE_SIZE
+                              for t, p in zip(tables.tolist(), pos.tolist())], device=ids.device)
+    return [list(col) for col in zip(*out)]  # per sequence
+
+
+def first_divergence(want: list[list[int]], got: list[list[int]]) -> dict:
+    parted = [(b, next((i for i, (x, y) in enumerate(zip(w, g)) if x != y), None))
+              for b, (w, g) in enumerate(zip(want, got))]
+    return {"exact": sum(p is None for _, p in parted), "sequences": len(parted),
+            "first": {str(b): p for b, p in parted if p is not None}}
+
+
+def batch_section(model, fused: dict, cubins: dict, batch: int, ns, ceiling: float,
+                  deadline: float) -> dict:
+    from pipeline.engines.qwen3 import DecodeGraphs
+    from pipeline.megakernel import interpret, timeline
+    from pipeline.megakernel.abi import Schedule
+    from pipeline.ops.megakernel import PersistentDecode, StepBuffers
+
+    weight_bytes = sum(t.numel() * t.element_size() for k, t in model.w.items()
+                       if k != "model.embed_tokens.weight")
+    cache, args = mk.prefilled(model, batch, GREEDY_STEPS + 2)
+    rec: dict = {"weight_bytes": weight_bytes}
+    with torch.inference_mode():
+        graphs = DecodeGraphs(model)
+        graphs.reset(cache)
+        fns = {"eager": lambda: model.decode(*args, cache), "graph": lambda: graphs.run(*args)}
+        for mode, eng in fused.items():
+            if mode != "none" and time.time() > deadline:
+                rec[f"fused-{mode}"] = "skipped: out of the run's time budget"
+                continue
+            t0 = time.time()
+            try:
+                g, fargs = fused_state(eng, batch)
+                g.run(*fargs)  # capture (and compile) now, outside the timed rounds
+            except Exception:  # noqa: BLE001 - recorded; the other paths still run
+                rec[f"fused-{mode}-error"] = traceback.format_exc()[-3000:]
+                continue
+            rec[f"fused-{mode}-setup_s"] = round(time.time() - t0, 1)
+            fns[f"fused-{mode}"] = (lambda g=g, a=fargs: g.run(*a))
+        t0 = time.time()
+        HANG["args"] = args
+        steps = persistent_steps(model, cache, batch, cubins)
+        rec["persistent_setup_s"] = round(time.time() - t0, 1)
+        rec["plans"] = {n: pd.plan.summary() for n, pd in steps.items()}
+        for n, pd in steps.items():
+            fns[n] = (lambda pd=pd: pd(*args))
+        # one step of each from the same state: bit for bit across persistent variants
+        logits = {n: f() for n, f in fns.items()}
+        want, ref = logits["eager"], logits["mk-stages"]
+        rec["bitwise_vs_mk_stages"] = {n: bool(torch.equal(v, ref)) for n, v in logits.items()
+                                       if n.startswith("mk-")}
+        rec["vs_eager"] = {n: {"max_abs": float((v - want).abs().max()),
+                               "argmax_equal": v.argmax(-1).tolist() == want.argmax(-1).tolist()}
+                           for n, v in logits.items()}
+        if batch == 1:  # the fused list through the ABI's torch semantics, on the GPU
+            sb = StepBuffers(model, mk._clone_cache(cache), batch, steps["mk-+fine"].sm_count)
+            sb.stage(*args)
+            interpret.run(sb.plan.tasks, sb.plan.shape, sb.tensors)
+            rec["interpreter_vs_kernel_max_abs"] = float(
+                (sb.logits - logits["mk-+fine"]).abs().max())
+            rec["interpreter_argmax_equal"] = \
+                sb.logits.argmax(-1).tolist() == logits["mk-+fine"].argmax(-1).tolist()
+        for f in fns.values():
+            f()
+        torch.cuda.synchronize()
+        samples = time_modes({n: f for n, f in fns.items() if n != "eager"}, ns.steps,
+                             ns.repeats)
+        rec["modes"] = {}
+        for n, s in samples.items():
+            med = statistics.median(s)
+            rec["modes"][n] = {"samples_us": s, "median_us": med, "min_us": min(s),
+                               "max_us": max(s),
+                               "copy_fraction": weight_bytes / (med * 1e-6) / ceiling}
+        # greedy tokens against eager's, each path on its own freshly prefilled cache
+        c0, a0 = mk.prefilled(model, batch, GREEDY_STEPS + 2)
+        eager_tokens = greedy(lambda *a: model.decode(*a, c0), a0, GREEDY_STEPS)
+        c1, a1 = mk.prefilled(model, batch, GREEDY_STEPS + 2)
+        last = VARIANTS[-1]
+        fresh = PersistentDecode(model, c1, batch, Schedule.DYNAMIC_QUEUE, Path(cubins[last[1]]),
+                                 options=last[2])
+        rec["greedy_vs_eager"] = {f"mk-{last[0]}": first_divergence(
+            eager_tokens, greedy(fresh, a1, GREEDY_STEPS))}
+        for mode, eng in fused.items():
+            if f"fused-{mode}" in fns:
+                g, fa = fused_state(eng, batch)
+                rec["greedy_vs_eager"][f"fused-{mode}"] = first_divergence(
+                    eager_tokens, greedy(g.run, fa, GREEDY_STEPS))
+        rec["breakdown"] = {}
+        for n in (f"mk-{last[0]}", f"mk-{last[0]}:static", "mk-stages"):
+            pd = steps[n]
+            trace = pd.traced(*args)
+            torch.cuda.synchronize()
+            hz = mk.sm_clock_hz(0)
+            rec["breakdown"][n] = {"sm_clock_hz": hz,
+                                   **timeline.breakdown(trace, pd.plan.tasks, hz, pd.sm_count)}
+    del cache, graphs, steps
+    torch.cuda.empty_cache()
+    return rec
+
+
+def table(results: dict) -> None:
+    for key, rec in results.items():
+        if not key.startswith("b") or not isinstance(rec, dict) or "modes" not in rec:
+            continue
+        log(f"--- {key}")
+        for n, v in sorted(rec["modes"].items(), key=lambda kv: kv[1]["median_us"]):
+            log(f"  {n:28s} {v['median_us']:8.1f} us  [{v['min_us']:.1f}..{v['max_us']:.1f}]  "
+                f"{100 * v['copy_fraction']:5.1f}% of copy  argmax==eager "
+                f"{rec['vs_eager'].get(n, {}).get('argmax_equal')}")
+        log(f"  bitwise == mk-stages: {rec.get('bitwise_vs_mk_stages')}")
+        log(f"  greedy vs eager: {json.dumps(rec.get('greedy_vs_eager'))}")
+        for n, b in rec.get("breakdown", {}).items():
+            if "wait_fraction" in b:
+                log(f"  breakdown {n}: span {b['span_us']:.0f} us, waits "
+                    f"{100 * b['wait_fraction']:.1f} %, GEMV {100 * b['gemv_fraction']:.1f} %, "
+                    f"other ops {100 * (b['run_fraction'] - b['gemv_fraction']):.1f} %, idle "
+                    f"{100 * b['other_fraction']:.1f} %")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--cubins", nargs="+", required=True, help="NAME=PATH (v2, ring0, noclaim)")
+    ap.add_argument("--split-kv-cubin", required=True)
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 4, 8])
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--compile", nargs="+", default=COMPILE)
+    ap.add_argument("--budget-s", type=float, default=240.0,
+                    help="no compiled baseline is set up after this many seconds")
+    ns = ap.parse_args()
+    ns.out.mkdir(parents=True, exist_ok=True)
+    t_start = time.time()
+    torch._dynamo.config.cache_size_limit = 64  # 3 batches x compile modes per stage function
+    cubins = dict(c.split("=", 1) for c in ns.cubins)
+    dev = torch.device("cuda")
+    results: dict = {"device": torch.cuda.get_device_name(dev), "torch": torch.__version__,
+                     "cubins": cubins, "variants": VARIANTS}
+    HANG.update(results=results, write=lambda: (ns.out / "results.json").write_text(
+        json.dumps(results, indent=1, default=str) + "\n"))
+    ceiling = timed(results, "ceiling", lambda: mk.copy_ceiling(dev), ns.out).get(
+        "bytes_per_s", 0.0)
+    from pipeline.engines.qwen3 import Qwen3Model, torch_paged_decode_attention
+
+    info = mk.probe()
+    model = Qwen3Model(info.path, "cuda", torch.bfloat16, torch_paged_decode_attention)
+    engines = timed(results, "fused_engines", lambda: fused_engines(
+        info, ns.split_kv_cubin, ns.compile), ns.out)
+    engines = engines if "error" not in engines else {}
+    results["fused_engines"] = {m: e.describe() for m, e in engines.items()}
+    for batch in ns.batches:
+        timed(results, f"b{batch}", lambda b=batch: batch_section(
+            model, engines, cubins, b, ns, ceiling, t_start + ns.budget_s), ns.out)
+    for m, e in engines.items():  # what each engine took, now that its graphs exist
+        results["fused_engines"][m] = e.describe()
+    results["wall_s"] = round(time.time() - t_start, 1)
+    (ns.out / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
+    table(results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

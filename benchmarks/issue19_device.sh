@@ -19,7 +19,7 @@ timeout "${ATTN_TIMEOUT:-110}" python3 benchmarks/decode_attention.py --out "$R/
   --cubin "$SPLIT" --candidate e5m2_bulk --skip ncu --repeats 15 2>&1 | tee "$R/attn.log"
 timeout "${MK_TIMEOUT:-330}" python3 benchmarks/megakernel_ab.py --out "$R/mk" \
   --cubins v2=cubins/mk_v2.cubin ring0=cubins/mk_ring0.cubin noclaim=cubins/mk_noclaim.cubin \
-  --split-kv-cubin "$SPLIT" --repeats "${MK_REPEATS:-7}" --budget-s "${MK_BUDGET:-170}" \
+  --split-kv-cubin "$SPLIT" --repeats "${MK_REPEATS:-7}" --budget-s "${MK_BUDGET:-200}" \
   2>&1 | tee "$R/mk.log"
 timeout "${NCU_TIMEOUT:-60}" python3 benchmarks/decode_attention.py --out "$R/ncu" \
   --cubin "$SPLIT" --skip smoke --skip bench_large --skip bench_small --skip operator \

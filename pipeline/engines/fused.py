@@ -151,7 +151,8 @@ class FusedModel(Qwen3Model):
                           self.w[p + "self_attn.k_norm.weight"], cos, sin, c.rms_norm_eps,
                           c.num_heads, c.num_kv_heads, c.head_dim)
             cache.write(i, slots, k, v)
-            a = attend(q, cache.k[i], cache.v[i], block_tables, context_lens, self.scale)
+            a = attend(q.contiguous(), cache.k[i], cache.v[i], block_tables, context_lens,
+                       self.scale)
             x = post(x, a.reshape(x.shape[0], -1), self.w[p + "self_attn.o_proj.weight"],
                      self.w[p + "post_attention_layernorm.weight"], self.gate_up[i],
                      self.w[p + "mlp.down_proj.weight"], c.rms_norm_eps, self.inter)

@@ -3,9 +3,10 @@
 # flags (pipeline/build/cudabuild.py: warnings as errors, ptxas -v, no spills or local
 # memory) for sm_90, into DIR/cubins (default .devrun/kernels/cubins):
 #   split_kv.sm_90.cubin   every split_kv entry point (base, pipe, bulk, bulkc)
-#   mk_v2.cubin            the persistent kernel as the build gate builds it
-#   mk_ring0.cubin         RG_MK_RING=0 RG_MK_CLAIM_AHEAD=0 (v1's register-load GEMV)
-#   mk_noclaim.cubin       RG_MK_CLAIM_AHEAD=0 (the ring, no claim-ahead)
+#   mk_v2.cubin            the persistent kernel as the build gate builds it (the ring)
+#   mk_ring0.cubin         RG_MK_RING=0 (v1's register-load GEMV)
+#   mk_claim.cubin         RG_MK_CLAIM_AHEAD=1 (the dynamic queue claims ahead)
+#   mk_next.cubin          RG_MK_NEXT_L2=1 (static: the next task's weights into L2)
 # Usage: bash benchmarks/issue19_build.sh [DIR] (NVCC=path to pick the compiler).
 set -euo pipefail
 OUT=${1:-.devrun/kernels}/cubins
@@ -22,9 +23,9 @@ build() {  # out source [defines...]
 pids=()
 build split_kv.sm_90.cubin kernels/decode_attention/split_kv.cu & pids+=($!)
 build mk_v2.cubin kernels/persistent/megakernel.cu & pids+=($!)
-build mk_ring0.cubin kernels/persistent/megakernel.cu -DRG_MK_RING=0 -DRG_MK_CLAIM_AHEAD=0 &
-pids+=($!)
-build mk_noclaim.cubin kernels/persistent/megakernel.cu -DRG_MK_CLAIM_AHEAD=0 & pids+=($!)
+build mk_ring0.cubin kernels/persistent/megakernel.cu -DRG_MK_RING=0 & pids+=($!)
+build mk_claim.cubin kernels/persistent/megakernel.cu -DRG_MK_CLAIM_AHEAD=1 & pids+=($!)
+build mk_next.cubin kernels/persistent/megakernel.cu -DRG_MK_NEXT_L2=1 & pids+=($!)
 for p in "${pids[@]}"; do wait "$p"; done
 "$NVCC" --version | tail -1 > "$OUT/nvcc-version.txt"
 ls -la "$OUT"

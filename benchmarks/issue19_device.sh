@@ -18,11 +18,16 @@ SPLIT=cubins/split_kv.sm_90.cubin
 timeout "${ATTN_TIMEOUT:-110}" python3 benchmarks/decode_attention.py --out "$R/attn" \
   --cubin "$SPLIT" --candidate e5m2_bulk --skip ncu --repeats 15 2>&1 | tee "$R/attn.log"
 timeout "${MK_TIMEOUT:-330}" python3 benchmarks/megakernel_ab.py --out "$R/mk" \
-  --cubins v2=cubins/mk_v2.cubin ring0=cubins/mk_ring0.cubin noclaim=cubins/mk_noclaim.cubin \
+  --cubins v2=cubins/mk_v2.cubin ring0=cubins/mk_ring0.cubin claim=cubins/mk_claim.cubin \
+  next=cubins/mk_next.cubin \
   --split-kv-cubin "$SPLIT" --repeats "${MK_REPEATS:-7}" --budget-s "${MK_BUDGET:-200}" \
   2>&1 | tee "$R/mk.log"
 timeout "${NCU_TIMEOUT:-60}" python3 benchmarks/decode_attention.py --out "$R/ncu" \
   --cubin "$SPLIT" --skip smoke --skip bench_large --skip bench_small --skip operator \
   --skip operator_bf16 --skip operator_g2 2>&1 | tail -5 | tee "$R/ncu.log"
+# the persistent kernel through the engine (both schedules, fallback, traced launches)
+ROWGATE_PERSISTENT_CUBIN=cubins/mk_v2.cubin timeout "${TESTS_TIMEOUT:-60}" python3 -m pytest \
+  --noconftest -p no:cacheprovider -q -m gpu tests/megakernel/test_persistent_gpu.py \
+  2>&1 | tail -15 | tee "$R/pytest-gpu.txt"
 tar czf "$OUT/results.tar.gz" -C "$R" .
 ls -la "$OUT"

@@ -6,8 +6,8 @@ prefilled state.
         --cubins NAME=PATH ... --split-kv-cubin PATH [--batches 1 4 8] [--repeats 9]
 
 Cubins (built elsewhere with the build gate's flags; docs/perf.md gives the commands):
-`v2` the default build (weight ring, claim-ahead), `ring0` RG_MK_RING=0
-RG_MK_CLAIM_AHEAD=0 (v1's register-load GEMV), `noclaim` RG_MK_CLAIM_AHEAD=0.
+`v2` the default build (the weight ring), `ring0` RG_MK_RING=0 (v1's register-load
+GEMV), `claim` RG_MK_CLAIM_AHEAD=1, `next` RG_MK_NEXT_L2=1 (benchmarks/issue19_build.sh).
 
 Per batch, every path's decode step from the same state, timed interleaved (rounds in
 rotated order, CUDA events over --steps steps, medians of --repeats rounds):
@@ -15,14 +15,11 @@ rotated order, CUDA events over --steps steps, medians of --repeats rounds):
   fused-<mode>   mode graph-fused: q|k|v and gate|up GEMMs, split_kv bf16 attention, the
                  layers torch.compile'd with <mode> (none / default /
                  max-autotune-no-cudagraphs), one CUDA graph (pipeline/engines/fused.py)
-  mk-<variant>   the persistent kernel, dynamic queue (and static for the last):
-                   stages        the unfused (ABI v1) task list on ring0
-                   fused         the fused list (NORM/SILU/MERGE_IN, RESIDUAL_OUT, ROPE_IN),
-                                 stage counters, ring0
-                   +ring         ... on the weight ring with the pre-wait prefetch (noclaim)
-                   +claim        ... and the dynamic queue claiming ahead (v2)
-                   +fine         ... and splits waiting only for their kv head's q/k/v
-                   +tiles2       ... and GEMV tiles twice as large
+  mk-<variant>   the persistent kernel (VARIANTS below: task list options, cubin and
+                 schedules): the unfused (ABI v1) stages, the fused list (ABI v2 flags),
+                 the weight ring with its pre-wait prefetch, the dynamic queue claiming
+                 ahead, norms and/or merges kept as stages, splits waiting only for their
+                 kv head, the static schedule prefetching its next task's weights to L2
 Checks: every persistent variant and schedule gives the same logits bit for bit (they
 run the same arithmetic); each path's logits against eager bf16 (max |d|, argmax);
 32 greedy steps of each path against eager's tokens (first divergence and the margin
@@ -52,14 +49,22 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import megakernel as mk  # noqa: E402  (benchmarks/megakernel.py: probe, prefill, ceiling)
 
-VARIANTS = [  # name, cubin, builder options
-    ("stages", "ring0", {"fuse": False}),
-    ("fused", "ring0", {"fine_deps": False}),
-    ("+ring", "noclaim", {"fine_deps": False}),
-    ("+claim", "v2", {"fine_deps": False}),
-    ("+fine", "v2", {}),
-    ("+tiles2", "v2", {"tile_scale": 2}),
+DYN, STATIC = "dynamic", "static"
+VARIANTS = [  # name, cubin, builder options, schedules
+    ("stages", "ring0", {"fuse": False}, (DYN,)),
+    ("fused", "ring0", {"fine_deps": False}, (DYN,)),
+    ("+ring", "v2", {"fine_deps": False}, (DYN, STATIC)),
+    ("+claim", "claim", {"fine_deps": False}, (DYN,)),
+    ("+ring-norm-stages", "v2", {"fine_deps": False, "fuse_norm": False}, (DYN,)),
+    ("+ring-norm-merge-stages", "v2", {"fine_deps": False, "fuse_norm": False,
+                                       "fuse_merge": False}, (DYN,)),
+    ("+fine", "v2", {}, (DYN,)),
+    ("+next-l2", "next", {"fine_deps": False}, (STATIC,)),
+    ("+next-l2-norm-merge-stages", "next", {"fine_deps": False, "fuse_norm": False,
+                                            "fuse_merge": False}, (STATIC,)),
 ]
+"""Run 1 (benchmarks/results/h200-2026-12-01/run1) also had +tiles2 (tile_scale 2):
+slower everywhere (half the SMs per stage), dropped."""
 COMPILE = ["none", "max-autotune-no-cudagraphs"]
 """(`--compile default` adds torch.compile's default mode.)"""
 GREEDY_STEPS = 32
@@ -133,20 +138,18 @@ def persistent_steps(model, cache, batch: int, cubins: dict) -> dict:
 
     plans: dict[str, PersistentDecode] = {}
     steps = {}
-    for name, cub, options in VARIANTS:
+    for name, cub, options, schedules in VARIANTS:
         key = json.dumps(options, sort_keys=True)
         if key not in plans:
             plans[key] = PersistentDecode(model, cache, batch, Schedule.DYNAMIC_QUEUE,
                                           Path(cubins["v2"]), options=options)
-        schedules = [Schedule.DYNAMIC_QUEUE]
-        if name == VARIANTS[-1][0]:
-            schedules.append(Schedule.STATIC_ROUND_ROBIN)
-        for schedule in schedules:
+        for sched in schedules:
+            schedule = Schedule.STATIC_ROUND_ROBIN if sched == STATIC else Schedule.DYNAMIC_QUEUE
             pd = copy.copy(plans[key])  # same buffers and task list, this variant's kernel
             pd.schedule = schedule
             pd.fn = kernel(str(cubins[cub]), ENTRY[schedule])
             _allow_dynamic_smem(pd.fn, DYNAMIC_SMEM, 0)
-            suffix = ":static" if schedule is Schedule.STATIC_ROUND_ROBIN else ""
+            suffix = ":static" if sched == STATIC else ""
             steps[f"mk-{name}{suffix}"] = pd
             pd.step.stage(*HANG["args"])
             pd.sync.zero_()
@@ -243,7 +246,8 @@ def batch_section(model, fused: dict, cubins: dict, batch: int, ns, ceiling: flo
                                "argmax_equal": v.argmax(-1).tolist() == want.argmax(-1).tolist()}
                            for n, v in logits.items()}
         if batch == 1:  # the fused list through the ABI's torch semantics, on the GPU
-            sb = StepBuffers(model, mk._clone_cache(cache), batch, steps["mk-+fine"].sm_count)
+            sb = StepBuffers(model, mk._clone_cache(cache), batch, steps["mk-+fine"].sm_count,
+                             fine_deps=True)
             sb.stage(*args)
             interpret.run(sb.plan.tasks, sb.plan.shape, sb.tensors)
             rec["interpreter_vs_kernel_max_abs"] = float(
@@ -265,10 +269,9 @@ def batch_section(model, fused: dict, cubins: dict, batch: int, ns, ceiling: flo
         c0, a0 = mk.prefilled(model, batch, GREEDY_STEPS + 2)
         eager_tokens = greedy(lambda *a: model.decode(*a, c0), a0, GREEDY_STEPS)
         c1, a1 = mk.prefilled(model, batch, GREEDY_STEPS + 2)
-        last = VARIANTS[-1]
-        fresh = PersistentDecode(model, c1, batch, Schedule.DYNAMIC_QUEUE, Path(cubins[last[1]]),
-                                 options=last[2])
-        rec["greedy_vs_eager"] = {f"mk-{last[0]}": first_divergence(
+        fresh = PersistentDecode(model, c1, batch, Schedule.DYNAMIC_QUEUE, Path(cubins["v2"]),
+                                 options={"fine_deps": False})
+        rec["greedy_vs_eager"] = {"mk-+ring": first_divergence(
             eager_tokens, greedy(fresh, a1, GREEDY_STEPS))}
         for mode, eng in fused.items():
             if f"fused-{mode}" in fns:
@@ -276,7 +279,7 @@ def batch_section(model, fused: dict, cubins: dict, batch: int, ns, ceiling: flo
                 rec["greedy_vs_eager"][f"fused-{mode}"] = first_divergence(
                     eager_tokens, greedy(g.run, fa, GREEDY_STEPS))
         rec["breakdown"] = {}
-        for n in (f"mk-{last[0]}", f"mk-{last[0]}:static", "mk-stages"):
+        for n in steps:  # every variant's traced breakdown
             pd = steps[n]
             trace = pd.traced(*args)
             torch.cuda.synchronize()
@@ -310,7 +313,7 @@ def table(results: dict) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--cubins", nargs="+", required=True, help="NAME=PATH (v2, ring0, noclaim)")
+    ap.add_argument("--cubins", nargs="+", required=True, help="NAME=PATH (v2, ring0, claim, next)")
     ap.add_argument("--split-kv-cubin", required=True)
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 4, 8])
     ap.add_argument("--steps", type=int, default=20)

@@ -1001,10 +1001,15 @@ struct BulkCfg {
   static constexpr int BLOCKS = THREE ? 3 : 2;  // __launch_bounds__: the register cap
 #endif
   static constexpr int BUDGET = THREE ? 72 * 1024 : 110 * 1024;
-  static constexpr int SLOTS = (BUDGET - SCORES) / SLOT;
-  static constexpr int NK = cmin(8, (SLOTS + 1) / 2);
+  // Both rings hold an even number of slots: a 64-token slot's four tiles belong to
+  // warps 0-3 (even slots) or 4-7 (odd slots), so with an even ring every use of a ring
+  // slot is consumed by the same four warps. With an odd ring two warp sets alternate on
+  // one slot, and a set can wait for a use two phases away from the barrier's current
+  // one: the parity wait cannot tell them apart (measured: an odd K ring faulted).
+  static constexpr int SLOTS = (BUDGET - SCORES) / SLOT / 2 * 2;
+  static constexpr int NK = cmin(8, (SLOTS + 2) / 4 * 2);
   static constexpr int NV = cmin(8, SLOTS - NK);
-  static_assert(NK >= 2 && NV >= 1, "rings of at least two K and one V slot");
+  static_assert(NK >= 2 && NV >= 2 && NK % 2 == 0 && NV % 2 == 0, "even rings of >= 2 slots");
   static_assert(kWarps * G * D * 4 <= NK * SLOT, "the cross-warp reduction reuses the K ring");
   static_assert(G * D * 4 <= NV * SLOT, "the cluster partial reuses the V ring");
 };

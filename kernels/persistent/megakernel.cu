@@ -29,7 +29,12 @@
 //                        flight per lane, no registers held), its first groups
 //                        issued before the task's counter wait; 0: v1's register
 //                        loads (8 in flight per lane) and L2 bulk prefetch
-//   RG_MK_CLAIM_AHEAD=1  the dynamic queue claims the next index during a task
+//   RG_MK_CLAIM_AHEAD=1  the dynamic queue claims the next index during a task (measured
+//                        slower: a claimed task waits behind its block's current one
+//                        while other blocks idle; off by default)
+//   RG_MK_NEXT_L2=1      the static schedule asks L2 for the block's next GEMV task's
+//                        weights once the current task's wait is over, so the weight
+//                        stream runs across the stage barrier (off by default)
 
 #include "rowgate/dtypes.cuh"
 #include "rowgate/reduce.cuh"
@@ -40,7 +45,10 @@
 #define RG_MK_RING 1
 #endif
 #ifndef RG_MK_CLAIM_AHEAD
-#define RG_MK_CLAIM_AHEAD 1
+#define RG_MK_CLAIM_AHEAD 0
+#endif
+#ifndef RG_MK_NEXT_L2
+#define RG_MK_NEXT_L2 0
 #endif
 
 namespace {
@@ -617,6 +625,27 @@ __device__ __forceinline__ u64 global_ns() {
   return t;
 }
 
+#if RG_MK_NEXT_L2
+// The static schedule knows a block's next task: one lane reads its descriptor and
+// asks L2 for its weight rows (Hopper's bulk prefetch, 16 KB per instruction), so they
+// stream in while this task and the next stage barrier run. Read-only weights: the
+// prefetch cannot change a result.
+__device__ __forceinline__ void prefetch_next_l2(const TaskDesc* next, const u64* buffers) {
+  const u32 head = __ldg(reinterpret_cast<const u32*>(next));  // opcode | flags << 16
+  const u32 op = head & 0xffffu;
+  if (op != task::kGemv && op != task::kLogits) return;
+  const u64 base = buffers[__ldg(&next->buffer[0])] +
+                   static_cast<u64>(__ldg(&next->offset[0])) * task::kGranuleBytes;
+  const u32 row0 = __ldg(&next->tile[0]), rows = __ldg(&next->tile[1]), K = __ldg(&next->tile[2]);
+  const char* w = reinterpret_cast<const char*>(base) + static_cast<u64>(row0) * K * 2;
+  const u64 bytes = static_cast<u64>(rows) * K * 2;
+  for (u64 at = 0; at < bytes; at += 16384) {
+    const u32 n = static_cast<u32>(min(static_cast<u64>(16384), bytes - at));
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(w + at), "r"(n) : "memory");
+  }
+}
+#endif
+
 __device__ __forceinline__ u32 dynamic_smem_size() {
   u32 n;
   asm volatile("mov.u32 %0, %%dynamic_smem_size;" : "=r"(n));
@@ -665,6 +694,12 @@ __device__ __forceinline__ void persistent_decode(const TaskDesc* tasks, u32 num
     if (timed) c1 = clock64();
     u32 next = 0;
     if (kDynamic && RG_MK_CLAIM_AHEAD && threadIdx.x == 0) next = atomicAdd(queue_head, 1u);
+#if RG_MK_NEXT_L2
+    // the last warp's lane 0: its rows start a little later, the others' do not wait
+    if (!kDynamic && threadIdx.x == kThreads - 32 && index + gridDim.x < num_tasks) {
+      prefetch_next_l2(tasks + index + gridDim.x, buffers);
+    }
+#endif
     run_task(s_task, c);
     if (kDynamic && threadIdx.x == 0) {
       // claimed during the task (its latency hidden), or now

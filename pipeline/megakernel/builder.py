@@ -189,23 +189,27 @@ class _Emitter:
         return c, len(tasks)
 
 
-def fusion_blockers(dims: ModelDims, batch: int, splits: int) -> list[str]:
+def fusion_blockers(dims: ModelDims, batch: int, splits: int,
+                    fuse_merge: bool = True) -> list[str]:
     """Why the fused list cannot be used at this shape ([] when it can): what the
     fused tasks keep in the kernel's shared memory must fit there."""
     out = []
     k = max(dims.hidden, dims.intermediate, dims.heads * dims.head_dim)
     if batch * k * 2 > STAGE_BYTES:
         out.append(f"batch {batch} x K {k} bf16 exceeds the {STAGE_BYTES}-byte staging buffer")
-    if batch * dims.heads * (splits + 1) * 4 > SCRATCH_BYTES:
+    if fuse_merge and batch * dims.heads * (splits + 1) * 4 > SCRATCH_BYTES:
         out.append(f"{splits} splits' merge weights exceed the {SCRATCH_BYTES}-byte scratch")
     return out
 
 
 def build_step(dims: ModelDims, batch: int, sm_count: int, *, num_blocks: int,
                max_context: int | None = None, page_size: int = PAGE_SIZE, fuse: bool = True,
-               fine_deps: bool = True, tile_scale: int = 1) -> StepPlan:
+               fine_deps: bool = True, tile_scale: int = 1, fuse_norm: bool = True,
+               fuse_merge: bool = True) -> StepPlan:
     """Task list, step shape and buffer table for one decode step at `batch`: fused
-    (ABI v2 flags) where the shape allows, else the unfused stages."""
+    (ABI v2 flags) where the shape allows, else the unfused stages. `fuse_norm` /
+    `fuse_merge` False keep the RMS norms / the attention merge as their own stages in
+    a fused list (their prologues are redone by every consumer tile)."""
     if batch < 1 or sm_count < 1 or num_blocks < 1 or tile_scale < 1:
         raise UsageError(f"build_step: batch {batch}, sm_count {sm_count}, num_blocks "
                          f"{num_blocks}, tile_scale {tile_scale} must all be positive")
@@ -225,7 +229,7 @@ def build_step(dims: ModelDims, batch: int, sm_count: int, *, num_blocks: int,
     for i in range(dims.layers):
         add(f"k_cache.{i}", cache_bytes, True)
         add(f"v_cache.{i}", cache_bytes, True)
-    blockers = fusion_blockers(dims, batch, splits) if fuse else []
+    blockers = fusion_blockers(dims, batch, splits, fuse_merge) if fuse else []
     fused = fuse and not blockers
     regions = _workspace(dims, batch, splits, add, fused)
     meta_at = {"ids": 0, "positions": batch, "slots": 2 * batch, "context_lens": 3 * batch,
@@ -240,12 +244,16 @@ def build_step(dims: ModelDims, batch: int, sm_count: int, *, num_blocks: int,
                       slots_at=meta_at["slots"], context_lens_at=meta_at["context_lens"],
                       block_tables_at=meta_at["block_tables"])
     e = _Emitter()
-    layout = _Layout(dims, batch, sm_count, splits, chunk, slots, regions, tile_scale)
     if fused:
-        _emit_fused(e, layout, fine_deps)
+        from pipeline.megakernel.fused_list import Layout, emit_fused
+
+        emit_fused(e, Layout(dims, batch, sm_count, splits, chunk, slots, regions, tile_scale),
+                   fine_deps=fine_deps, fuse_norm=fuse_norm, fuse_merge=fuse_merge)
     else:
         _emit(e, dims, batch, sm_count, splits, chunk, slots, regions, tile_scale)
     options = {"fused": fused, "fine_deps": fused and fine_deps, "tile_scale": tile_scale}
+    if fused and not (fuse_norm and fuse_merge):
+        options.update(fuse_norm=fuse_norm, fuse_merge=fuse_merge)
     if blockers:
         options["not_fused"] = blockers
     return StepPlan(dims=dims, batch=batch, sm_count=sm_count, tasks=e.tasks, shape=shape,
@@ -258,8 +266,10 @@ def _workspace(dims: ModelDims, batch: int, splits: int, add, fused: bool) -> di
     partials = batch * dims.kv_heads * splits * (dims.heads // dims.kv_heads) * \
         (dims.head_dim + 2) * 4
     if fused:  # the residual stream, q|k|v rows, split states, gate|up rows, logits
-        sizes = {"x": batch * dims.hidden * 2, "qkv": batch * (q + 2 * kv) * 2,
-                 "partials": partials, "gu": batch * 2 * dims.intermediate * 2,
+        # (h and attn only for the norm and merge stages a list keeps unfused)
+        sizes = {"x": batch * dims.hidden * 2, "h": batch * dims.hidden * 2,
+                 "qkv": batch * (q + 2 * kv) * 2, "partials": partials,
+                 "attn": batch * q * 2, "gu": batch * 2 * dims.intermediate * 2,
                  "logits": batch * dims.vocab * 4}
     else:
         sizes = {"x": batch * dims.hidden * 2, "h": batch * dims.hidden * 2, "q": batch * q * 2,
@@ -361,104 +371,3 @@ def _emit(e: _Emitter, d: ModelDims, batch: int, sm: int, splits: int, chunk: in
     e.stage(_gemv(Opcode.LOGITS, w("lm_head.weight"), ws["h"], ws["logits"], d.vocab, d.hidden,
                   sm, "logits", scale), ((c, n),))
 
-
-@dataclass(frozen=True)
-class _Layout:
-    """What the fused emitter needs of a planned step."""
-
-    d: ModelDims
-    batch: int
-    sm: int
-    splits: int
-    chunk: int
-    slots: dict[str, int]
-    regions: dict[str, Region]
-    scale: int
-
-    def w(self, name: str) -> Operand:
-        return Operand(self.slots[name], 0)
-
-    def ws(self, name: str, column: int = 0) -> Operand:
-        """A workspace region, optionally from a bf16 column of its rows (a multiple of
-        8 elements: one granule)."""
-        r = self.regions[name]
-        return Operand(r.slot, (r.offset + 2 * column) // GRANULE)
-
-
-def _tiles(op: Opcode, n: int, rows: int, rest: tuple[int, ...], ops: tuple[Operand, ...],
-           flags: int, label: str) -> list[Task]:
-    """GEMV tiles of rows [r, r + rows) of an n-row weight; `rest` = tile words 2.."""
-    return [Task(op, (r, min(rows, n - r), *rest), ops, flags=flags, label=f"{label}[{r}]")
-            for r in range(0, n, rows)]
-
-
-def _emit_fused(e: _Emitter, lay: _Layout, fine_deps: bool) -> None:
-    d, batch = lay.d, lay.batch
-    D, G = d.head_dim, d.heads // d.kv_heads
-    qn, kvn = d.heads * D, d.kv_heads * D
-    qkv_n, gu_n = qn + 2 * kvn, 2 * d.intermediate
-    rope = lay.w("rope.cos_sin")
-    c, n = e.stage([Task(Opcode.EMBED, (b, 1, d.hidden, d.vocab),
-                         (lay.w("model.embed_tokens.weight"), lay.ws("x")), label=f"embed[{b}]")
-                    for b in range(batch)], ())
-    for i in range(d.layers):
-        p = f"model.layers.{i}."
-        # q | k | v rows of every sequence, normalised on the way in
-        rows = gemv_rows(qkv_n, lay.sm, lay.scale)
-        head_aligned = fine_deps and D % rows == 0
-        ins = (lay.ws("x"), lay.ws("qkv"), lay.w(p + "input_layernorm.weight"))
-        tiles = []
-        for name, n_rows, col in (("q", qn, 0), ("k", kvn, qn), ("v", kvn, qn + kvn)):
-            for t in _tiles(Opcode.GEMV, n_rows, rows, (d.hidden, qkv_n, col),
-                            (lay.w(p + f"self_attn.{name}_proj.weight"), *ins),
-                            int(Flag.NORM_IN), f"L{i}.{name}"):
-                per_head = G * D if name == "q" else D
-                tiles.append((t.tile[0] // per_head, t))
-        if head_aligned:  # one counter per kv head: its splits start once its rows are in
-            counters = [e.counter() for _ in range(d.kv_heads)]
-            count = [0] * d.kv_heads
-            for kvh, t in tiles:
-                e.tasks.append(Task(t.opcode, t.tile, t.operands, ((c, n),), counters[kvh],
-                                    t.flags, t.label))
-                count[kvh] += 1
-            split_waits = [((counters[g], count[g]),) for g in range(d.kv_heads)]
-        else:
-            sc, sn = e.stage([t for _, t in tiles], ((c, n),))
-            split_waits = [((sc, sn),)] * d.kv_heads
-        # attention splits: head norms + RoPE of their own heads, the newest token appended
-        att = e.counter()
-        for b in range(batch):
-            for g in range(d.kv_heads):
-                for s in range(lay.splits):
-                    e.tasks.append(Task(
-                        Opcode.ATTN_SPLIT, (b, g, s, lay.chunk, qkv_n, qn, qn + kvn, 0),
-                        (lay.ws("qkv"), lay.w(f"k_cache.{i}"), lay.w(f"v_cache.{i}"),
-                         lay.ws("partials"), rope, lay.w(p + "self_attn.q_norm.weight"),
-                         lay.w(p + "self_attn.k_norm.weight")),
-                        split_waits[g], att, int(Flag.ROPE_IN), f"L{i}.split[{b},{g},{s}]"))
-        c, n = att, batch * d.kv_heads * lay.splits
-        # o_proj: merge while staging, add into the residual stream
-        c, n = e.stage(_tiles(Opcode.GEMV, d.hidden, gemv_rows(d.hidden, lay.sm, lay.scale),
-                              (qn, d.hidden, 0),
-                              (lay.w(p + "self_attn.o_proj.weight"), lay.ws("partials"),
-                               lay.ws("x")),
-                              int(Flag.MERGE_IN | Flag.RESIDUAL_OUT), f"L{i}.o"), ((c, n),))
-        # gate | up rows, normalised on the way in
-        rows = gemv_rows(gu_n, lay.sm, lay.scale)
-        ins = (lay.ws("x"), lay.ws("gu"), lay.w(p + "post_attention_layernorm.weight"))
-        c, n = e.stage(
-            _tiles(Opcode.GEMV, d.intermediate, rows, (d.hidden, gu_n, 0),
-                   (lay.w(p + "mlp.gate_proj.weight"), *ins), int(Flag.NORM_IN), f"L{i}.gate") +
-            _tiles(Opcode.GEMV, d.intermediate, rows, (d.hidden, gu_n, d.intermediate),
-                   (lay.w(p + "mlp.up_proj.weight"), *ins), int(Flag.NORM_IN), f"L{i}.up"),
-            ((c, n),))
-        # down: SiLU-mul while staging, add into the residual stream
-        c, n = e.stage(_tiles(Opcode.GEMV, d.hidden, gemv_rows(d.hidden, lay.sm, lay.scale),
-                              (d.intermediate, d.hidden, 0, gu_n),
-                              (lay.w(p + "mlp.down_proj.weight"), lay.ws("gu"), lay.ws("x"),
-                               lay.ws("gu", d.intermediate)),
-                              int(Flag.SILU_IN | Flag.RESIDUAL_OUT), f"L{i}.down"), ((c, n),))
-    e.stage(_tiles(Opcode.LOGITS, d.vocab, gemv_rows(d.vocab, lay.sm, lay.scale),
-                   (d.hidden, d.vocab, 0),
-                   (lay.w("lm_head.weight"), lay.ws("x"), lay.ws("logits"),
-                    lay.w("model.norm.weight")), int(Flag.NORM_IN), "logits"), ((c, n),))

@@ -89,13 +89,14 @@ def ring_bytes(kv: str, dim: int) -> int:
 def bulk_rings(kv: str, dim: int, group: int) -> tuple[int, int, int, int]:
     """(slot bytes, K slots, V slots, CTAs per SM) of the bulk candidate: the
     kernel's `BulkCfg`, which these lines mirror (three CTAs in 72 KB where four
-    slots fit beside MAX_CHUNK tokens of scores and 72 registers hold the math)."""
+    slots fit beside MAX_CHUNK tokens of scores and 72 registers hold the math; both
+    rings even, so one warp set consumes every use of a ring slot)."""
     slot = SLOT_TOKENS * dim * (1 if kv == E5M2 else 2)
     scores = MAX_CHUNK * group * 4
     regs3 = not (dim == 128 and (kv != E5M2 or group == 8))
     three = regs3 and (72 * 1024 - scores) // slot >= 4
-    slots = ((72 if three else 110) * 1024 - scores) // slot
-    nk = min(8, (slots + 1) // 2)
+    slots = ((72 if three else 110) * 1024 - scores) // slot // 2 * 2  # even rings
+    nk = min(8, (slots + 2) // 4 * 2)
     return slot, nk, min(8, slots - nk), 3 if three else 2
 
 

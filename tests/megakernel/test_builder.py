@@ -64,6 +64,8 @@ def _touches(plan, t):
             hi = lo + t.tile[1]
         elif t.opcode in (Opcode.GEMV, Opcode.LOGITS) and k in (1, 3) and key in plan.regions:
             lo, hi = col, col + t.tile[2]
+        elif t.opcode == Opcode.ATTN_SPLIT and t.flags & Flag.ROPE_IN and k in (1, 2):
+            key += f"[{t.tile[0]},{t.tile[1]}]"  # a split appends (and reads) its own rows
         elif t.opcode == Opcode.ATTN_SPLIT and t.flags & Flag.ROPE_IN and k == 0:
             g, dh, kvh = d.heads // d.kv_heads, d.head_dim, t.tile[1]
             out += [(key, t.tile[7] + kvh * g * dh, t.tile[7] + (kvh + 1) * g * dh, "r"),
@@ -75,7 +77,8 @@ def _touches(plan, t):
 
 
 MODES = [{"fuse": False}, {"fuse": True, "fine_deps": False}, {"fuse": True},
-         {"fuse": True, "tile_scale": 2}]
+         {"fuse": True, "tile_scale": 2}, {"fuse_norm": False}, {"fuse_merge": False},
+         {"fuse_norm": False, "fuse_merge": False, "fine_deps": False}]
 
 
 @pytest.mark.parametrize("batch", [1, 4, 8])
@@ -203,3 +206,14 @@ def test_dims_from_a_model_directory(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(builder.ModelConfigError, match="missing key 'intermediate_size'"):
         builder.ModelDims.load(tmp_path)
+
+
+def test_unfused_norms_and_merges_are_stages_of_a_fused_list():
+    plan = builder.build_step(TINY, 2, 16, num_blocks=8, fuse_norm=False, fuse_merge=False)
+    counts = plan.summary()["ops"]
+    assert counts["RMS_NORM"] == 2 * (2 * TINY.layers + 1)
+    assert counts["ATTN_MERGE"] == 2 * TINY.kv_heads * TINY.layers
+    assert not any(t.flags & (Flag.NORM_IN | Flag.MERGE_IN) for t in plan.tasks)
+    assert {t.flags for t in plan.tasks if t.opcode == Opcode.ATTN_SPLIT} == {Flag.ROPE_IN}
+    assert plan.options == {"fused": True, "fine_deps": True, "tile_scale": 1,
+                            "fuse_norm": False, "fuse_merge": False}

@@ -50,8 +50,9 @@ def _prefilled(model, lengths: list[int], seed: int):
 
 # SM counts chosen so attention splits are one page (16 tokens): contexts then span
 # several splits, empty ones included, and page boundaries fall inside and between them.
-@pytest.mark.parametrize("options", [{"fuse": False}, {}, {"fine_deps": False, "tile_scale": 2}],
-                         ids=["unfused", "fused", "fused-coarse"])
+@pytest.mark.parametrize("options", [{"fuse": False}, {}, {"fine_deps": False, "tile_scale": 2},
+                                     {"fuse_norm": False, "fuse_merge": False}],
+                         ids=["unfused", "fused", "fused-coarse", "fused-norm-merge-stages"])
 @pytest.mark.parametrize("lengths,sms,splits", [([37], 132, 3), ([5, 16, 33, 70], 1024, 5),
                                                 ([1, 2, 15, 16, 17, 31, 32, 100], 132, 1)])
 def test_the_task_list_computes_the_reference_decode_step(model, lengths, sms, splits, options):

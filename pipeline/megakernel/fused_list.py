@@ -1,0 +1,158 @@
+"""The fused decode-step task list (ABI v2 flags), emitted for `builder.build_step`.
+
+Per layer: q|k|v tiles (NORM_IN: the input norm in their prologue), attention splits
+(ROPE_IN: head norms, RoPE and the newest token's append in the split), o_proj tiles
+(MERGE_IN | RESIDUAL_OUT), gate|up tiles (NORM_IN), down tiles (SILU_IN |
+RESIDUAL_OUT); the logits (NORM_IN). `fuse_norm=False` keeps each RMS norm a stage of
+its own (one task per sequence, into `h`); `fuse_merge=False` keeps the attention
+merge a stage (one task per sequence and kv head, into `attn`, its splits signalling
+their own counter): every consumer tile redoes a fused prologue, which at larger
+batches costs more than the stage it saves (docs/perf.md). Each fused op computes what
+the unfused op computes, in the same order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipeline.megakernel.abi import GRANULE, Flag, Opcode, Operand, Task
+from pipeline.megakernel.builder import ModelDims, Region, _Emitter, gemv_rows
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What the fused emitter needs of a planned step."""
+
+    d: ModelDims
+    batch: int
+    sm: int
+    splits: int
+    chunk: int
+    slots: dict[str, int]
+    regions: dict[str, Region]
+    scale: int
+
+    def w(self, name: str) -> Operand:
+        return Operand(self.slots[name], 0)
+
+    def ws(self, name: str, column: int = 0) -> Operand:
+        """A workspace region, optionally from a bf16 column of its rows (a multiple of
+        8 elements: one granule)."""
+        r = self.regions[name]
+        return Operand(r.slot, (r.offset + 2 * column) // GRANULE)
+
+
+def _tiles(op: Opcode, n: int, rows: int, rest: tuple[int, ...], ops: tuple[Operand, ...],
+           flags: int, label: str) -> list[Task]:
+    """GEMV tiles of rows [r, r + rows) of an n-row weight; `rest` = tile words 2.."""
+    return [Task(op, (r, min(rows, n - r), *rest), ops, flags=flags, label=f"{label}[{r}]")
+            for r in range(0, n, rows)]
+
+
+def _normed(e: _Emitter, lay: Layout, weight: str, waits, fuse: bool, label: str):
+    """A GEMV input normalised with `weight`: (x, weight, NORM_IN) with the same waits,
+    or an RMS_NORM stage into h and (h, -, 0) waiting for it."""
+    if fuse:
+        return (lay.ws("x"), lay.w(weight)), int(Flag.NORM_IN), waits
+    c, n = e.stage([Task(Opcode.RMS_NORM, (b, 1, lay.d.hidden), (lay.ws("x"), lay.w(weight),
+                                                                 lay.ws("h")),
+                         label=f"{label}[{b}]") for b in range(lay.batch)], waits)
+    return (lay.ws("h"),), 0, ((c, n),)
+
+
+def _qkv(e: _Emitter, lay: Layout, i: int, waits, fine_deps: bool, fuse_norm: bool):
+    """q | k | v tiles of every sequence; the waits of each kv head's splits."""
+    d = lay.d
+    D, G = d.head_dim, d.heads // d.kv_heads
+    qn, kvn = d.heads * D, d.kv_heads * D
+    p = f"model.layers.{i}."
+    src, flags, waits = _normed(e, lay, p + "input_layernorm.weight", waits, fuse_norm,
+                                f"L{i}.input_norm")
+    rows = gemv_rows(qn + 2 * kvn, lay.sm, lay.scale)
+    tiles = []
+    for name, n_rows, col in (("q", qn, 0), ("k", kvn, qn), ("v", kvn, qn + kvn)):
+        for t in _tiles(Opcode.GEMV, n_rows, rows, (d.hidden, qn + 2 * kvn, col),
+                        (lay.w(p + f"self_attn.{name}_proj.weight"), src[0], lay.ws("qkv"),
+                         *src[1:]), flags, f"L{i}.{name}"):
+            tiles.append((t.tile[0] // (G * D if name == "q" else D), t))
+    if not (fine_deps and D % rows == 0):
+        c, n = e.stage([t for _, t in tiles], waits)
+        return [((c, n),)] * d.kv_heads
+    # one counter per kv head: its splits start once its rows are in
+    counters = [e.counter() for _ in range(d.kv_heads)]
+    count = [0] * d.kv_heads
+    for kvh, t in tiles:
+        e.tasks.append(Task(t.opcode, t.tile, t.operands, waits, counters[kvh], t.flags,
+                            t.label))
+        count[kvh] += 1
+    return [((counters[g], count[g]),) for g in range(d.kv_heads)]
+
+
+def _attention(e: _Emitter, lay: Layout, i: int, split_waits, fuse_merge: bool):
+    """Splits (ROPE_IN) and, unfused, their merges; returns (o_proj input operands and
+    flags, the waits of o_proj)."""
+    d = lay.d
+    qn, kvn = d.heads * d.head_dim, d.kv_heads * d.head_dim
+    p = f"model.layers.{i}."
+    shared = e.counter() if fuse_merge else None
+    merges = []
+    for b in range(lay.batch):
+        for g in range(d.kv_heads):
+            c = shared if shared is not None else e.counter()
+            for s in range(lay.splits):
+                e.tasks.append(Task(
+                    Opcode.ATTN_SPLIT, (b, g, s, lay.chunk, qn + 2 * kvn, qn, qn + kvn, 0),
+                    (lay.ws("qkv"), lay.w(f"k_cache.{i}"), lay.w(f"v_cache.{i}"),
+                     lay.ws("partials"), lay.w("rope.cos_sin"),
+                     lay.w(p + "self_attn.q_norm.weight"), lay.w(p + "self_attn.k_norm.weight")),
+                    split_waits[g], c, int(Flag.ROPE_IN), f"L{i}.split[{b},{g},{s}]"))
+            merges.append((c, b, g))
+    if fuse_merge:
+        return (lay.ws("partials"),), int(Flag.MERGE_IN), ((shared, len(merges) * lay.splits),)
+    mc = e.counter()
+    for c, b, g in merges:
+        e.tasks.append(Task(Opcode.ATTN_MERGE, (b, g, lay.splits), (lay.ws("partials"),
+                                                                     lay.ws("attn")),
+                            ((c, lay.splits),), mc, label=f"L{i}.merge[{b},{g}]"))
+    return (lay.ws("attn"),), 0, ((mc, len(merges)),)
+
+
+def emit_fused(e: _Emitter, lay: Layout, *, fine_deps: bool, fuse_norm: bool,
+               fuse_merge: bool) -> None:
+    d, batch = lay.d, lay.batch
+    qn, gu_n = d.heads * d.head_dim, 2 * d.intermediate
+    c, n = e.stage([Task(Opcode.EMBED, (b, 1, d.hidden, d.vocab),
+                         (lay.w("model.embed_tokens.weight"), lay.ws("x")), label=f"embed[{b}]")
+                    for b in range(batch)], ())
+    waits = ((c, n),)
+    for i in range(d.layers):
+        p = f"model.layers.{i}."
+        split_waits = _qkv(e, lay, i, waits, fine_deps, fuse_norm)
+        src, flags, waits = _attention(e, lay, i, split_waits, fuse_merge)
+        # o_proj: (merge while staging,) add into the residual stream
+        c, n = e.stage(_tiles(Opcode.GEMV, d.hidden, gemv_rows(d.hidden, lay.sm, lay.scale),
+                              (qn, d.hidden, 0),
+                              (lay.w(p + "self_attn.o_proj.weight"), src[0], lay.ws("x")),
+                              flags | int(Flag.RESIDUAL_OUT), f"L{i}.o"), waits)
+        # gate | up rows, normalised on the way in
+        src, flags, waits = _normed(e, lay, p + "post_attention_layernorm.weight",
+                                    ((c, n),), fuse_norm, f"L{i}.post_norm")
+        rows = gemv_rows(gu_n, lay.sm, lay.scale)
+        c, n = e.stage(
+            _tiles(Opcode.GEMV, d.intermediate, rows, (d.hidden, gu_n, 0),
+                   (lay.w(p + "mlp.gate_proj.weight"), src[0], lay.ws("gu"), *src[1:]), flags,
+                   f"L{i}.gate") +
+            _tiles(Opcode.GEMV, d.intermediate, rows, (d.hidden, gu_n, d.intermediate),
+                   (lay.w(p + "mlp.up_proj.weight"), src[0], lay.ws("gu"), *src[1:]), flags,
+                   f"L{i}.up"), waits)
+        # down: SiLU-mul while staging, add into the residual stream
+        c, n = e.stage(_tiles(Opcode.GEMV, d.hidden, gemv_rows(d.hidden, lay.sm, lay.scale),
+                              (d.intermediate, d.hidden, 0, gu_n),
+                              (lay.w(p + "mlp.down_proj.weight"), lay.ws("gu"), lay.ws("x"),
+                               lay.ws("gu", d.intermediate)),
+                              int(Flag.SILU_IN | Flag.RESIDUAL_OUT), f"L{i}.down"), ((c, n),))
+        waits = ((c, n),)
+    src, flags, waits = _normed(e, lay, "model.norm.weight", waits, fuse_norm, "final_norm")
+    e.stage(_tiles(Opcode.LOGITS, d.vocab, gemv_rows(d.vocab, lay.sm, lay.scale),
+                   (d.hidden, d.vocab, 0), (lay.w("lm_head.weight"), src[0], lay.ws("logits"),
+                                            *src[1:]), flags, "logits"), waits)

@@ -7,13 +7,13 @@ v appended as is), attention splits and their merge, o_proj tiles, residual
 add, post-attention RMSNorm, gate/up tiles, SiLU·mul, down tiles, residual
 add; final RMSNorm and lm_head logits: 12 stages a layer.
 
-Fused (the default, ABI v2 flags): per layer five stages -- q/k/v tiles that
-normalise their input (NORM_IN) into one q|k|v region; attention splits that
-apply the head norms and RoPE to their own heads and append the newest token
-themselves (ROPE_IN); o_proj tiles that merge the splits while staging their
-input and add into the residual stream (MERGE_IN | RESIDUAL_OUT); gate/up tiles
-(NORM_IN) into one gate|up region; down tiles that apply SiLU·mul while staging
-(SILU_IN | RESIDUAL_OUT); then the logits (NORM_IN). Every fused op computes
+Fused (ABI v2 flags; pipeline/megakernel/fused_list.py): q|k|v tiles into one
+region; attention splits that apply the head norms and RoPE to their own heads
+and append the newest token themselves (ROPE_IN); o_proj tiles that add into the
+residual stream (RESIDUAL_OUT); gate|up tiles into one region; down tiles that
+apply SiLU·mul while staging (SILU_IN | RESIDUAL_OUT): seven stages a layer with
+the input/post norms and the merge as stages (the default), five with
+`fuse_norm` (NORM_IN) and `fuse_merge` (MERGE_IN). Every fused op computes
 exactly what the unfused stages compute, in the same order (docs/task-abi.md).
 
 Each stage signals one counter that the next stage waits on (its full task
@@ -204,12 +204,14 @@ def fusion_blockers(dims: ModelDims, batch: int, splits: int,
 
 def build_step(dims: ModelDims, batch: int, sm_count: int, *, num_blocks: int,
                max_context: int | None = None, page_size: int = PAGE_SIZE, fuse: bool = True,
-               fine_deps: bool = True, tile_scale: int = 1, fuse_norm: bool = True,
-               fuse_merge: bool = True) -> StepPlan:
+               fine_deps: bool = False, tile_scale: int = 1, fuse_norm: bool = False,
+               fuse_merge: bool = False) -> StepPlan:
     """Task list, step shape and buffer table for one decode step at `batch`: fused
-    (ABI v2 flags) where the shape allows, else the unfused stages. `fuse_norm` /
-    `fuse_merge` False keep the RMS norms / the attention merge as their own stages in
-    a fused list (their prologues are redone by every consumer tile)."""
+    (ABI v2 flags) where the shape allows, else the unfused stages. By default the
+    norms and the attention merge stay stages of their own (`fuse_norm` / `fuse_merge`
+    True move them into every consumer tile's prologue, which redoes them per tile) and
+    splits wait for the whole q|k|v stage (`fine_deps` True: only for their kv head's
+    tiles): the fastest combination measured on the H200 (docs/perf.md, issue 19)."""
     if batch < 1 or sm_count < 1 or num_blocks < 1 or tile_scale < 1:
         raise UsageError(f"build_step: batch {batch}, sm_count {sm_count}, num_blocks "
                          f"{num_blocks}, tile_scale {tile_scale} must all be positive")
@@ -251,9 +253,8 @@ def build_step(dims: ModelDims, batch: int, sm_count: int, *, num_blocks: int,
                    fine_deps=fine_deps, fuse_norm=fuse_norm, fuse_merge=fuse_merge)
     else:
         _emit(e, dims, batch, sm_count, splits, chunk, slots, regions, tile_scale)
-    options = {"fused": fused, "fine_deps": fused and fine_deps, "tile_scale": tile_scale}
-    if fused and not (fuse_norm and fuse_merge):
-        options.update(fuse_norm=fuse_norm, fuse_merge=fuse_merge)
+    options = {"fused": fused, "fine_deps": fused and fine_deps, "tile_scale": tile_scale,
+               "fuse_norm": fused and fuse_norm, "fuse_merge": fused and fuse_merge}
     if blockers:
         options["not_fused"] = blockers
     return StepPlan(dims=dims, batch=batch, sm_count=sm_count, tasks=e.tasks, shape=shape,

@@ -76,9 +76,10 @@ def _touches(plan, t):
     return out
 
 
-MODES = [{"fuse": False}, {"fuse": True, "fine_deps": False}, {"fuse": True},
-         {"fuse": True, "tile_scale": 2}, {"fuse_norm": False}, {"fuse_merge": False},
-         {"fuse_norm": False, "fuse_merge": False, "fine_deps": False}]
+FULL = {"fuse_norm": True, "fuse_merge": True, "fine_deps": True}
+"""Every fusion flag (the defaults keep the norms and merges as stages)."""
+MODES = [{"fuse": False}, {}, FULL, {**FULL, "fine_deps": False}, {**FULL, "tile_scale": 2},
+         {**FULL, "fuse_norm": False}, {**FULL, "fuse_merge": False}, {"fine_deps": True}]
 
 
 @pytest.mark.parametrize("batch", [1, 4, 8])
@@ -96,9 +97,9 @@ def test_every_op_of_the_step_is_covered(batch):
 
 
 @pytest.mark.parametrize("batch", [1, 4, 8])
-def test_the_fused_step_has_five_stages_a_layer_and_every_flag(batch):
-    plan = builder.build_step(TINY, batch, 132, num_blocks=batch * 8)
-    assert plan.options == {"fused": True, "fine_deps": True, "tile_scale": 1}
+def test_the_fully_fused_step_has_five_stages_a_layer_and_every_flag(batch):
+    plan = builder.build_step(TINY, batch, 132, num_blocks=batch * 8, **FULL)
+    assert plan.options == {"fused": True, "tile_scale": 1, **FULL}
     assert {Opcode(t.opcode) for t in plan.tasks} == {Opcode.EMBED, Opcode.GEMV,
                                                       Opcode.ATTN_SPLIT, Opcode.LOGITS}
     flags = {(Opcode(t.opcode), t.flags) for t in plan.tasks}
@@ -144,11 +145,11 @@ def test_probe_model_list_is_valid_and_sized_to_the_sms(batch):
     q_tiles = [t for t in plan.tasks if t.label.startswith("L0.q[")]
     # about one tile per SM, each a whole number of 8-row warps
     assert len(q_tiles) == 128 and all(t.tile[1] == 16 for t in q_tiles)
-    fused = builder.build_step(PROBE, batch, 132, num_blocks=batch * 64)
+    fused = builder.build_step(PROBE, batch, 132, num_blocks=batch * 64, **FULL)
     assert validate(fused.tasks, fused.shape, fused.buffers, fused.num_counters).ok
     qkv = [t for t in fused.tasks if t.label.startswith(("L0.q[", "L0.k[", "L0.v["))]
     assert len(qkv) == 128 and all(t.tile[1] == 32 for t in qkv)  # one q|k|v stage
-    bigger = builder.build_step(PROBE, batch, 132, num_blocks=batch * 64, tile_scale=2)
+    bigger = builder.build_step(PROBE, batch, 132, num_blocks=batch * 64, tile_scale=2, **FULL)
     assert sum(t.opcode == Opcode.GEMV for t in bigger.tasks) * 2 == \
         sum(t.opcode == Opcode.GEMV for t in fused.tasks)
     splits = {t.tile[2] for t in plan.tasks
@@ -170,7 +171,7 @@ def test_attention_merge_waits_only_for_its_own_splits():
 
 
 def test_fused_splits_wait_only_for_the_qkv_tiles_of_their_kv_head():
-    plan = builder.build_step(TINY, 2, 16, num_blocks=8)
+    plan = builder.build_step(TINY, 2, 16, num_blocks=8, fine_deps=True)
     signalers: dict[int, list] = {}
     for t in plan.tasks:
         signalers.setdefault(t.signal, []).append(t)
@@ -208,8 +209,8 @@ def test_dims_from_a_model_directory(tmp_path):
         builder.ModelDims.load(tmp_path)
 
 
-def test_unfused_norms_and_merges_are_stages_of_a_fused_list():
-    plan = builder.build_step(TINY, 2, 16, num_blocks=8, fuse_norm=False, fuse_merge=False)
+def test_by_default_norms_and_merges_are_stages_of_a_fused_list():
+    plan = builder.build_step(TINY, 2, 16, num_blocks=8, fine_deps=True)
     counts = plan.summary()["ops"]
     assert counts["RMS_NORM"] == 2 * (2 * TINY.layers + 1)
     assert counts["ATTN_MERGE"] == 2 * TINY.kv_heads * TINY.layers

@@ -50,9 +50,11 @@ def _prefilled(model, lengths: list[int], seed: int):
 
 # SM counts chosen so attention splits are one page (16 tokens): contexts then span
 # several splits, empty ones included, and page boundaries fall inside and between them.
-@pytest.mark.parametrize("options", [{"fuse": False}, {}, {"fine_deps": False, "tile_scale": 2},
-                                     {"fuse_norm": False, "fuse_merge": False}],
-                         ids=["unfused", "fused", "fused-coarse", "fused-norm-merge-stages"])
+FULL = {"fuse_norm": True, "fuse_merge": True, "fine_deps": True}
+
+
+@pytest.mark.parametrize("options", [{"fuse": False}, {}, FULL, {**FULL, "tile_scale": 2}],
+                         ids=["unfused", "fused (default)", "fully-fused", "fully-fused-x2"])
 @pytest.mark.parametrize("lengths,sms,splits", [([37], 132, 3), ([5, 16, 33, 70], 1024, 5),
                                                 ([1, 2, 15, 16, 17, 31, 32, 100], 132, 1)])
 def test_the_task_list_computes_the_reference_decode_step(model, lengths, sms, splits, options):
@@ -99,7 +101,7 @@ def test_the_fused_list_computes_what_the_unfused_one_computes(model):
     out = []
     for fuse in (False, True):
         cache, args = _prefilled(model, lengths, seed=3)
-        step = StepBuffers(model, cache, len(lengths), 1024, fuse=fuse)
+        step = StepBuffers(model, cache, len(lengths), 1024, fuse=fuse, **(FULL if fuse else {}))
         step.stage(*args)
         with torch.inference_mode():
             interpret.run(step.plan.tasks, step.plan.shape, step.tensors)

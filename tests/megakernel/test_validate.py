@@ -22,7 +22,7 @@ def plan():
 
 @pytest.fixture
 def fused():
-    return builder.build_step(DIMS, 2, 16, num_blocks=8)
+    return builder.build_step(DIMS, 2, 16, num_blocks=8, fuse_norm=True, fuse_merge=True)
 
 
 def _check(plan, tasks):
@@ -188,7 +188,7 @@ def test_a_staged_input_too_large_for_shared_memory_is_refused():
                       plan.shape, plan.buffers, plan.num_counters)
     assert any("exceeds the kernel's 98304-byte staging buffer" in p for p in report.problems)
     assert builder.fusion_blockers(wide, 8, plan.shape.max_splits)
-    assert not builder.build_step(wide, 8, 16, num_blocks=8).options["fused"]
+    assert not builder.build_step(wide, 8, 16, num_blocks=8, fuse_merge=True).options["fused"]
 
 
 def test_rope_in_columns_outside_the_rows_are_refused(fused):

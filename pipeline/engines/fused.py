@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +34,7 @@ from pipeline.engines.qwen3 import (
     PAGE_SIZE,
     DecodeGraphs,
     PagedKVCache,
+    Qwen3Config,
     Qwen3Model,
     rms_norm,
     rope,
@@ -42,6 +45,10 @@ MODE = "graph-fused"
 COMPILE_MODES = ("max-autotune-no-cudagraphs", "max-autotune", "default", "reduce-overhead",
                  "none")
 """`fused_compile` values; `none` runs the fused step uncompiled (still one graph)."""
+Stage = Callable[..., Any]
+"""A fused stage: the plain function, or torch.compile's wrapper of it (untyped)."""
+Attend = Callable[..., torch.Tensor]
+"""(q, k_cache, v_cache, block_tables, context_lens, scale) -> attention output."""
 
 
 class FusedKVCache(PagedKVCache):
@@ -49,7 +56,8 @@ class FusedKVCache(PagedKVCache):
     contiguous slab, as split_kv reads it. Block 0 is the padding block (as the
     reference cache's)."""
 
-    def __init__(self, cfg, num_blocks: int, device: str, dtype: torch.dtype):
+    def __init__(self, cfg: Qwen3Config, num_blocks: int, device: str,
+                 dtype: torch.dtype) -> None:
         super().__init__(cfg, 0, device, dtype)
         shape = (1 + num_blocks, cfg.num_kv_heads, PAGE_SIZE, cfg.head_dim)
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.num_layers)]
@@ -80,26 +88,29 @@ def torch_fused_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     return out.reshape(b, h, d).to(q.dtype)
 
 
-def _pre(x, w_qkv, ln, q_norm, k_norm, cos, sin, eps: float, heads: int, kv_heads: int,
-         dim: int):
+def _pre(x: torch.Tensor, w_qkv: torch.Tensor, ln: torch.Tensor, q_norm: torch.Tensor,
+         k_norm: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float, heads: int,
+         kv_heads: int, dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Input norm, one q|k|v projection, head norms and RoPE."""
     t = x.shape[0]
     qkv = rms_norm(x, ln, eps) @ w_qkv.T
-    q, k, v = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+    q, k, v = torch.split(qkv, [heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
     q = rms_norm(q.reshape(t, heads, dim), q_norm, eps)
     k = rms_norm(k.reshape(t, kv_heads, dim), k_norm, eps)
     return rope(q, cos, sin), rope(k, cos, sin), v.reshape(t, kv_heads, dim)
 
 
-def _post(x, a, w_o, ln, w_gu, w_down, eps: float, inter: int):
+def _post(x: torch.Tensor, a: torch.Tensor, w_o: torch.Tensor, ln: torch.Tensor,
+          w_gu: torch.Tensor, w_down: torch.Tensor, eps: float, inter: int) -> torch.Tensor:
     """o projection and residual, post-attention norm, one gate|up projection,
     SiLU·mul, down projection and residual."""
     x = x + a @ w_o.T
-    gate, up = (rms_norm(x, ln, eps) @ w_gu.T).split([inter, inter], dim=-1)
+    gate, up = torch.split(rms_norm(x, ln, eps) @ w_gu.T, [inter, inter], dim=-1)
     return x + (F.silu(gate) * up) @ w_down.T
 
 
-def _final(x, norm, lm_head, eps: float):
+def _final(x: torch.Tensor, norm: torch.Tensor, lm_head: torch.Tensor,
+           eps: float) -> torch.Tensor:
     return (rms_norm(x, norm, eps) @ lm_head.T).float()
 
 
@@ -116,14 +127,20 @@ class FusedModel(Qwen3Model):
             self.gate_up.append(self._concat(f"model.layers.{i}.mlp.", ("gate_proj", "up_proj")))
         self.inter = self.gate_up[0].shape[0] // 2
         self.scale = self.cfg.head_dim ** -0.5
-        self.stages = (_pre, _post, _final)
+        self.stages: tuple[Stage, Stage, Stage] = (_pre, _post, _final)
         self.compiled = "no (CPU: eager)" if not str(device).startswith("cuda") else "no"
-        self.attention_of = None
+        self.attention_of: Callable[[int], Attend] | None = None
         """Set by the engine on CUDA: batch -> an attention callable (split_kv)."""
         if compile_mode != "none" and str(device).startswith("cuda"):
-            self.stages = tuple(torch.compile(f, mode=compile_mode, dynamic=False,
-                                              fullgraph=True) for f in self.stages)
+            self.stages = (self._compiled(_pre, compile_mode),
+                           self._compiled(_post, compile_mode),
+                           self._compiled(_final, compile_mode))
             self.compiled = compile_mode
+
+    @staticmethod
+    def _compiled(stage: Stage, mode: str) -> Stage:
+        compiled: Stage = torch.compile(stage, mode=mode, dynamic=False, fullgraph=True)
+        return compiled
 
     def _concat(self, prefix: str, names: tuple[str, ...]) -> torch.Tensor:
         parts = [self.w[prefix + n + ".weight"] for n in names]
@@ -136,7 +153,7 @@ class FusedModel(Qwen3Model):
 
     def decode(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
                block_tables: torch.Tensor, context_lens: torch.Tensor,
-               cache: FusedKVCache) -> torch.Tensor:
+               cache: PagedKVCache) -> torch.Tensor:
         """The fused decode step: logits [B, V] (fp32 of the bf16 lm_head output)."""
         c = self.cfg
         pre, post, final = self.stages
@@ -156,7 +173,9 @@ class FusedModel(Qwen3Model):
             x = post(x, a.reshape(x.shape[0], -1), self.w[p + "self_attn.o_proj.weight"],
                      self.w[p + "post_attention_layernorm.weight"], self.gate_up[i],
                      self.w[p + "mlp.down_proj.weight"], c.rms_norm_eps, self.inter)
-        return final(x, self.w["model.norm.weight"], self.w["lm_head.weight"], c.rms_norm_eps)
+        logits: torch.Tensor = final(x, self.w["model.norm.weight"], self.w["lm_head.weight"],
+                                     c.rms_norm_eps)
+        return logits
 
 
 class FusedEngine(ReferenceEngine):
@@ -177,41 +196,45 @@ class FusedEngine(ReferenceEngine):
         self.attention = "torch (fused cache layout)"
         self.route = "graph" if device.startswith("cuda") else "eager: no CUDA device, " \
             "so no CUDA graph and no torch.compile"
+        self.fused: FusedModel | None = None
+        """`self.model` as the fused model it is (None before start())."""
 
     def start(self) -> None:
         from pipeline.model import model_info
 
         self._digest = model_info(self.model_dir).digest
-        self.model = FusedModel(self.model_dir, self.device, DTYPES[self.dtype],
-                                self.compile_mode)
+        self.model = self.fused = FusedModel(self.model_dir, self.device, DTYPES[self.dtype],
+                                             self.compile_mode)
         if self.device.startswith("cuda"):
-            self.model.attention_of = self._attention()
-            self._graphs = DecodeGraphs(self.model)
+            self.fused.attention_of = self._attention(self.fused.cfg)
+            self._graphs = DecodeGraphs(self.fused)
 
     def describe(self) -> dict[str, str]:
         d = super().describe()
         d.update(mode=MODE, decode_attention=self.attention, fused_route=self.route,
-                 fused_compile=self.model.compiled if self.model is not None else "",
+                 fused_compile=self.fused.compiled if self.fused is not None else "",
                  fused_projections=json.dumps(["q|k|v", "gate|up"]))
         return d
 
     def _ensure_cache(self, work: WorkloadPass) -> None:
         # The reference engine's sizing, with the fused cache layout.
+        if self.fused is None:
+            raise EngineError("graph-fused engine: a pass before start()")
+        cfg = self.fused.cfg
         longest = max(len(r.prompt_ids) + r.max_tokens for r in work.requests)
-        if longest > self.model.cfg.max_position:
+        if longest > cfg.max_position:
             raise EngineError(f"{work.cell}: {longest} tokens exceed the model's "
-                              f"max_position_embeddings {self.model.cfg.max_position}")
+                              f"max_position_embeddings {cfg.max_position}")
         need = max(self.max_blocks, work.concurrency * math.ceil(longest / PAGE_SIZE))
         if self.cache is None or self.cache.num_blocks < need:
-            self.cache = FusedKVCache(self.model.cfg, need, self.device, DTYPES[self.dtype])
+            self.cache = FusedKVCache(cfg, need, self.device, DTYPES[self.dtype])
             if self._graphs is not None:
                 self._graphs.reset(self.cache)
 
-    def _attention(self):
+    def _attention(self, c: Qwen3Config) -> Callable[[int], Attend]:
         """batch -> attention callable: split_kv's bf16 baseline where it applies (one plan
         per batch size, planned for max_position so a CUDA graph serves every length),
         else torch; the choice and its reason go to describe()."""
-        c = self.model.cfg
         why = []
         if self.dtype != "bfloat16":
             why.append(f"dtype {self.dtype} (split_kv: bfloat16 or E5M2 caches)")
@@ -232,7 +255,9 @@ class FusedEngine(ReferenceEngine):
         plans: dict[int, DecodeAttention] = {}
         self.attention = f"split_kv bf16 baseline ({Path(cubin).name})"
 
-        def attend(q, k_cache, v_cache, block_tables, context_lens, scale):
+        def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                   block_tables: torch.Tensor, context_lens: torch.Tensor,
+                   scale: float) -> torch.Tensor:
             b = q.shape[0]
             if b not in plans:
                 plans[b] = DecodeAttention(q, k_cache, v_cache, block_tables, context_lens,

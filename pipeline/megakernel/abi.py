@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum, IntFlag
+from typing import Any
 
 import numpy as np
 
@@ -151,7 +152,7 @@ class Task:
     label: str = ""
     """Host-side only (not packed): what the builder meant, for reports."""
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         tile = tuple(self.tile)
         if len(tile) < TILE_WORDS:
             object.__setattr__(self, "tile", tile + (0,) * (TILE_WORDS - len(tile)))
@@ -181,7 +182,7 @@ class StepShape:
     context_lens_at: int
     block_tables_at: int
     abi_version: int = ABI_VERSION
-    extra: dict = field(default_factory=dict, compare=False)
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def group(self) -> int:
@@ -246,7 +247,7 @@ def unpack_shape(data: bytes) -> StepShape:
     return StepShape(**kw)
 
 
-def to_json(t: Task) -> dict:
+def to_json(t: Task) -> dict[str, Any]:
     """One task as the gate's artifact records it."""
     return {"op": Opcode(t.opcode).name if t.opcode in Opcode._value2member_map_ else t.opcode,
             "label": t.label, "tile": list(t.tile), "flags": t.flags,

@@ -29,6 +29,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pipeline.errors import UsageError
 from pipeline.megakernel.abi import (
@@ -67,7 +68,7 @@ class ModelDims:
     max_position: int
 
     @classmethod
-    def from_config(cls, c: dict, where: str = "config") -> "ModelDims":
+    def from_config(cls, c: dict[str, Any], where: str = "config") -> "ModelDims":
         try:
             return cls(vocab=c["vocab_size"], hidden=c["hidden_size"],
                        intermediate=c["intermediate_size"], layers=c["num_hidden_layers"],
@@ -137,10 +138,10 @@ class StepPlan:
     """Buffer-table slot of each weight / cache / workspace / meta buffer."""
     regions: dict[str, Region] = field(default_factory=dict)
     """Workspace regions (activations, partials, logits)."""
-    options: dict = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
     """How the list was built: fused, fine_deps, tile_scale (and why not fused)."""
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         ops: dict[str, int] = {}
         for t in self.tasks:
             ops[Opcode(t.opcode).name] = ops.get(Opcode(t.opcode).name, 0) + 1
@@ -172,8 +173,8 @@ def attention_splits(batch: int, kv_heads: int, max_context: int, sm_count: int,
     return math.ceil(max_context / chunk), chunk
 
 
-class _Emitter:
-    def __init__(self):
+class Emitter:
+    def __init__(self) -> None:
         self.tasks: list[Task] = []
         self.counters = 0
 
@@ -218,7 +219,8 @@ def build_step(dims: ModelDims, batch: int, sm_count: int, *, num_blocks: int,
     max_context = max_context or dims.max_position
     splits, chunk = attention_splits(batch, dims.kv_heads, max_context, sm_count, page_size)
     table_width = math.ceil(max_context / page_size)
-    buffers, slots = [], {}
+    buffers: list[Buffer] = []
+    slots: dict[str, int] = {}
 
     def add(name: str, size: int, writable: bool) -> int:
         slots[name] = len(buffers)
@@ -245,7 +247,7 @@ def build_step(dims: ModelDims, batch: int, sm_count: int, *, num_blocks: int,
                       ids_at=meta_at["ids"], positions_at=meta_at["positions"],
                       slots_at=meta_at["slots"], context_lens_at=meta_at["context_lens"],
                       block_tables_at=meta_at["block_tables"])
-    e = _Emitter()
+    e = Emitter()
     if fused:
         from pipeline.megakernel.fused_list import Layout, emit_fused
 
@@ -304,7 +306,7 @@ def _rows(op: Opcode, ops: tuple[Operand, ...], batch: int, width: int, label: s
     return [Task(op, (b, 1, width, extra), ops, label=f"{label}[{b}]") for b in range(batch)]
 
 
-def _emit(e: _Emitter, d: ModelDims, batch: int, sm: int, splits: int, chunk: int,
+def _emit(e: Emitter, d: ModelDims, batch: int, sm: int, splits: int, chunk: int,
           slots: dict[str, int], r: dict[str, Region], scale: int = 1) -> None:
     def w(name: str) -> Operand:
         return Operand(slots[name], 0)

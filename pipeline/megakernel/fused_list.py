@@ -16,7 +16,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipeline.megakernel.abi import GRANULE, Flag, Opcode, Operand, Task
-from pipeline.megakernel.builder import ModelDims, Region, _Emitter, gemv_rows
+from pipeline.megakernel.builder import Emitter, ModelDims, Region, gemv_rows
+
+Waits = tuple[tuple[int, int], ...]
+"""A task's (counter, value) waits."""
+Source = tuple[tuple[Operand, ...], int, Waits]
+"""A consumer's input operands, its flags, and the waits before it."""
 
 
 @dataclass(frozen=True)
@@ -49,7 +54,8 @@ def _tiles(op: Opcode, n: int, rows: int, rest: tuple[int, ...], ops: tuple[Oper
             for r in range(0, n, rows)]
 
 
-def _normed(e: _Emitter, lay: Layout, weight: str, waits, fuse: bool, label: str):
+def _normed(e: Emitter, lay: Layout, weight: str, waits: Waits, fuse: bool,
+            label: str) -> Source:
     """A GEMV input normalised with `weight`: (x, weight, NORM_IN) with the same waits,
     or an RMS_NORM stage into h and (h, -, 0) waiting for it."""
     if fuse:
@@ -60,7 +66,8 @@ def _normed(e: _Emitter, lay: Layout, weight: str, waits, fuse: bool, label: str
     return (lay.ws("h"),), 0, ((c, n),)
 
 
-def _qkv(e: _Emitter, lay: Layout, i: int, waits, fine_deps: bool, fuse_norm: bool):
+def _qkv(e: Emitter, lay: Layout, i: int, waits: Waits, fine_deps: bool,
+         fuse_norm: bool) -> list[Waits]:
     """q | k | v tiles of every sequence; the waits of each kv head's splits."""
     d = lay.d
     D, G = d.head_dim, d.heads // d.kv_heads
@@ -88,7 +95,8 @@ def _qkv(e: _Emitter, lay: Layout, i: int, waits, fine_deps: bool, fuse_norm: bo
     return [((counters[g], count[g]),) for g in range(d.kv_heads)]
 
 
-def _attention(e: _Emitter, lay: Layout, i: int, split_waits, fuse_merge: bool):
+def _attention(e: Emitter, lay: Layout, i: int, split_waits: list[Waits],
+               fuse_merge: bool) -> Source:
     """Splits (ROPE_IN) and, unfused, their merges; returns (o_proj input operands and
     flags, the waits of o_proj)."""
     d = lay.d
@@ -107,7 +115,7 @@ def _attention(e: _Emitter, lay: Layout, i: int, split_waits, fuse_merge: bool):
                      lay.w(p + "self_attn.q_norm.weight"), lay.w(p + "self_attn.k_norm.weight")),
                     split_waits[g], c, int(Flag.ROPE_IN), f"L{i}.split[{b},{g},{s}]"))
             merges.append((c, b, g))
-    if fuse_merge:
+    if shared is not None:  # fuse_merge
         return (lay.ws("partials"),), int(Flag.MERGE_IN), ((shared, len(merges) * lay.splits),)
     mc = e.counter()
     for c, b, g in merges:
@@ -117,14 +125,14 @@ def _attention(e: _Emitter, lay: Layout, i: int, split_waits, fuse_merge: bool):
     return (lay.ws("attn"),), 0, ((mc, len(merges)),)
 
 
-def emit_fused(e: _Emitter, lay: Layout, *, fine_deps: bool, fuse_norm: bool,
+def emit_fused(e: Emitter, lay: Layout, *, fine_deps: bool, fuse_norm: bool,
                fuse_merge: bool) -> None:
     d, batch = lay.d, lay.batch
     qn, gu_n = d.heads * d.head_dim, 2 * d.intermediate
     c, n = e.stage([Task(Opcode.EMBED, (b, 1, d.hidden, d.vocab),
                          (lay.w("model.embed_tokens.weight"), lay.ws("x")), label=f"embed[{b}]")
                     for b in range(batch)], ())
-    waits = ((c, n),)
+    waits: Waits = ((c, n),)
     for i in range(d.layers):
         p = f"model.layers.{i}."
         split_waits = _qkv(e, lay, i, waits, fine_deps, fuse_norm)

@@ -22,7 +22,7 @@ LOG2E = 1.4426950408889634
 
 
 class _Mem:
-    def __init__(self, tensors: list[torch.Tensor]):
+    def __init__(self, tensors: list[torch.Tensor]) -> None:
         self.bytes = [t.view(-1).view(torch.uint8) for t in tensors]
 
     def at(self, t: Task, i: int, dtype: torch.dtype, count: int | None = None) -> torch.Tensor:
@@ -46,7 +46,7 @@ def run(tasks: list[Task], shape: StepShape, tensors: list[torch.Tensor]) -> Non
         OPS[Opcode(t.opcode)](t, shape, mem, meta)
 
 
-def _embed(t, s, mem, meta):
+def _embed(t: Task, s: StepShape, mem: _Mem, meta: torch.Tensor) -> None:
     row0, rows, hidden, vocab = t.tile[:4]
     table = mem.at(t, 0, torch.bfloat16, vocab * hidden).view(vocab, hidden)
     out = mem.at(t, 1, torch.bfloat16).view(-1)
@@ -61,7 +61,7 @@ def _norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return ((xf * inv) * w.float()).to(torch.bfloat16)
 
 
-def _rms_norm(t, s, mem, meta):
+def _rms_norm(t: Task, s: StepShape, mem: _Mem, meta: torch.Tensor) -> None:
     row0, rows, n = t.tile[:3]
     x = mem.at(t, 0, torch.bfloat16, (row0 + rows) * n).view(-1, n)[row0:]
     w = mem.at(t, 1, torch.bfloat16, n)
@@ -69,7 +69,7 @@ def _rms_norm(t, s, mem, meta):
     out.copy_(_norm(x, w, s.rms_eps))
 
 
-def _rows_of(t, s, mem, i: int, k: int, stride: int) -> torch.Tensor:
+def _rows_of(t: Task, s: StepShape, mem: _Mem, i: int, k: int, stride: int) -> torch.Tensor:
     """batch rows of k bf16 at a row stride, from operand i."""
     raw = mem.at(t, i, torch.bfloat16, (s.batch - 1) * stride + k)
     return torch.stack([raw[b * stride:b * stride + k] for b in range(s.batch)])
@@ -81,7 +81,7 @@ def _silu_mul_values(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return (_r(gf / (1 + torch.exp(-gf))) * up.float()).to(torch.bfloat16)
 
 
-def _gemv_input(t, s, mem) -> torch.Tensor:
+def _gemv_input(t: Task, s: StepShape, mem: _Mem) -> torch.Tensor:
     """What a GEMV stages as its input x [batch, K] (bf16), by its flags."""
     k, stride = t.tile[2], t.tile[5] or t.tile[2]
     if t.flags & Flag.MERGE_IN:
@@ -95,7 +95,7 @@ def _gemv_input(t, s, mem) -> torch.Tensor:
     return x
 
 
-def _gemv(t, s, mem, meta, f32: bool = False):
+def _gemv(t: Task, s: StepShape, mem: _Mem, meta: torch.Tensor, f32: bool = False) -> None:
     row0, rows, k, n, col = t.tile[:5]
     w = mem.at(t, 0, torch.bfloat16, (row0 + rows) * k).view(-1, k)[row0:]
     y = _r(_gemv_input(t, s, mem).float() @ w.float().T)
@@ -119,7 +119,7 @@ def _rope_row(x: torch.Tensor, w: torch.Tensor, cs: torch.Tensor, eps: float) ->
     return torch.cat([_r(x1 * cos) - _r(x2 * sin), _r(x2 * cos) + _r(x1 * sin)]).to(x.dtype)
 
 
-def _rope(t, s, mem, meta):
+def _rope(t: Task, s: StepShape, mem: _Mem, meta: torch.Tensor) -> None:
     row0, rows, nheads, d = t.tile[:4]
     x = mem.at(t, 0, torch.bfloat16, (row0 + rows) * d).view(-1, d)
     table = mem.at(t, 1, torch.bfloat16).view(-1, d)
@@ -133,7 +133,7 @@ def _rope(t, s, mem, meta):
             cache[at:at + d] = x[r]
 
 
-def _kv_append(t, s, mem, meta):
+def _kv_append(t: Task, s: StepShape, mem: _Mem, meta: torch.Tensor) -> None:
     row0, rows, nheads, d = t.tile[:4]
     src = mem.at(t, 0, torch.bfloat16, (row0 + rows) * d).view(-1, d)
     cache = mem.at(t, 1, torch.bfloat16)
@@ -143,14 +143,14 @@ def _kv_append(t, s, mem, meta):
         cache[at:at + d] = src[r]
 
 
-def _partials(t, s, mem, i: int) -> torch.Tensor:
+def _partials(t: Task, s: StepShape, mem: _Mem, i: int) -> torch.Tensor:
     g = s.num_heads // s.num_kv_heads
     return mem.at(t, i, torch.float32).view(-1)[
         :s.batch * s.num_kv_heads * s.max_splits * g * (s.head_dim + 2)].view(
         s.batch, s.num_kv_heads, s.max_splits, g, s.head_dim + 2)
 
 
-def _split_q(t, s, mem, meta) -> torch.Tensor:
+def _split_q(t: Task, s: StepShape, mem: _Mem, meta: torch.Tensor) -> torch.Tensor:
     """The split's query heads [group, D] (bf16): read, or with ROPE_IN normalised and
     rotated from the q/k/v rows; the split holding the sequence's position then also
     appends that token's rotated K and its V to the caches (operands b, c)."""
@@ -173,7 +173,7 @@ def _split_q(t, s, mem, meta) -> torch.Tensor:
     return q
 
 
-def _attn_split(t, s, mem, meta):
+def _attn_split(t: Task, s: StepShape, mem: _Mem, meta: torch.Tensor) -> None:
     seq, kvh, split, chunk = t.tile[:4]
     d = s.head_dim
     k_cache = mem.at(t, 1, torch.bfloat16).view(-1, s.page_size, s.num_kv_heads, d)
@@ -211,13 +211,13 @@ def _merge(parts: torch.Tensor, d: int) -> torch.Tensor:
     return val.to(torch.bfloat16)
 
 
-def _merged(parts: torch.Tensor, s) -> torch.Tensor:
+def _merged(parts: torch.Tensor, s: StepShape) -> torch.Tensor:
     """Every (sequence, kv head)'s splits merged: [batch, heads, D] bf16 (MERGE_IN)."""
     return torch.stack([torch.cat([_merge(parts[b, h], s.head_dim)
                                    for h in range(s.num_kv_heads)]) for b in range(s.batch)])
 
 
-def _attn_merge(t, s, mem, meta):
+def _attn_merge(t: Task, s: StepShape, mem: _Mem, meta: torch.Tensor) -> None:
     seq, kvh, splits = t.tile[:3]
     d, g = s.head_dim, s.num_heads // s.num_kv_heads
     parts = _partials(t, s, mem, 0)[seq, kvh, :splits]  # [splits, g, d + 2]
@@ -225,18 +225,18 @@ def _attn_merge(t, s, mem, meta):
     out[seq, kvh * g:(kvh + 1) * g] = _merge(parts, d)
 
 
-def _cols(t, s, mem, n_ops):
+def _cols(t: Task, s: StepShape, mem: _Mem, n_ops: int) -> list[torch.Tensor]:
     col0, cols, n = t.tile[:3]
     return [mem.at(t, i, torch.bfloat16, s.batch * n).view(s.batch, n)[:, col0:col0 + cols]
             for i in range(n_ops)]
 
 
-def _silu_mul(t, s, mem, meta):
+def _silu_mul(t: Task, s: StepShape, mem: _Mem, meta: torch.Tensor) -> None:
     gate, up, out = _cols(t, s, mem, 3)
     out.copy_(_silu_mul_values(gate, up))
 
 
-def _residual_add(t, s, mem, meta):
+def _residual_add(t: Task, s: StepShape, mem: _Mem, meta: torch.Tensor) -> None:
     x, y = _cols(t, s, mem, 2)
     x.copy_((x.float() + y.float()).to(torch.bfloat16))
 

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from pipeline.errors import UsageError
 from pipeline.megakernel.abi import (
@@ -64,7 +66,7 @@ class Report:
             more = f" (+{len(self.problems) - 1} more)" if len(self.problems) > 1 else ""
             raise TaskListError(f"task list refused: {self.problems[0]}{more}")
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"tasks": self.tasks, "counters": self.counters, "ok": self.ok,
                 "problems": self.problems}
 
@@ -99,7 +101,8 @@ def _meta_problems(shape: StepShape, buffers: list[Buffer]) -> list[str]:
                                     f"holds {have} bytes, the step reads {need}"]
 
 
-def _task_problems(t: Task, shape: StepShape, buffers: list[Buffer], num_counters: int):
+def _task_problems(t: Task, shape: StepShape, buffers: list[Buffer],
+                   num_counters: int) -> Iterator[str]:
     if t.opcode not in Opcode._value2member_map_:
         yield f"unknown opcode {t.opcode} (ABI {ABI_VERSION} knows 0..{max(Opcode)})"
         return
@@ -127,7 +130,7 @@ def _task_problems(t: Task, shape: StepShape, buffers: list[Buffer], num_counter
             yield f"operand {o.name} writes read-only buffer {buf.name!r}"
 
 
-def _smem_problems(t: Task, shape: StepShape):
+def _smem_problems(t: Task, shape: StepShape) -> Iterator[str]:
     """What a fused task keeps in the kernel's shared memory must fit there."""
     if t.opcode in (Opcode.GEMV, Opcode.LOGITS) and t.flags & INPUT_FLAGS:
         need = shape.batch * t.tile[2] * 2

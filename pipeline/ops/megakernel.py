@@ -14,6 +14,7 @@ machine without the build's Python dependencies builds it with its own nvcc).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -33,7 +34,7 @@ DYNAMIC_SMEM = abi.STAGE_BYTES + abi.SCRATCH_BYTES + 96 * 1024
 kernel traps when launched with less)."""
 
 
-def _allow_dynamic_smem(fn, nbytes: int, device_index: int) -> None:
+def _allow_dynamic_smem(fn: Any, nbytes: int, device_index: int) -> None:
     """Raise a kernel's dynamic shared memory limit above the default 48 KB."""
     from cuda.bindings import driver
 
@@ -131,7 +132,7 @@ class PersistentDecode:
     """A planned persistent decode step for one batch size; reusable across steps."""
 
     def __init__(self, model, cache, batch: int, schedule: abi.Schedule, cubin: Path,
-                 sm_count: int | None = None, options: dict | None = None):
+                 sm_count: int | None = None, options: dict[str, Any] | None = None):
         dev = torch.device(model.device)
         self.device, self.batch, self.schedule = dev, batch, schedule
         self.sm_count = sm_count or torch.cuda.get_device_properties(dev).multi_processor_count
@@ -179,7 +180,7 @@ class PersistentDecode:
         return trace.cpu().numpy().view(np.uint64).reshape(-1, 4)
 
 
-class PersistentSteps(dict):
+class PersistentSteps(dict[int, PersistentDecode]):
     """A plan per batch size, made on first use (task lists differ by batch)."""
 
     def __init__(self, model, cache, schedule: abi.Schedule, cubin: Path):

@@ -42,11 +42,10 @@ from pipeline.megakernel.abi import (
     StepShape,
     Task,
 )
+from pipeline.megakernel.tiling import gemv_rows, up
 from pipeline.megakernel.validate import Buffer
 
 PAGE_SIZE = 16
-WARPS = 8
-"""Warps per block of the persistent kernel: GEMV tiles are multiples of it."""
 ALIGN = 256
 COLS_MIN = 256
 
@@ -150,17 +149,8 @@ class StepPlan:
                 "max_splits": self.shape.max_splits, "ops": ops, **self.options}
 
 
-def _up(x: int, m: int) -> int:
-    return (x + m - 1) // m * m
-
-
-def gemv_rows(n: int, sm_count: int, scale: int = 1) -> int:
-    """Rows per GEMV tile: about `scale` tiles' worth per SM, a whole number of warps."""
-    return min(_up(n, WARPS), max(WARPS, _up(math.ceil(n / sm_count), WARPS) * scale))
-
-
 def col_chunk(n: int, sm_count: int) -> int:
-    return min(n, max(COLS_MIN, _up(math.ceil(n / sm_count), 8)))
+    return min(n, max(COLS_MIN, up(math.ceil(n / sm_count), 8)))
 
 
 def attention_splits(batch: int, kv_heads: int, max_context: int, sm_count: int,
@@ -283,7 +273,7 @@ def _workspace(dims: ModelDims, batch: int, splits: int, add, fused: bool) -> di
     offset, placed = 0, {}
     for name, n in sizes.items():
         placed[name] = (offset, n)
-        offset = _up(offset + n, ALIGN)
+        offset = up(offset + n, ALIGN)
     slot = add("workspace", offset, True)
     return {name: Region(slot, off, n) for name, (off, n) in placed.items()}
 

@@ -14,9 +14,13 @@ the unfused op computes, in the same order.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pipeline.megakernel.abi import GRANULE, Flag, Opcode, Operand, Task
-from pipeline.megakernel.builder import Emitter, ModelDims, Region, gemv_rows
+from pipeline.megakernel.tiling import gemv_rows
+
+if TYPE_CHECKING:  # builder imports this module (lazily): no cycle at run time
+    from pipeline.megakernel.builder import Emitter, ModelDims, Region
 
 Waits = tuple[tuple[int, int], ...]
 """A task's (counter, value) waits."""

@@ -7,6 +7,9 @@
 #   mk_ring0.cubin         RG_MK_RING=0 (v1's register-load GEMV)
 #   mk_claim.cubin         RG_MK_CLAIM_AHEAD=1 (the dynamic queue claims ahead)
 #   mk_next.cubin          RG_MK_NEXT_L2=1 (static: the next task's weights into L2)
+#   mk_mma.cubin           RG_MK_MMA=1 (tensor-core GEMV tiles, kernels/persistent/gemv_mma.cuh)
+# Each NAME.log keeps ptxas -v (registers, spills); mk_mma.sass the SASS where cuobjdump
+# is found (CUOBJDUMP=path, else PATH, else a venv's nvidia-cu13 wheel).
 # Usage: bash benchmarks/issue19_build.sh [DIR] (NVCC=path to pick the compiler).
 set -euo pipefail
 OUT=${1:-.devrun/kernels}/cubins
@@ -26,6 +29,14 @@ build mk_v2.cubin kernels/persistent/megakernel.cu & pids+=($!)
 build mk_ring0.cubin kernels/persistent/megakernel.cu -DRG_MK_RING=0 & pids+=($!)
 build mk_claim.cubin kernels/persistent/megakernel.cu -DRG_MK_CLAIM_AHEAD=1 & pids+=($!)
 build mk_next.cubin kernels/persistent/megakernel.cu -DRG_MK_NEXT_L2=1 & pids+=($!)
-for p in "${pids[@]}"; do wait "$p"; done
+build mk_mma.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 & pids+=($!)
+for p in "${pids[@]}"; do wait "$p" || exit 1; done
+CUOBJDUMP=${CUOBJDUMP:-$(command -v cuobjdump ||
+  ls .nox/tests/lib/python3*/site-packages/nvidia/cu13/bin/cuobjdump 2>/dev/null | head -1 || true)}
+if [ -n "$CUOBJDUMP" ]; then
+  "$CUOBJDUMP" -sass "$OUT/mk_mma.cubin" > "$OUT/mk_mma.sass"
+  echo "mk_mma.cubin SASS: $(grep -c HMMA "$OUT/mk_mma.sass") HMMA, $(grep -c LDSM "$OUT/mk_mma.sass") LDSM"
+fi
+grep -H "registers\|spill" "$OUT"/mk_*.log
 "$NVCC" --version | tail -1 > "$OUT/nvcc-version.txt"
 ls -la "$OUT"

@@ -3,11 +3,15 @@ against the strongest conventional baseline, on the probe model, same weights, s
 prefilled state.
 
     PYTHONUNBUFFERED=1 PYTHONPATH=. python3 benchmarks/megakernel_ab.py --out DIR \
-        --cubins NAME=PATH ... --split-kv-cubin PATH [--batches 1 4 8] [--repeats 9]
+        --cubins NAME=PATH ... --split-kv-cubin PATH [--variants mma|issue19] \
+        [--batches 1 8 4] [--repeats 7] [--budget-s 115]
 
-Cubins (built elsewhere with the build gate's flags; docs/perf.md gives the commands):
-`v2` the default build (the weight ring), `ring0` RG_MK_RING=0 (v1's register-load
-GEMV), `claim` RG_MK_CLAIM_AHEAD=1, `next` RG_MK_NEXT_L2=1 (benchmarks/issue19_build.sh).
+Cubins (built elsewhere with the build gate's flags: benchmarks/issue19_build.sh):
+`v2` the default build (the FMA GEMV, weight ring), `mma` RG_MK_MMA=1 (tensor-core GEMV
+tiles, kernels/persistent/gemv_mma.cuh), `ring0` RG_MK_RING=0 (v1's register-load GEMV),
+`claim` RG_MK_CLAIM_AHEAD=1, `next` RG_MK_NEXT_L2=1. A variant whose cubin is not given
+is skipped (recorded). `--variants mma` (the default) times the tensor-core GEMV beside
+the current default and the graph-fused baselines; `issue19` is runs 1-2's list.
 
 Per batch, every path's decode step from the same state, timed interleaved (rounds in
 rotated order, CUDA events over --steps steps, medians of --repeats rounds):
@@ -20,10 +24,13 @@ rotated order, CUDA events over --steps steps, medians of --repeats rounds):
                  the weight ring with its pre-wait prefetch, the dynamic queue claiming
                  ahead, norms and/or merges kept as stages, splits waiting only for their
                  kv head, the static schedule prefetching its next task's weights to L2
-Checks: every persistent variant and schedule gives the same logits bit for bit (they
-run the same arithmetic); each path's logits against eager bf16 (max |d|, argmax);
-32 greedy steps of each path against eager's tokens (first divergence and the margin
-there); the fused list through the ABI's torch interpreter on the GPU (batch 1).
+Checks: within a GEMV family (FMA: `v2`, `ring0`, ...; MMA: `mma`) every variant, task
+list and schedule gives its family's unfused list's logits bit for bit (the same
+arithmetic in the same order; the two families sum in different orders); each path's
+logits against eager bf16 (max |d|, argmax); 32 greedy steps of the persistent defaults and
+the fused baselines against eager's tokens under the row's near-tie rule (its abi gate's
+tie_margin, pipeline/divergence.py: exact, tie, or mismatch); the fused list through the
+ABI's torch interpreter on the GPU (batch 1, the issue19 set).
 Then one traced launch per schedule of the last variant: the breakdown (counter waits,
 GEMV, other ops; pipeline/megakernel/timeline.py). DIR/results.json is rewritten after
 every section; a table is printed last.
@@ -50,6 +57,21 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import megakernel as mk  # noqa: E402  (benchmarks/megakernel.py: probe, prefill, ceiling)
 
 DYN, STATIC = "dynamic", "static"
+STAGED = {"fine_deps": False, "fuse_norm": False, "fuse_merge": False}
+"""The builder's default list: norms and merges kept as stages (docs/perf.md)."""
+MMA_VARIANTS = [  # name, cubin, builder options, schedules
+    ("stages", "v2", {"fuse": False}, (DYN,)),
+    ("default", "v2", STAGED, (DYN,)),
+    ("mma-stages", "mma", {"fuse": False}, (DYN,)),
+    ("mma", "mma", STAGED, (DYN, STATIC)),
+    ("mma-fused", "mma", {"fine_deps": False}, (DYN,)),
+]
+"""The tensor-core GEMV (cubin `mma`) beside the current default (`v2`, the same task
+list), each with its unfused list as the bitwise reference; `mma-fused` has every fusion
+flag (the prologues may pay now that the GEMV is cheaper)."""
+GREEDY = {"mma": [("mk-default", "v2", STAGED), ("mk-mma", "mma", STAGED)],
+          "issue19": [("mk-+ring", "v2", {"fine_deps": False})]}
+"""Persistent paths run 32 greedy steps against eager (name, cubin, options)."""
 VARIANTS = [  # name, cubin, builder options, schedules
     ("stages", "ring0", {"fuse": False}, (DYN,)),
     ("fused", "ring0", {"fine_deps": False}, (DYN,)),
@@ -65,6 +87,7 @@ VARIANTS = [  # name, cubin, builder options, schedules
 ]
 """Run 1 (benchmarks/results/h200-2026-12-01/run1) also had +tiles2 (tile_scale 2):
 slower everywhere (half the SMs per stage), dropped."""
+VARIANT_SETS = {"mma": MMA_VARIANTS, "issue19": VARIANTS}
 COMPILE = ["none", "max-autotune-no-cudagraphs"]
 """(`--compile default` adds torch.compile's default mode.)"""
 GREEDY_STEPS = 32
@@ -129,20 +152,22 @@ HANG = {}
 """Set by main: where to write the results before leaving when a launch hangs."""
 
 
-def persistent_steps(model, cache, batch: int, cubins: dict) -> dict:
-    """mk-<variant> (dynamic queue; the last variant also static): PersistentDecode
-    objects sharing one plan per task list, each with its variant's kernel."""
+def persistent_steps(model, cache, batch: int, cubins: dict, variants: list) -> dict:
+    """mk-<variant> per schedule: PersistentDecode objects sharing one plan per task list,
+    each with its variant's kernel (variants whose cubin is not given are left out)."""
     from pipeline.megakernel.abi import Schedule
     from pipeline.ops.launch import kernel
     from pipeline.ops.megakernel import DYNAMIC_SMEM, ENTRY, PersistentDecode, _allow_dynamic_smem
 
     plans: dict[str, PersistentDecode] = {}
     steps = {}
-    for name, cub, options, schedules in VARIANTS:
+    for name, cub, options, schedules in variants:
+        if cub not in cubins:
+            continue
         key = json.dumps(options, sort_keys=True)
         if key not in plans:
             plans[key] = PersistentDecode(model, cache, batch, Schedule.DYNAMIC_QUEUE,
-                                          Path(cubins["v2"]), options=options)
+                                          Path(cubins[cub]), options=options)
         for sched in schedules:
             schedule = Schedule.STATIC_ROUND_ROBIN if sched == STATIC else Schedule.DYNAMIC_QUEUE
             pd = copy.copy(plans[key])  # same buffers and task list, this variant's kernel
@@ -178,28 +203,64 @@ def time_modes(fns: dict, steps: int, repeats: int) -> dict[str, list[float]]:
     return samples
 
 
-def greedy(fn_step, args, steps: int) -> list[list[int]]:
+ALTERNATIVES = 4
+"""Alternatives kept per token, as the reference engine keeps them (bf16 ties 3 ways)."""
+
+
+def greedy(fn_step, args, steps: int) -> list:
     """`steps` greedy tokens per sequence from the prefilled state (each path on its own
-    cache; the caller hands a fresh one)."""
+    cache; the caller hands a fresh one), as pipeline.divergence.Out: the tokens, their
+    log-probabilities and the ALTERNATIVES most likely tokens at each step."""
+    from pipeline.divergence import Out
     from pipeline.engines.qwen3 import PAGE_SIZE
 
     ids, pos, slots, tables, lens = args
-    out = []
+    toks, lps, alts = [], [], []
     for _ in range(steps):
-        logits = fn_step(ids, pos, slots, tables, lens)
-        ids = logits.argmax(-1)
-        out.append(ids.tolist())
+        logp = torch.log_softmax(fn_step(ids, pos, slots, tables, lens).float(), -1)
+        ids = logp.argmax(-1)
+        top = logp.topk(ALTERNATIVES, -1)
+        toks.append(ids.tolist())
+        lps.append(logp.gather(-1, ids[:, None])[:, 0].tolist())
+        alts.append([list(zip(i, v)) for i, v in zip(top.indices.tolist(), top.values.tolist())])
         pos, lens = pos + 1, lens + 1
         slots = torch.tensor([t[int(p) // PAGE_SIZE] * PAGE_SIZE + int(p) % PAGE_SIZE
                               for t, p in zip(tables.tolist(), pos.tolist())], device=ids.device)
-    return [list(col) for col in zip(*out)]  # per sequence
+    return [Out(tuple(s[b] for s in toks), tuple(s[b] for s in lps),
+                tuple(tuple(s[b]) for s in alts)) for b in range(len(toks[0]))]
 
 
-def first_divergence(want: list[list[int]], got: list[list[int]]) -> dict:
-    parted = [(b, next((i for i, (x, y) in enumerate(zip(w, g)) if x != y), None))
-              for b, (w, g) in enumerate(zip(want, got))]
-    return {"exact": sum(p is None for _, p in parted), "sequences": len(parted),
-            "first": {str(b): p for b, p in parted if p is not None}}
+def against_eager(want: list, got: list, margin: float, name: str) -> dict:
+    """The row's rule per sequence: exact, a near-tie within `margin` nats, or a mismatch."""
+    from pipeline.divergence import compare
+
+    return compare(want, got, margin, ("eager", name))
+
+
+def row_tie_margin() -> float:
+    """The megakernel row's abi gate tie_margin (its near-tie rule for persistent vs eager)."""
+    import tomllib
+
+    row = tomllib.loads((REPO / "rows" / "KERNEL-CUDA-DECODE-MEGAKERNEL.toml").read_text())
+    return float(next(g for g in row["gates"] if g["kind"] == "abi").get("tie_margin", 0.0))
+
+
+def bitwise(variants: list, logits: dict) -> dict:
+    """Each persistent path against its GEMV family's unfused list (the first `fuse: False`
+    variant with its cubin family): {path: {"ref": name, "equal": bool}}."""
+    family = {}
+    for name, cub, options, _ in variants:
+        fam = "mma" if cub == "mma" else "fma"
+        if options.get("fuse") is False and f"mk-{name}" in logits:
+            family.setdefault(fam, f"mk-{name}")
+    out = {}
+    for name, cub, _, schedules in variants:
+        ref = family.get("mma" if cub == "mma" else "fma")
+        for sched in schedules:
+            n = f"mk-{name}" + (":static" if sched == STATIC else "")
+            if n in logits and ref is not None:
+                out[n] = {"ref": ref, "equal": bool(torch.equal(logits[n], logits[ref]))}
+    return out
 
 
 def batch_section(model, fused: dict, cubins: dict, batch: int, ns, ceiling: float,
@@ -232,20 +293,23 @@ def batch_section(model, fused: dict, cubins: dict, batch: int, ns, ceiling: flo
             fns[f"fused-{mode}"] = (lambda g=g, a=fargs: g.run(*a))
         t0 = time.time()
         HANG["args"] = args
-        steps = persistent_steps(model, cache, batch, cubins)
+        variants = VARIANT_SETS[ns.variants]
+        steps = persistent_steps(model, cache, batch, cubins, variants)
+        rec["variants_skipped"] = sorted({f"{n} (no cubin {c!r})" for n, c, _, _ in variants
+                                          if c not in cubins})
         rec["persistent_setup_s"] = round(time.time() - t0, 1)
         rec["plans"] = {n: pd.plan.summary() for n, pd in steps.items()}
         for n, pd in steps.items():
             fns[n] = (lambda pd=pd: pd(*args))
         # one step of each from the same state: bit for bit across persistent variants
         logits = {n: f() for n, f in fns.items()}
-        want, ref = logits["eager"], logits["mk-stages"]
-        rec["bitwise_vs_mk_stages"] = {n: bool(torch.equal(v, ref)) for n, v in logits.items()
-                                       if n.startswith("mk-")}
+        want = logits["eager"]
+        rec["bitwise"] = bitwise(variants, logits)
         rec["vs_eager"] = {n: {"max_abs": float((v - want).abs().max()),
                                "argmax_equal": v.argmax(-1).tolist() == want.argmax(-1).tolist()}
                            for n, v in logits.items()}
-        if batch == 1:  # the fused list through the ABI's torch semantics, on the GPU
+        if batch == 1 and "mk-+fine" in steps:  # the fused list through the ABI's torch
+            # semantics (the FMA kernel's rounding points), on the GPU
             sb = StepBuffers(model, mk._clone_cache(cache), batch, steps["mk-+fine"].sm_count,
                              fine_deps=True)
             sb.stage(*args)
@@ -268,16 +332,21 @@ def batch_section(model, fused: dict, cubins: dict, batch: int, ns, ceiling: flo
         # greedy tokens against eager's, each path on its own freshly prefilled cache
         c0, a0 = mk.prefilled(model, batch, GREEDY_STEPS + 2)
         eager_tokens = greedy(lambda *a: model.decode(*a, c0), a0, GREEDY_STEPS)
-        c1, a1 = mk.prefilled(model, batch, GREEDY_STEPS + 2)
-        fresh = PersistentDecode(model, c1, batch, Schedule.DYNAMIC_QUEUE, Path(cubins["v2"]),
-                                 options={"fine_deps": False})
-        rec["greedy_vs_eager"] = {"mk-+ring": first_divergence(
-            eager_tokens, greedy(fresh, a1, GREEDY_STEPS))}
+        margin = row_tie_margin()
+        rec["greedy_vs_eager"] = {"tie_margin": margin}
+        for name, cub, options in GREEDY[ns.variants]:
+            if cub not in cubins:
+                continue
+            c1, a1 = mk.prefilled(model, batch, GREEDY_STEPS + 2)
+            fresh = PersistentDecode(model, c1, batch, Schedule.DYNAMIC_QUEUE, Path(cubins[cub]),
+                                     options=options)
+            rec["greedy_vs_eager"][name] = against_eager(
+                eager_tokens, greedy(fresh, a1, GREEDY_STEPS), margin, name)
         for mode, eng in fused.items():
             if f"fused-{mode}" in fns:
                 g, fa = fused_state(eng, batch)
-                rec["greedy_vs_eager"][f"fused-{mode}"] = first_divergence(
-                    eager_tokens, greedy(g.run, fa, GREEDY_STEPS))
+                rec["greedy_vs_eager"][f"fused-{mode}"] = against_eager(
+                    eager_tokens, greedy(g.run, fa, GREEDY_STEPS), margin, f"fused-{mode}")
         rec["breakdown"] = {}
         for n in steps:  # every variant's traced breakdown
             pd = steps[n]
@@ -293,13 +362,20 @@ def table(results: dict) -> None:
     for key, rec in results.items():
         if not key.startswith("b") or not isinstance(rec, dict) or "modes" not in rec:
             continue
-        log(f"--- {key}")
+        strong = rec["modes"].get("fused-max-autotune-no-cudagraphs", {}).get("median_us")
+        log(f"--- {key} (x: the strong baseline's median / this path's; > 1 is faster)")
         for n, v in sorted(rec["modes"].items(), key=lambda kv: kv[1]["median_us"]):
+            vs = f"x{strong / v['median_us']:.3f}" if strong else "x-"
             log(f"  {n:28s} {v['median_us']:8.1f} us  [{v['min_us']:.1f}..{v['max_us']:.1f}]  "
-                f"{100 * v['copy_fraction']:5.1f}% of copy  argmax==eager "
+                f"{vs:7s} {100 * v['copy_fraction']:5.1f}% of copy  argmax==eager "
                 f"{rec['vs_eager'].get(n, {}).get('argmax_equal')}")
-        log(f"  bitwise == mk-stages: {rec.get('bitwise_vs_mk_stages')}")
-        log(f"  greedy vs eager: {json.dumps(rec.get('greedy_vs_eager'))}")
+        log("  bitwise (vs the family's unfused list): " + ", ".join(
+            f"{n} {'==' if b['equal'] else '!='} {b['ref']}" for n, b in rec.get("bitwise", {}).items()))
+        for n, g in rec.get("greedy_vs_eager", {}).items():
+            if isinstance(g, dict):
+                log(f"  greedy vs eager {n}: exact {g['exact_requests']}, near-tie "
+                    f"{g['tie_requests']}, mismatched {g['mismatched_requests']} of "
+                    f"{g['requests']}")
         for n, b in rec.get("breakdown", {}).items():
             if "wait_fraction" in b:
                 log(f"  breakdown {n}: span {b['span_us']:.0f} us, waits "
@@ -313,12 +389,17 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--cubins", nargs="+", required=True, help="NAME=PATH (v2, ring0, claim, next)")
     ap.add_argument("--split-kv-cubin", required=True)
-    ap.add_argument("--batches", type=int, nargs="+", default=[1, 4, 8])
+    ap.add_argument("--variants", choices=sorted(VARIANT_SETS), default="mma")
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 4],
+                    help="in this order (b4 last: its max-autotune compile is the one the "
+                         "time budget drops first)")
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--compile", nargs="+", default=COMPILE)
-    ap.add_argument("--budget-s", type=float, default=240.0,
-                    help="no max-autotune baseline is compiled after this many seconds")
+    ap.add_argument("--budget-s", type=float, default=115.0,
+                    help="no max-autotune baseline is compiled after this many seconds "
+                         "(30-48 s per batch size on the H200, runs 1-2; nothing to cache "
+                         "across device calls: each starts on a fresh machine)")
     ns = ap.parse_args()
     ns.out.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
@@ -326,7 +407,8 @@ def main() -> int:
     cubins = dict(c.split("=", 1) for c in ns.cubins)
     dev = torch.device("cuda")
     results: dict = {"device": torch.cuda.get_device_name(dev), "torch": torch.__version__,
-                     "cubins": cubins, "variants": VARIANTS}
+                     "cubins": cubins, "variant_set": ns.variants,
+                     "variants": VARIANT_SETS[ns.variants]}
     HANG.update(results=results, write=lambda: (ns.out / "results.json").write_text(
         json.dumps(results, indent=1, default=str) + "\n"))
     ceiling = timed(results, "ceiling", lambda: mk.copy_ceiling(dev), ns.out).get(

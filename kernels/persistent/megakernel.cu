@@ -35,6 +35,12 @@
 //   RG_MK_NEXT_L2=1      the static schedule asks L2 for the block's next GEMV task's
 //                        weights once the current task's wait is over, so the weight
 //                        stream runs across the stage barrier (off by default)
+//   RG_MK_MMA=1          GEMV tiles on the tensor cores (mma.sync m16n8k16, the batch as
+//                        N = 8; kernels/persistent/gemv_mma.cuh) where K % 1024 == 0 and
+//                        the input is staged, the weights through the same ring (needs
+//                        RG_MK_RING=1); bit for bit across its schedules and task lists,
+//                        not the FMA variant's bits (another summation order); kernels.toml
+//                        persistent_decode_mma, off in the default build until timed
 
 #include "rowgate/dtypes.cuh"
 #include "rowgate/reduce.cuh"
@@ -49,6 +55,12 @@
 #endif
 #ifndef RG_MK_NEXT_L2
 #define RG_MK_NEXT_L2 0
+#endif
+#ifndef RG_MK_MMA
+#define RG_MK_MMA 0
+#endif
+#if RG_MK_MMA && !RG_MK_RING
+#error "RG_MK_MMA streams its weights through the ring: it needs RG_MK_RING=1"
 #endif
 
 namespace {
@@ -322,12 +334,24 @@ __device__ __forceinline__ void ring_issue(const Stream& st, u32 g, uint4* ring,
 }
 #endif
 
+#if RG_MK_MMA
+#include "gemv_mma.cuh"
+static_assert(mma::kPartialBytes <= task::kScratchBytes,
+              "a round's partials live in the scratch (free once the input is staged)");
+#endif
+
 // Before the counter wait: the first groups of a GEMV task's weights (which depend on
 // no counter) are already on their way while the block waits for the previous stage.
 __device__ __forceinline__ void prefetch_weights(const TaskDesc& t, const Ctx& c) {
 #if RG_MK_RING
   if (t.opcode != task::kGemv && t.opcode != task::kLogits) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#if RG_MK_MMA
+  if (mma::usable(t, c.s.batch)) {
+    mma::prefetch(t, c.buffers, c.ring, warp, lane);
+    return;
+  }
+#endif
   const Stream st(t, c.buffers, warp);
 #pragma unroll
   for (int g = 0; g < kRingGroups - 1; ++g) ring_issue(st, g, c.ring, warp, lane);
@@ -365,6 +389,14 @@ __device__ void op_gemv(const TaskDesc& t, const Ctx& c) {
   const bool staged = static_cast<u32>(batch) * K * sizeof(bf16_bits) <= task::kStageBytes;
   if (staged) stage_input(t, c, K, x_stride);
   auto x_at = [&](int b, u32 k8) { return staged ? xs[b * K8 + k8] : __ldcg(xg + b * s8 + k8); };
+#if RG_MK_MMA
+  if (mma::usable(t, c.s.batch)) {  // staged (the same test)
+    mma::gemv(t, c.buffers, c.ring, c.scratch, xs, batch, [&](int b, u32 row, float v) {
+      gemv_store<kF32Out>(t, y, b * N + col + row, v);
+    });
+    return;
+  }
+#endif
   float acc[kMaxBatch];
 #pragma unroll
   for (int b = 0; b < kMaxBatch; ++b) acc[b] = 0.0f;

@@ -49,3 +49,4 @@ def test_variants_bitwise_equal_and_within_reference(cubin, kv, heads, dim, page
     assert rec["bitwise"]["mismatches"] == 0, rec["bitwise"]
     for role, v in rec["variants"].items():
         assert v["unwritten"] == 0 and v["nan"] == 0 and v["failures"] == 0, (role, v)
+        assert v["guard_writes"] == 0 and v["counters_nonzero"] == 0, (role, v)

@@ -20,6 +20,7 @@ import json
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 HEADER = "import triton\nimport triton.language as tl\nfrom triton import jit\n\n\n"
 MODULE = "subject_triton_kernels.py"
@@ -58,7 +59,7 @@ def extract(text: str, where: str) -> str:
     return HEADER + "\n\n\n".join(parts) + "\n"
 
 
-def _compile(req: dict, answer: dict) -> None:
+def _compile(req: dict[str, Any], answer: dict[str, Any]) -> None:
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -67,6 +68,8 @@ def _compile(req: dict, answer: dict) -> None:
     module_path = work / MODULE
     module_path.write_text(extract(Path(req["source_path"]).read_text(), req["source"]))
     spec = importlib.util.spec_from_file_location("subject_triton_kernels", module_path)
+    if spec is None or spec.loader is None:
+        raise Refused(f"{module_path}: cannot be loaded as a module")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     fn = getattr(module, req["function"], None)
@@ -91,7 +94,7 @@ def _compile(req: dict, answer: dict) -> None:
 
 def main(argv: list[str]) -> int:
     req = json.loads(Path(argv[0]).read_text())
-    answer: dict = {"arch": req["arch"], "name": req["name"], "triton": None,
+    answer: dict[str, Any] = {"arch": req["arch"], "name": req["name"], "triton": None,
                     "reachable": False, "error": None}
     try:
         _compile(req, answer)

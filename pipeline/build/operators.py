@@ -14,13 +14,14 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from pipeline.ops import contract
+from pipeline.ops import contract as pda  # the class field `contract` shadows the name
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
 """Names that become path components (build and artifact directories): no dots,
 no separators. (Issue 14's confinement helper owns the rule once it lands.)"""
 IDENTIFIER = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 PLACEHOLDERS = {"kv_dtype", "head_dim", "group"}
+HARNESS = "harness/1"
 DEFINE = r"^[A-Za-z_][A-Za-z0-9_]*(=[A-Za-z0-9_.+-]*)?$"
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 Identifier = Annotated[str, Field(pattern=IDENTIFIER)]
@@ -80,6 +81,14 @@ class OperatorDecl(_Model):
     phase_build: PhaseBuild = PhaseBuild()
     phases: dict[Identifier, PhaseVariant] = {}
 
+    @model_validator(mode="before")
+    @classmethod
+    def _a_contract_this_rowgate_runs(cls, data: object) -> object:
+        if isinstance(data, dict) and data.get("contract") == HARNESS:
+            raise ValueError(f"contract {HARNESS}: the harness rule is documented "
+                             f"(docs/contracts.md) but this rowgate does not run harnesses yet")
+        return data
+
     @model_validator(mode="after")
     def _within_the_contract(self) -> "OperatorDecl":
         for pattern in (self.baseline, *self.candidates):
@@ -90,12 +99,12 @@ class OperatorDecl(_Model):
         self.to_contract("operator")  # the contract's own checks (ranges, threads, chunks)
         return self
 
-    def to_contract(self, name: str) -> contract.Operator:
+    def to_contract(self, name: str) -> pda.Operator:
         """The ops layer's view. Raises ContractError (a ValueError) outside the contract."""
         data = self.model_dump(exclude={"phase_build", "phases"})
         try:
-            return contract.Operator.from_table(name, data)
-        except contract.ContractError as exc:
+            return pda.Operator.from_table(name, data)
+        except pda.ContractError as exc:
             raise ValueError(str(exc).removeprefix(f"operators.{name}: ")) from None
 
 

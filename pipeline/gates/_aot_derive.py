@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pipeline.gates.interface import Derived
 from pipeline.records.status import Status
@@ -23,7 +23,7 @@ def _first(text: str | None) -> str:
     return (fatal[-1] if fatal else lines[0] if lines else "unknown")[:200]
 
 
-def verify_image(kdir: Path, answer: dict) -> str | None:
+def verify_image(kdir: Path, answer: dict[str, Any]) -> str | None:
     """Why the packed fatbin is not exactly this cubin (for its arch) plus its PTX, or None."""
     embed = answer.get("embed") or {}
     if embed.get("error"):
@@ -44,7 +44,7 @@ def verify_image(kdir: Path, answer: dict) -> str | None:
     return None
 
 
-def _verdict(admission: dict, spec: AotGate) -> tuple[str, str]:
+def _verdict(admission: dict[str, Any], spec: AotGate) -> tuple[str, str]:
     """("material" | "not material" | "pending" | "none", why) of the admitting gate."""
     if not spec.admitted_by:
         return "none", "no admitting gate"
@@ -59,10 +59,11 @@ def _verdict(admission: dict, spec: AotGate) -> tuple[str, str]:
     return verdict, f"{spec.admitted_by} verdict {verdict}"
 
 
-def derive_aot(index: dict, admission: dict, spec: AotGate, artifact_dir: Path) -> Derived:
-    metrics: dict = {"aot_kernels": len(index["kernels"]), "aot_image_mismatches": 0,
+def derive_aot(index: dict[str, Any], admission: dict[str, Any], spec: AotGate,
+               artifact_dir: Path) -> Derived:
+    metrics: dict[str, Any] = {"aot_kernels": len(index["kernels"]), "aot_image_mismatches": 0,
                      "aot_subject_failures": 0}
-    cells: dict[str, dict] = {}
+    cells: dict[str, dict[str, Any]] = {}
     problems: list[str] = []
     reach: dict[str, bool] = {}
     broken: set[str] = set()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pipeline.build import kernels, resources
 from pipeline.errors import Error
@@ -41,7 +41,7 @@ def build_gate_id(row: Row, spec: GateSpec, named: str) -> str:
     """The build gate a gate reads: `named`, else the row's one build gate before it."""
     ids = [g.id for g in row.gates]
     before = ids[:ids.index(spec.id)] if spec.id in ids else ids
-    builds = [g.id for g in row.gates if g.kind == "build" and g.id in before]
+    builds = [g.id for g in row.gates if getattr(g, "kind", "") == "build" and g.id in before]
     if named:
         if named not in builds:
             raise GateError(f"{spec.id}: build = {named!r} is not a build gate before it "
@@ -104,7 +104,7 @@ def missing_entries(built: BuiltKernel, wanted: set[str], where: str) -> None:
                         f"{built.rel}")
 
 
-def digest_problem(artifacts_root: Path, record: dict) -> str | None:
+def digest_problem(artifacts_root: Path, record: dict[str, Any]) -> str | None:
     """At derive time: the cubin a gate used, hashed again where the bundle holds it,
     against what the build recorded and what the gate saw when it loaded it."""
     if record["sha256_used"] != record["sha256_recorded"]:

@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from pipeline import CHECKOUT
 from pipeline.build import cudabuild, kernels, resources, toolchains
@@ -28,7 +29,7 @@ WARMUP = 2
 
 
 def build_variants(repo: Path, kernel: str, arch: str, variants: dict[str, list[str]],
-                   nvcc: str | None, out: Path, progress: Progress) -> dict[str, dict]:
+                   nvcc: str | None, out: Path, progress: Progress) -> dict[str, dict[str, Any]]:
     """{variant: {defines, dir, cubin, sha256, problems, entry_points}}; builds copied
     under `out/builds/VARIANT/`. Raises GateError when kernels.toml or the toolchain is
     unusable."""
@@ -62,8 +63,8 @@ def build_variants(repo: Path, kernel: str, arch: str, variants: dict[str, list[
     return records
 
 
-def collect_counters(ncu_path: str, metrics: list[str], cubin: Path, operator_table: dict,
-                     operator: str, entry: str, case: dict, role: str, out: Path) -> dict:
+def collect_counters(ncu_path: str, metrics: list[str], cubin: Path, operator_table: dict[str, Any],
+                     operator: str, entry: str, case: dict[str, Any], role: str, out: Path) -> dict[str, Any]:
     """ncu on one launch of `entry` (after WARMUP unprofiled ones): raw CSV and log."""
     from pipeline.ops import ncu
 

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
 
 from pydantic import Field
 
@@ -60,7 +60,7 @@ class AotGate(GateSpec):
     """The build gate whose kernels.toml (the gated commit's) is read."""
 
 
-def _run(argv: list[str], cwd: Path, env: dict | None = None) -> tuple[int, str, str]:
+def _run(argv: list[str], cwd: Path, env: dict[str, Any] | None = None) -> tuple[int, str, str]:
     try:
         p = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, env=env,
                            timeout=AOT_TIMEOUT_S, check=False)
@@ -71,7 +71,7 @@ def _run(argv: list[str], cwd: Path, env: dict | None = None) -> tuple[int, str,
         return 127, "", f"{argv[0]}: cannot run: {exc.strerror}"
 
 
-def _python(module: str, args: list[str], cwd: Path) -> tuple[dict | None, int, str]:
+def _python(module: str, args: list[str], cwd: Path) -> tuple[dict[str, Any] | None, int, str]:
     """One Triton subprocess with a private cache: (its JSON answer or None, rc, stderr)."""
     with tempfile.TemporaryDirectory(prefix="triton-", dir=cache.work("triton")) as tc:
         env = dict(os.environ, TRITON_CACHE_DIR=tc, PYTHONDONTWRITEBYTECODE="1", PYTHONPATH=os.pathsep.join(
@@ -83,7 +83,7 @@ def _python(module: str, args: list[str], cwd: Path) -> tuple[dict | None, int, 
         return None, rc, err  # it died (an LLVM abort): its stderr is the answer
 
 
-def _embed(d: Path, answer: dict, tc: toolchains.Toolchain) -> dict:
+def _embed(d: Path, answer: dict[str, Any], tc: toolchains.Toolchain) -> dict[str, Any]:
     """cubin + PTX into a fatbin, then unpacked again: what an AOT build would embed."""
     sm = (answer.get("ptx_target") or "").removeprefix("sm_")
     fatbin = f"{answer['name']}.{answer['arch']}.fatbin"
@@ -92,7 +92,7 @@ def _embed(d: Path, answer: dict, tc: toolchains.Toolchain) -> dict:
               f"--image3=kind=elf,sm={sm},file={answer['cubin']}",
               f"--image3=kind=ptx,sm={sm},file={answer['ptx']}"]]
     rc, out, err = _run(steps[0], d)
-    rec: dict = {"fatbin": fatbin, "commands": [{"argv": steps[0], "returncode": rc}],
+    rec: dict[str, Any] = {"fatbin": fatbin, "commands": [{"argv": steps[0], "returncode": rc}],
                  "images": [], "ptx_listed": []}
     if rc != 0 or tc.cuobjdump is None:
         rec["error"] = (out + err).strip() or "no cuobjdump"
@@ -108,12 +108,12 @@ def _embed(d: Path, answer: dict, tc: toolchains.Toolchain) -> dict:
     return rec
 
 
-def measure_aot(sources: dict[str, Path], arches: list[str], decls: dict, out: Path,
-                tc: toolchains.Toolchain, progress: Progress) -> dict:
+def measure_aot(sources: dict[str, Path], arches: list[str], decls: dict[str, Any], out: Path,
+                tc: toolchains.Toolchain, progress: Progress) -> dict[str, Any]:
     """Probe and compile every kernel of `sources` ({name: confined source path}) for
     every arch; pack and unpack what compiled. Returns the index."""
     names = sorted(sources)
-    index: dict = {"arches": {}, "kernels": sorted(names)}
+    index: dict[str, Any] = {"arches": {}, "kernels": sorted(names)}
     for arch in arches:
         d = out / arch
         d.mkdir(parents=True, exist_ok=True)
@@ -156,7 +156,9 @@ class Aot(Gate[AotGate]):
             raise GateError(f"aot gate: {', '.join(unknown)} not in kernels.toml's [triton.*] "
                             f"(declared: {', '.join(sorted(manifest.triton)) or 'none'})")
         names = spec.kernels or sorted(manifest.triton)
-        write_json(ctx.artifact_dir / ADMISSION, admission_record(spec, ctx.artifact_dir))
+        # the abi gate's rule for its admitting gate, applied to this spec's admitted_by
+        write_json(ctx.artifact_dir / ADMISSION,
+                   admission_record(cast(Any, spec), ctx.artifact_dir))
         try:
             subject = kernels.load(ctx.repo)  # the sources themselves, confined
             sources = {n: kernels.triton_source(ctx.repo, subject, n) for n in names}

@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -37,6 +37,8 @@ from pipeline.records.status import Status
 from pipeline.rowspec import GateSpec, Tolerance
 
 if TYPE_CHECKING:
+    from pipeline.gates._built import BuiltKernel
+    from pipeline.ops.contract import Operator as ContractOperator
     from pipeline.rows import Row
 
 CASES = "cases.json"
@@ -68,7 +70,8 @@ class OperatorGate(GateSpec):
     timing_repeats: Annotated[int, Field(ge=9)] = 9
 
 
-def resolve(row: Row, spec: OperatorGate, artifacts_root: Path, arch: str):
+def resolve(row: Row, spec: OperatorGate, artifacts_root: Path, arch: str
+            ) -> tuple[ContractOperator, BuiltKernel, str]:
     """(contract Operator, BuiltKernel, the build gate's id) for this gate on `arch`, with
     every case expressible and every entry point built. Raises GateError (one line)."""
     from pipeline.ops import operator_ab
@@ -100,7 +103,7 @@ class Operator(Gate[OperatorGate]):
     def requirements(self, row: Row, spec: OperatorGate, ctx: GateContext) -> str | None:
         return launch.why_unavailable()
 
-    def arch(self, row: Row, spec, ctx: GateContext) -> tuple[str, bool]:
+    def arch(self, row: Row, spec: OperatorGate, ctx: GateContext) -> tuple[str, bool]:
         return gate_arch(row, ctx.gpu)
 
     # ------------------------------------------------------------------ measure
@@ -146,16 +149,16 @@ class Operator(Gate[OperatorGate]):
         return derived
 
 
-def _bad(rec: dict) -> bool:
+def _bad(rec: dict[str, Any]) -> bool:
     return bool(rec["failures"] or rec["unwritten"] or rec["nan"] or rec.get("guard_writes")
                 or rec.get("counters_nonzero"))
 
 
-def _cell(case: dict) -> str:
+def _cell(case: dict[str, Any]) -> str:
     return f"B{case['batch']}-{case['layout']}-{case['context']}"
 
 
-def derive_records(records: list[dict], timing: dict) -> Derived:
+def derive_records(records: list[dict[str, Any]], timing: dict[str, Any]) -> Derived:
     """Status and metrics from the raw case records; pure."""
     mismatches = sum(r["bitwise"]["mismatches"] for r in records)
     bad_pairs = [(r, v) for r in records for v, rec in r["variants"].items() if _bad(rec)]
@@ -177,7 +180,7 @@ def derive_records(records: list[dict], timing: dict) -> Derived:
         "seeds": " ".join(str(s) for s in sorted({r["case"]["seed"] for r in records})),
     }
     metrics.update(_timing_metrics(timing))
-    cells: dict[str, dict] = {}
+    cells: dict[str, dict[str, Any]] = {}
     for r in records:
         c = cells.setdefault(_cell(r["case"]), {"cases": 0, "bitwise_mismatches": 0,
                                                 "reference_failures": 0})
@@ -208,7 +211,7 @@ def derive_records(records: list[dict], timing: dict) -> Derived:
                                 f"written and nothing outside", metrics, cells)
 
 
-def _timing_metrics(timing: dict) -> dict:
+def _timing_metrics(timing: dict[str, Any]) -> dict[str, Any]:
     import statistics
 
     out = {}

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pipeline.errors import Error
 from pipeline.gates._built import build_gate_id, declarations
@@ -29,6 +29,9 @@ from pipeline.records.status import Status
 from pipeline.rowspec import GateSpec
 
 if TYPE_CHECKING:
+    from pipeline.build.operators import OperatorDecl
+    from pipeline.ops.contract import Operator
+    from pipeline.ops.paged_inputs import Case
     from pipeline.rows import Row
 
 PHASE = "phase.json"
@@ -59,7 +62,8 @@ def _ncu_missing(spec: PhaseGate) -> str | None:
     return None
 
 
-def resolve(row: Row, spec: PhaseGate, artifacts_root: Path):
+def resolve(row: Row, spec: PhaseGate, artifacts_root: Path
+            ) -> tuple[str, OperatorDecl, Operator, Case, dict[str, list[str]], dict[str, str]]:
     """(operator name, its declaration, the contract Operator, the case, {variant:
     defines}, {role: entry}) from the build gate's kernels.toml. GateError (one line)
     for an undeclared operator, phase or shape."""
@@ -81,7 +85,7 @@ def resolve(row: Row, spec: PhaseGate, artifacts_root: Path):
     return name, decl, op, case, variants, entries
 
 
-def check_entries(builds: dict[str, dict], entries: dict[str, str], shape: str) -> None:
+def check_entries(builds: dict[str, dict[str, Any]], entries: dict[str, str], shape: str) -> None:
     """GateError (one line) for a clean variant build that lacks a role's entry point."""
     for variant, b in builds.items():
         missing = sorted(set(entries.values()) - set(b["entry_points"]))
@@ -107,7 +111,7 @@ class Phase(Gate[PhaseGate]):
                     f"(see docs/perf.md for the {gpu.arch} figures)")
         return _ncu_missing(spec)
 
-    def arch(self, row: Row, spec, ctx: GateContext) -> tuple[str, bool]:
+    def arch(self, row: Row, spec: PhaseGate, ctx: GateContext) -> tuple[str, bool]:
         return gate_arch(row, ctx.gpu)
 
     def measure(self, row: Row, spec: PhaseGate, ctx: GateContext) -> None:
@@ -122,7 +126,7 @@ class Phase(Gate[PhaseGate]):
         builds = build_variants(ctx.repo, decl.kernel, gpu.arch, variants,
                                                ctx.options.get("nvcc"), ctx.artifact_dir,
                                                ctx.progress)
-        record: dict = {"shape": spec.shape, "arch": gpu.arch, "operator": name,
+        record: dict[str, Any] = {"shape": spec.shape, "arch": gpu.arch, "operator": name,
                         "entries": entries, "builds": builds,
                         "effects": {p: decl.phases[p].effect for p in spec.phases}}
         clean = all(not b["problems"] for b in builds.values())
@@ -148,7 +152,7 @@ class Phase(Gate[PhaseGate]):
         return derive_phase(record, spec, artifact_dir)
 
 
-def derive_phase(record: dict, spec: PhaseGate, artifact_dir: Path) -> Derived:
+def derive_phase(record: dict[str, Any], spec: PhaseGate, artifact_dir: Path) -> Derived:
     """Status, costs and counters from phase.json and the raw ncu CSVs; pure."""
     from pipeline.ops import phase
 
@@ -164,7 +168,7 @@ def derive_phase(record: dict, spec: PhaseGate, artifact_dir: Path) -> Derived:
         costs = phase.attribute(record["medians_us"], record["effects"])
     except KeyError as exc:
         raise GateError(f"phase gate {spec.id}: no measurement for {exc}") from exc
-    metrics: dict = {}
+    metrics: dict[str, Any] = {}
     for role, per_phase in costs.items():
         for name, us in per_phase.items():
             metrics[f"{name}_us_{role}"] = round(us, 3)
@@ -181,7 +185,8 @@ def derive_phase(record: dict, spec: PhaseGate, artifact_dir: Path) -> Derived:
     return Derived(Status.PASS, said, metrics)
 
 
-def _counters(runs: dict, wanted: list[str], artifact_dir: Path, metrics: dict) -> list[str]:
+def _counters(runs: dict[str, Any], wanted: list[str], artifact_dir: Path,
+              metrics: dict[str, Any]) -> list[str]:
     """Each wanted counter of each role from its ncu CSV into `metrics`
     (`counter_ROLE_NAME`; a base name ncu expands, e.g. `.ratio`, `.pct`, counts with
     every expansion); problems as lines quoting ncu."""

@@ -16,6 +16,7 @@ from collections import deque
 from dataclasses import replace
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -84,13 +85,13 @@ class _Launcher:
     TYPES = tuple({"pointer": ctypes.c_void_p, "int32": ctypes.c_int32,
                    "float32": ctypes.c_float}[p.kind] for p in contract.PARAMETERS)
 
-    def __init__(self, fn, entry: str, grid: tuple[int, int, int], block: int, smem: int,
+    def __init__(self, fn: Any, entry: str, grid: tuple[int, int, int], block: int, smem: int,
                  device_index: int):
         self.fn, self.grid, self.block, self.smem = fn, grid, block, smem
-        self.slots = [t() for t in self.TYPES]
+        self.slots: list[Any] = [t() for t in self.TYPES]
         self.array = (ctypes.c_void_p * len(self.slots))(
             *[ctypes.addressof(v) for v in self.slots])
-        self.raw = None
+        self.raw: Any = None
         try:
             from cuda.bindings import driver
 
@@ -113,14 +114,14 @@ class _Launcher:
         static = int(attr() if callable(attr) else attr)
         check_shared_memory(entry, smem, static, min(_optin(device_index), DEFAULT_SMEM_LIMIT))
         self.config = launch.cuda_core().LaunchConfig(grid=self.grid, block=self.block,
-                                                shmem_size=smem)
+                                                      shmem_size=smem)
 
-    def _ok(self, err, what: str) -> None:
+    def _ok(self, err: Any, what: str) -> None:
         if err != self.driver.CUresult.CUDA_SUCCESS:
             raise RuntimeError(f"{what} failed: {err!r}")
 
     @staticmethod
-    def _function(driver, fn):
+    def _function(driver: Any, fn: Any) -> Any:
         """The context's CUfunction of a cuda.core kernel (a CUkernel of a library
         in cuda.core >= 0.3; older releases hand out a CUfunction already)."""
         err, func = driver.cuKernelGetFunction(driver.CUkernel(int(fn.handle)))
@@ -128,13 +129,13 @@ class _Launcher:
             return func
         return driver.CUfunction(int(fn.handle))
 
-    def set_scalars(self, scalars: tuple) -> None:
+    def set_scalars(self, scalars: tuple[int | float, ...]) -> None:
         """The trailing scalar arguments, fixed for the plan's lifetime."""
         self.scalars = scalars
         for slot, value in zip(self.slots[contract.POINTERS:], scalars):
             slot.value = value
 
-    def __call__(self, stream: int, pointers: tuple) -> None:
+    def __call__(self, stream: int, pointers: tuple[int, ...]) -> None:
         if self.raw is not None:
             for slot, value in zip(self.slots, pointers):
                 slot.value = value

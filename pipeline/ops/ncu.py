@@ -14,6 +14,7 @@ import csv
 import io
 import re
 import shutil
+from typing import Any
 
 MESSAGE = re.compile(r"^==(PROF|ERROR|WARNING)==")
 
@@ -43,7 +44,7 @@ def _number(text: str) -> float | str:
         return text
 
 
-def parse(text: str) -> list[dict]:
+def parse(text: str) -> list[dict[str, Any]]:
     """[{kernel, metrics: {name: value}, units: {name: unit}}] per profiled launch.
     ValueError when there is no header row."""
     lines = [line for line in text.splitlines() if line.startswith('"')]

@@ -9,7 +9,9 @@ from __future__ import annotations
 import csv
 import functools
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -61,8 +63,8 @@ def _guard_writes(buf: torch.Tensor) -> int:
     return int((edges != UNWRITTEN_BF16).sum())
 
 
-def run_case(case: Case, spec, cubin: Path, dev: torch.device, order_flip: bool,
-             operator: Operator = op.SPLIT_KV, candidate: str = "") -> dict:
+def run_case(case: Case, spec: Any, cubin: Path, dev: torch.device, order_flip: bool,
+             operator: Operator = op.SPLIT_KV, candidate: str = "") -> dict[str, Any]:
     """Both roles on one case (order alternating between cases), against each other
     bit for bit and against the fp64 reference; outputs and workspace poisoned
     before each launch, writes outside the output and counters left non-zero counted."""
@@ -94,7 +96,7 @@ def run_case(case: Case, spec, cubin: Path, dev: torch.device, order_flip: bool,
             "bitwise": bitwise(outs["baseline"], outs["candidate"])}
 
 
-def timing_cases(spec, operator: Operator = op.SPLIT_KV) -> list[Case]:
+def timing_cases(spec: Any, operator: Operator = op.SPLIT_KV) -> list[Case]:
     """The largest uniform batch at 16384 tokens and one sequence at 1024, on the
     spec's first heads, largest head dim and page (64 when the spec has it) that
     the operator declares."""
@@ -111,13 +113,13 @@ def timing_cases(spec, operator: Operator = op.SPLIT_KV) -> list[Case]:
             for batch, ctx in ((max(spec.batches), 16384), (1, 1024))]
 
 
-def _time_case(case: Case, spec, cubin: Path, dev: torch.device, operator: Operator,
-               candidate: str) -> dict:
+def _time_case(case: Case, spec: Any, cubin: Path, dev: torch.device, operator: Operator,
+               candidate: str) -> dict[str, Any]:
     inp = make_inputs(case, dev)
     out = torch.empty_like(inp.q)
     args = (inp.q, inp.k_cache, inp.v_cache, inp.block_table, inp.seq_lens)
     entries = operator.entries(case.kv, case.dim, case.hq // case.hkv, candidate)
-    fns = {}
+    fns: dict[str, Callable[[], object]] = {}
     for role, entry in entries.items():
         planned = op.DecodeAttention(*args, max_seq_len=max(case.lens), cubin=cubin,
                                      k_scale=inp.k_scale, v_scale=inp.v_scale,
@@ -128,8 +130,8 @@ def _time_case(case: Case, spec, cubin: Path, dev: torch.device, operator: Opera
             "order": samples["order"]}
 
 
-def time_variants(spec, cubin: Path, dev: torch.device, operator: Operator = op.SPLIT_KV,
-                  candidate: str = "") -> dict:
+def time_variants(spec: Any, cubin: Path, dev: torch.device, operator: Operator = op.SPLIT_KV,
+                  candidate: str = "") -> dict[str, Any]:
     """Baseline and candidate interleaved in alternating order, L2 flushed
     before every timed launch, `timing_repeats` samples each."""
     result = {"repeats": spec.timing_repeats, "order": "alternating", "l2_flush": True,
@@ -141,7 +143,7 @@ def time_variants(spec, cubin: Path, dev: torch.device, operator: Operator = op.
     return result
 
 
-def write_records(out: Path, records: list[dict], timing_record: dict) -> None:
+def write_records(out: Path, records: list[dict[str, Any]], timing_record: dict[str, Any]) -> None:
     """The gate's raw artifacts: cases.json (full records), cases.csv (one row
     per case and variant) and timing.json."""
     (out / CASES).write_text(json.dumps(records, indent=1) + "\n")

@@ -7,6 +7,7 @@ runs rowgate's own variants the same way."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,7 @@ def variants(common: list[str], phases: dict[str, Any], wanted: list[str]) -> di
 
 
 def time_variants(case: Case, cubins: dict[str, str], entries: dict[str, str], operator: Operator,
-                  device, repeats: int) -> dict:
+                  device: Any, repeats: int) -> dict[str, Any]:
     """Every variant of every role on `case`, interleaved in rotated order, L2 flushed:
     raw samples and medians per `role:variant`."""
     import functools
@@ -63,7 +64,7 @@ def time_variants(case: Case, cubins: dict[str, str], entries: dict[str, str], o
     inp = make_inputs(case, device)
     out = torch.empty_like(inp.q)
     args = (inp.q, inp.k_cache, inp.v_cache, inp.block_table, inp.seq_lens)
-    fns = {}
+    fns: dict[str, Callable[[], object]] = {}
     for variant, path in cubins.items():
         for role, entry in entries.items():
             planned = op.DecodeAttention(*args, max_seq_len=max(case.lens), cubin=Path(path),

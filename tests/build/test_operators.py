@@ -57,6 +57,9 @@ def test_an_entry_point_the_kernel_lacks_is_named():
     ({"phases": {"qk": {"defines": ["PM_PHASE=2"], "effect": "halves"}}}, "'removes' or 'doubles'"),
     ({"phases": {"qk": {"defines": ["X; rm -rf /"], "effect": "removes"}}}, "String should match"),
     ({"colour": "red"}, "Extra inputs are not permitted"),
+    ({"contract": "harness/1", "harness": "tools/h.py:run"},
+     "contract harness/1: the harness rule is documented (docs/contracts.md) but this rowgate "
+     "does not run harnesses yet"),
 ])
 def test_declarations_outside_the_format_are_refused(changes, message):
     with pytest.raises(ValidationError, match=re.escape(message)):

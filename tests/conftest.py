@@ -23,11 +23,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-@pytest.fixture(scope="session")
-def build_cache(tmp_path_factory) -> Path:
+@pytest.fixture(scope="session", autouse=True)
+def build_cache(tmp_path_factory):
     """rowgate's build cache for the whole session (outside every subject): kernels built
-    by one test are found by the next, as on a real machine."""
-    return tmp_path_factory.mktemp("rowgate-cache")
+    by one test are found by the next, as on a real machine. Session-wide and autouse, so
+    session fixtures that build (before any test's own environment) use it too, never
+    the user's ~/.cache/rowgate."""
+    path = tmp_path_factory.mktemp("rowgate-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ROWGATE_CACHE_DIR", str(path))
+        yield path
 
 
 @pytest.fixture(autouse=True)

@@ -13,18 +13,27 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
+
+from pipeline.ops.contract import Operator
+from pipeline.ops.paged_inputs import Case
+
+
+def parse_request(req: dict[str, Any]) -> tuple[Operator, Case]:
+    """The operator and the case a request names (as the phase gate writes it)."""
+    operator = Operator.from_table(req["operator"], req["table"])
+    case = Case(**{k: v for k, v in req["case"].items() if k != "name"})  # name: derived
+    return operator, case
 
 
 def main(argv: list[str]) -> int:
     import torch
 
     from pipeline.ops import decode_attention as op
-    from pipeline.ops.contract import Operator
-    from pipeline.ops.paged_inputs import Case, make_inputs
+    from pipeline.ops.paged_inputs import make_inputs
 
     req = json.loads(Path(argv[0]).read_text())
-    operator = Operator.from_table(req["operator"], req["table"])
-    case = Case(**req["case"])
+    operator, case = parse_request(req)
     dev = torch.device("cuda:0")
     inp = make_inputs(case, dev)
     args = (inp.q, inp.k_cache, inp.v_cache, inp.block_table, inp.seq_lens)

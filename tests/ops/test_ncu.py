@@ -39,3 +39,21 @@ def test_command_selects_the_entry_by_exact_name_after_the_warmup():
     assert argv[:6] == ["/usr/bin/ncu", "--csv", "--page", "raw", "--metrics", "a__b.sum,c__d.avg"]
     assert argv[argv.index("--kernel-name") + 1] == "regex:^pm_decode_e5m2_h128_g4_ref$"
     assert argv[argv.index("--launch-skip") + 1] == "2" and argv[-3:] == ["python", "-m", "x"]
+
+
+def test_the_phase_gates_request_is_what_the_profiled_process_reads(tmp_path):
+    """collect_counters writes the request; profile_launch (in ncu's process) reads it."""
+    import json
+
+    from pipeline.build import kernels
+    from pipeline.ops import profile_launch
+    from pipeline.ops.phase import parse_shape
+
+    decl = kernels.load(Path(__file__).resolve().parents[2]).operators["split_kv"]
+    case = parse_shape("B16-ragged-17.8K-e5m2")
+    req = {"cubin": "x.cubin", "operator": "split_kv",
+           "table": decl.model_dump(exclude={"phase_build", "phases"}),
+           "entry": "split_kv_e5m2_d128_g4_base", "case": case.as_dict(), "warmup": 2,
+           "launches": 1}
+    operator, again = profile_launch.parse_request(json.loads(json.dumps(req)))
+    assert again == case and operator == decl.to_contract("split_kv")

@@ -24,7 +24,7 @@ ROW_SESSIONS = {
 ROW_EXTRAS = {
     "gate-thor": ("cuda13", "aot"),
     "gate-megakernel": ("cuda13",),
-    "gate-xqa-sm70": ("cuda12",),
+    "gate-xqa-sm70": ("cuda12", "cuda13"),  # sm_70, and sm_90 for the H200 stand-in
 }
 # `rowgate build` per arch, each in its own venv with its own toolchain extra.
 BUILD_SESSIONS = {

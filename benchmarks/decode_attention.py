@@ -9,8 +9,9 @@ Sections (each one's failure is recorded and the next still runs):
   operator  the row's operator gate cases (randomized pages, poison, bitwise A/B,
             fp64 reference) -> DIR/operator/{cases.json,cases.csv,timing.json},
             the same raw artifacts the operator gate writes (--candidate picks the
-            candidate variant: the row's, or e.g. e5m2_bulk); operator_bf16 the same
-            matrix on bf16 KV, operator_g2 on bf16 GQA groups of 2 (16/8 heads)
+            operator: e5m2_bulk runs kernels.toml's split_kv_bulk, `_bulk` against
+            `_base`; else split_kv); operator_bf16 the same matrix on bf16 KV,
+            operator_g2 on bf16 GQA groups of 2 (16/8 heads)
   bench     FP8/bf16 B16x16K and FP8 B1x1K: split_kv baseline, ring (pipelined) and
             bulk candidates, torch SDPA on dense bf16 KV, the naive path (dequantise
             to bf16, then SDPA), interleaved in rotated order, L2 flushed / inputs
@@ -138,17 +139,23 @@ def operator_spec(row_path: Path, **overrides) -> SimpleNamespace:
 
 
 def run_operator(spec, cubin: Path, dev, out: Path, label: str) -> dict:
+    """The operator gate's cases on rowgate's operator the spec's candidate names
+    (pipeline.ops.decode_attention.operator_of: `*_bulk` -> split_kv_bulk)."""
     out.mkdir(parents=True, exist_ok=True)
+    operator = op.operator_of(getattr(spec, "candidate", "") or "candidate", op.SPLIT_KV)
     records = []
     all_cases = operator_ab.cases(spec)
+    operator_ab.check_expressible(operator, all_cases)
     t0 = time.time()
     for i, case in enumerate(all_cases):
-        records.append(operator_ab.run_case(case, spec, cubin, dev, order_flip=bool(i % 2)))
-    timing_rec = operator_ab.time_variants(spec, cubin, dev)
+        records.append(operator_ab.run_case(case, spec, cubin, dev, order_flip=bool(i % 2),
+                                            operator=operator))
+    timing_rec = operator_ab.time_variants(spec, cubin, dev, operator)
     operator_ab.write_records(out, records, timing_rec)
     bad = [r for r in records if r["bitwise"]["mismatches"] or any(
         v["failures"] or v["unwritten"] or v["nan"] for v in r["variants"].values())]
-    return {"label": label, "cases": len(records), "seconds": round(time.time() - t0, 1),
+    return {"label": label, "operator": operator.name, "cases": len(records),
+            "seconds": round(time.time() - t0, 1),
             "bitwise_mismatches": sum(r["bitwise"]["mismatches"] for r in records),
             "bad_cases": len(bad), "first_bad": bad[0] if bad else None,
             "max_abs_err": max(v["max_abs_err"] or 0 for r in records
@@ -174,8 +181,9 @@ def done_within(dev, seconds: float) -> bool:
 
 
 def smoke(cubin: Path, dev, out: Path, results: dict) -> dict:
-    """One launch of every new kernel family before anything is timed; a launch that
-    does not finish ends the process (the results so far are written first)."""
+    """One launch of every new kernel family before anything is timed, against the
+    baseline of the same operator and plan (split_kv_bulk); a launch that does not
+    finish ends the process (the results so far are written first)."""
     shapes = [("e5m2", 16, 16384, 32, 8, 128, 64), ("e5m2", 1, 1024, 32, 8, 128, 64),
               ("bf16", 16, 16384, 32, 8, 128, 64), ("bf16", 4, 1000, 16, 8, 128, 16),
               ("e5m2", 4, 700, 8, 1, 64, 16), ("bf16", 1, 70, 16, 8, 64, 16)]
@@ -191,7 +199,7 @@ def smoke(cubin: Path, dev, out: Path, results: dict) -> dict:
             planned = op.DecodeAttention(inp.q, inp.k_cache, inp.v_cache, inp.block_table,
                                          inp.seq_lens, max_seq_len=ctx, cubin=cubin,
                                          k_scale=inp.k_scale, v_scale=inp.v_scale,
-                                         variant=variant)
+                                         variant=variant, operator=op.SPLIT_KV_BULK)
             outs[variant] = planned.run(inp.q, inp.k_cache, inp.v_cache, inp.block_table,
                                         inp.seq_lens)
             name = f"{kv} B{batch}x{ctx} {hq}/{hkv} d{dim} p{page} {planned.kernel}"
@@ -226,10 +234,11 @@ def bench_large(cubin: Path, dev, repeats: int, ceiling: float) -> dict:
     dk, dvv = dense_bf16(batch, hkv, length, dim, dev, gen)
     out = torch.empty_like(fp8.q)
 
-    def split(inp, variant):
+    def split(inp, variant, operator=op.SPLIT_KV):
         args = (inp.q, inp.k_cache, inp.v_cache, inp.block_table, inp.seq_lens)
         planned = op.DecodeAttention(*args, max_seq_len=length, cubin=cubin,
-                                     k_scale=inp.k_scale, v_scale=inp.v_scale, variant=variant)
+                                     k_scale=inp.k_scale, v_scale=inp.v_scale, variant=variant,
+                                     operator=operator)
         return lambda: planned.run(*args, out=out)
 
     fns = {"e5m2_baseline": split(fp8, "baseline"), "e5m2_pipelined": split(fp8, "pipelined"),
@@ -248,9 +257,11 @@ def bench_large(cubin: Path, dev, repeats: int, ceiling: float) -> dict:
     for name in ("e5m2_baseline", "e5m2_pipelined", "e5m2_bulk", "naive_dequant_sdpa"):
         outs[name] = fns[name]().clone()
         acc[name] = float((outs[name].double() - ref8).abs().max())
+    # bulk against the baseline of its own operator's plan (split_kv_bulk: same chunk)
+    base8 = split(fp8, "baseline", op.SPLIT_KV_BULK)().clone()
     bits = {"e5m2_bulk": bool(torch.equal(outs["e5m2_bulk"].view(torch.int16),
-                                          outs["e5m2_baseline"].view(torch.int16)))}
-    base16 = fns["bf16_baseline"]().clone()
+                                          base8.view(torch.int16)))}
+    base16 = split(bf, "baseline", op.SPLIT_KV_BULK)().clone()
     bits["bf16_bulk"] = bool(torch.equal(fns["bf16_bulk"]().view(torch.int16),
                                          base16.view(torch.int16)))
     samples = timing.interleaved(fns, repeats=repeats, device=dev, flush=True)

@@ -199,12 +199,41 @@ def _rowgate_commands(script: str) -> list[list[str]]:
     return found
 
 
-def test_rowgate_comes_from_main_and_the_subject_from_the_input_ref():
+def test_rowgate_comes_from_main_or_its_pinned_ref_and_the_subject_from_the_inputs():
     checkouts = {s["with"]["path"]: s["with"] for s in _gate_steps()
                  if s.get("uses", "").startswith("actions/checkout@")}
-    assert checkouts["rowgate"]["ref"] == "${{ github.sha }}"
-    assert checkouts["subject"]["ref"] == "${{ inputs.ref || github.sha }}"
+    assert checkouts["rowgate"]["repository"] == "${{ inputs.rowgate_repository || github.repository }}"
+    assert checkouts["rowgate"]["ref"] == "${{ inputs.rowgate_ref || github.sha }}"
+    assert checkouts["subject"]["repository"] == \
+        "${{ inputs.subject_repository || github.repository }}"
+    assert checkouts["subject"]["ref"] == "${{ inputs.subject_ref || github.sha }}"
     assert checkouts["subject"]["fetch-depth"] == 0
+
+
+def test_a_subject_repository_calls_the_gate_with_rowgate_pinned():
+    on = _load("gate.yml")["on"]
+    assert set(on["workflow_dispatch"]["inputs"]) == {"subject_repository", "subject_ref"}
+    called = on["workflow_call"]["inputs"]
+    assert called["rowgate_repository"]["required"] and called["rowgate_ref"]["required"]
+    assert not called["subject_repository"]["required"] and not called["subject_ref"]["required"]
+    example = yaml.safe_load((ROOT / "docs" / "examples" / "subject-gate.yml").read_text())
+    job = example["jobs"]["gate"]
+    assert job["uses"].split("@")[0].endswith("/.github/workflows/gate.yml")
+    assert job["permissions"]["id-token"] == "write"
+    assert set(job["with"]) <= set(called) and {"rowgate_repository", "rowgate_ref"} <= set(job["with"])
+    assert (ROOT / "docs" / "examples" / "subject-gate.yml").name in \
+        (ROOT / "docs" / "operators.md").read_text()
+
+
+def test_actionlint_accepts_the_subject_example(tmp_path):
+    """The few lines a subject adds, linted as the subject's own workflow."""
+    (tmp_path / ".github" / "workflows").mkdir(parents=True)
+    shutil.copy(ROOT / "docs" / "examples" / "subject-gate.yml",
+                tmp_path / ".github" / "workflows" / "rowgate.yml")
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    run = subprocess.run([_actionlint(), "-no-color"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
 
 
 def test_every_rowgate_command_in_the_workflows_parses():

@@ -1,19 +1,33 @@
-"""kernels/kernels.toml: what to build, for which arches, and the budgets to hold.
+"""kernels/kernels.toml: what to build, for which arches, and the budgets to hold; in
+format version 2 also the operators the kernels implement and the Triton kernels to
+compile ahead of time (`pipeline.build.operators`).
 
-The only place that file is parsed. The format is documented at its top and in
-docs/build.md; unknown keys are errors naming the file and the key.
+The only place that file is parsed. The format is documented at its top, in
+docs/build.md and docs/contracts.md; unknown keys are errors naming the file and the
+key. Version 1 files are still read (they declare no operators). The file belongs to
+the subject, so it is untrusted: names that become path components match a strict
+pattern, and every path it names resolves inside the subject (`_inside`).
 """
 
 from __future__ import annotations
 
 import fnmatch
 import hashlib
+import os
+import stat
 import tomllib
 from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from pipeline.build.operators import (
+    DEFINE,
+    NAME_PATTERN,
+    OperatorDecl,
+    TritonDecl,
+    check_operators,
+)
 from pipeline.errors import UsageError
 from pipeline.rowspec import ARCH_PATTERN
 
@@ -21,6 +35,7 @@ KERNELS_DIR = "kernels"
 MANIFEST = "kernels.toml"
 Arch = Annotated[str, Field(pattern=ARCH_PATTERN)]
 Bytes = Annotated[int, Field(ge=0)]
+Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 
 
 class KernelsError(UsageError):
@@ -74,7 +89,7 @@ class Kernel(_Model):
     """The .cu file, relative to kernels/."""
     entry_points: Annotated[list[str], Field(min_length=1)]
     arches: Annotated[list[Arch], Field(min_length=1)]
-    defines: list[str] = []
+    defines: list[Annotated[str, Field(pattern=DEFINE)]] = []
     budgets: dict[Literal["all"] | Arch, BudgetOverride] = {}
     sass: list[SassRule] = []
 
@@ -97,9 +112,36 @@ class Kernel(_Model):
 
 
 class KernelManifest(_Model):
-    version: Literal[1]
+    version: Literal[1, 2]
     include_dirs: list[str] = ["include"]
-    kernels: dict[str, Kernel]
+    kernels: dict[Name, Kernel]
+    operators: dict[Name, OperatorDecl] = {}
+    """Version 2: the operators the kernels implement (docs/contracts.md)."""
+    triton: dict[Name, TritonDecl] = {}
+    """Version 2: Triton kernels the AOT gate compiles."""
+
+    @model_validator(mode="after")
+    def _operators_name_what_is_built(self) -> "KernelManifest":
+        if self.version == 1 and (self.operators or self.triton):
+            raise ValueError("operators/triton tables need version = 2")
+        problems = check_operators(self.operators, {n: k.entry_points
+                                                    for n, k in self.kernels.items()})
+        if problems:
+            raise ValueError(problems[0])
+        return self
+
+    def operator(self, name: str = "") -> tuple[str, OperatorDecl]:
+        """The operator `name`, or the only one declared. Raises KernelsError."""
+        if not name:
+            if len(self.operators) != 1:
+                raise KernelsError(f"{MANIFEST} declares {len(self.operators)} operators "
+                                   f"({', '.join(sorted(self.operators)) or 'none'}): the row's "
+                                   f"gate must name one (operator = \"NAME\")")
+            name = next(iter(self.operators))
+        if name not in self.operators:
+            raise KernelsError(f"operator {name!r}: not in {MANIFEST} (operators: "
+                               f"{', '.join(sorted(self.operators)) or 'none'})")
+        return name, self.operators[name]
 
     def select(self, names: list[str], arch: str) -> list[str]:
         """Kernels to build for `arch`: `names` (all when empty) that target it.
@@ -127,22 +169,50 @@ def parse(text: str, where: str) -> KernelManifest:
         return KernelManifest.model_validate(data)
     except ValidationError as exc:
         err = exc.errors(include_url=False)[0]
-        key = ".".join(str(p) for p in err["loc"])
+        key = ".".join(str(p) for p in err["loc"] if p != "[key]")
         msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
-        raise KernelsError(f"{where}: {key}: {msg}") from None
+        msg = msg.removeprefix("Value error, ")
+        raise KernelsError(f"{where}: {key}: {msg}" if key else f"{where}: {msg}") from None
+
+
+def _inside(repo: Path, rel: str, where: str, key: str) -> Path:
+    """`rel` (relative to kernels/) resolved with every symbolic link followed; it must
+    stay inside the subject and be a regular file. (Issue 14's `pipeline.confine.inside`
+    is the one rule for this once it lands; this is the same rule, for kernels.toml.)"""
+    root = Path(os.path.realpath(repo))
+    target = Path(os.path.realpath(repo / KERNELS_DIR / rel))
+    if not target.is_relative_to(root):
+        raise KernelsError(f"{where}: {key}: {rel!r} resolves outside the subject {repo}")
+    if not target.exists():
+        raise KernelsError(f"{where}: {key}: {rel} does not exist")
+    if not stat.S_ISREG(os.stat(target).st_mode):
+        raise KernelsError(f"{where}: {key}: {rel!r} is not a regular file")
+    return target
+
+
+def manifest_path(repo: Path) -> Path:
+    """kernels/kernels.toml of a subject, confined like every path it names."""
+    where = f"{repo / KERNELS_DIR / MANIFEST}"
+    return _inside(repo, MANIFEST, where, "kernels.toml")
 
 
 def load(repo: Path) -> KernelManifest:
     path = repo / KERNELS_DIR / MANIFEST
     try:
-        text = path.read_text()
+        text = manifest_path(repo).read_text()
     except OSError as exc:
         raise KernelsError(f"{path}: cannot read: {exc.strerror}") from exc
     manifest = parse(text, str(path))
     for name, kernel in manifest.kernels.items():
-        if not (repo / KERNELS_DIR / kernel.source).is_file():
-            raise KernelsError(f"{path}: kernels.{name}.source: {kernel.source} does not exist")
+        _inside(repo, kernel.source, str(path), f"kernels.{name}.source")
+    for name, decl in manifest.triton.items():
+        _inside(repo, decl.source, str(path), f"triton.{name}.source")
     return manifest
+
+
+def triton_source(repo: Path, manifest: KernelManifest, name: str) -> Path:
+    """The confined path of Triton kernel `name`'s source file."""
+    return _inside(repo, manifest.triton[name].source, MANIFEST, f"triton.{name}.source")
 
 
 def source_digest(repo: Path, manifest: KernelManifest, name: str) -> str:

@@ -7,6 +7,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.build import cache
 from pipeline.gates.audit import derive_audit, measure_audit
 from pipeline.gates.build import derive_builds, measure_aot
 from pipeline.gates.interface import Derived, Progress
@@ -30,9 +31,10 @@ class LocalBuild:
 
 def local_build(repo: Path, arches: list[str], names: list[str], options: dict[str, str],
                 progress: Progress, aot: bool = False) -> LocalBuild:
-    """Build and audit outside a bundle into build/reports/ARCHES/ (replaced each run;
-    the build cache makes an unchanged re-run instant). Raises GateError."""
-    out = repo / "build" / "reports" / "+".join(arches)
+    """Build and audit outside a bundle into the cache's reports/SUBJECT/ARCHES/
+    (replaced each run; the build cache makes an unchanged re-run instant), never into
+    the subject. Raises GateError."""
+    out = cache.reports(repo, arches)
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)

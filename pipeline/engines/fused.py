@@ -252,18 +252,21 @@ class FusedEngine(ReferenceEngine):
             return lambda batch: torch_fused_attention
         from pipeline.ops.decode_attention import DecodeAttention
 
-        plans: dict[int, DecodeAttention] = {}
+        plans: dict[tuple[int, ...], DecodeAttention] = {}
         self.attention = f"split_kv bf16 baseline ({Path(cubin).name})"
 
         def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                    block_tables: torch.Tensor, context_lens: torch.Tensor,
                    scale: float) -> torch.Tensor:
-            b = q.shape[0]
-            if b not in plans:
-                plans[b] = DecodeAttention(q, k_cache, v_cache, block_tables, context_lens,
-                                           max_seq_len=c.max_position, cubin=Path(cubin),
-                                           softmax_scale=scale)
-            return plans[b].run(q, k_cache, v_cache, block_tables, context_lens)
+            # one plan per batch and cache (a grown cache is a new shape: a plan refuses
+            # shapes it was not made for); made in DecodeGraphs' warm-up, outside capture,
+            # which validates and admits the graph's static block tables and lengths
+            key = (q.shape[0], *k_cache.shape)
+            if key not in plans:
+                plans[key] = DecodeAttention(q, k_cache, v_cache, block_tables, context_lens,
+                                             max_seq_len=c.max_position, cubin=Path(cubin),
+                                             softmax_scale=scale)
+            return plans[key].run(q, k_cache, v_cache, block_tables, context_lens)
 
         return lambda batch: attend
 

@@ -11,6 +11,7 @@ from pipeline.device import GpuChoice, Inventory
 from pipeline.gates import registry
 from pipeline.gates.abi import Abi
 from pipeline.gates.accuracy import Accuracy
+from pipeline.gates.aot import Aot
 from pipeline.gates.audit import Audit
 from pipeline.gates.build import Build
 from pipeline.gates.host import Host
@@ -31,7 +32,7 @@ __all__ = ["BUILTIN", "DEVICE_KINDS", "IMPLEMENTED", "Derived", "Gate", "GateCon
            "GateError", "availability", "device_requirement", "gate_for", "run"]
 
 BUILTIN: tuple[type[Gate[Any]], ...] = (Host, Build, Audit, Operator, Phase, Tokens, Throughput,
-                                        Trace, Accuracy, Abi)
+                                        Trace, Accuracy, Abi, Aot)
 """rowgate's own kinds, in the data flow's order (the order the row schema lists them)."""
 
 IMPLEMENTED = registry.KINDS

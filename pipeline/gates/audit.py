@@ -49,8 +49,7 @@ class AuditGate(GateSpec):
 
 def measure_audit(repo: Path, arches: list[str], names: list[str], options: dict[str, str],
                   out: Path, progress: Progress, verify_embedded: bool = True) -> None:
-    built = build_into(repo, arches, names, options, out, progress)
-    shutil.copyfile(repo / kernels.KERNELS_DIR / kernels.MANIFEST, out / BUDGETS)
+    built = build_into(repo, arches, names, options, out, progress)  # copies kernels.toml
     entries = []
     for b in built:
         progress.update(f"audit {b.kernel} for {b.arch}")

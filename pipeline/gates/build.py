@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from pipeline.rows import Row
 
 INDEX = "builds.json"
+MANIFEST_COPY = "kernels.toml"
 AOT_DIR = "triton-aot"
 AOT_TIMEOUT_S = 600
 
@@ -80,6 +81,11 @@ def build_into(repo: Path, arches: list[str], names: list[str], options: dict[st
     if not plan:
         raise GateError(f"nothing to build: no kernel in kernels.toml targets "
                         f"{', '.join(arches)}")
+    out.mkdir(parents=True, exist_ok=True)
+    # The declarations in force (budgets, operators, Triton kernels) travel with the
+    # builds: the audit judges by them and the operator, phase and AOT gates read them
+    # from here, so everything comes from the gated commit.
+    shutil.copyfile(kernels.manifest_path(repo), out / MANIFEST_COPY)
     built = []
     for arch, name in plan:
         progress.update(f"build {name} for {arch} ({chains[arch].short()})")

@@ -1,11 +1,16 @@
-"""Operator gate: the candidate kernel against the baseline, bit for bit, on
-randomized page tables, and both against the fp64 reference.
+"""Operator gate: a subject's candidate kernel against its baseline, bit for bit, on
+randomized page tables, and both against rowgate's fp64 reference (docs/contracts.md).
 
-measure: build split_kv for the device's arch (or take `cubin=PATH` from the
-gate options), run every case of the spec (seeds recorded, outputs poisoned
-before each launch, variant order alternating per case), write the raw
+The subject's kernels.toml declares the operator (`[operators.NAME]`: the contract, the
+kernel, the baseline and candidate entry points, the shapes); the gate takes the cubin
+the row's build gate produced from the gated commit for the device's arch (its digest
+recorded and checked, never a rebuild) and drives its entry points through the
+contract. measure: refuse, in one line, shapes the operator does not declare and entry
+points the build lacks; run every case of the spec (seeds recorded, outputs poisoned
+and guarded, workspace poisoned, roles alternating per case); write `cubin.json`, the
 per-case records (`cases.json`, `cases.csv`) and the interleaved timing samples
-(`timing.json`). derive: pure arithmetic over those files.
+(`timing.json`). derive: pure arithmetic over those files, the cubin re-hashed where
+the bundle holds it.
 """
 
 from __future__ import annotations
@@ -13,28 +18,45 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
 
 from pipeline.errors import Error
+from pipeline.gates._built import (
+    build_gate_id,
+    built_cubin,
+    declarations,
+    digest_problem,
+    missing_entries,
+)
 from pipeline.gates.interface import Derived, Gate, GateContext, GateError, gate_arch
 from pipeline.gates.registry import register
+from pipeline.ops import launch
 from pipeline.records.status import Status
 from pipeline.rowspec import GateSpec, Tolerance
 
 if TYPE_CHECKING:
+    from pipeline.gates._built import BuiltKernel
+    from pipeline.ops.contract import Operator as ContractOperator
     from pipeline.rows import Row
 
 CASES = "cases.json"
 TIMING = "timing.json"
-BUILD = "build.json"
+CUBIN = "cubin.json"
 
 
 class OperatorGate(GateSpec):
     kind: Literal["operator"]
-    baseline: str
-    candidate: str
+    operator: str = ""
+    """The `[operators.NAME]` of the subject's kernels.toml; empty: the only one."""
+    candidate: str = ""
+    """Which of the operator's candidate patterns; empty: the only one."""
+    baseline: str = ""
+    """Ignored: the operator's declaration names its baseline. Accepted so that rows
+    sealed by earlier rowgates (which named variants here) still load."""
+    build: str = ""
+    """The build gate whose cubins are measured; empty: the row's one build gate."""
     batches: list[Annotated[int, Field(gt=0)]] = [1, 4, 8, 12, 16]
     layouts: list[Literal["uniform", "ragged"]] = ["uniform", "ragged"]
     contexts: list[Annotated[str, Field(pattern=r"^(page[+-]1|page|[0-9]+(\.[0-9]+)?K?)$")]] = [
@@ -42,10 +64,35 @@ class OperatorGate(GateSpec):
     page_sizes: list[Annotated[int, Field(gt=0)]] = [16, 64]
     kv_dtypes: list[Literal["bf16", "e5m2"]] = ["bf16", "e5m2"]
     heads: list[Annotated[list[int], Field(min_length=2, max_length=2)]] = [[32, 8], [8, 1]]
-    head_dims: list[Literal[64, 128]] = [128, 64]
+    head_dims: list[Annotated[int, Field(ge=16, le=256, multiple_of=16)]] = [128, 64]
     seeds: list[int] = [0, 1]
     tolerance: Tolerance = Tolerance()
     timing_repeats: Annotated[int, Field(ge=9)] = 9
+
+
+def resolve(row: Row, spec: OperatorGate, artifacts_root: Path, arch: str
+            ) -> tuple[ContractOperator, BuiltKernel, str]:
+    """(contract Operator, BuiltKernel, the build gate's id) for this gate on `arch`, with
+    every case expressible and every entry point built. Raises GateError (one line)."""
+    from pipeline.ops import operator_ab
+
+    build_id = build_gate_id(row, spec, spec.build)
+    build_dir = artifacts_root / build_id
+    manifest = declarations(build_dir)
+    try:
+        name, decl = manifest.operator(spec.operator)
+        op = decl.to_contract(name)
+        cases = operator_ab.cases(spec)
+        operator_ab.check_expressible(op, cases)
+        wanted = {n for c in cases
+                  for e in op.entries(c.kv, c.dim, c.hq // c.hkv, spec.candidate).values()
+                  for n in op.launchable(e)}
+    except (Error, ValueError) as exc:
+        text = exc.diagnostics() if isinstance(exc, Error) else str(exc)
+        raise GateError(f"operator gate: {text}") from exc
+    built = built_cubin(build_dir, decl.kernel, arch)
+    missing_entries(built, wanted, f"operator {name}")
+    return op, built, build_id
 
 
 @register
@@ -55,11 +102,9 @@ class Operator(Gate[OperatorGate]):
     needs_device = True
 
     def requirements(self, row: Row, spec: OperatorGate, ctx: GateContext) -> str | None:
-        from pipeline.ops.launch import why_unavailable
+        return launch.why_unavailable()
 
-        return why_unavailable()
-
-    def arch(self, row: Row, spec, ctx: GateContext) -> tuple[str, bool]:
+    def arch(self, row: Row, spec: OperatorGate, ctx: GateContext) -> tuple[str, bool]:
         return gate_arch(row, ctx.gpu)
 
     # ------------------------------------------------------------------ measure
@@ -72,37 +117,22 @@ class Operator(Gate[OperatorGate]):
         gpu, _, why_not = ctx.gpu
         if gpu is None:
             raise GateError(f"operator gate: {why_not}")
+        op, built, build_id = resolve(row, spec, ctx.artifact_dir.parent, gpu.arch)
+        used = hashlib.sha256(built.cubin.read_bytes()).hexdigest()
+        (ctx.artifact_dir / CUBIN).write_text(json.dumps({
+            "build_gate": build_id, "kernel": built.kernel, "arch": built.arch,
+            "cubin": built.rel, "sha256_recorded": built.sha256, "sha256_used": used,
+            "operator": op.name, "contract": op.contract}, indent=1) + "\n")
         dev = torch.device(f"cuda:{gpu.index}")
-        cubin = self._cubin(gpu.arch, ctx)
         records = []
         all_cases = run.cases(spec)
         for i, case in enumerate(all_cases):
             ctx.progress.update(f"operator: case {i + 1}/{len(all_cases)} {case.name}")
-            records.append(run.run_case(case, spec, cubin, dev, order_flip=bool(i % 2)))
+            records.append(run.run_case(case, spec, built.cubin, dev, order_flip=bool(i % 2),
+                                        operator=op, candidate=spec.candidate))
         ctx.progress.update("operator: interleaved timing")
-        run.write_records(ctx.artifact_dir, records, run.time_variants(spec, cubin, dev))
-
-    def _cubin(self, arch: str, ctx: GateContext) -> Path:
-        """An explicit `cubin=PATH` option, or a fresh build with the arch's toolchain."""
-        if "cubin" in ctx.options:
-            path = Path(ctx.options["cubin"])
-            if not path.is_file():
-                raise GateError(f"operator gate: option cubin={path}: no such file")
-            (ctx.artifact_dir / BUILD).write_text(json.dumps({"cubin": str(path)}) + "\n")
-            return path
-        # The binary the build and audit gates certify (same flags, warnings as errors,
-        # same cache), not a build of its own.
-        from pipeline.ops.decode_attention import build_cubin
-
-        try:
-            path = build_cubin(ctx.repo, arch, ctx.options.get("nvcc"))
-        except Error as exc:  # KernelsError, ToolchainError, BuildFailed
-            raise GateError(f"operator gate: building split_kv for {arch}: "
-                            f"{exc.diagnostics()}") from exc
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()
-        (ctx.artifact_dir / BUILD).write_text(json.dumps(
-            {"cubin": str(path), "sha256": digest}, indent=1) + "\n")
-        return path
+        run.write_records(ctx.artifact_dir, records,
+                          run.time_variants(spec, built.cubin, dev, op, spec.candidate))
 
     # ------------------------------------------------------------------- derive
 
@@ -110,20 +140,29 @@ class Operator(Gate[OperatorGate]):
         try:
             records = json.loads((artifact_dir / CASES).read_text())
             timing = json.loads((artifact_dir / TIMING).read_text())
+            cubin = json.loads((artifact_dir / CUBIN).read_text())
         except (OSError, ValueError) as exc:
             raise GateError(f"operator gate artifacts unreadable in {artifact_dir}: {exc}") from exc
-        return derive_records(records, timing)
+        derived = derive_records(records, timing)
+        problem = digest_problem(artifact_dir.parent, cubin)
+        if problem:
+            return Derived(Status.FAIL, problem, derived.metrics, derived.cells)
+        return derived
 
 
-def _cell(case: dict) -> str:
+def _bad(rec: dict[str, Any]) -> bool:
+    return bool(rec["failures"] or rec["unwritten"] or rec["nan"] or rec.get("guard_writes")
+                or rec.get("counters_nonzero"))
+
+
+def _cell(case: dict[str, Any]) -> str:
     return f"B{case['batch']}-{case['layout']}-{case['context']}"
 
 
-def derive_records(records: list[dict], timing: dict) -> Derived:
+def derive_records(records: list[dict[str, Any]], timing: dict[str, Any]) -> Derived:
     """Status and metrics from the raw case records; pure."""
     mismatches = sum(r["bitwise"]["mismatches"] for r in records)
-    bad_pairs = [(r, v) for r in records for v, rec in r["variants"].items()
-                 if rec["failures"] or rec["unwritten"] or rec["nan"]]
+    bad_pairs = [(r, v) for r in records for v, rec in r["variants"].items() if _bad(rec)]
     errs = [rec["max_abs_err"] for r in records for rec in r["variants"].values()
             if rec["max_abs_err"] is not None]
     metrics = {
@@ -134,18 +173,21 @@ def derive_records(records: list[dict], timing: dict) -> Derived:
         "unwritten_elements": sum(rec["unwritten"] for r in records
                                   for rec in r["variants"].values()),
         "nan_outputs": sum(rec["nan"] for r in records for rec in r["variants"].values()),
+        "guard_writes": sum(rec.get("guard_writes", 0) for r in records
+                            for rec in r["variants"].values()),
+        "counters_left_set": sum(rec.get("counters_nonzero", 0) for r in records
+                                 for rec in r["variants"].values()),
         "max_abs_err": max(errs) if errs else None,
         "seeds": " ".join(str(s) for s in sorted({r["case"]["seed"] for r in records})),
     }
     metrics.update(_timing_metrics(timing))
-    cells: dict[str, dict] = {}
+    cells: dict[str, dict[str, Any]] = {}
     for r in records:
         c = cells.setdefault(_cell(r["case"]), {"cases": 0, "bitwise_mismatches": 0,
                                                 "reference_failures": 0})
         c["cases"] += 1
         c["bitwise_mismatches"] += r["bitwise"]["mismatches"]
-        c["reference_failures"] += sum(1 for rec in r["variants"].values()
-                                       if rec["failures"] or rec["unwritten"] or rec["nan"])
+        c["reference_failures"] += sum(1 for rec in r["variants"].values() if _bad(rec))
     problems = []
     if not records:
         problems.append("no cases ran")
@@ -158,17 +200,19 @@ def derive_records(records: list[dict], timing: dict) -> Derived:
     if bad_pairs:
         r, v = bad_pairs[0]
         rec = r["variants"][v]
-        problems.append(f"{len(bad_pairs)} case/variant(s) outside tolerance, unwritten or NaN; "
-                        f"first {r['case']['name']} {v}: failures {rec['failures']}, unwritten "
-                        f"{rec['unwritten']}, NaN {rec['nan']}, first index {rec['first_index']}")
+        problems.append(f"{len(bad_pairs)} case/variant(s) outside tolerance, unwritten, NaN or "
+                        f"writing outside the output; first {r['case']['name']} {v}: failures "
+                        f"{rec['failures']}, unwritten {rec['unwritten']}, NaN {rec['nan']}, "
+                        f"guard {rec.get('guard_writes', 0)}, counters left set "
+                        f"{rec.get('counters_nonzero', 0)}, first index {rec['first_index']}")
     if problems:
         return Derived(Status.FAIL, "; ".join(problems), metrics, cells)
     return Derived(Status.PASS, f"{len(records)} randomized-page case(s): candidate bitwise equal "
                                 f"to baseline, both within tolerance of fp64, every element "
-                                f"written", metrics, cells)
+                                f"written and nothing outside", metrics, cells)
 
 
-def _timing_metrics(timing: dict) -> dict:
+def _timing_metrics(timing: dict[str, Any]) -> dict[str, Any]:
     import statistics
 
     out = {}

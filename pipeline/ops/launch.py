@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 
 def why_unavailable() -> str | None:
@@ -27,7 +28,7 @@ def why_unavailable() -> str | None:
     return None
 
 
-def cuda_core():
+def cuda_core() -> Any:
     """The cuda.core module, under either of its import paths."""
     try:
         import cuda.core as cc
@@ -38,7 +39,7 @@ def cuda_core():
 
 
 @cache
-def _module(path: str):
+def _module(path: str) -> Any:
     cc = cuda_core()
     cc.Device().set_current()
     data = Path(path).read_bytes()
@@ -48,7 +49,7 @@ def _module(path: str):
 
 
 @cache
-def kernel(path: str, name: str):
+def kernel(path: str, name: str) -> Any:
     """The named kernel of a cubin, loaded once."""
     return _module(path).get_kernel(name)
 
@@ -64,7 +65,7 @@ class _TorchStream:
 
 
 @cache
-def stream(handle: int):
+def stream(handle: int) -> Any:
     """A raw CUDA stream handle (torch's) as a cuda.core stream, made once per handle."""
     dev = cuda_core().Device()
     if handle == 0:  # torch's legacy default stream
@@ -78,5 +79,5 @@ def current_stream(index: int) -> int:
 
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # no Stream object per call
     if raw is not None:
-        return raw(index)
-    return torch.cuda.current_stream(index).cuda_stream
+        return int(raw(index))
+    return int(torch.cuda.current_stream(index).cuda_stream)

@@ -4,6 +4,7 @@ data from the fp64 reference (the kernels themselves run in test_operator_gpu)."
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -20,7 +21,6 @@ from pipeline.rows import resolve_row
 def _spec(**kw):
     base = dict(seeds=[0], kv_dtypes=["e5m2"], heads=[[8, 1]], head_dims=[64], page_sizes=[16],
                 layouts=["uniform", "ragged"], batches=[1, 4], contexts=["1", "page+1"],
-                baseline="e5m2_baseline", candidate="e5m2_pipelined",
                 tolerance=SimpleNamespace(rtol=0.02, atol=0.02), timing_repeats=9)
     return SimpleNamespace(**{**base, **kw})
 
@@ -157,14 +157,62 @@ def test_derive_passes_equal_variants_and_names_the_first_mismatch(tmp_path):
     assert cases[2].name in derived.reason and "element 7" in derived.reason
 
     # derive is pure over the artifacts: the gate reads back what measure writes
-    (tmp_path / "cases.json").write_text(json.dumps(bad))
-    (tmp_path / "timing.json").write_text(json.dumps(
+    gate_dir = _bundle_layout(tmp_path)
+    (gate_dir / "cases.json").write_text(json.dumps(bad))
+    (gate_dir / "timing.json").write_text(json.dumps(
         {"shapes": {"B1x1024": {"samples_us": {"baseline": [5.0, 6.0, 7.0],
                                                "candidate": [4.0, 5.0, 6.0]}}}}))
     row = resolve_row("SM70-XQA-E5M2-DECODE").row
-    again = Operator().derive(row, row.gate("operator"), tmp_path)
+    again = Operator().derive(row, row.gate("operator"), gate_dir)
     assert again.status is Status.FAIL and again.reason == derived.reason
     assert again.metrics["time_ratio_B1x1024"] == pytest.approx(5.0 / 6.0, rel=1e-3)
+
+
+def _bundle_layout(root: Path) -> Path:
+    """artifacts/operator/ beside artifacts/build/ holding the cubin its cubin.json names."""
+    import hashlib
+
+    cubin = root / "artifacts" / "build" / "sm_90" / "k" / "k.sm_90.cubin"
+    cubin.parent.mkdir(parents=True)
+    cubin.write_bytes(b"\x7fELF a stand-in for the build's cubin")
+    digest = hashlib.sha256(cubin.read_bytes()).hexdigest()
+    gate_dir = root / "artifacts" / "operator"
+    gate_dir.mkdir()
+    (gate_dir / "cubin.json").write_text(json.dumps({
+        "build_gate": "build", "kernel": "k", "arch": "sm_90",
+        "cubin": "build/sm_90/k/k.sm_90.cubin", "sha256_recorded": digest,
+        "sha256_used": digest}))
+    return gate_dir
+
+
+def test_the_cubin_measured_is_the_one_built(tmp_path):
+    """derive re-hashes the build gate's cubin where the bundle holds it."""
+    spec = _spec()
+    records = [_record(c, spec) for c in pi.cases(spec)[:2]]
+    gate_dir = _bundle_layout(tmp_path)
+    (gate_dir / "cases.json").write_text(json.dumps(records))
+    (gate_dir / "timing.json").write_text(json.dumps({"shapes": {}}))
+    row = resolve_row("SM70-XQA-E5M2-DECODE").row
+    assert Operator().derive(row, row.gate("operator"), gate_dir).status is Status.PASS
+    (tmp_path / "artifacts" / "build" / "sm_90" / "k" / "k.sm_90.cubin").write_bytes(b"other")
+    derived = Operator().derive(row, row.gate("operator"), gate_dir)
+    assert derived.status is Status.FAIL
+    assert derived.reason.startswith("cubin build/sm_90/k/k.sm_90.cubin: sha256 ")
+
+
+@pytest.mark.parametrize("field,count", [("guard_writes", 3), ("counters_nonzero", 1)])
+def test_writes_outside_the_output_and_counters_left_set_fail(field, count):
+    spec = _spec()
+    records = [_record(c, spec) for c in pi.cases(spec)[:3]]
+    for r in records:
+        for v in r["variants"].values():
+            v.update(guard_writes=0, counters_nonzero=0)
+    records[1]["variants"]["candidate"][field] = count
+    derived = derive_records(records, {"shapes": {}})
+    assert derived.status is Status.FAIL
+    assert f"first {records[1]['case']['name']} candidate" in derived.reason
+    assert derived.metrics["guard_writes" if field == "guard_writes" else "counters_left_set"] \
+        == count
 
 
 def test_operator_is_pending_without_a_cuda_device(tmp_path):

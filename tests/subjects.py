@@ -1,0 +1,84 @@
+"""External subjects for tests: real repositories, made in temp dirs from the files
+under tests/fixtures/subjects/ (projects that are not rowgate, with their own
+kernels and kernels.toml), with DCO-signed commits."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import git
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "subjects"
+PAGED_DECODE = FIXTURES / "paged_decode"
+AUTHOR = ("Ada Kernel", "ada@pagedmini.dev")
+SIGNOFF = f"\n\nSigned-off-by: {AUTHOR[0]} <{AUTHOR[1]}>\n"
+CANDIDATE_SOURCE = "kernels/attn/paged_decode.cu"
+LAST_PAGE_BUG = ("  return len - ((n_pages - 1) << page_shift);\n",
+                 "  return len & ((1 << page_shift) - 1);\n")
+"""The candidate's row count of a sequence's last page, then the planted bug: a
+"simplification" that is 0 instead of a whole page when the length is a multiple
+of the page size (an off-by-one in the last page: boundary contexts catch it)."""
+BUG_BRANCH = "last-page"
+
+
+def _commit(repo: git.Repo, message: str) -> git.Commit:
+    repo.git.add(A=True)
+    return repo.index.commit(message + SIGNOFF)
+
+
+def paged_decode_subject(root: Path, *, planted_bug: bool = False) -> git.Repo:
+    """pagedmini as its own repository at `root` (which must not exist): `main` holds
+    its kernels in one signed-off commit. With `planted_bug`, branch `last-page`
+    adds one signed-off commit planting the last-page bug in the candidate, and is
+    checked out (the commit under gate; main is its base)."""
+    shutil.copytree(PAGED_DECODE, root)
+    repo = git.Repo.init(root, initial_branch="main")
+    with repo.config_writer() as cw:
+        cw.set_value("user", "name", AUTHOR[0])
+        cw.set_value("user", "email", AUTHOR[1])
+    _commit(repo, "pagedmini: paged decode attention kernels, operator and RMSNorm")
+    if planted_bug:
+        repo.git.checkout("-b", BUG_BRANCH)
+        source = root / CANDIDATE_SOURCE
+        text = source.read_text()
+        if text.count(LAST_PAGE_BUG[0]) != 1:
+            raise AssertionError(f"{CANDIDATE_SOURCE}: the line the bug replaces is not there once")
+        source.write_text(text.replace(*LAST_PAGE_BUG))
+        _commit(repo, "pf: count the last page's rows with a mask")
+    return repo
+
+
+SKIPPED = {".git", ".nox", ".whl", "build", "evidence", "__pycache__", ".pytest_cache",
+           ".ruff_cache", ".mypy_cache"}
+
+
+def _files(tree: Path) -> list[str]:
+    """What git tracks or would track; without a repository (a device's copy of a
+    working tree), every file outside the usual build and cache directories."""
+    try:
+        out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=tree,
+                             capture_output=True, check=True).stdout.decode()
+        return [f for f in out.split("\0") if f]
+    except (subprocess.CalledProcessError, OSError):
+        return [p.relative_to(tree).as_posix() for p in sorted(tree.rglob("*"))
+                if p.is_file() and not SKIPPED & set(p.relative_to(tree).parts)]
+
+
+def snapshot_of(tree: Path, dest: Path) -> Path:
+    """rowgate's own tree as the subject: its files committed (signed off) in a fresh
+    repository, so the host gate sees a clean signed commit."""
+    for rel in _files(tree):
+        src = tree / rel
+        if src.is_file() and not src.is_symlink():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+    repo = git.Repo.init(dest, initial_branch="main")
+    with repo.config_writer() as cw:
+        cw.set_value("user", "name", "rowgate-device")
+        cw.set_value("user", "email", "device@rowgate.dev")
+    repo.git.add(A=True)
+    repo.index.commit("device snapshot of rowgate's tree\n\n"
+                      "Signed-off-by: rowgate-device <device@rowgate.dev>\n")
+    return dest

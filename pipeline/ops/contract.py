@@ -4,9 +4,9 @@ docs/contracts.md is the specification. This module holds the parts of it that a
 arithmetic: the kernel parameter list, the entry point of a role for one (KV dtype,
 head dim, group), the split plan (chunk, splits), each entry point's dynamic shared
 memory and the launch geometry (block size and cluster rule per entry point). Plain
-dataclasses, no torch and no pydantic: the
-build layer's kernels.toml parser (validating) and bare device images (benchmarks)
-both build `Operator`s, and neither has to import the other's dependencies.
+dataclasses, no torch and no pydantic: the build layer's kernels.toml parser
+(validating) and bare device images (benchmarks) both build `Operator`s, and neither
+has to import the other's dependencies.
 """
 
 from __future__ import annotations

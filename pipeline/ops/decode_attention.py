@@ -3,10 +3,10 @@
 Any subject's operator (pipeline/ops/contract.py, docs/contracts.md) goes through
 here: the entry point of a role comes from the operator's declaration, the grid,
 block, cluster and dynamic shared memory from the contract's plan and launch rules,
-and every argument is checked before the first launch (pipeline/ops/arguments.py). A cubin is loaded
-once per path with cuda.core and launched on torch's current stream with
-cuLaunchKernel (cuda.core's `launch` when cuda-bindings is absent; both through
-`pipeline.ops.launch`).
+and every argument is checked before the first launch (pipeline/ops/arguments.py).
+A cubin is loaded once per path with cuda.core and launched on torch's current
+stream with cuLaunchKernel (cuda.core's `launch` when cuda-bindings is absent; both
+through `pipeline.ops.launch`).
 """
 
 from __future__ import annotations

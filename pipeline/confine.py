@@ -16,7 +16,7 @@ import re
 import stat
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Literal, NoReturn
+from typing import Literal, NoReturn, overload
 
 from pipeline.errors import SubjectError
 
@@ -75,6 +75,16 @@ def distinct_by_case(names: Iterable[str], where: str, prefix: str) -> None:
             _refuse(where, f"{prefix}{n}", f"differs from {prefix}{other} only by case (they "
                                            f"would share a directory on a case-insensitive "
                                            f"filesystem)")
+
+
+@overload
+def inside(root: Path, rel: str, where: str, key: str, *, base: Path | None = None,
+           kind: Literal["file", "dir"] = "file", missing_ok: Literal[False] = False) -> Path: ...
+
+
+@overload
+def inside(root: Path, rel: str, where: str, key: str, *, base: Path | None = None,
+           kind: Literal["file", "dir"] = "file", missing_ok: bool) -> Path | None: ...
 
 
 def inside(root: Path, rel: str, where: str, key: str, *, base: Path | None = None,

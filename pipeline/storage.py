@@ -1,7 +1,8 @@
-"""Where rowgate writes, and how: the user's state and cache dirs (never the subject
-tree), path arguments checked before any work starts, atomic writes, and a filesystem
-that refuses a write (no space, quota, read-only, I/O error) turned into one line with
-its own exit code (`StorageError`, exit 4) instead of a traceback.
+"""Where rowgate writes, and how: the user's state dir for bundles (never the subject
+tree; builds go to `pipeline.build.cache`), path arguments checked before any work
+starts, atomic writes, and a filesystem that refuses a write (no space, quota,
+read-only, I/O error) turned into one line with its own exit code (`StorageError`,
+exit 4) instead of a traceback.
 
 Reads of files a user names go through `read_regular`: a FIFO or device is refused
 without blocking on it (opened non-blocking, checked with fstat before any read).
@@ -35,11 +36,6 @@ def state_dir() -> Path:
     return _xdg("XDG_STATE_HOME", ".local/state")
 
 
-def cache_dir() -> Path:
-    """`$XDG_CACHE_HOME/rowgate` (`~/.cache/rowgate`): builds and `rowgate build` reports."""
-    return _xdg("XDG_CACHE_HOME", ".cache")
-
-
 def default_evidence() -> Path:
     """Where `rowgate gate` seals without `--out`: outside any subject tree, so gating
     twice from inside a subject finds it as the first run did."""
@@ -54,16 +50,17 @@ def is_storage(exc: BaseException) -> bool:
 
 
 @contextmanager
-def writing(what: str) -> Iterator[None]:
+def writing(what: str, where: Path | None = None) -> Iterator[None]:
     """Turn a filesystem that refuses a write into StorageError: "PATH: No space left on
-    device; WHAT". Whatever was half-written is the caller's to undo (its `finally`)."""
+    device; WHAT" (PATH the file the system names, else `where`). Whatever was
+    half-written is the caller's to undo (its `finally`)."""
     try:
         yield
     except OSError as exc:
         if not is_storage(exc):
             raise
-        where = exc.filename if exc.filename is not None else "(write)"
-        raise StorageError(f"{where}: {exc.strerror}; {what}") from exc
+        path = exc.filename if exc.filename is not None else where or "(a write)"
+        raise StorageError(f"{path}: {exc.strerror}; {what}") from exc
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -145,8 +142,10 @@ def output_file(path: Path, label: str) -> Path:
             raise UsageError(f"{label} {path}: is a directory")
         if not stat.S_ISREG(mode):
             raise UsageError(f"{label} {path}: {kind_of(mode) or 'dangling'}, not a regular file")
-    out_dir(path.parent, label) if not path.parent.exists() else _probe_writable(
-        path.parent, label, path)
+    if path.parent.exists():
+        _probe_writable(path.parent, label, path)
+    else:
+        out_dir(path.parent, label)
     return path
 
 

@@ -3,10 +3,11 @@
 Each build is a directory holding everything the gates and a reviewer need: the
 exact command lines (`build.json`), each tool's log, the PTX, the cubin, and for
 nvcc builds the fatbin and the object that embeds it, with sha256 digests.
-Directories live under `build/kernels/NAME/ARCH/KEY/`, KEY = sha256 of the
-sources, the flags and the toolchain's exact versions: an unchanged re-run
-finds its directory and compiles nothing. Failed builds are cached too (the same
-inputs fail the same way).
+Directories live in rowgate's cache, outside the subject (`pipeline.build.cache`):
+`kernels/NAME/ARCH/KEY/`, KEY = sha256 of the sources, the flags and the toolchain's
+exact versions: an unchanged re-run finds its directory and compiles nothing. Failed
+builds are cached too (the same inputs fail the same way). Nothing is written into
+the subject: compilers run in a work directory of the cache, reading its sources.
 """
 
 from __future__ import annotations
@@ -23,14 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline import CHECKOUT
+from pipeline.build import cache, resources, toolchains
 from pipeline.build import kernels as kernels_toml
-from pipeline.build import resources, toolchains
 from pipeline.build.kernels import KERNELS_DIR, KernelManifest
 from pipeline.build.toolchains import Toolchain
 from pipeline.errors import Error
 
 BUILD_RECORD = "build.json"
-BUILD_ROOT = Path("build") / "kernels"
 COMPILE_TIMEOUT_S = 600
 PTXAS_FLAGS = ["-Werror", "-warn-spills", "-warn-lmem-usage", "-v"]
 NVCC_WARNING_FLAGS = ["-Werror", "all-warnings", "-Xptxas", "-v,-warn-spills,-warn-lmem-usage",
@@ -71,7 +71,7 @@ def build(repo: Path, manifest: KernelManifest, name: str, arch: str, toolchain:
     kernel = manifest.kernels[name]
     digest = kernels_toml.source_digest(repo, manifest, name)
     key = cache_key(digest, kernel.model_dump(mode="json"), arch, toolchain)
-    final = (cache_root or repo / BUILD_ROOT) / name / arch / key[:24]
+    final = (cache_root or cache.kernels()) / name / arch / key[:24]
     if (final / BUILD_RECORD).is_file():
         return BuildDir(final, json.loads((final / BUILD_RECORD).read_text()), cached=True)
     final.parent.mkdir(parents=True, exist_ok=True)

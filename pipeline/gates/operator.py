@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 from pydantic import Field
 
 from pipeline.errors import Error
+from pipeline.gates._artifacts import read_json
 from pipeline.gates.interface import Derived, Gate, GateContext, GateError, gate_arch
 from pipeline.gates.registry import register
 from pipeline.records.status import Status
@@ -108,9 +109,9 @@ class Operator(Gate[OperatorGate]):
 
     def derive(self, row: Row, spec: OperatorGate, artifact_dir: Path) -> Derived:
         try:
-            records = json.loads((artifact_dir / CASES).read_text())
-            timing = json.loads((artifact_dir / TIMING).read_text())
-        except (OSError, ValueError) as exc:
+            records = read_json(artifact_dir / CASES)
+            timing = read_json(artifact_dir / TIMING)
+        except GateError as exc:
             raise GateError(f"operator gate artifacts unreadable in {artifact_dir}: {exc}") from exc
         return derive_records(records, timing)
 

@@ -14,6 +14,9 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from pipeline import confine
+from pipeline.errors import Error
+from pipeline.gates._artifacts import read_json
 from pipeline.gates.interface import Derived, Gate, GateContext, GateError, gate_arch
 from pipeline.gates.registry import register
 from pipeline.records.status import Status
@@ -74,9 +77,16 @@ class Phase(Gate[PhaseGate]):
         except toolchains.ToolchainError as exc:
             raise GateError(f"phase gate: no toolchain for {gpu.arch}: {exc.diagnostics()}") from exc
         ctx.progress.update(f"phase: building {len(phase.VARIANTS)} variants for {gpu.arch}")
-        built = phase.build(chain.compiler.path, gpu.arch,
-                            ctx.repo / "kernels" / "decode_attention" / "split_kv.cu",
-                            ctx.repo / "kernels" / "include", ctx.artifact_dir)
+        try:  # the subject's files: confined like everything it names
+            where = str(ctx.repo / "kernels")
+            source = confine.inside(ctx.repo, "kernels/decode_attention/split_kv.cu", where,
+                                    "phase source")
+            include = confine.inside(ctx.repo, "kernels/include", where, "phase include",
+                                     kind="dir")
+            confine.files_under(ctx.repo / "kernels" / "include", ctx.repo, where, "phase include")
+        except Error as exc:
+            raise GateError(exc.diagnostics()) from exc
+        built = phase.build(chain.compiler.path, gpu.arch, source, include, ctx.artifact_dir)
         record = {"shape": spec.shape, "arch": gpu.arch, "toolchain": chain.describe(),
                   "builds": built["builds"]}
         if len(built["cubins"]) == len(phase.VARIANTS):
@@ -89,8 +99,8 @@ class Phase(Gate[PhaseGate]):
         from pipeline.ops import phase
 
         try:
-            record = json.loads((artifact_dir / PHASE).read_text())
-        except (OSError, ValueError) as exc:
+            record = read_json(artifact_dir / PHASE)
+        except GateError as exc:
             raise GateError(f"phase gate artifacts unreadable in {artifact_dir}: {exc}") from exc
         failed = [b for b in record.get("builds", []) if b["returncode"] != 0]
         if failed:

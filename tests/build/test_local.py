@@ -29,7 +29,10 @@ def test_build_sm70_prints_every_entry_point(tmp_path, capsys, monkeypatch):
     for entry in ("decode_attention_bf16_hd64", "decode_attention_e5m2_hd128"):
         assert entry in out
     assert "build: PASS" in out and "audit: PASS" in out
-    assert (tmp_path / "build" / "reports" / "sm_70" / "audit.json").is_file()
+    from pipeline.build import cache
+
+    assert (cache.reports(tmp_path, ["sm_70"]) / "audit.json").is_file()
+    assert not (tmp_path / "build").exists()  # nothing written into the subject
 
 
 def test_build_failure_exits_1_with_the_violation(tmp_path, capsys):

@@ -49,7 +49,8 @@ def _start(row: Path, subject: Path, out: Path) -> subprocess.Popen:
 def _wait_for_stage(out: Path, known: set[Path], timeout: float = 120) -> Path:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        new = [p for p in _hidden(out) if p not in known]
+        # a live run's stage (docs/security.md): not a sweeper's claim or a birth
+        new = [p for p in _hidden(out) if p not in known and p.name.startswith(".staging-")]
         if new:
             return new[0]
         time.sleep(0.05)

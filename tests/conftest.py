@@ -23,11 +23,24 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def build_cache(tmp_path_factory):
+    """rowgate's build cache for the whole session (outside every subject): kernels built
+    by one test are found by the next, as on a real machine. Session-wide and autouse, so
+    session fixtures that build (before any test's own environment) use it too, never
+    the user's ~/.cache/rowgate."""
+    path = tmp_path_factory.mktemp("rowgate-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ROWGATE_CACHE_DIR", str(path))
+        yield path
+
+
 @pytest.fixture(autouse=True)
-def _isolated_config(tmp_path_factory, monkeypatch):
+def _isolated_config(tmp_path_factory, monkeypatch, build_cache):
     """Every test gets its own rowgate config dir (and so its own signing key)."""
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("config")))
     monkeypatch.setenv("ROWGATE_SIGNER", "key")  # never pick up ambient CI OIDC in tests
+    monkeypatch.setenv("ROWGATE_CACHE_DIR", str(build_cache))
     monkeypatch.delenv("ROWGATE_SIGNING_KEY", raising=False)
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
 

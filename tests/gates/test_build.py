@@ -2,8 +2,9 @@
 nvcc for sm_90 / sm_110, from the cuda12/cuda13 extras). Failing cases build the
 fixtures in tests/fixtures/kernels/, never anything in kernels/.
 
-Compile time is kept modest: each repository is built once per session and the
-build cache (build/kernels/…) serves every later use.
+Compile time is kept modest: each repository is built once per session and rowgate's
+build cache (outside the subjects: the session's ROWGATE_CACHE_DIR) serves every later
+use.
 """
 
 from __future__ import annotations
@@ -200,11 +201,9 @@ def test_row_build_and_audit_pass_in_a_sealed_bundle(tmp_path, kernels_repo):
         cw.set_value("user", "email", "author@example.com")
     root = Path(repo.working_dir)
     shutil.copytree(REPO / "kernels", root / "kernels")
-    (root / ".gitignore").write_text("build/\n")
-    repo.index.add(["kernels", ".gitignore"])
+    repo.index.add(["kernels"])
     repo.index.commit("kernels\n\nSigned-off-by: Test Author <author@example.com>\n")
-    # Share the session's build cache: same sources, same toolchains, same keys.
-    shutil.copytree(kernels_repo / "build", root / "build")
+    # The session's build cache (outside the subject) serves it: same sources, same keys.
     row_path = write_row(tmp_path, "TEST-BUILD-SM70", BUILD_AND_AUDIT, arch="sm_70",
                          kind="kernel-pr", target_extra='build_arches = ["sm_70", "sm_110"]')
 

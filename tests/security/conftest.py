@@ -17,7 +17,9 @@ def _user_dirs(tmp_path_factory, monkeypatch):
     """Each test has its own state and cache dirs: where rowgate's defaults put bundles and
     builds (docs/security.md), so a test sees exactly what rowgate wrote there."""
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+    cache = tmp_path_factory.mktemp("cache")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    monkeypatch.setenv("ROWGATE_CACHE_DIR", str(cache / "rowgate"))  # its own, to snapshot
     # the user's key exists already: its one-time "created signing key" notice is not
     # part of any refusal these tests assert line for line
     from pipeline import signing

@@ -139,7 +139,7 @@ def test_a_report_page_on_a_full_disk_is_one_line_and_no_partial_page(world, tmp
 @pytest.mark.slow
 def test_a_build_whose_cache_is_full_is_one_line(tmp_path, capsys, tmpfs, monkeypatch):
     cache = tmpfs("cache", 256 << 10)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    monkeypatch.setenv("ROWGATE_CACHE_DIR", str(cache))
     subject = make_subject(tmp_path / "subject")
     before = subject_state(subject)
     fill(cache, leave=8192)

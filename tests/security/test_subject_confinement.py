@@ -265,7 +265,7 @@ def test_gate_source_pointing_at_the_signing_key_never_reaches_the_bundle(tmp_pa
                           tmp_path / "evidence")
     body = keys.private.read_text().splitlines()[1]
     assert body not in tree_text(tmp_path / "evidence")
-    assert body not in tree_text(Path(os.environ["XDG_CACHE_HOME"]))
+    assert body not in tree_text(Path(os.environ["ROWGATE_CACHE_DIR"]))
     assert "PRIVATE KEY" not in tree_text(bundle)
 
 

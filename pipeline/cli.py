@@ -1,7 +1,8 @@
 """`rowgate` command line: parses arguments, calls the core, maps exit codes.
 
 Exit codes (pipeline.errors.ExitCode): 0 ok/PASS, 1 FAIL/ERROR/invalid,
-2 usage or configuration error, 3 nothing failed but something is PENDING.
+2 usage or configuration error, 3 nothing failed but something is PENDING,
+4 the filesystem refused a write (no space…); nothing was half-written. docs/security.md
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("row", help="row id (rows/ID.toml) or path to a row TOML")
     g.add_argument("--repo", type=Path, default=Path.cwd(), help="subject repository (default: .)")
     g.add_argument("--out", type=Path, default=None,
-                   help="evidence dir (default: evidence/ in the current directory)")
+                   help="evidence dir (default: $XDG_STATE_HOME/rowgate/evidence, never the subject)")
     g.add_argument("--base", default=None, help="base commit (default: merge-base with main)")
     g.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="operator setting passed to gates (e.g. nvcc=/path/to/nvcc)")
@@ -171,13 +172,13 @@ def _options(pairs: list[str]) -> dict[str, str]:
 
 
 def _gate(ns: argparse.Namespace) -> ExitCode:
-    from pipeline import progress, report, rows, runner, signing
+    from pipeline import progress, report, rows, runner, signing, storage
 
+    out = storage.out_dir(ns.out or storage.default_evidence(), "--out")
     loaded = rows.resolve_row(ns.row)
     signer = signing.default_signer()
-    out = ns.out or Path.cwd() / "evidence"
     with progress.progress(len(loaded.row.gates), f"row {loaded.row.id}", ns.quiet) as prog:
-        run = runner.run_row(loaded, ns.repo.resolve(), out.resolve(), signer, prog,
+        run = runner.run_row(loaded, ns.repo.resolve(), out, signer, prog,
                              base=ns.base, options=_options(ns.option))
     console = report.console()
     console.print(report.gate_table(run.results, f"{loaded.row.id}: {run.status.value}"))
@@ -232,8 +233,11 @@ def _inspect(ns: argparse.Namespace) -> ExitCode:
 
 
 def _report(ns: argparse.Namespace) -> ExitCode:
-    from pipeline import report
+    from pipeline import report, storage
 
+    for flag, path in (("--html", ns.html), ("--markdown", ns.markdown)):
+        if path is not None:
+            storage.output_file(path, flag)
     page = report.report_for(ns.bundle, key=ns.key, identity=ns.identity, issuer=ns.issuer,
                              reviews_dir=ns.reviews)
     written, markdown = report.publish(page, html_out=ns.html, markdown_out=ns.markdown)
@@ -257,7 +261,9 @@ def _rows(ns: argparse.Namespace) -> ExitCode:
 
 
 def _reviews_dir(ns: argparse.Namespace) -> Path:
-    return (ns.reviews or Path.cwd() / "reviews").absolute()
+    from pipeline import storage
+
+    return storage.out_dir(ns.reviews or Path.cwd() / "reviews", "--reviews")
 
 
 def _review(ns: argparse.Namespace) -> ExitCode:
@@ -267,10 +273,11 @@ def _review(ns: argparse.Namespace) -> ExitCode:
     if ns.key is None and not (ns.identity or ns.issuer):
         raise UsageError("review: pass --key PUB.pem of the bundle's signer "
                          "(or --identity and --issuer for a keyless bundle)")
+    reviews = _reviews_dir(ns)
     verifier = signing.verifier_for(ns.key, ns.identity, ns.issuer,
                                     ns.bundle / signing.SIGNATURE_FILE)
     result = review.review(ns.bundle, ns.repo.resolve(), ns.row, verifier,
-                           signing.default_signer(), _reviews_dir(ns))
+                           signing.default_signer(), reviews)
     for line in report.describe_review(result.record):
         print(line)
     print(result.path)
@@ -291,7 +298,8 @@ def _merge(ns: argparse.Namespace) -> ExitCode:
     from pipeline import rows, signing
     from pipeline.decision import merge
 
-    result = merge.merge(rows.resolve_row(ns.row), ns.repo.resolve(), ns.into, _reviews_dir(ns),
+    reviews = _reviews_dir(ns)
+    result = merge.merge(rows.resolve_row(ns.row), ns.repo.resolve(), ns.into, reviews,
                          signing.default_signer())
     code = MERGE_EXIT[result.record.outcome]
     print(result.record.message, file=sys.stderr if code else sys.stdout)
@@ -300,13 +308,13 @@ def _merge(ns: argparse.Namespace) -> ExitCode:
 
 
 def _oracle(ns: argparse.Namespace) -> ExitCode:
-    from pipeline import oracle, rows, runner, signing
+    from pipeline import oracle, rows, runner, signing, storage
 
     if ns.oracle_command == "record":
+        out = storage.out_dir(ns.out or Path.cwd() / oracle.DEFAULT_DIR, "--out")
         loaded = rows.resolve_row(ns.row)
         say = (lambda _m: None) if ns.quiet else (lambda m: print(f"rowgate: {m}", file=sys.stderr))
-        record = runner.record_oracle(loaded, signing.default_signer(),
-                                      out_dir=ns.out or Path.cwd() / oracle.DEFAULT_DIR,
+        record = runner.record_oracle(loaded, signing.default_signer(), out_dir=out,
                                       device=ns.device, options=_options(ns.option), say=say)
     else:
         verifier = signing.verifier_for(ns.key, ns.identity, ns.issuer,

@@ -18,6 +18,7 @@ class ExitCode(IntEnum):
     FAILED = 1  # a gate failed or errored; a bundle did not verify; a review rejected
     USAGE = 2  # bad arguments, bad row file, bad configuration
     PENDING = 3  # nothing failed but something could not run here
+    STORAGE = 4  # the filesystem refused a write (no space, quota, read-only, I/O error)
 
 
 class Error(Exception):
@@ -75,3 +76,21 @@ class SigningError(Error):
 
 class RepoError(UsageError):
     """The subject repository is missing or unusable."""
+
+
+class SubjectError(UsageError):
+    """What a subject names is refused: it resolves outside the subject, is not a regular
+    file where one is expected, or is a name that cannot be a path component."""
+
+
+class KeyFileError(UsageError):
+    """A key file or `ROWGATE_SIGNING_KEY` is not the key it must be: a configuration error."""
+
+
+class StorageError(Error):
+    """The filesystem refused a write; nothing was left half-written."""
+
+    exit_code = ExitCode.STORAGE
+
+    def diagnostics(self) -> str:
+        return str(self)  # already names the path and the system's reason

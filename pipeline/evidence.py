@@ -1,10 +1,14 @@
 """Evidence bundles: staging, sealing, reading and verifying.
 
-Sealing is atomic: the bundle is built in a hidden staging directory on the
-same filesystem, every file is fsynced and made read-only, and one `rename`
-publishes it under `ROW/BUNDLE-ID`. A process killed at any moment leaves a
-`.staging-*` directory (swept by the next run) or a whole bundle, never a
-partial one. A sealed bundle is never modified: re-running makes a new one.
+Gates write their artifacts into the work area of a staging directory that this run
+owns by a lock (`pipeline.staging`). Sealing builds the bundle in a fresh directory:
+the gate results and the manifest are written by rowgate itself, the artifacts each gate
+listed are moved in without following a link, every file is fsynced and made read-only,
+the signature is made and the whole bundle is verified; only then does one `rename`
+publish it under `ROW/BUNDLE-ID`. A process killed at any moment leaves a staging
+directory (swept by the next run) or a whole bundle, never a partial one; anything the
+subject's commands planted elsewhere in the staging area is never sealed. A sealed
+bundle is never modified: re-running makes a new one.
 """
 
 from __future__ import annotations
@@ -12,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import stat
 import tempfile
 import uuid
@@ -22,23 +25,23 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline import __version__
+from pipeline import __version__, staging
 from pipeline.errors import EvidenceError, UsageError, VerificationError
 from pipeline.records import schema
 from pipeline.records.canonical import canonical_json
 from pipeline.records.gate_result import GateResult
 from pipeline.records.identity import SignerIdentity
 from pipeline.records.ids import BUNDLE_ID_LEN
-from pipeline.records.manifest import FileDigest, GateSummary, Manifest
+from pipeline.records.manifest import FileDigest, GateSummary, Manifest, RowRef
 from pipeline.records.provenance import Provenance, Subject
 from pipeline.records.status import overall_status
 from pipeline.signing import SIGNATURE_FILE, Signer, Verifier
+from pipeline.storage import is_storage
 
 if TYPE_CHECKING:
     from pipeline.rows import LoadedRow
 
 MANIFEST_FILE = "manifest.json"
-STAGING_PREFIX = ".staging-"
 _CHUNK = 1 << 20
 
 
@@ -81,122 +84,78 @@ def digest_tree(root: Path, exclude: set[str]) -> dict[str, FileDigest]:
     return {rel: d for (rel, _), d in zip(files, digests)}
 
 
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 # -------------------------------------------------------------------- staging
 
 
 class Stage:
-    """A bundle being built. Gates write artifacts; `seal` publishes it."""
+    """A bundle being built. Gates write artifacts under `root`; `seal` publishes it."""
 
     def __init__(self, out_dir: Path, row_id: str):
         self.row_dir = out_dir / row_id
-        self.row_dir.mkdir(parents=True, exist_ok=True)
-        sweep_stale_stages(self.row_dir)
-        self._holder = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-",
-                                             dir=self.row_dir))
-        self.root = self._holder / "bundle"
-        (self.root / "gates").mkdir(parents=True)
-        (self.root / "artifacts").mkdir()
+        try:
+            self.row_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            if is_storage(exc):
+                raise
+            raise EvidenceError(f"{self.row_dir}: cannot create ({exc.strerror})") from exc
+        staging.sweep(self.row_dir)
+        self._holder = staging.Holder(self.row_dir)
+        self.root = self._holder.path / "work"
+        """Where gates write: `artifacts/GATE-ID/…` below it. Never sealed as it is."""
+        (self.root / "artifacts").mkdir(parents=True)
+        self._results: dict[str, GateResult] = {}
 
     def artifact_dir(self, gate_id: str) -> Path:
         return self.root / "artifacts" / gate_id
 
     def add_result(self, result: GateResult) -> None:
-        data = json.loads(result.model_dump_json())
-        schema.validate("gate-result", data, f"gates/{result.gate_id}.json")
-        (self.root / "gates" / f"{result.gate_id}.json").write_bytes(canonical_json(data))
+        schema.validate("gate-result", json.loads(result.model_dump_json()),
+                        f"gates/{result.gate_id}.json")
+        self._results[result.gate_id] = result
 
     def results(self) -> list[GateResult]:
-        return [GateResult.model_validate_json(p.read_bytes())
-                for p in sorted((self.root / "gates").glob("*.json"))]
+        return list(self._results.values())
 
     def seal(self, *, row: "LoadedRow", row_file: str, subject: Subject, provenance: Provenance,
              signer: Signer, order: list[str]) -> Path:
-        """Write the manifest, sign, freeze and publish. Returns the bundle path."""
-        by_id = {r.gate_id: r for r in self.results()}
-        results = [by_id[g] for g in order if g in by_id]
+        """Write the manifest, sign, freeze, verify and publish. Returns the bundle path."""
+        self._holder.check()
+        results = [self._results[g] for g in order if g in self._results]
+        bundle = Path(tempfile.mkdtemp(prefix="bundle-", dir=self._holder.path))
+        (bundle / "gates").mkdir()
+        for r in results:
+            (bundle / "gates" / f"{r.gate_id}.json").write_bytes(
+                canonical_json(json.loads(r.model_dump_json())))
+        (bundle / "artifacts").mkdir()
+        for r in results:  # exactly what each gate listed, links never followed
+            staging.take(self.root, bundle, r.artifacts)
         manifest = Manifest(
             rowgate_version=__version__,
             created=datetime.now(UTC).isoformat(timespec="seconds"),
             run_id=uuid.uuid4().hex,
-            row={"id": row.row.id, "file": row_file, "sha256": row.sha256},
+            row=RowRef(id=row.row.id, file=row_file, sha256=row.sha256),
             subject=subject, provenance=provenance, signer=signer.identity,
             status=overall_status([r.status for r in results]),
             gates=[GateSummary(gate_id=r.gate_id, kind=r.kind, status=r.status, reason=r.reason,
                                file=f"gates/{r.gate_id}.json") for r in results],
-            files=digest_tree(self.root, exclude={MANIFEST_FILE, SIGNATURE_FILE}))
+            files=digest_tree(bundle, exclude={MANIFEST_FILE, SIGNATURE_FILE}))
         data = canonical_json(json.loads(manifest.model_dump_json()))
         schema.validate("manifest", json.loads(data), MANIFEST_FILE)
-        (self.root / MANIFEST_FILE).write_bytes(data)
+        (bundle / MANIFEST_FILE).write_bytes(data)
         bundle_id = hashlib.sha256(data).hexdigest()[:BUNDLE_ID_LEN]
-        named = self._holder / bundle_id  # the signed statement names the bundle id
-        self.root.rename(named)
-        self.root = named
+        named = self._holder.path / bundle_id  # the signed statement names the bundle id
+        bundle.rename(named)
         signer.sign(named, named / SIGNATURE_FILE, ignore=[SIGNATURE_FILE])
-        final = publish(named, self.row_dir / bundle_id, "bundle")
-        shutil.rmtree(self._holder, ignore_errors=True)
+        staging.freeze(named)
+        # What we publish must be what `rowgate verify` accepts: checked before, not after.
+        Bundle(named, manifest, data).verify_contents(signer.verifier())
+        self._holder.check()
+        final = staging.publish(named, self.row_dir / bundle_id, "bundle")
+        self._holder.close()
         return final
 
     def discard(self) -> None:
-        thaw(self._holder)
-        shutil.rmtree(self._holder, ignore_errors=True)
-
-
-def publish(named: Path, final: Path, what: str) -> Path:
-    """Freeze a signed directory (every file fsynced and read-only) and move it to
-    `final` in one rename on the same filesystem: readers see it whole or not at all
-    (bundles here, oracle records in pipeline.oracle)."""
-    _freeze(named)
-    try:
-        os.rename(named, final)
-    except OSError as exc:
-        raise EvidenceError(f"cannot publish {what} {final}: {exc.strerror}") from exc
-    _fsync_path(final.parent)
-    return final
-
-
-def _freeze(root: Path) -> None:
-    """fsync every file and directory, then make them read-only."""
-    for dirpath, _, filenames in os.walk(root, topdown=False):
-        for name in filenames:
-            path = Path(dirpath) / name
-            _fsync_path(path)
-            path.chmod(0o444)
-        _fsync_path(Path(dirpath))
-        Path(dirpath).chmod(0o555)
-
-
-def thaw(root: Path) -> None:
-    """Make a frozen staging tree removable again."""
-    for dirpath, _, _ in os.walk(root):
-        Path(dirpath).chmod(0o755)
-
-
-def sweep_stale_stages(row_dir: Path) -> None:
-    """Remove staging dirs whose process is gone (killed mid-gate or mid-seal)."""
-    for entry in row_dir.glob(f"{STAGING_PREFIX}*"):
-        pid = entry.name[len(STAGING_PREFIX):].split("-", 1)[0]
-        if pid.isdigit() and _alive(int(pid)):
-            continue
-        thaw(entry)
-        shutil.rmtree(entry, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        self._holder.close()
 
 
 # -------------------------------------------------------------------- reading
@@ -216,25 +175,32 @@ class Bundle:
 
     @classmethod
     def open(cls, path: Path) -> "Bundle":
+        """Read and check the manifest (strict JSON, schema, every name and path in it);
+        nothing it names is opened before that."""
         path = Path(path)
         if path.is_symlink() or not path.is_dir():
             raise UsageError(f"{path}: not a bundle directory")
-        try:
-            data = (path / MANIFEST_FILE).read_bytes()
-        except OSError as exc:
-            raise VerificationError(f"{MANIFEST_FILE}: missing ({exc.strerror})") from exc
+        data = _read(path, MANIFEST_FILE)
         manifest = schema.load_checked(Manifest, "manifest", data, MANIFEST_FILE)
         return cls(path.resolve(), manifest, data)
 
     def gate_result(self, gate_id: str) -> GateResult:
-        path = self.path / "gates" / f"{gate_id}.json"
-        return GateResult.model_validate_json(path.read_bytes())
+        """The sealed result of one of the manifest's gates, read strictly."""
+        summary = next((g for g in self.manifest.gates if g.gate_id == gate_id), None)
+        if summary is None:
+            raise VerificationError(f"{MANIFEST_FILE}: no gate {gate_id!r}")
+        result = schema.load_checked(GateResult, "gate-result", _read(self.path, summary.file),
+                                     summary.file)
+        if result.gate_id != gate_id:
+            raise VerificationError(f"{summary.file}: is the result of gate {result.gate_id!r}")
+        return result
 
     def results(self) -> list[GateResult]:
         return [self.gate_result(g.gate_id) for g in self.manifest.gates]
 
     def verify(self, verifier: Verifier) -> SignerIdentity:
-        """Check the bundle byte for byte; raise VerificationError naming the first problem."""
+        """Check the bundle byte for byte, and that it is filed where its manifest says;
+        raise VerificationError naming the first problem."""
         m = self.manifest
         expected_id = hashlib.sha256(self.manifest_bytes).hexdigest()[:BUNDLE_ID_LEN]
         if self.id != expected_id:
@@ -244,6 +210,12 @@ class Bundle:
         if self.path.parent.name != m.row.id:
             raise VerificationError(f"bundle is filed under row {self.path.parent.name!r} but "
                                     f"its manifest is for row {m.row.id!r}")
+        return self.verify_contents(verifier)
+
+    def verify_contents(self, verifier: Verifier) -> SignerIdentity:
+        """Every byte against the manifest and the signature, wherever the bundle lies
+        (the seal checks a bundle before it publishes it)."""
+        m = self.manifest
         if not (self.path / SIGNATURE_FILE).is_file():
             raise VerificationError(f"{SIGNATURE_FILE}: missing")
         actual = digest_tree(self.path, exclude={SIGNATURE_FILE})  # every byte, hashed once
@@ -265,10 +237,31 @@ class Bundle:
             extra = sorted(on_disk - listed) or sorted(listed - on_disk)
             raise VerificationError(f"{extra[0]}: gate files differ from the manifest's gates")
         for g in self.manifest.gates:
-            raw = json.loads((self.path / g.file).read_bytes())
-            schema.validate("gate-result", raw, g.file)
-            if (raw["status"], raw["reason"], raw["gate_id"]) != (g.status.value, g.reason, g.gate_id):
+            result = self.gate_result(g.gate_id)
+            if (result.status, result.reason) != (g.status, g.reason):
                 raise VerificationError(f"{g.file}: status/reason differ from the manifest's summary")
+            unlisted = [a for a in result.artifacts if a not in self.manifest.files]
+            if unlisted:
+                raise VerificationError(f"{g.file}: artifacts: {unlisted[0]!r} is not a file of "
+                                        f"the bundle")
+
+
+def _read(root: Path, rel: str) -> bytes:
+    """A file of a bundle, opened without following a link (a symlink planted for a
+    sealed file never leads outside)."""
+    try:
+        fd = os.open(root / rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError as exc:
+        raise VerificationError(f"{rel}: missing ({exc.strerror})") from exc
+    except OSError as exc:
+        raise VerificationError(f"{rel}: cannot read ({exc.strerror})") from exc
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise VerificationError(f"{rel}: not a regular file")
+        with open(fd, "rb", closefd=False) as f:
+            return f.read()
+    finally:
+        os.close(fd)
 
 
 def _compare_files(listed: dict[str, FileDigest], actual: dict[str, FileDigest]) -> None:

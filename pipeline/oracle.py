@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline import staging
 from pipeline.engines.interface import Alternatives, Request, WorkloadPass, alternatives_from_json
 from pipeline.errors import EvidenceError, VerificationError
-from pipeline.evidence import publish, thaw
+from pipeline.records.canonical import strict_loads
 from pipeline.records.identity import SignerIdentity
 from pipeline.signing import SIGNATURE_FILE, Signer, Verifier
 
@@ -82,16 +81,17 @@ def seal_record(row_dir: Path, data: bytes, signer: Signer) -> Path:
     if final.exists():
         raise EvidenceError(f"oracle record {final} already exists")
     row_dir.mkdir(parents=True, exist_ok=True)
-    holder = Path(tempfile.mkdtemp(prefix=".staging-", dir=row_dir))
+    staging.sweep(row_dir)
+    holder = staging.Holder(row_dir)
     try:
-        named = holder / record_id  # the signature covers the directory by its name
+        named = holder.path / record_id  # the signature covers the directory by its name
         named.mkdir()
         (named / RECORD_FILE).write_bytes(data)
         signer.sign(named, named / SIGNATURE_FILE, ignore=[SIGNATURE_FILE])
-        publish(named, final, "oracle record")
+        staging.freeze(named)
+        staging.publish(named, final, "oracle record")
     finally:
-        thaw(holder)
-        shutil.rmtree(holder, ignore_errors=True)
+        holder.close()
     return final
 
 
@@ -133,8 +133,8 @@ def _passes(docs: list[dict]) -> tuple[WorkloadPass, ...]:
 def _parse(directory: Path, data: bytes, sha: str, identity: SignerIdentity) -> OracleRecord:
     from pipeline.workload import workload_digest
 
+    doc = strict_loads(data, f"{directory}/{RECORD_FILE}")
     try:
-        doc = json.loads(data)
         if doc.get("format") != FORMAT:
             raise EvidenceError(f"{directory}/{RECORD_FILE}: format {doc.get('format')!r}, "
                                 f"expected {FORMAT}")
@@ -148,7 +148,7 @@ def _parse(directory: Path, data: bytes, sha: str, identity: SignerIdentity) -> 
             row_sha256=doc["row"]["sha256"], engine=doc["engine"], version=doc["version"],
             model_digest=doc["model"]["digest"], workload_digest=doc["workload"]["digest"],
             passes=passes, outputs=outputs, created=doc["created"], sha256=sha, signer=identity)
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise EvidenceError(f"{directory}/{RECORD_FILE}: not a well-formed oracle record "
                             f"({type(exc).__name__}: {exc})") from exc
     if workload_digest(passes) != record.workload_digest:

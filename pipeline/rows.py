@@ -42,6 +42,7 @@ from pipeline.rowspec import (
     Target,
     Workload,
 )
+from pipeline.storage import read_regular
 
 ROWS_DIR = CHECKOUT / "rows"
 
@@ -175,10 +176,7 @@ def _problems(exc: ValidationError) -> list[str]:
 def load_row(path: Path | str) -> LoadedRow:
     """Parse and validate one row file. Raises `RowError` listing every problem."""
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise RowError(str(path), [f"(file): cannot read: {exc.strerror}"]) from exc
+    raw = read_regular(path, f"{path}: (file)")  # a FIFO is refused, never waited on
     try:
         data = tomllib.loads(raw.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:

@@ -14,9 +14,9 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from pipeline.records.criteria import Comparison, StopAction
+from pipeline.records.ids import GATE_ID
 
 ARCH_PATTERN = r"^(cpu|sm_[0-9]{2,3}a?)$"
-GATE_ID = r"^[a-z0-9][a-z0-9-]*$"
 
 
 class _Model(BaseModel):

@@ -17,12 +17,13 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from pipeline import CHECKOUT, __version__, gates, oracle, provenance, signing
+from pipeline import CHECKOUT, __version__, gates, oracle, provenance, signing, storage
 from pipeline.device import Inventory, inventory
 from pipeline.engines.interface import WorkloadPass
-from pipeline.errors import EvidenceError
+from pipeline.errors import EvidenceError, UsageError
 from pipeline.evidence import Bundle, Stage
 from pipeline.gates.interface import GateContext, Progress, gate_device
+from pipeline.gitrepo import open_repo
 from pipeline.oracle import OracleOutput, OracleRecord
 from pipeline.records.gate_result import GateResult
 from pipeline.records.provenance import Provenance, Subject
@@ -47,7 +48,7 @@ class RecordOpener:
     read them (no gate imports the signing code)."""
 
     def oracle_record(self, path: Path, key: Path | None) -> OracleRecord:
-        return oracle.load_record(path, signing.KeyVerifier(key) if key else None)
+        return oracle.load_record(path, signing.KeyVerifier(key, f"oracle_record_key {key}") if key else None)
 
 
 def row_file_ref(loaded: LoadedRow) -> str:
@@ -74,10 +75,38 @@ def gate_context(row: Row, spec: GateSpec, *, repo: Path, artifact_dir: Path, su
 
 def run_row(loaded: LoadedRow, repo: Path, out_dir: Path, signer: Signer, progress: Progress,
             base: str | None = None, options: dict[str, str] | None = None) -> GateRun:
+    """Gate and seal one row. A filesystem that refuses a write anywhere in the run is
+    one StorageError (exit 4); the stage is discarded, nothing is published."""
     row = loaded.row
     subject = provenance.subject(repo, base, row.review.merge_into)
+    check_out_dir(out_dir, Path(subject.repo))
     devices = inventory()  # the run's one NVML enumeration
     prov = provenance.collect(gpus=list(devices.gpus))
+    with storage.writing("nothing was sealed", out_dir):
+        return _gate_and_seal(loaded, subject, prov, devices, out_dir, signer, progress, options)
+
+
+def check_out_dir(out_dir: Path, repo: Path) -> None:
+    """An evidence dir inside the subject must be one git ignores there: anything else
+    makes the subject's tree dirty, and the next gate of it would fail its host gate."""
+    work = repo.resolve()
+    where = out_dir.resolve()
+    if not where.is_relative_to(work):
+        return
+    probe = (where / "ROW" / "BUNDLE").relative_to(work).as_posix()
+    with open_repo(work) as git_repo:
+        status, _, _ = git_repo.git.check_ignore("-q", probe, with_extended_output=True,
+                                                 with_exceptions=False)
+    if status != 0:
+        raise UsageError(f"--out {out_dir}: inside the subject {work} and not ignored by it "
+                         f"(add it to the subject's .gitignore, or leave --out to its default "
+                         f"{storage.default_evidence()})")
+
+
+def _gate_and_seal(loaded: LoadedRow, subject: Subject, prov: Provenance, devices: Inventory,
+                   out_dir: Path, signer: Signer, progress: Progress,
+                   options: dict[str, str] | None) -> GateRun:
+    row = loaded.row
     stage = Stage(out_dir, row.id)
     try:
         for spec in row.gates:
@@ -94,9 +123,7 @@ def run_row(loaded: LoadedRow, repo: Path, out_dir: Path, signer: Signer, progre
     except BaseException:
         stage.discard()
         raise
-    # Self-check before reporting: what we print must be what `rowgate verify` accepts.
-    sealed = Bundle.open(bundle)
-    sealed.verify(signer.verifier())
+    sealed = Bundle.open(bundle)  # verified by the seal before it was published
     return GateRun(bundle=bundle, results=sealed.results())
 
 
@@ -145,6 +172,7 @@ def record_oracle(loaded: LoadedRow, signer: Signer, *, out_dir: Path = oracle.D
                         for o in result.outputs]
         info = engine.describe()
     doc = _oracle_doc(loaded, info, passes, outputs, model.digest)
-    path = oracle.seal_record(out_dir / row.id, oracle.canonical_record(doc), signer)
+    with storage.writing("the oracle record was not written", out_dir):
+        path = oracle.seal_record(out_dir / row.id, oracle.canonical_record(doc), signer)
     say(f"oracle record {path}")
     return oracle.load_record(path, signer.verifier())

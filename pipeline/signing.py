@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import abc
 import base64
-import hashlib
-import json
 import os
 import sys
 from pathlib import Path
 
-from pipeline.errors import SigningError, UsageError, VerificationError
+from pipeline import keys
+from pipeline.errors import KeyFileError, SigningError, UsageError, VerificationError
+from pipeline.records.canonical import strict_loads
 from pipeline.records.identity import SignerIdentity
+from pipeline.storage import is_storage, write_atomic
 
 SIGNATURE_FILE = "signature.sigstore.json"
 KEY_ENV = "ROWGATE_SIGNING_KEY"
@@ -41,12 +42,6 @@ def _hashing_config(ignore: list[str]):
     return hashing.Config().use_file_serialization(
         hashing_algorithm="sha256", allow_symlinks=False,
         ignore_paths=[Path(p) for p in ignore])
-
-
-def _key_fingerprint(public_pem: bytes) -> str:
-    # Same digest model-signing stores as the bundle's public-key hint, so the
-    # identity can be read back from a signature without the key.
-    return "sha256:" + hashlib.sha256(public_pem).hexdigest()
 
 
 # ------------------------------------------------------------------- signers
@@ -68,21 +63,21 @@ class Signer(abc.ABC):
 
 
 class KeySigner(Signer):
-    def __init__(self, private_key: Path):
-        from cryptography.hazmat.primitives import serialization
-        from cryptography.hazmat.primitives.asymmetric import ec
-
-        try:
-            key = serialization.load_pem_private_key(private_key.read_bytes(), password=None)
-        except (OSError, ValueError, TypeError) as exc:
-            raise SigningError(f"signing key {private_key}: cannot load an unencrypted PEM "
-                               f"private key") from exc
-        if not isinstance(key, ec.EllipticCurvePrivateKey) or key.curve.name != "secp256r1":
-            raise SigningError(f"signing key {private_key}: must be ECDSA P-256")
+    def __init__(self, private_key: Path, label: str | None = None):
+        """`label` names the key in errors (`ROWGATE_SIGNING_KEY=PATH`); a key that is not
+        an unencrypted ECDSA P-256 private key is a KeyFileError (exit 2)."""
+        key = keys.private_key(private_key, label or f"signing key {private_key}")
         self.private_key = private_key
-        self.public_pem = key.public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
-        self.identity = SignerIdentity(kind="key", id=_key_fingerprint(self.public_pem))
+        self.public_pem = keys.canonical_public_pem(key.public_key())
+        self.identity = SignerIdentity(kind="key", id=keys.fingerprint(self.public_pem))
+
+    @classmethod
+    def from_env(cls, value: str) -> KeySigner:
+        """The signer `ROWGATE_SIGNING_KEY=value` names (set but empty is an error too)."""
+        if not value:
+            raise KeyFileError(f"{KEY_ENV}=: is empty; unset it to sign with your own key "
+                               f"under {config_dir()}, or name a PEM private key")
+        return cls(Path(value), label=f"{KEY_ENV}={value}")
 
     def verifier(self) -> "Verifier":
         return KeyVerifier(self.public_key_file())
@@ -98,6 +93,8 @@ class KeySigner(Signer):
              .use_elliptic_key_signer(private_key=self.private_key)
              .sign(directory, signature))
         except (OSError, ValueError) as exc:
+            if is_storage(exc):
+                raise  # a full disk is the caller's StorageError, not a signing failure
             raise SigningError(f"signing {directory} with key {self.identity.id} failed") from exc
 
 
@@ -122,16 +119,18 @@ class SigstoreSigner(Signer):
              .use_sigstore_signer(identity_token=str(self._token))
              .sign(directory, signature))
         except Exception as exc:  # network/transparency-log errors have no common base
+            if is_storage(exc):
+                raise
             raise SigningError(f"keyless signing as {self.identity} failed") from exc
 
 
 def public_key_file(public_pem: bytes) -> Path:
     """A public key PEM as a file under the user's config dir (model-signing reads
     keys from paths), named by its fingerprint."""
-    out = config_dir() / "public" / f"{_key_fingerprint(public_pem).removeprefix('sha256:')[:16]}.pub.pem"
-    if not out.exists() or out.read_bytes() != public_pem:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_bytes(public_pem)
+    name = keys.fingerprint(public_pem).removeprefix("sha256:")[:16]
+    out = config_dir() / "public" / f"{name}.pub.pem"
+    if not out.is_file() or out.read_bytes() != public_pem:
+        write_atomic(out, public_pem)
     return out
 
 
@@ -151,8 +150,7 @@ def ensure_local_key(announce=lambda msg: print(msg, file=sys.stderr)) -> Path:
     fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(pem)
-    pub_path.write_bytes(key.public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    write_atomic(pub_path, keys.canonical_public_pem(key.public_key()))
     announce(f"rowgate: created signing key {key_path}; public key {pub_path} "
              f"(give it to reviewers: rowgate verify --key {pub_path})")
     return key_path
@@ -179,8 +177,8 @@ def default_signer(announce=lambda msg: print(msg, file=sys.stderr)) -> Signer:
     if token:
         return SigstoreSigner(token)
     env_key = os.environ.get(KEY_ENV)
-    if env_key:
-        return KeySigner(Path(env_key))
+    if env_key is not None:
+        return KeySigner.from_env(env_key)
     return KeySigner(ensure_local_key(announce))
 
 
@@ -227,13 +225,22 @@ def _model_signing_diff(exc: Exception) -> str:
 
 
 class KeyVerifier(Verifier):
-    def __init__(self, public_key: Path):
-        try:
-            self.public_pem = public_key.read_bytes()
-        except OSError as exc:
-            raise UsageError(f"--key {public_key}: cannot read ({exc.strerror})") from exc
-        self.public_key = public_key
-        self.identity = SignerIdentity(kind="key", id=_key_fingerprint(self.public_pem))
+    def __init__(self, public_key: Path, label: str | None = None):
+        """`public_key` must hold an ECDSA P-256 public key (KeyFileError naming `label`,
+        default `--key PATH`, otherwise). model-signing reads the key's canonical PEM."""
+        self._accept(keys.public_key(public_key, label or f"--key {public_key}"))
+
+    @classmethod
+    def of_pem(cls, pem: bytes, label: str) -> KeyVerifier:
+        """A verifier for a public key PEM carried in a record (parsed the same way)."""
+        verifier = cls.__new__(cls)
+        verifier._accept(keys.parse_public(pem, label))
+        return verifier
+
+    def _accept(self, canonical_pem: bytes) -> None:
+        self.public_pem = canonical_pem
+        self.public_key = public_key_file(canonical_pem)
+        self.identity = SignerIdentity(kind="key", id=keys.fingerprint(canonical_pem))
 
     def verify(self, directory: Path, signature: Path) -> SignerIdentity:
         from model_signing import verifying
@@ -289,9 +296,13 @@ class SigstoreVerifier(Verifier):
 def signature_identity(signature: Path) -> SignerIdentity:
     """Who a signature claims to be from, read without verifying it."""
     try:
-        doc = json.loads(signature.read_text())
+        data = signature.read_bytes()
+    except OSError as exc:
+        raise VerificationError(f"{SIGNATURE_FILE}: cannot read ({exc.strerror})") from exc
+    doc = strict_loads(data, SIGNATURE_FILE)  # one key hint, one certificate: one reading
+    try:
         material = doc["verificationMaterial"]
-    except (OSError, ValueError, KeyError) as exc:
+    except (KeyError, TypeError) as exc:
         raise VerificationError(f"{SIGNATURE_FILE}: not a Sigstore bundle") from exc
     if "publicKey" in material:
         return SignerIdentity(kind="key", id="sha256:" + material["publicKey"].get("hint", "?"))
@@ -331,8 +342,8 @@ def verifier_for(key: Path | None, identity: str | None, issuer: str | None,
     if claimed is not None and claimed.kind == "sigstore":
         raise UsageError(f"bundle is signed keylessly by {claimed}: pass --identity and --issuer")
     env_key = os.environ.get(KEY_ENV)
-    if env_key:
-        return KeySigner(Path(env_key)).verifier()
+    if env_key is not None:
+        return KeySigner.from_env(env_key).verifier()
     if local_public_key().exists():
         return KeyVerifier(local_public_key())
     raise UsageError("no public key to verify with: pass --key PUB.pem (or --identity/--issuer)")

@@ -14,13 +14,14 @@ import pytest
 
 from pipeline import signing
 from pipeline.errors import VerificationError
-from pipeline.evidence import STAGING_PREFIX, Bundle, Stage
+from pipeline.evidence import Bundle, Stage
 
 SEALER = textwrap.dedent('''
     import os, sys
     from pathlib import Path
     from pipeline import provenance, rows, signing
     from pipeline.evidence import Stage
+    from pipeline.records.gate_result import GateResult
 
     repo, row_path, out = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
     loaded = rows.load_row(row_path)
@@ -29,9 +30,11 @@ SEALER = textwrap.dedent('''
     d.mkdir(parents=True)
     for i in range(24):  # enough bytes that hashing and signing take a while
         (d / f"blob-{i}.bin").write_bytes(os.urandom(2 << 20))
+    stage.add_result(GateResult(gate_id="host", kind="host", status="PASS", reason="staged",
+                                artifacts=[f"artifacts/host/blob-{i}.bin" for i in range(24)]))
     print("staged", flush=True)
     stage.seal(row=loaded, row_file=str(row_path), subject=provenance.subject(repo),
-               provenance=provenance.collect(), signer=signing.default_signer(), order=[])
+               provenance=provenance.collect(), signer=signing.default_signer(), order=["host"])
     print("sealed", flush=True)
 ''')
 
@@ -45,7 +48,7 @@ def _state(row_dir: Path, verifier) -> tuple[int, int]:
     """(whole bundles, staging dirs); fails on anything partial that looks like a bundle."""
     whole = staging = 0
     for entry in row_dir.iterdir():
-        if entry.name.startswith(STAGING_PREFIX):
+        if entry.name.startswith("."):
             staging += 1
             continue
         Bundle.open(entry).verify(verifier)  # raises on a partial bundle
@@ -80,7 +83,7 @@ def test_kill_mid_seal_leaves_no_partial_bundle(tmp_path, git_repo, host_row):
         killed_mid_seal += staging
         # the next stage sweeps what the dead process left
         Stage(out, "TEST-HOST").discard()
-        assert not list(row_dir.glob(f"{STAGING_PREFIX}*"))
+        assert not list(row_dir.glob(".*"))
     assert killed_mid_seal >= 6, "the kills should mostly land during sealing"
 
 

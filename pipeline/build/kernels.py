@@ -2,11 +2,12 @@
 format version 2 also the operators the kernels implement and the Triton kernels to
 compile ahead of time (`pipeline.build.operators`).
 
-The only place that file is parsed. The format is documented at its top, in
-docs/build.md and docs/contracts.md; unknown keys are errors naming the file and the
-key. Version 1 files are still read (they declare no operators). The file belongs to
-the subject, so it is untrusted: names that become path components match a strict
-pattern, and every path it names resolves inside the subject (`_inside`).
+The only place that file is parsed. The format is documented at its top and in
+docs/build.md and docs/contracts.md; unknown keys are errors naming the file and the key. The file belongs to
+the subject, so it is untrusted (docs/security.md): kernel names match a strict pattern
+(they become directories), and the file itself, every source, include dir and header
+the compiler may read through them resolves inside the subject and is a regular file
+(`pipeline.confine`, the one rule for what a subject names).
 """
 
 from __future__ import annotations
@@ -14,13 +15,13 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import os
-import stat
 import tomllib
 from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from pipeline import confine
 from pipeline.build.operators import (
     DEFINE,
     NAME_PATTERN,
@@ -28,8 +29,9 @@ from pipeline.build.operators import (
     TritonDecl,
     check_operators,
 )
-from pipeline.errors import UsageError
+from pipeline.errors import SubjectError
 from pipeline.rowspec import ARCH_PATTERN
+from pipeline.storage import read_regular
 
 KERNELS_DIR = "kernels"
 MANIFEST = "kernels.toml"
@@ -38,7 +40,7 @@ Bytes = Annotated[int, Field(ge=0)]
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 
 
-class KernelsError(UsageError):
+class KernelsError(SubjectError):
     """kernels.toml is missing or malformed, or names something that is not there."""
 
 
@@ -165,6 +167,11 @@ def parse(text: str, where: str) -> KernelManifest:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise KernelsError(f"{where}: {exc}") from exc
+    names = data.get("kernels")
+    if isinstance(names, dict):  # names become directories: checked before anything else
+        for name in names:
+            confine.name(name, where, f"kernels.{confine.shown(name)}")
+        confine.distinct_by_case(names, where, "kernels.")
     try:
         return KernelManifest.model_validate(data)
     except ValidationError as exc:
@@ -175,44 +182,57 @@ def parse(text: str, where: str) -> KernelManifest:
         raise KernelsError(f"{where}: {key}: {msg}" if key else f"{where}: {msg}") from None
 
 
-def _inside(repo: Path, rel: str, where: str, key: str) -> Path:
-    """`rel` (relative to kernels/) resolved with every symbolic link followed; it must
-    stay inside the subject and be a regular file. (Issue 14's `pipeline.confine.inside`
-    is the one rule for this once it lands; this is the same rule, for kernels.toml.)"""
-    root = Path(os.path.realpath(repo))
-    target = Path(os.path.realpath(repo / KERNELS_DIR / rel))
-    if not target.is_relative_to(root):
-        raise KernelsError(f"{where}: {key}: {rel!r} resolves outside the subject {repo}")
-    if not target.exists():
-        raise KernelsError(f"{where}: {key}: {rel} does not exist")
-    if not stat.S_ISREG(os.stat(target).st_mode):
-        raise KernelsError(f"{where}: {key}: {rel!r} is not a regular file")
-    return target
-
-
-def manifest_path(repo: Path) -> Path:
-    """kernels/kernels.toml of a subject, confined like every path it names."""
-    where = f"{repo / KERNELS_DIR / MANIFEST}"
-    return _inside(repo, MANIFEST, where, "kernels.toml")
+def manifest_text(repo: Path) -> str:
+    """The subject's kernels/kernels.toml, confined (a link out of the subject, a FIFO
+    or a directory is refused, never read)."""
+    where = str(repo / KERNELS_DIR / MANIFEST)
+    for rel in (KERNELS_DIR, f"{KERNELS_DIR}/{MANIFEST}"):
+        if confine.inside(repo, rel, where, "", kind="dir" if rel == KERNELS_DIR else "file",
+                          missing_ok=True) is None:
+            raise KernelsError(f"{where}: cannot read: No such file or directory")
+    data = read_regular(repo / KERNELS_DIR / MANIFEST, where)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise KernelsError(f"{where}: not UTF-8 ({exc})") from exc
 
 
 def load(repo: Path) -> KernelManifest:
-    path = repo / KERNELS_DIR / MANIFEST
-    try:
-        text = manifest_path(repo).read_text()
-    except OSError as exc:
-        raise KernelsError(f"{path}: cannot read: {exc.strerror}") from exc
-    manifest = parse(text, str(path))
-    for name, kernel in manifest.kernels.items():
-        _inside(repo, kernel.source, str(path), f"kernels.{name}.source")
-    for name, decl in manifest.triton.items():
-        _inside(repo, decl.source, str(path), f"triton.{name}.source")
+    """Parse the subject's kernels.toml and confine every file it makes the compiler read.
+    Raises KernelsError (a SubjectError for what leaves the subject) naming file and key."""
+    where = str(repo / KERNELS_DIR / MANIFEST)
+    manifest = parse(manifest_text(repo), where)
+    for name in manifest.kernels:
+        kernel_files(repo, manifest, name)
+    for name in manifest.triton:
+        triton_source(repo, manifest, name)
     return manifest
 
 
 def triton_source(repo: Path, manifest: KernelManifest, name: str) -> Path:
-    """The confined path of Triton kernel `name`'s source file."""
-    return _inside(repo, manifest.triton[name].source, MANIFEST, f"triton.{name}.source")
+    """The confined real path of Triton kernel `name`'s source file (under kernels/)."""
+    where = str(repo / KERNELS_DIR / MANIFEST)
+    return confine.inside(repo, manifest.triton[name].source, where, f"triton.{name}.source",
+                          base=repo / KERNELS_DIR)
+
+
+def kernel_files(repo: Path, manifest: KernelManifest, name: str) -> list[Path]:
+    """The kernel's source, the headers beside it and every file under the include dirs:
+    all a compile may read through what kernels.toml names, each confined to the subject
+    (paths as named, under kernels/). Raises SubjectError naming the key that brought it in."""
+    where = str(repo / KERNELS_DIR / MANIFEST)
+    root = repo / KERNELS_DIR
+    source = manifest.kernels[name].source
+    key = f"kernels.{name}.source"
+    confine.inside(repo, source, where, key, base=root)
+    src = root / source
+    confine.inside(repo, os.path.relpath(src.parent, repo), where, key, kind="dir")
+    files = [src] + confine.files_under(src.parent, repo, where, key, suffixes=(".cuh", ".h"))
+    for i, inc in enumerate(manifest.include_dirs):
+        if confine.inside(repo, inc, where, f"include_dirs[{i}]", base=root, kind="dir",
+                          missing_ok=True) is not None:
+            files += confine.files_under(root / inc, repo, where, f"include_dirs[{i}]")
+    return files
 
 
 def source_digest(repo: Path, manifest: KernelManifest, name: str) -> str:
@@ -223,13 +243,8 @@ def source_digest(repo: Path, manifest: KernelManifest, name: str) -> str:
     (`persistent/task_abi.cuh` is included by its directory, not an include dir).
     """
     root = repo / KERNELS_DIR
-    src = root / manifest.kernels[name].source
-    files = [src] + sorted(p for p in src.parent.iterdir()
-                           if p.is_file() and p.suffix in (".cuh", ".h"))
-    for inc in manifest.include_dirs:
-        files += sorted(p for p in (root / inc).rglob("*") if p.is_file())
     h = hashlib.sha256()
-    for f in files:
-        h.update(f.relative_to(root).as_posix().encode() + b"\0")
+    for f in kernel_files(repo, manifest, name):
+        h.update(Path(os.path.relpath(f, root)).as_posix().encode() + b"\0")
         h.update(hashlib.sha256(f.read_bytes()).digest())
     return h.hexdigest()

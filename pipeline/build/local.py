@@ -7,7 +7,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.build import cache
+from pipeline import storage
+from pipeline.build import cache, kernels
 from pipeline.gates.audit import derive_audit, measure_audit
 from pipeline.gates.build import derive_builds, measure_aot
 from pipeline.gates.interface import Derived, Progress
@@ -35,10 +36,12 @@ def local_build(repo: Path, arches: list[str], names: list[str], options: dict[s
     (replaced each run; the build cache makes an unchanged re-run instant), never into
     the subject. Raises GateError."""
     out = cache.reports(repo, arches)
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
-    measure_audit(repo, arches, names, options, out, progress)
-    if aot:
-        measure_aot(arches, out, progress)
+    with storage.writing("the build was not written", out):
+        kernels.load(repo)  # a subject kernels.toml refused is the user's to fix: exit 2
+        if out.exists():
+            shutil.rmtree(out)
+        out.mkdir(parents=True)
+        measure_audit(repo, arches, names, options, out, progress)
+        if aot:
+            measure_aot(arches, out, progress)
     return LocalBuild(derive_builds(out), derive_audit(out), out)

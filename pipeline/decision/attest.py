@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline import __version__
-from pipeline.decision.record_files import file_sha256, now, read_record, sign_record, write_record
+from pipeline.decision.record_files import file_record, file_sha256, now, read_record
 from pipeline.decision.review import load_review
 from pipeline.errors import UsageError
 from pipeline.evidence import Bundle
@@ -49,8 +49,7 @@ def attest(review_file: Path, signer: Signer, note: str = "") -> Path:
                               statement=statement, note=note,
                               hardware=Hardware(host=m.provenance.host, gpus=m.provenance.gpus))
     path = attestation_path(review_file)
-    write_record(attestation, "attestation", path)
-    sign_record(signer, path)
+    file_record(attestation, "attestation", path, signer, "the attestation was not written")
     return path
 
 

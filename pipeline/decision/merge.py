@@ -4,6 +4,12 @@ pushes or otherwise contacts a remote.
 
 Every outcome (merged, already merged, refused) is written as a signed record
 `REVIEWS/ROW/merges/STAMP-HEAD.merge.json` beside its `.merge.sigstore.json`.
+
+Never an unrecorded merge: the merge commit is made as an object first (`git
+commit-tree` on the tree `git merge-tree` computed; no ref or file moves), its record
+is written, fsynced and signed, and only then does the target branch move, by a
+compare-and-swap `git update-ref`. A record that cannot be written (a full disk) means
+the branch never moves; a branch that cannot move takes the record away again.
 """
 
 from __future__ import annotations
@@ -16,7 +22,13 @@ import git
 
 from pipeline import __version__
 from pipeline.decision.attest import attestation_path, load_attestation
-from pipeline.decision.record_files import file_sha256, now, sign_record, verify_record, write_record
+from pipeline.decision.record_files import (
+    file_record,
+    file_sha256,
+    now,
+    signature_path,
+    verify_record,
+)
 from pipeline.decision.review import bundle_verifier, load_review
 from pipeline.errors import Error, RepoError, UsageError
 from pipeline.evidence import Bundle
@@ -79,16 +91,19 @@ def _check_clean(repo: git.Repo, reviews_dir: Path) -> None:
 
 def _find_review(reviews_dir: Path, row_id: str, head: str) -> tuple[Path, ReviewRecord]:
     found = []
+    unreadable: list[str] = []
     for path in sorted((reviews_dir / row_id).glob("*.review.json")):
         try:
             record = load_review(path)
-        except Error:
-            continue  # not a review record we can read: it cannot approve anything
+        except Error as exc:
+            unreadable.append(exc.diagnostics())  # cannot approve anything; said below
+            continue
         if record.subject is not None and record.subject.commit == head:
             found.append((record.created, path.stat().st_mtime_ns, path.name, path, record))
     if not found:
+        also = f"; unreadable: {unreadable[0]}" if unreadable else ""
         raise _Refused("review", f"no review of HEAD {head[:12]} in {reviews_dir / row_id} "
-                                 f"(run rowgate review on a bundle of this commit)")
+                                 f"(run rowgate review on a bundle of this commit){also}")
     *_, path, record = max(found, key=lambda item: item[:3])  # the latest review
     return path, record
 
@@ -214,16 +229,28 @@ def _message(loaded: LoadedRow, branch: str, into: str, approval: _Approval) -> 
             f"Rowgate-Review: sha256:{approval.digest}\n")
 
 
-def _git_merge(repo: git.Repo, branch: str, into: str, head: str, message: str) -> str:
-    repo.git.checkout(into)
+def _merge_commit(repo: git.Repo, tree: str, into_before: str, head: str, message: str) -> str:
+    """The `--no-ff` merge commit of `head` into `into` as an object only: parents
+    (into, head), the tree merge-tree computed, signed off by the committer as `git
+    merge --signoff` does. No ref, index or file changes."""
+    ident = repo.git.var("GIT_COMMITTER_IDENT").rsplit(" ", 2)[0]
+    return str(repo.git.commit_tree(tree, "-p", into_before, "-p", head,
+                                    "-m", f"{message}Signed-off-by: {ident}\n"))
+
+
+def _move_branch(repo: git.Repo, into: str, commit: str, before: str) -> None:
+    """`into` from `before` to `commit` (compare-and-swap: a branch moved meanwhile is
+    left alone), then the work tree checked out on it as a merge leaves it."""
     try:
-        repo.git.merge("--no-ff", "--no-edit", "--signoff", "-m", message, head)
+        repo.git.update_ref(f"refs/heads/{into}", commit, before)
     except git.GitCommandError as exc:
-        if (Path(repo.git_dir) / "MERGE_HEAD").exists():
-            repo.git.merge("--abort")
-        repo.git.checkout(branch)
-        raise RepoError(f"git merge into {into} failed: {(exc.stderr or '').strip()}") from exc
-    return repo.head.commit.hexsha
+        raise RepoError(f"cannot move {into} to the merge commit {commit[:12]}: "
+                        f"{(exc.stderr or '').strip()}") from exc
+    try:
+        repo.git.checkout(into)
+    except git.GitCommandError as exc:
+        raise RepoError(f"merged and recorded, but checking out {into} failed: "
+                        f"{(exc.stderr or '').strip()}") from exc
 
 
 def merge(loaded: LoadedRow, repo_path: Path, into: str | None, reviews_dir: Path,
@@ -265,12 +292,21 @@ def _merge(loaded: LoadedRow, repo: git.Repo, into: str | None, reviews_dir: Pat
                                      f"yields {into}'s tree {tree[:12]}; no merge commit made",
                              **fields)
         return _finish(record, reviews_dir, signer)
-    commit = _git_merge(repo, branch, into, head.hexsha, _message(loaded, branch, into, approval))
+    commit = _merge_commit(repo, tree, into_before.hexsha, head.hexsha,
+                           _message(loaded, branch, into, approval))
     record = MergeRecord(outcome=MergeOutcome.MERGED, into_after=commit, merge_commit=commit,
                          message=f"merged {branch} ({head.hexsha[:12]}) into {into}: merge "
                                  f"commit {commit[:12]}, bundle {approval.record.bundle.id}",
                          **fields)
-    return _finish(record, reviews_dir, signer)
+    result = _finish(record, reviews_dir, signer)  # recorded (fsynced, signed) first
+    try:
+        _move_branch(repo, into, commit, into_before.hexsha)
+    except RepoError:
+        if repo.heads[into].commit.hexsha != commit:  # not merged: no record of a merge
+            result.path.unlink(missing_ok=True)
+            signature_path(result.path).unlink(missing_ok=True)
+        raise
+    return result
 
 
 def _finish(record: MergeRecord, reviews_dir: Path, signer: Signer) -> MergeResult:
@@ -280,6 +316,7 @@ def _finish(record: MergeRecord, reviews_dir: Path, signer: Signer) -> MergeResu
     while path.exists():  # two merges of one head in the same second
         n += 1
         path = path.with_name(f"{stamp}-{record.head[:12]}-{n}.merge.json")
-    write_record(record, "merge", path)
-    sign_record(signer, path)
+    what = "no merge was made" if record.outcome is MergeOutcome.MERGED else \
+        "the merge record was not written"
+    file_record(record, "merge", path, signer, what)
     return MergeResult(record=record, path=path)

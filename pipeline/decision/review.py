@@ -16,6 +16,7 @@ How a single file is signed: `pipeline.decision.record_files`; the record models
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +26,7 @@ import git
 from pipeline import CHECKOUT, __version__
 from pipeline.decision.criteria import Evaluation, judge, verdict_of
 from pipeline.decision.freshness import freshness
-from pipeline.decision.record_files import now, read_record, sign_record, write_record
+from pipeline.decision.record_files import file_record, now, read_record
 from pipeline.decision.rederive import check_gates
 from pipeline.errors import UsageError, VerificationError
 from pipeline.evidence import Bundle
@@ -40,7 +41,6 @@ from pipeline.signing import (
     Signer,
     SigstoreVerifier,
     Verifier,
-    public_key_file,
     signature_identity,
 )
 
@@ -63,7 +63,7 @@ def bundle_verifier(ref: BundleVerifierRef) -> Verifier:
     """The verifier a review recorded for its bundle (merge and attestation use it again)."""
     if ref.kind == "sigstore":
         return SigstoreVerifier(ref.identity, ref.issuer)
-    return KeyVerifier(public_key_file(ref.public_key_pem.encode()))
+    return KeyVerifier.of_pem(ref.public_key_pem.encode(), "the review record's bundle key")
 
 
 def evaluate(row: Row, bundle: Bundle) -> Evaluation:
@@ -87,7 +87,12 @@ def _row_for(bundle: Bundle, row_file: Path | None) -> LoadedRow:
         # relative to the rowgate checkout that gated; here, this checkout or the cwd
         places = [recorded] if recorded.is_absolute() else [CHECKOUT / recorded,
                                                             Path.cwd() / recorded]
-        row_file = next((p for p in places if p.is_file()), None)
+        # the recorded path is the bundle's word: a FIFO or device there is refused, unread
+        present = [p for p in places if os.path.lexists(p)]
+        odd = [p for p in present if not p.is_file()]
+        if odd:
+            raise UsageError(f"row file {odd[0]} (recorded in the bundle): not a regular file")
+        row_file = present[0] if present else None
         if row_file is None:
             raise UsageError(f"row file {ref.file} (recorded in the bundle) not found here: "
                              f"pass --row FILE")
@@ -185,8 +190,7 @@ def _finish(record: ReviewRecord, signer: Signer, reviews_dir: Path) -> ReviewRe
         # the record is filed under the bundle's name: refuse names that are not ids
         raise VerificationError(f"{record.bundle.path}: directory name is not a bundle id")
     path = review_path(reviews_dir, record.row_id, record.bundle.id)
-    write_record(record, "review", path)
-    sign_record(signer, path)
+    file_record(record, "review", path, signer, "the review was not written")
     return ReviewResult(record=record, path=path)
 
 

@@ -6,26 +6,32 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+from pipeline.errors import VerificationError
 from pipeline.gates.interface import GateError
+from pipeline.records.canonical import strict_loads
 
 
 def write_json(path: Path, doc: object) -> None:
     path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
 
 
-def read_json(path: Path):
+def read_json(path: Path) -> Any:
+    """A JSON artifact, read strictly (a key said twice is refused: the sealed bytes must
+    mean one thing to every reader, the review's re-derivation included)."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
+        return strict_loads(path.read_bytes(), path.name)
+    except (OSError, VerificationError) as exc:
         raise GateError(f"artifact {path.name} unreadable in {path.parent}: {exc}") from exc
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    """One JSON document per non-blank line."""
+def read_jsonl(path: Path) -> list[Any]:
+    """One JSON document per non-blank line, each read strictly."""
     try:
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    except (OSError, ValueError) as exc:
+        return [strict_loads(line, path.name) for line in path.read_text().splitlines()
+                if line.strip()]
+    except (OSError, ValueError, VerificationError) as exc:
         raise GateError(f"artifact {path.name} unreadable in {path.parent}: {exc}") from exc
 
 

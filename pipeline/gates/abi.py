@@ -32,10 +32,11 @@ from pydantic import Field
 
 import pipeline.gates._arms as _arms
 from pipeline.device import Inventory
-from pipeline.errors import Error
+from pipeline.errors import Error, VerificationError
 from pipeline.gates._artifacts import read_json, write_json
 from pipeline.gates.interface import Derived, Gate, GateContext, GateError, gate_arch
 from pipeline.gates.registry import register
+from pipeline.records.canonical import strict_loads
 from pipeline.records.criteria import StopAction
 from pipeline.records.status import Status
 from pipeline.rowspec import GateSpec
@@ -182,11 +183,13 @@ def admission_record(spec: AbiGate, artifact_dir: Path) -> dict:
         return {"admitted_by": "", "found": False}
     path = artifact_dir.parent.parent / "gates" / f"{spec.admitted_by}.json"
     try:
-        result = json.loads(path.read_text())
+        data = path.read_bytes()
     except OSError:
         return {"admitted_by": spec.admitted_by, "found": False}
-    except ValueError as exc:
-        raise GateError(f"abi: {path} is not JSON: {exc}") from exc
+    try:
+        result = strict_loads(data, str(path))
+    except VerificationError as exc:
+        raise GateError(f"abi: {exc.diagnostics()}") from exc
     return {"admitted_by": spec.admitted_by, "found": True, "result": result}
 
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 from pydantic import Field
 
 from pipeline.build import kernels, resources
-from pipeline.gates._artifacts import derive_known_layout
+from pipeline.gates._artifacts import derive_known_layout, read_json
 from pipeline.gates.build import Built, build_into, build_problems, gate_arches, read_index
 from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Progress
 from pipeline.gates.registry import register
@@ -70,7 +70,7 @@ def _tool(argv: list[str], log: Path, cwd: str | None = None, output: str | None
 
 
 def _inspect(b: Built, out: Path, verify_embedded: bool) -> dict:
-    record = json.loads((b.dir / "build.json").read_text())
+    record = read_json(b.dir / "build.json")
     entry: dict = {"arch": b.arch, "kernel": b.kernel, "dir": f"{b.arch}/{b.kernel}",
                    "commands": [], "resource_usage": None, "sass": None, "sass_pending": "",
                    "embedded": [], "embedded_checked": verify_embedded}
@@ -126,8 +126,8 @@ class AuditFindings:
 def derive_audit(artifact_dir: Path) -> Derived:
     try:
         manifest = kernels.parse((artifact_dir / BUDGETS).read_text(), BUDGETS)
-        entries = json.loads((artifact_dir / AUDIT_INDEX).read_text())
-    except (OSError, ValueError) as exc:
+        entries = read_json(artifact_dir / AUDIT_INDEX)
+    except (OSError, GateError, ValueError) as exc:
         raise GateError(f"audit artifacts unreadable in {artifact_dir}: {exc}") from exc
     records = {(e["arch"], e["kernel"]): (e, r) for e, r in read_index(artifact_dir)}
     found = AuditFindings()

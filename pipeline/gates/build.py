@@ -26,7 +26,7 @@ from pydantic import Field
 from pipeline import CHECKOUT
 from pipeline.build import cudabuild, kernels, toolchains
 from pipeline.errors import Error
-from pipeline.gates._artifacts import derive_known_layout
+from pipeline.gates._artifacts import derive_known_layout, read_json
 from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Progress
 from pipeline.gates.registry import register
 from pipeline.records.status import Status
@@ -85,7 +85,7 @@ def build_into(repo: Path, arches: list[str], names: list[str], options: dict[st
     # The declarations in force (budgets, operators, Triton kernels) travel with the
     # builds: the audit judges by them and the operator, phase and AOT gates read them
     # from here, so everything comes from the gated commit.
-    shutil.copyfile(kernels.manifest_path(repo), out / MANIFEST_COPY)
+    (out / MANIFEST_COPY).write_text(kernels.manifest_text(repo))  # confined
     built = []
     for arch, name in plan:
         progress.update(f"build {name} for {arch} ({chains[arch].short()})")
@@ -104,10 +104,9 @@ def build_into(repo: Path, arches: list[str], names: list[str], options: dict[st
 def read_index(artifact_dir: Path) -> list[tuple[dict, dict]]:
     """[(index entry, build.json)] from a build's artifacts; GateError if unreadable."""
     try:
-        index = json.loads((artifact_dir / INDEX).read_text())
-        return [(e, json.loads((artifact_dir / e["dir"] / cudabuild.BUILD_RECORD).read_text()))
-                for e in index]
-    except (OSError, ValueError, KeyError) as exc:
+        index = read_json(artifact_dir / INDEX)
+        return [(e, read_json(artifact_dir / e["dir"] / cudabuild.BUILD_RECORD)) for e in index]
+    except (GateError, KeyError, TypeError) as exc:
         raise GateError(f"build artifacts unreadable in {artifact_dir}: {exc}") from exc
 
 
@@ -194,17 +193,14 @@ def _derive_aot(artifact_dir: Path, metrics: dict, cells: dict) -> str:
     files = sorted((artifact_dir / AOT_DIR).glob("sm_*.json"))
     said = []
     for f in files:
-        try:
-            a = json.loads(f.read_text())
-        except (OSError, ValueError) as exc:
-            raise GateError(f"{f}: unreadable: {exc}") from exc
+        a = read_json(f)
         metrics[f"triton_aot_{a['arch']}"] = "yes" if a["reachable"] else "no"
         cells[f"triton-aot@{a['arch']}"] = {"reachable": a["reachable"], "triton": a["triton"],
                                             "error": a.get("error") or ""}
         said.append(f"{a['arch']} {'yes' if a['reachable'] else 'no: ' + _first(a['error'])}")
     if not files:
         return ""
-    version = json.loads(files[0].read_text()).get("triton") or "not installed"
+    version = read_json(files[0]).get("triton") or "not installed"
     return f"; Triton {version} AOT: " + ", ".join(said)
 
 

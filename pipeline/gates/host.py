@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 import git
 from pydantic import Field
 
+from pipeline.gates._artifacts import read_json
 from pipeline.gates.interface import Derived, Gate, GateContext, GateError
 from pipeline.gates.registry import register
 from pipeline.gitrepo import SIGNED_OFF
@@ -22,6 +23,14 @@ if TYPE_CHECKING:
     from pipeline.rows import Row
 
 COMMAND_TIMEOUT_S = 1800
+SHOWN_ARGV = 120
+"""A command line is shown (progress, reasons) cut to this many characters: a row may
+pass arguments of any size, a reason is one line."""
+
+
+def shown(argv: list[str]) -> str:
+    line = " ".join(argv)
+    return line if len(line) <= SHOWN_ARGV else f"{line[:SHOWN_ARGV]}… ({len(line)} characters)"
 
 
 class HostGate(GateSpec):
@@ -52,7 +61,7 @@ class Host(Gate[HostGate]):
         (out / "commands.json").write_text(json.dumps(records, indent=2) + "\n")
 
     def _run(self, i: int, argv: list[str], ctx: GateContext) -> dict:
-        ctx.progress.update(f"host: {' '.join(argv)}")
+        ctx.progress.update(f"host: {shown(argv)}")
         log = ctx.artifact_dir / f"command-{i}.log"
         start = time.monotonic()
         try:
@@ -60,9 +69,11 @@ class Host(Gate[HostGate]):
                                   stderr=subprocess.STDOUT, timeout=COMMAND_TIMEOUT_S)
             rc, output = proc.returncode, proc.stdout
         except FileNotFoundError:
-            rc, output = 127, f"command not found: {argv[0]}\n".encode()
+            rc, output = 127, f"command not found: {argv[0][:SHOWN_ARGV]}\n".encode()
         except subprocess.TimeoutExpired as exc:
             rc, output = 124, (exc.stdout or b"") + f"\ntimed out after {COMMAND_TIMEOUT_S}s\n".encode()
+        except OSError as exc:  # E2BIG (arguments beyond ARG_MAX), EACCES, ENOEXEC, …
+            rc, output = 126, f"cannot run {shown(argv)}: {exc.strerror}\n".encode()
         log.write_bytes(output)
         return {"argv": argv, "returncode": rc, "log": log.name,
                 "duration_s": round(time.monotonic() - start, 3)}
@@ -70,10 +81,10 @@ class Host(Gate[HostGate]):
     def derive(self, row: Row, spec: HostGate, artifact_dir: Path) -> Derived:
         try:
             status = (artifact_dir / "status.txt").read_text()
-            commits = json.loads((artifact_dir / "commits.json").read_text())
-            commands = json.loads((artifact_dir / "commands.json").read_text())
         except (OSError, ValueError) as exc:
             raise GateError(f"host gate artifacts unreadable in {artifact_dir}: {exc}") from exc
+        commits = read_json(artifact_dir / "commits.json")
+        commands = read_json(artifact_dir / "commands.json")
         dirty = [line for line in status.splitlines() if line.strip()]
         unsigned = [c for c in commits if not SIGNED_OFF.search(c["message"])]
         failed = [c for c in commands if c["returncode"] != 0]
@@ -89,9 +100,19 @@ class Host(Gate[HostGate]):
                             f"{c['sha'][:12]} {c['subject']!r}")
         if failed:
             c = failed[0]
-            problems.append(f"command {' '.join(c['argv'])!r} exited {c['returncode']} "
-                            f"(log: {c['log']})")
+            problems.append(f"command {shown(c['argv'])!r} exited {c['returncode']} "
+                            f"(log: {c['log']}{_said(artifact_dir / c['log'], c['returncode'])})")
         if problems:
             return Derived(Status.FAIL, "; ".join(problems), metrics)
         return Derived(Status.PASS, f"clean tree, {len(commits)} commit(s) signed off, "
                                     f"{len(commands)} command(s) passed", metrics)
+
+
+def _said(log: Path, returncode: int) -> str:
+    """For a command that could not start (126), the log's one line says why."""
+    if returncode != 126:
+        return ""
+    try:
+        return ": " + log.read_text(errors="replace").strip().splitlines()[0][-200:]
+    except (OSError, IndexError):
+        return ""

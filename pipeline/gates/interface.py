@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
+from pipeline.confine import scan_artifacts
 from pipeline.device import GpuChoice, Inventory
 from pipeline.errors import Error
 from pipeline.records.gate_result import GateResult
@@ -194,8 +195,14 @@ def run_gate(gate: Gate[Any], row: "Row", spec: GateSpec, ctx: GateContext, bund
     arch, stand_in = gate.arch(row, spec, ctx)
 
     def result(derived: Derived) -> GateResult:
-        artifacts = sorted(str(p.relative_to(bundle_root)) for p in ctx.artifact_dir.rglob("*")
-                           if p.is_file())
+        # What the gate's commands left is scanned, links never followed: an entry that
+        # cannot be sealed (a link, FIFO, socket, device, a name that is not UTF-8) makes
+        # the gate ERROR naming it, and only regular files are listed for the seal.
+        prefix = ctx.artifact_dir.relative_to(bundle_root).as_posix()
+        artifacts, problems = scan_artifacts(ctx.artifact_dir, prefix)
+        if problems:
+            more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+            derived = Derived(Status.ERROR, problems[0] + more)
         return GateResult(gate_id=spec.id, kind=spec.kind, status=derived.status,
                           reason=derived.reason, metrics=derived.metrics, cells=derived.cells,
                           arch=arch, stand_in=stand_in, artifacts=artifacts,

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import Field
 
 from pipeline.errors import Error
+from pipeline.gates._artifacts import read_json
 from pipeline.gates._built import (
     build_gate_id,
     built_cubin,
@@ -138,10 +139,10 @@ class Operator(Gate[OperatorGate]):
 
     def derive(self, row: Row, spec: OperatorGate, artifact_dir: Path) -> Derived:
         try:
-            records = json.loads((artifact_dir / CASES).read_text())
-            timing = json.loads((artifact_dir / TIMING).read_text())
-            cubin = json.loads((artifact_dir / CUBIN).read_text())
-        except (OSError, ValueError) as exc:
+            records = read_json(artifact_dir / CASES)
+            timing = read_json(artifact_dir / TIMING)
+            cubin = read_json(artifact_dir / CUBIN)
+        except GateError as exc:
             raise GateError(f"operator gate artifacts unreadable in {artifact_dir}: {exc}") from exc
         derived = derive_records(records, timing)
         problem = digest_problem(artifact_dir.parent, cubin)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from pipeline.errors import Error
+from pipeline.gates._artifacts import read_json
 from pipeline.gates._built import build_gate_id, declarations
 from pipeline.gates._phase_measure import build_variants, collect_counters, sha256
 from pipeline.gates.interface import Derived, Gate, GateContext, GateError, gate_arch
@@ -146,8 +147,8 @@ class Phase(Gate[PhaseGate]):
 
     def derive(self, row: Row, spec: PhaseGate, artifact_dir: Path) -> Derived:
         try:
-            record = json.loads((artifact_dir / PHASE).read_text())
-        except (OSError, ValueError) as exc:
+            record = read_json(artifact_dir / PHASE)
+        except GateError as exc:
             raise GateError(f"phase gate artifacts unreadable in {artifact_dir}: {exc}") from exc
         return derive_phase(record, spec, artifact_dir)
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Annotated
 
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from pipeline.records.ids import ARTIFACT_PATH, GATE_ID
 from pipeline.records.status import MetricValue, Status
 
 
@@ -12,7 +15,7 @@ class GateResult(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    gate_id: str
+    gate_id: str = Field(pattern=GATE_ID)
     """The gate's id in the row."""
     kind: str
     """The gate kind (`host`, `build`, …)."""
@@ -27,9 +30,16 @@ class GateResult(BaseModel):
     """Arch the measurement came from (`cpu`, `sm_90`, …); empty when none."""
     stand_in: bool = False
     """True when measured on a stand-in arch rather than the row's target arch."""
-    artifacts: list[str] = Field(default_factory=list)
-    """Paths of the raw artifacts, relative to the bundle root."""
+    artifacts: list[Annotated[str, Field(pattern=ARTIFACT_PATH)]] = Field(default_factory=list)
+    """Paths of the raw artifacts, relative to the bundle root, under `artifacts/GATE-ID/`."""
     duration_s: float = 0.0
+
+    @model_validator(mode="after")
+    def _artifacts_are_the_gates(self) -> GateResult:
+        for i, path in enumerate(self.artifacts):
+            if not path.startswith(f"artifacts/{self.gate_id}/"):
+                raise ValueError(f"artifacts[{i}] {path!r} is not under artifacts/{self.gate_id}/")
+        return self
 
     def __bool__(self) -> bool:
         return self.status is Status.PASS

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from pipeline.records.base import Model
 from pipeline.records.identity import SignerIdentity
+from pipeline.records.ids import BUNDLE_FILE, GATE_FILE, GATE_ID, ROW_ID
 from pipeline.records.provenance import Provenance, Subject
 from pipeline.records.status import Status
 
@@ -18,18 +19,26 @@ class FileDigest(Model):
 
 
 class RowRef(Model):
-    id: str
+    id: str = Field(pattern=ROW_ID)
     file: str
     """Row file path, relative to the rowgate checkout that ran the gate."""
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
 
 
 class GateSummary(Model):
-    gate_id: str
+    gate_id: str = Field(pattern=GATE_ID)
     kind: str
     status: Status
     reason: str
-    file: str
+    file: str = Field(pattern=GATE_FILE)
+    """Always `gates/GATE-ID.json`."""
+
+    @model_validator(mode="after")
+    def _file_is_the_gates(self) -> GateSummary:
+        if self.file != f"gates/{self.gate_id}.json":
+            raise ValueError(f"gate {self.gate_id}: file {self.file!r} is not "
+                             f"gates/{self.gate_id}.json")
+        return self
 
 
 class Manifest(Model):
@@ -50,5 +59,14 @@ class Manifest(Model):
     status: Status
     """Overall: FAIL if any gate FAILed or ERRORed, else PENDING if any is, else PASS."""
     gates: list[GateSummary]
-    files: dict[str, FileDigest]
+    files: dict[Annotated[str, Field(pattern=BUNDLE_FILE)], FileDigest] = Field(
+        json_schema_extra={"additionalProperties": False})
     """Every file of the bundle except manifest.json and the signature."""
+
+    @model_validator(mode="after")
+    def _gates_once(self) -> Manifest:
+        ids = [g.gate_id for g in self.gates]
+        twice = sorted({i for i in ids if ids.count(i) > 1})
+        if twice:
+            raise ValueError(f"gates: gate {twice[0]} is listed more than once")
+        return self

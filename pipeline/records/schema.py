@@ -16,6 +16,7 @@ import jsonschema
 from pydantic import BaseModel, ValidationError
 
 from pipeline.errors import VerificationError
+from pipeline.records.canonical import strict_loads
 
 SCHEMAS_DIR = Path(__file__).resolve().parents[2] / "schemas"
 """schemas/ of the rowgate checkout (rowgate is installed editable). Computed here, not
@@ -33,15 +34,14 @@ def load_checked(model: type[M], name: str, data: bytes, where: str) -> M:
     """JSON bytes -> `model`, checked against schema `name` first: the one chain every
     signed document rowgate reads goes through (manifests, review and attestation
     records). Each failure is one VerificationError line naming `where`."""
-    try:
-        raw = json.loads(data)
-    except ValueError as exc:
-        raise VerificationError(f"{where}: not JSON ({exc})") from exc
+    raw = strict_loads(data, where)
     validate(name, raw, where)
     try:
         return model.model_validate(raw)
     except ValidationError as exc:
-        raise VerificationError(f"{where}: {exc.errors()[0]['msg']}") from exc
+        err = exc.errors(include_url=False)[0]
+        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        raise VerificationError(f"{where}: {loc}: {err['msg']}") from exc
 
 
 def validate(name: str, instance: Any, where: str) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pipeline import storage
 from pipeline.report import html, markdown
 from pipeline.report.build import build, find_row, read_review, report_for, review_path, verify
 from pipeline.report.model import Report
@@ -30,9 +31,9 @@ __all__ = ["STYLE", "Report", "build", "console", "describe_review", "find_row",
 
 
 def _write(path: Path, text: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
-    return path
+    """Atomically: a full disk leaves the old page or none, never half of one."""
+    with storage.writing(f"{path.name} was not written", path):
+        return storage.write_atomic(path, text.encode("utf-8"))
 
 
 def publish(report: Report, html_out: Path | None = None,

@@ -9,7 +9,6 @@ why it was refused.
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -17,6 +16,7 @@ from pydantic import ValidationError
 from pipeline import CHECKOUT, signing
 from pipeline.errors import EvidenceError, RowError, UsageError, VerificationError
 from pipeline.evidence import Bundle
+from pipeline.records.canonical import strict_loads
 from pipeline.records.gate_result import GateResult
 from pipeline.records.review import REVIEW_SUFFIX
 from pipeline.records.status import Status
@@ -98,9 +98,11 @@ def read_review(path: Path) -> ReviewSummary | None:
     if not path.is_file():
         return None
     try:
-        doc = json.loads(path.read_bytes())
-    except (OSError, ValueError) as exc:
+        doc = strict_loads(path.read_bytes(), path.name)  # a verdict said twice is no verdict
+    except OSError as exc:
         return _unreadable(path, f"review record is not JSON: {exc}")
+    except VerificationError as exc:
+        return _unreadable(path, f"review record unreadable: {exc.diagnostics()}")
     if not isinstance(doc, dict) or not isinstance(doc.get("verdict"), str):
         return _unreadable(path, "review record has no verdict")
     reasons = tuple(str(r) for r in doc.get("reasons") or [] if r)

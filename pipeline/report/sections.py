@@ -32,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline.errors import VerificationError
+from pipeline.records.canonical import strict_loads
 from pipeline.records.gate_result import GateResult
 from pipeline.records.status import MetricValue
 from pipeline.report.model import (
@@ -192,8 +194,8 @@ def _json_artifact(bundle_root: Path, rel: str) -> object | None:
                 data = f.read(MAX_ARTIFACT_BYTES + 1)
         else:
             data = path.read_bytes()
-        return json.loads(data) if len(data) <= MAX_ARTIFACT_BYTES else None
-    except (OSError, ValueError, EOFError):  # gzip.BadGzipFile is an OSError
+        return strict_loads(data, rel) if len(data) <= MAX_ARTIFACT_BYTES else None
+    except (OSError, ValueError, EOFError, VerificationError):  # BadGzipFile is an OSError
         return None
 
 

@@ -8,9 +8,9 @@ import re
 import pytest
 
 from pipeline.errors import VerificationError
-from pipeline.records.canonical import canonical_json
+from pipeline.records.canonical import canonical_json, strict_loads
 from pipeline.records.gate_result import GateResult
-from pipeline.records.ids import BUNDLE_ID, ROW_ID
+from pipeline.records.ids import ARTIFACT_PATH, BUNDLE_FILE, BUNDLE_ID, GATE_ID, ROW_ID
 from pipeline.records.schema import SCHEMAS_DIR, load_checked
 from pipeline.records.status import Status
 
@@ -37,6 +37,11 @@ def test_load_checked_gives_the_model():
     (b"{", r"^gates/host.json: not JSON"),
     (_result(status="MAYBE"), r"^gates/host.json: schema gate-result: status: 'MAYBE' is not "),
     (_result(extra=1), r"^gates/host.json: schema gate-result: \(top level\): Additional "),
+    (b'{"gate_id": "host", "status": "FAIL", "status": "PASS"}',
+     r"^gates/host.json: duplicate key 'status'$"),
+    (b'{"metrics": {"a": {"b": 1, "b": 2}}}', r"^gates/host.json: duplicate key 'b'$"),
+    (b'{"x": NaN}', r"^gates/host.json: not JSON"),
+    (_result(artifacts=["artifacts/other/x"]), r"^gates/host.json: .*not under artifacts/host/"),
 ])
 def test_each_failure_is_one_line_naming_the_file(data, message):
     with pytest.raises(VerificationError, match=message) as exc:
@@ -47,7 +52,19 @@ def test_each_failure_is_one_line_naming_the_file(data, message):
 @pytest.mark.parametrize(("pattern", "good", "bad"), [
     (ROW_ID, ["DEMO-CPU-DECODE", "A1"], ["demo", "-A", "A_B", "A\n", ""]),
     (BUNDLE_ID, ["0123456789abcdef"], ["0123456789ABCDEF", "0123456789abcde", "../x"]),
+    (GATE_ID, ["host", "tokens-2"], ["Host", "../x", "/abs", "h\u043est", ""]),
+    (ARTIFACT_PATH, ["artifacts/host/x.log", "artifacts/b/sm_90/k/.keep", "artifacts/h/..x"],
+     ["artifacts/host/../x", "artifacts/host/./x", "artifacts/host//x", "artifacts/host/",
+      "/artifacts/host/x", "artifacts/Host/x", "artifacts/host/x\x00", "gates/host.json"]),
+    (BUNDLE_FILE, ["gates/host.json", "artifacts/host/x"], ["manifest.json", "gates/../x.json",
+                                                             "gates/sub/x.json", "../x"]),
 ])
 def test_id_patterns(pattern, good, bad):
     assert all(re.fullmatch(pattern, g) for g in good)
     assert not any(re.fullmatch(pattern, b) for b in bad)
+
+
+def test_strict_loads_reads_what_json_reads_when_every_key_is_said_once():
+    assert strict_loads(b'{"a": [1, {"b": null}]}', "x") == {"a": [1, {"b": None}]}
+    with pytest.raises(VerificationError, match="^x: duplicate key 'a'$"):
+        strict_loads('[{"a": 1, "a": 1}]', "x")

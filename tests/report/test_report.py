@@ -291,10 +291,13 @@ def test_a_trace_gate_with_its_own_plots_shows_those_instead(tmp_path):
     png = plots.render(BarFigure("idle", "fraction", ("gap",), (0.2,)))
     (tmp_path / "artifacts/trace/idle-breakdown.png").write_bytes(png)
     (tmp_path / "artifacts/trace/not-a.png").write_bytes(b"GIF89a")
-    result = GateResult(gate_id="trace", kind="trace", status=Status.PASS, reason="r",
-                        metrics={"oracle.graph.idle_fraction": 0.2},
-                        artifacts=["artifacts/trace/idle-breakdown.png",
-                                   "artifacts/trace/not-a.png", "artifacts/../../outside.png"])
+    # model_construct: a sealed result can no longer name a path outside its artifacts
+    # (records.ids.ARTIFACT_PATH); the report's own guard is still checked here
+    result = GateResult.model_construct(
+        gate_id="trace", kind="trace", status=Status.PASS, reason="r", cells={},
+        metrics={"oracle.graph.idle_fraction": 0.2}, arch="", stand_in=False, duration_s=0.0,
+        artifacts=["artifacts/trace/idle-breakdown.png", "artifacts/trace/not-a.png",
+                   "artifacts/../../outside.png"])
     (figure,) = section_for(result, tmp_path).figures
     assert isinstance(figure, ImageFigure) and figure.png == png
 

@@ -1,0 +1,111 @@
+"""SIGKILL at 20 random points across a whole gate run (host, build with real NVRTC,
+seal and sign): after every kill, --out holds whole bundles that verify (and stages of dead
+runs, which the next run sweeps), the subject and a sentinel are untouched, and the run
+after the last kill seals a bundle that verifies and leaves no staging behind."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.security._support import (
+    BUILD_GATE,
+    cli,
+    make_subject,
+    proc_env,
+    rowgate_argv,
+    subject_state,
+    write_row,
+)
+
+pytestmark = pytest.mark.slow
+ROW = "TEST-KILL"
+KILLS = 20
+SEED = 14
+
+
+def _row(tmp: Path) -> Path:
+    script = tmp / "work.py"
+    # a few MB of output (hashing and signing take a while) and some time in the command
+    script.write_text("import sys, time\nsys.stdout.write('evidence ' * 600000)\n"
+                      "time.sleep(0.3)\n")
+    host = (f'\n[[gates]]\nid = "host"\nkind = "host"\n'
+            f'commands = [["{sys.executable}", "{script}"]]\n')
+    return write_row(tmp / "rows", ROW, host + BUILD_GATE)
+
+
+def _finish(proc: subprocess.Popen) -> tuple[int, bytes, bytes]:
+    """Wait for a run (killing its group if it outlives the wait): code, stdout, stderr."""
+    try:
+        stdout, stderr = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate(timeout=60)
+    return proc.returncode, stdout, stderr
+
+
+def _run(row: Path, subject: Path, out: Path) -> subprocess.Popen:
+    return subprocess.Popen(rowgate_argv("-q", "gate", row, "--repo", subject, "--out", out),
+                            env=proc_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+
+
+def _state(out: Path, capsys) -> tuple[int, int]:
+    """(whole bundles, stages); every non-hidden entry must be a bundle that verifies."""
+    row_dir = out / ROW
+    if not row_dir.exists():
+        return 0, 0
+    whole = staged = 0
+    for entry in row_dir.iterdir():
+        if entry.name.startswith("."):
+            staged += 1
+            continue
+        run = cli(capsys, "verify", entry)
+        assert run.code == 0, f"{entry.name}: {run.err}"
+        whole += 1
+    return whole, staged
+
+
+def test_sigkill_at_twenty_random_points_loses_nothing(tmp_path, capsys, sentinel):
+    subject = make_subject(tmp_path / "subject")
+    before = subject_state(subject)
+    out = tmp_path / "evidence"
+    row = _row(tmp_path)
+    code, _, err = _finish(_run(row, subject, out))  # compiles: the timed run finds the cache
+    assert code == 0, err.decode()
+    t0 = time.monotonic()
+    code, _, err = _finish(_run(row, subject, out))
+    assert code == 0, err.decode()
+    duration = time.monotonic() - t0
+    rng = random.Random(SEED)
+    points = sorted(rng.uniform(0.02, 0.98) * duration for _ in range(KILLS))
+    landed_staged = 0
+    for point in points:
+        proc = _run(row, subject, out)
+        time.sleep(point)
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        _finish(proc)
+        _, staged = _state(out, capsys)
+        landed_staged += staged > 0
+        assert subject_state(subject) == before, f"killed at {point:.2f}s: the subject changed"
+        sentinel.assert_untouched()
+    code, stdout, stderr = _finish(_run(row, subject, out))
+    assert code == 0, stderr.decode()
+    whole, staged = _state(out, capsys)
+    assert staged == 0, "the run after the kills left staging behind"
+    assert whole >= 3
+    assert Path(stdout.decode().strip().splitlines()[-1]).parent == out / ROW
+    assert subject_state(subject) == before
+    # the kills spread over the run: a good share of them found a stage to leave behind
+    assert landed_staged >= KILLS // 4, (landed_staged, points, duration)

@@ -191,7 +191,7 @@ class VllmServerEngine(OpenAIEngine):
                    "--dtype", dtype, "--seed", str(seed), "--no-enable-prefix-caching",
                    "--max-model-len", str(_max_model_len(Path(model_dir))),
                    "--max-num-seqs", str(max_num_seqs), "--served-model-name", "rowgate-model",
-                   "--disable-log-stats", "--max-logprobs", "1"]
+                   "--disable-log-stats", "--max-logprobs", str(OpenAIEngine.logprobs)]
         if enforce_eager:
             command.append("--enforce-eager")
         super().__init__(command, model_dir, device=device, env=env, version=version)

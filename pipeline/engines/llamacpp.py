@@ -86,6 +86,12 @@ class LlamaCppEngine(OpenAIEngine):
                          "flash_attention": "off", "prompt_cache": "off",
                          "parallel": str(parallel), "threads": str(threads)}
 
+    def untraceable(self) -> str | None:
+        return UNTRACEABLE
+
+    def enable_profiling(self, out_dir: Path) -> None:
+        raise EngineError(UNTRACEABLE)
+
     def served_path(self) -> Path:
         return self.gguf.path if self.gguf else self.model_dir
 

@@ -130,6 +130,40 @@ class OpenAIEngine(Engine):
                 "model_digest": self._digest, "device": self.device,
                 "cwd": str(self.subject or _process.CHECKOUT), **getattr(self, "_binary", {})}
 
+    # -- the server's own profiler: vLLM's HTTP convention
+
+    def untraceable(self) -> str | None:
+        return None  # known only when the server answers POST /start_profile
+
+    def enable_profiling(self, out_dir: Path) -> None:
+        self.extra_env = {**self.extra_env, "VLLM_TORCH_PROFILER_DIR": str(out_dir)}
+
+    def _post(self, path: str, doc: dict, timeout: float = REQUEST_TIMEOUT_S) -> None:
+        conn = http.client.HTTPConnection(HOST, self.port, timeout=timeout)
+        try:
+            conn.request("POST", path, body=json.dumps(doc),
+                         headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            body = resp.read()
+        except (OSError, http.client.HTTPException) as exc:
+            raise EngineError(f"{self.name} server: POST {path} failed") from exc
+        finally:
+            conn.close()
+        if resp.status == 404:
+            raise EngineError(f"{self.name} server answered 404 to POST {path}: it does not "
+                              f"implement vLLM's profiling endpoints (or was started without "
+                              f"a profiler)")
+        if resp.status != 200:
+            raise EngineError(f"{self.name} server: POST {path} answered {resp.status}: "
+                              f"{body[:200]!r}")
+
+    def start_profile(self, delay_iterations: int, max_iterations: int) -> None:
+        self._post("/start_profile", {"delay_iterations": delay_iterations,
+                                      "max_iterations": max_iterations})
+
+    def stop_profile(self) -> None:
+        self._post("/stop_profile", {})
+
     # -- requests
 
     def _get(self, path: str) -> tuple[int, bytes]:

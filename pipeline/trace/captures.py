@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.trace import analysis, events, validity
+from pipeline.trace import analysis, engine_trace, events, validity
 from pipeline.trace.analysis import Analysis
 from pipeline.trace.capture import CAPTURE_FILE, CLOCKS_FILE, TRACE_FILE
 from pipeline.trace.validity import Validity
@@ -72,6 +72,21 @@ def _read_json(path: Path) -> dict:
         raise CaptureSetError(f"{path}: missing or unreadable") from exc
 
 
+def _load(d: Path, record: dict, judging: Judging):
+    """The capture's trace, and for a trace the engine wrote itself its delayed-start
+    check; rowgate's markers are added to such a trace here, in memory (engine_trace)."""
+    if not engine_trace.is_engine_capture(record):
+        return events.load(d / TRACE_FILE), None
+    doc = events.read_doc(d / TRACE_FILE)
+    phases = _read_json(d / engine_trace.PHASES_FILE)
+    if not isinstance(phases, list):
+        raise CaptureSetError(f"{d / engine_trace.PHASES_FILE}: not a list of phases")
+    delay = engine_trace.delay_check(doc, phases, record.get("delay_iterations"),
+                                     judging.arm_delay)
+    normalized = engine_trace.normalize(doc, phases, judging.steps)
+    return events.from_dict(normalized, str(d / TRACE_FILE)), delay
+
+
 def analyse(judging: Judging, out: Path, which: list[tuple[str, str]]) -> list[Result]:
     """Validity and analysis of every capture, from its raw files alone."""
     expect = validity.Expect(arm_delay=judging.arm_delay, steps=judging.steps,
@@ -80,10 +95,10 @@ def analyse(judging: Judging, out: Path, which: list[tuple[str, str]]) -> list[R
     results = []
     for role, mode in which:
         d = out / f"{role}-{mode}"
-        trace = events.load(d / TRACE_FILE)
-        clocks = _read_json(d / CLOCKS_FILE)
         record = _read_json(d / CAPTURE_FILE)
-        v = validity.validate(trace, clocks, expect)
+        trace, delay = _load(d, record, judging)
+        clocks = _read_json(d / CLOCKS_FILE)
+        v = validity.validate(trace, clocks, expect, delay)
         a = None
         if validity.the_range(trace) is not None:
             a = analysis.analyze(trace, mode, record["copy_ceiling"]["bytes_per_s"],

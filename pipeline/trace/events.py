@@ -22,13 +22,17 @@ from pipeline.errors import Error
 RANGE_MARKER = "rowgate.range"
 """The one record_function the capture opens around the timed steps."""
 STEP_MARKER = "rowgate.step"
-"""`rowgate.step#<phase>:<i>`: one decode step of a phase (warm, primer, timed)."""
+"""`rowgate.step#<phase>:<i>`: one decode step of a phase (warm, primer, timed); in an
+engine-written trace also the timed pass's `prefill` iterations and `other` ones."""
 FORWARD_MARKER = "rowgate.forward"
 """The model's eager decode forward inside a step (never inside a graph replay)."""
 GRAPH_RUN_MARKER = "rowgate.graph_run"
 """The engine's graph-replay call: input staging, the replay, the output copy."""
 PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
-STEP_NAME = re.compile(r"^rowgate\.step#(warm|primer|timed):(\d+)$")
+STEP_NAME = re.compile(r"^rowgate\.step#(warm|primer|timed|prefill|other):(\d+)$")
+OWN_PHASES = ("timed", "prefill")
+"""Steps of the timed execution itself; any other step's work inside the range is primer
+work."""
 
 DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
 RUNTIME_CATS = {"cuda_runtime", "cuda_driver"}

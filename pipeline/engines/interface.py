@@ -42,6 +42,9 @@ class WorkloadPass:
     ignore_eos: bool = True
     prefix_caching: bool = False
     """Rows keep it off so every repeat does the full prefill."""
+    dataset: tuple[tuple[str, str], ...] = ()
+    """The prompt file the prompts came from (sha256, format, selection); empty for
+    random token ids. Part of the workload digest."""
 
 
 @dataclass(frozen=True)

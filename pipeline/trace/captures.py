@@ -17,9 +17,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.trace import analysis, engine_trace, events, validity
+from pipeline.trace import analysis, engine_trace, events, seams, validity
 from pipeline.trace.analysis import Analysis
 from pipeline.trace.capture import CAPTURE_FILE, CLOCKS_FILE, TRACE_FILE
+from pipeline.trace.seams import Seam
 from pipeline.trace.validity import Validity
 
 ANALYSIS_FILE = "analysis.json"
@@ -46,6 +47,11 @@ class Judging:
     clock_tolerance: float
     material_idle_fraction: float
     graph_route_proof: bool = False
+    seams: tuple[tuple[str, tuple[Seam, ...]], ...] = ()
+    """(role, its required seams): what each arm's range must run through."""
+
+    def seams_of(self, role: str) -> tuple[Seam, ...]:
+        return next((s for r, s in self.seams if r == role), ())
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,8 @@ class Result:
     analysis: Analysis | None
     """None when the trace has no range to analyse (it is refused anyway)."""
     validity: Validity
+    seams: tuple[dict, ...] = ()
+    """Per required seam: found in the range, steps with it, share of step time."""
 
     @property
     def name(self) -> str:
@@ -105,7 +113,10 @@ def analyse(judging: Judging, out: Path, which: list[tuple[str, str]]) -> list[R
                                  judging.material_idle_fraction, reference.get(role))
             if mode == "eager":
                 reference[role] = analysis.bytes_reference(a.items)
-        results.append(Result(role, mode, a, v))
+        rng = validity.the_range(trace)
+        found = tuple(seams.coverage(trace, rng, s) for s in judging.seams_of(role)) \
+            if rng is not None else tuple(seams.absent(s) for s in judging.seams_of(role))
+        results.append(Result(role, mode, a, v, found))
     return results
 
 
@@ -157,6 +168,13 @@ def summarize(results: list[Result], judging: Judging) -> Summary:
             "valid", "ranges", "primer_kernels_in_range", "sm_clock_spread")})
         if not r.validity.valid:
             problems.append(f"{r.role} {r.mode} trace refused: {r.validity.reason()}")
+        gone = seams.missing(list(r.seams))
+        if r.seams:
+            metrics[p + "seams_missing"] = len(gone)
+            metrics.update({f"{p}seam.{s['seam']}.step_share": s["step_share"] for s in r.seams})
+        if gone:
+            problems.append(f"{r.role} {r.mode}: required seam(s) not in the range: "
+                            f"{', '.join(gone)}")
         if r.analysis is not None:
             metrics.update({p + k: v for k, v in headline(r.analysis).items()})
             if judging.graph_route_proof and r.mode in GRAPH_MODES and \
@@ -165,6 +183,8 @@ def summarize(results: list[Result], judging: Judging) -> Summary:
                                 f"({route_detail(r.analysis.graph)})")
     vs = [r.validity for r in results]
     spreads = [v.metrics["sm_clock_spread"] for v in vs if v.metrics["sm_clock_spread"] is not None]
+    if any(r.seams for r in results):
+        metrics["seams_missing"] = sum(len(seams.missing(list(r.seams))) for r in results)
     metrics.update(valid=int(all(v.valid for v in vs)),
                    ranges=max((v.metrics["ranges"] for v in vs), default=0),
                    primer_kernels_in_range=sum(v.metrics["primer_kernels_in_range"] or 0
@@ -206,6 +226,8 @@ def write_reviewer_files(results: list[Result], out: Path, title: str) -> None:
         doc = {"validity": {"valid": r.validity.valid, "reason": r.validity.reason(),
                             "checks": [c.__dict__ for c in r.validity.checks],
                             "metrics": r.validity.metrics}}
+        if r.seams:
+            doc["seams"] = list(r.seams)
         if r.analysis is not None:
             doc.update(r.analysis.summary(), executing_path=r.analysis.path["steps"])
             _write_csv(d / KERNELS_FILE, r.analysis.rows())

@@ -117,7 +117,8 @@ class Trace:
         return (ts_us * 1000.0 + self.base_ns) / 1e9
 
 
-def _span(e: dict) -> Span:
+def span(e: dict) -> Span:
+    """One complete event as a Span."""
     return Span(name=str(e.get("name", "")), cat=str(e.get("cat", "")), ts=float(e["ts"]),
                 dur=float(e.get("dur", 0.0)), pid=e.get("pid"), tid=e.get("tid"),
                 args=dict(e.get("args") or {}))
@@ -128,7 +129,7 @@ def from_dict(doc: dict, path: str = "<memory>") -> Trace:
     events = doc.get("traceEvents")
     if not isinstance(events, list):
         raise TraceError(f"{path}: not a Kineto trace (no traceEvents list)")
-    spans = sorted((_span(e) for e in events if e.get("ph") == "X" and "ts" in e),
+    spans = sorted((span(e) for e in events if e.get("ph") == "X" and "ts" in e),
                    key=lambda s: (s.ts, -s.dur))
     return Trace(
         path=path, base_ns=int(doc.get("baseTimeNanoseconds", 0)),

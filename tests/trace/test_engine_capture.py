@@ -147,3 +147,16 @@ def test_vllm_cpu_is_traced_through_its_own_profiler(tiny_model, tmp_path):
     assert any(n.startswith("aten::") for n in names)  # vLLM's own ops, CPU activities
     doc = json.loads((tmp_path / "oracle-eager" / CAPTURE_FILE).read_text())
     assert doc["kind"] == "engine" and doc["delay_iterations"] == 7
+
+
+@pytest.mark.gpu
+def test_the_fixture_server_on_cuda_is_traced_valid_with_its_seams(tmp_path):
+    """The H200 run, small: benchmarks/engine_trace.py's path with the smoke plan."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import engine_trace as bench
+
+    summary = bench.run("cuda:0", bench.SMOKE, tmp_path)
+    assert summary["ok"], summary["reason"]
+    assert summary["metrics"]["fixture.eager.sm_clock_spread"] is not None
+    assert summary["waves"]["supported"] and summary["launches"]["supported"]
+    assert all(s["found"] for s in summary["seams"])

@@ -19,8 +19,8 @@ Prompts are tokenized with the model's own `tokenizer.json` (no special tokens
 added; special / EOS ids dropped, as for random prompts) and made exactly as
 long as each cell's input length, deterministically: request `r` starts at
 text `(r + seed) mod n`; a text too long is cut, one too short is followed by
-the token ids of the texts after it until the length is reached. The file's sha256 and the selection go into the
-workload digest (`WorkloadPass.dataset`), so two arms that read different
+the token ids of the texts after it until the length is reached. The file's
+sha256 and the selection go into the workload digest (`WorkloadPass.dataset`), so two arms that read different
 files, or one file at different bytes, never compare.
 
 Nothing is downloaded: a file that is not on this machine makes the engine

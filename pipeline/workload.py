@@ -4,9 +4,10 @@ Prompts are token ids, never text, so no tokenizer can make two arms see
 different inputs. With a dataset (`pipeline.datasets`) they are the row's pinned
 prompt file tokenized once with the model's tokenizer; otherwise random ids
 derived from SHA-256 in counter mode (not from a seeded PRNG), so the same row
-gives the same prompts on every Python, numpy or torch version. The digest covers the canonical JSON of every pass (prompts,
-lengths, sampling, seeds, prefix caching); arms whose digests differ did not
-run the same workload and cannot be compared.
+gives the same prompts on every Python, numpy or torch version. The digest
+covers the canonical JSON of every pass (prompts, lengths, sampling, seeds,
+prefix caching, the dataset); arms whose digests differ did not run the same
+workload and cannot be compared.
 """
 
 from __future__ import annotations

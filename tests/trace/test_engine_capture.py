@@ -17,7 +17,7 @@ from pipeline.engines.reference import ReferenceEngine
 from pipeline.engines.vllm import installed_version
 from pipeline.rows import Arm, EngineKind
 from pipeline.trace import captures, engine_trace, events
-from pipeline.trace.capture import CAPTURE_FILE, TRACE_FILE, CapturePlan, CaptureError
+from pipeline.trace.capture import CAPTURE_FILE, TRACE_FILE, CaptureError, CapturePlan
 from pipeline.trace.engine_capture import capture_engine
 
 SERVER = Path(__file__).resolve().parents[1] / "fixtures" / "openai_server.py"

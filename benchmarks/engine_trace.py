@@ -63,7 +63,7 @@ def model(device: str):
 
 
 def prompts(info, n: int = 4) -> list[tuple[int, ...]]:
-    from pipeline.rows import Workload
+    from pipeline.rowspec import Workload
     from pipeline.workload import build_passes
 
     work = Workload(input_lens=[128], concurrency=[1], output_len=1, requests_per_cell=n)

@@ -13,7 +13,7 @@ import pytest
 from pipeline import datasets
 from pipeline.datasets import DatasetError, DatasetRef
 from pipeline.model import build_tiny_model
-from pipeline.rows import Workload
+from pipeline.rowspec import Workload
 from pipeline.workload import DatasetPrompts, build_passes, workload_digest
 
 ROWS_DATA = Path(__file__).resolve().parents[1] / "rows" / "data"

@@ -10,7 +10,7 @@ from pipeline.engines import create, why_unavailable
 from pipeline.engines.interface import EngineError
 from pipeline.engines.llamacpp import UNTRACEABLE, LlamaCppEngine, installed_version
 from pipeline.engines.reference import ReferenceEngine
-from pipeline.rows import Arm, EngineKind
+from pipeline.rowspec import Arm, EngineKind
 
 gguf = pytest.importorskip("gguf")
 needs_llamacpp = pytest.mark.skipif(installed_version() is None,

@@ -15,7 +15,7 @@ from pipeline.engines import create
 from pipeline.engines.openai import OpenAIEngine
 from pipeline.engines.reference import ReferenceEngine
 from pipeline.engines.vllm import installed_version
-from pipeline.rows import Arm, EngineKind
+from pipeline.rowspec import Arm, EngineKind
 from pipeline.trace import captures, engine_trace, events
 from pipeline.trace.capture import CAPTURE_FILE, TRACE_FILE, CaptureError, CapturePlan
 from pipeline.trace.engine_capture import capture_engine

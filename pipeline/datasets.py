@@ -54,7 +54,9 @@ class DatasetRef(BaseModel):
 
     path: Annotated[str, Field(min_length=1)]
     """The JSONL file, relative to the row file's directory."""
-    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+    sha256: Annotated[str, Field(pattern=r"^([0-9a-f]{64})?$")]
+    """The file's sha256 (hex); empty only while the file is not on the machine that
+    wrote the row: the gates that need it stay PENDING until it is pinned."""
     format: Literal["sharegpt", "speed-bench"]
     category: str = ""
     """SPEED-Bench records of this category only (empty: every record)."""
@@ -83,7 +85,8 @@ def why_unavailable(ref: DatasetRef, row_dir: Path) -> str | None:
     error, found when it is read)."""
     path = resolve(ref, row_dir)
     if not path.is_file():
-        return f"dataset {ref.path} ({ref.format}) is not on this machine ({path})"
+        pin = "" if ref.sha256 else "; the row has not pinned its sha256 yet"
+        return f"dataset {ref.path} ({ref.format}) is not on this machine ({path}){pin}"
     return None
 
 
@@ -109,6 +112,8 @@ def load(ref: DatasetRef, row_dir: Path) -> Texts:
     except OSError as exc:
         raise DatasetError(f"dataset {path}: cannot read ({exc.strerror})") from exc
     digest = hashlib.sha256(raw).hexdigest()
+    if not ref.sha256:
+        raise DatasetError(f"dataset {path}: the row pins no sha256 (the file has {digest})")
     if digest != ref.sha256:
         raise DatasetError(f"dataset {path}: sha256 {digest} is not the row's pinned "
                            f"{ref.sha256}")

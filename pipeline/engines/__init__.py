@@ -34,7 +34,7 @@ from pipeline.engines.interface import (
 from pipeline.rowspec import Arm, EngineKind
 
 __all__ = ["Engine", "EngineError", "PassResult", "Request", "RequestOutput", "WorkloadPass",
-           "create", "why_unavailable"]
+           "create", "why_unavailable", "why_untraceable"]
 
 _TRUE = ("1", "true", "yes", "on")
 
@@ -127,6 +127,17 @@ def why_unavailable(arm: Arm) -> str | None:
         from pipeline.engines import llamacpp
 
         return llamacpp.why_unavailable(arm.version, list(arm.command))
+    return None
+
+
+def why_untraceable(arm: Arm) -> str | None:
+    """Why the trace gate cannot trace `arm` at all (its engine has no profiler rowgate
+    can drive), or None. Said before anything starts; an OpenAI server that lacks the
+    profiling endpoints is only known when it answers."""
+    if arm.engine is EngineKind.LLAMA_CPP:
+        from pipeline.engines.llamacpp import UNTRACEABLE
+
+        return UNTRACEABLE
     return None
 
 

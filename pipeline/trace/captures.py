@@ -51,7 +51,9 @@ class Judging:
     """(role, its required seams): what each arm's range must run through."""
 
     def seams_of(self, role: str) -> tuple[Seam, ...]:
-        return next((s for r, s in self.seams if r == role), ())
+        """The seams of a capture's arm (its role may start with `<model id>/`)."""
+        arm = role.rsplit("/", 1)[-1]
+        return next((s for r, s in self.seams if r == arm), ())
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,11 @@ def _read_json(path: Path) -> dict:
         return json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise CaptureSetError(f"{path}: missing or unreadable") from exc
+
+
+def read_record(d: Path) -> dict:
+    """A capture directory's `capture.json`."""
+    return _read_json(d / CAPTURE_FILE)
 
 
 def _load(d: Path, record: dict, judging: Judging):
@@ -183,6 +190,10 @@ def summarize(results: list[Result], judging: Judging) -> Summary:
                                 f"({route_detail(r.analysis.graph)})")
     vs = [r.validity for r in results]
     spreads = [v.metrics["sm_clock_spread"] for v in vs if v.metrics["sm_clock_spread"] is not None]
+    routes = [r.analysis.graph for r in results if r.analysis is not None
+              and r.mode == "graph" and r.analysis.graph.get("supported")]
+    metrics["eager_launches_in_range"] = sum(g["eager_forward_kernels"] for g in routes) \
+        if routes else None
     if any(r.seams for r in results):
         metrics["seams_missing"] = sum(len(seams.missing(list(r.seams))) for r in results)
     metrics.update(valid=int(all(v.valid for v in vs)),

@@ -44,6 +44,7 @@ from pipeline.trace.capture import (
     ClockSampler,
     copy_ceiling,
     merge_ranges,
+    outputs_record,
 )
 from pipeline.trace.engine_trace import PHASES_FILE
 
@@ -61,7 +62,7 @@ def _pass(prompts: Sequence[tuple[int, ...]], concurrency: int, tokens: int, tag
     return WorkloadPass(cell=tag, concurrency=concurrency, requests=reqs)
 
 
-def _run(engine, phase: str, work, phases: list[dict]) -> list:
+def _run(engine, phase: str, work, phases: list[dict]) -> list[dict]:
     start = time.time()
     try:
         result = engine.generate(work)
@@ -69,7 +70,7 @@ def _run(engine, phase: str, work, phases: list[dict]) -> list:
         raise CaptureError(f"capture: {phase} pass failed: {exc.diagnostics()}") from exc
     phases.append({"phase": phase, "start_unix": start, "end_unix": time.time(),
                    "requests": len(work.requests), "tokens": work.requests[0].max_tokens})
-    return [list(o.token_ids) for o in result.outputs]
+    return outputs_record(result)
 
 
 def timed_tokens(plan: CapturePlan) -> int:
@@ -91,15 +92,18 @@ def _trace_files(directory: Path) -> list[Path]:
 
 
 def capture_engine(engine, prompts: Sequence[tuple[int, ...]], plan: CapturePlan,
-                   out_dir: Path, device: str, gpu_index: int | None = None) -> dict:
+                   out_dir: Path, device: str, gpu_index: int | None = None,
+                   sources: Sequence[str] = ()) -> dict:
     """Start `engine` with its profiler writing to a scratch directory, run the
-    procedure, and write trace, phases, clocks and the capture record to `out_dir`."""
+    procedure, and write trace, phases, clocks and the capture record (with the timed
+    pass's outputs and `sources`, the workload request each prompt came from) to
+    `out_dir`."""
     why = engine.untraceable()
     if why:
         raise CaptureError(f"capture: {why}")
     out_dir.mkdir(parents=True, exist_ok=True)
     phases: list[dict] = []
-    tokens: dict[str, list] = {}
+    timed: list[dict] = []
     max_iterations = plan.steps + plan.concurrency
     delay = 0 if plan.synchronous else plan.arm_delay
     with tempfile.TemporaryDirectory(prefix="rowgate-engine-trace-") as tmp:
@@ -115,7 +119,7 @@ def capture_engine(engine, prompts: Sequence[tuple[int, ...]], plan: CapturePlan
                 if plan.primer_steps and not plan.synchronous:
                     _run(engine, "primer", _pass(prompts, plan.primer_concurrency,
                                                  plan.primer_steps, "primer"), phases)
-                tokens["timed"] = _run(engine, "timed", _pass(
+                timed = _run(engine, "timed", _pass(
                     prompts, plan.concurrency, timed_tokens(plan), "timed"), phases)
                 engine.stop_profile()
                 described = engine.describe()
@@ -132,7 +136,7 @@ def capture_engine(engine, prompts: Sequence[tuple[int, ...]], plan: CapturePlan
               "delay_iterations": delay, "max_iterations": max_iterations,
               "timed_tokens": timed_tokens(plan), "trace_files": names,
               "ranges_written": len(ranges), "device": device, "engine": described,
-              "timed_token_ids": tokens.get("timed", []),
+              "timed_outputs": timed, "prompt_sources": list(sources)[:len(timed)],
               "copy_ceiling": copy_ceiling(device)}
     (out_dir / CAPTURE_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     return record

@@ -73,7 +73,8 @@ def test_the_fixture_server_is_traced_through_its_profiler(fixture_capture, tiny
     from pipeline.trace.engine_capture import _pass, timed_tokens
     with ReferenceEngine(tiny_model.path) as ref:
         want = ref.generate(_pass(work, 2, timed_tokens(PLAN), "timed"))
-    assert record["timed_token_ids"] == [list(o.token_ids) for o in want.outputs]
+    assert [o["token_ids"] for o in record["timed_outputs"]] == [list(o.token_ids)
+                                                              for o in want.outputs]
 
 
 @pytest.mark.slow

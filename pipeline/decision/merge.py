@@ -8,7 +8,6 @@ Every outcome (merged, already merged, refused) is written as a signed record
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from pipeline.decision.record_files import file_sha256, now, sign_record, verify
 from pipeline.decision.review import bundle_verifier, load_review
 from pipeline.errors import Error, RepoError, UsageError
 from pipeline.evidence import Bundle
-from pipeline.gitrepo import SIGNED_OFF, local_branch, open_repo
+from pipeline.gitrepo import SIGNED_OFF, local_branch, merge_tree, open_repo
 from pipeline.records.merge import MergeOutcome, MergeRecord
 from pipeline.records.review import ReviewRecord, Verdict
 from pipeline.records.status import Status
@@ -167,17 +166,12 @@ def _check_change(repo: git.Repo, base: str, head: git.Commit) -> None:
 
 
 def _merged_tree(repo: git.Repo, into: str, head: str) -> str:
-    """The tree a three-way merge of `head` into `into` gives, computed without
-    touching the work tree (`git merge-tree --write-tree`, git >= 2.38)."""
-    status, out, err = repo.git.merge_tree("--write-tree", "--name-only", into, head,
-                                           with_extended_output=True, with_exceptions=False)
-    if status == 1:  # conflicts: the tree, the conflicted paths, a blank line, messages
-        paths = list(itertools.takewhile(str.strip, out.splitlines()[1:]))
+    """The tree a three-way merge of `head` into `into` gives (`gitrepo.merge_tree`)."""
+    tree, paths = merge_tree(repo, into, head)
+    if tree is None:
         files = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
         raise _Refused("conflict", f"merging HEAD into {into} conflicts ({files})")
-    if status != 0:
-        raise RepoError(f"git merge-tree failed (exit {status}): {err.strip()}")
-    return out.splitlines()[0].strip()
+    return tree
 
 
 def _approval(repo: git.Repo, loaded: LoadedRow, reviews_dir: Path, signer: Signer,

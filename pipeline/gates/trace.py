@@ -194,10 +194,15 @@ class Trace(Gate[TraceGate]):
         except Error as exc:
             raise GateError(f"trace artifacts in {artifact_dir}: {exc.diagnostics()}") from exc
         s = captures.summarize(results, judging(spec))
-        docs = {name: windows.check(row, rec, name.split()[0].split("/")[-1], artifact_dir)
-                for name, rec in records.items()}
-        window_metrics, refused = windows.summary(docs)
-        metrics = {**s.metrics, **window_metrics}
+        metrics, refused, docs = dict(s.metrics), [], {}
+        # Captures sealed before format 2 keep the verdict they had: no windows, no route
+        # count (their records cannot support them).
+        if all(rec.get("format", 1) >= 2 for rec in records.values()):
+            docs = {name: windows.check(row, rec, name.split()[0].split("/")[-1], artifact_dir)
+                    for name, rec in records.items()}
+            window_metrics, refused = windows.summary(docs)
+            metrics.update(window_metrics, eager_launches_in_range=captures.eager_launches(
+                results))
         cells = {}
         for prefix in _prefixes(row):
             chosen = captures.verdict_from([r for r in results if r.role.startswith(prefix)])
@@ -209,6 +214,7 @@ class Trace(Gate[TraceGate]):
             reason = "; ".join(refused) + ("" if s.ok else f"; {s.reason}")
             return Derived(Status.FAIL, reason, metrics, cells)
         unchecked = sorted({d["why"] for d in docs.values() if not d["checked"]})
-        reason = s.reason + (f"; traced tokens not matched: {'; '.join(unchecked)}"
-                             if unchecked else "; traced tokens match the tokens gate's")
+        reason = s.reason + ("" if not docs else
+                             f"; traced tokens not matched: {'; '.join(unchecked)}" if unchecked
+                             else "; traced tokens match the tokens gate's")
         return Derived(Status.PASS if s.ok else Status.FAIL, reason, metrics, cells)

@@ -37,6 +37,9 @@ TRACE_FILE = "trace.json.gz"
 CLOCKS_FILE = "clocks.json"
 CAPTURE_FILE = "capture.json"
 CLOCK_PERIOD_S = 0.005
+CAPTURE_FORMAT = 2
+"""capture.json's format: 2 added the timed pass's outputs and their workload requests
+(matched windows); a gate reports what a format-1 capture cannot support as before."""
 
 
 class CaptureError(Error):
@@ -355,7 +358,8 @@ def capture(engine, prompts: Sequence[tuple[int, ...]], plan: CapturePlan, out_d
     doc = merge_ranges(ranges)
     events.write_doc(doc, out_dir / TRACE_FILE)
     (out_dir / CLOCKS_FILE).write_text(json.dumps(clocks.record(), indent=1) + "\n")
-    record = {"plan": dataclasses.asdict(plan), "schedule": list(plan.schedule()),
+    record = {"format": CAPTURE_FORMAT, "plan": dataclasses.asdict(plan),
+              "schedule": list(plan.schedule()),
               "ranges_written": len(ranges), "device": device, "torch": torch.__version__,
               "engine": engine.describe(), "range_opened_unix_s": stepper.range_opened_at,
               "copy_ceiling": ceiling, "timed_outputs": timed,

@@ -148,6 +148,14 @@ def verdict_from(results: list[Result]) -> Result | None:
     return usable[-1] if usable else None
 
 
+def eager_launches(results: list[Result]) -> int | None:
+    """Kernels launched from the eager forward inside the graph captures' ranges (0: the
+    full CUDA-graph route); None where no graph capture supports the question."""
+    routes = [r.analysis.graph for r in results if r.analysis is not None
+              and r.mode == "graph" and r.analysis.graph.get("supported")]
+    return sum(g["eager_forward_kernels"] for g in routes) if routes else None
+
+
 def route_detail(g: dict) -> str:
     if not g.get("supported"):
         return g.get("why", "")
@@ -190,10 +198,6 @@ def summarize(results: list[Result], judging: Judging) -> Summary:
                                 f"({route_detail(r.analysis.graph)})")
     vs = [r.validity for r in results]
     spreads = [v.metrics["sm_clock_spread"] for v in vs if v.metrics["sm_clock_spread"] is not None]
-    routes = [r.analysis.graph for r in results if r.analysis is not None
-              and r.mode == "graph" and r.analysis.graph.get("supported")]
-    metrics["eager_launches_in_range"] = sum(g["eager_forward_kernels"] for g in routes) \
-        if routes else None
     if any(r.seams for r in results):
         metrics["seams_missing"] = sum(len(seams.missing(list(r.seams))) for r in results)
     metrics.update(valid=int(all(v.valid for v in vs)),

@@ -37,6 +37,7 @@ from pipeline.errors import Error
 from pipeline.trace import events
 from pipeline.trace.capture import (
     CAPTURE_FILE,
+    CAPTURE_FORMAT,
     CLOCKS_FILE,
     TRACE_FILE,
     CaptureError,
@@ -132,7 +133,7 @@ def capture_engine(engine, prompts: Sequence[tuple[int, ...]], plan: CapturePlan
     events.write_doc(doc, out_dir / TRACE_FILE)
     (out_dir / PHASES_FILE).write_text(json.dumps(phases, indent=1) + "\n")
     (out_dir / CLOCKS_FILE).write_text(json.dumps(clocks.record(), indent=1) + "\n")
-    record = {"kind": "engine", "plan": dataclasses.asdict(plan),
+    record = {"format": CAPTURE_FORMAT, "kind": "engine", "plan": dataclasses.asdict(plan),
               "delay_iterations": delay, "max_iterations": max_iterations,
               "timed_tokens": timed_tokens(plan), "trace_files": names,
               "ranges_written": len(ranges), "device": device, "engine": described,

@@ -23,8 +23,8 @@ from pathlib import Path
 import git
 
 from pipeline import CHECKOUT, __version__
-from pipeline.decision.criteria import Evaluation, judge, verdict_of
 from pipeline.decision.change import already_present, empty_change
+from pipeline.decision.criteria import Evaluation, judge, verdict_of
 from pipeline.decision.freshness import freshness
 from pipeline.decision.record_files import now, read_record, sign_record, write_record
 from pipeline.decision.rederive import check_gates

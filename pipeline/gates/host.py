@@ -95,7 +95,7 @@ class Host(Gate[HostGate]):
         if trees is not None:
             metrics["changed"] = int(trees["commit_tree"] != trees["base_tree"])
         problems = []
-        if trees is not None and not metrics["changed"]:  # the SM70 PR's head: nothing to gate, whatever else holds
+        if trees is not None and not metrics["changed"]:  # the SM70 PR's head: nothing to gate
             problems.append(f"no change to gate: head {trees['commit'][:12]} has the tree of "
                             f"its base {trees['base'][:12]} ({trees['commit_tree'][:12]})")
         if spec.require_clean and dirty:

@@ -33,7 +33,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -90,14 +90,14 @@ def why_unavailable(ref: DatasetRef, row_dir: Path) -> str | None:
     return None
 
 
-def _first_human(record: dict) -> str | None:
+def _first_human(record: dict[str, Any]) -> str | None:
     for turn in record.get("conversations") or []:
         if isinstance(turn, dict) and turn.get("from") == "human":
             return str(turn.get("value", ""))
     return None
 
 
-def _first_turn(record: dict, category: str) -> str | None:
+def _first_turn(record: dict[str, Any], category: str) -> str | None:
     if category and record.get("category") != category:
         return None
     turns = record.get("turns") or []

@@ -30,6 +30,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pipeline import CHECKOUT
 from pipeline.model import ModelError, model_info
@@ -47,9 +48,9 @@ class GgufFile:
     model_digest: str
 
 
-def _config(model_dir: Path) -> dict:
+def _config(model_dir: Path) -> dict[str, Any]:
     try:
-        config = json.loads((model_dir / "config.json").read_text())
+        config: dict[str, Any] = json.loads((model_dir / "config.json").read_text())
     except (OSError, ValueError) as exc:
         raise ModelError(f"{model_dir}: cannot read config.json for the GGUF file") from exc
     arch = (config.get("architectures") or ["?"])[0]
@@ -84,7 +85,7 @@ def _vocabulary(model_dir: Path, vocab_size: int) -> tuple[list[str], list[int]]
     return names, types
 
 
-def _hyper_parameters(writer, c: dict) -> None:
+def _hyper_parameters(writer: Any, c: dict[str, Any]) -> None:
     writer.add_context_length(c["max_position_embeddings"])
     writer.add_embedding_length(c["hidden_size"])
     writer.add_block_count(c["num_hidden_layers"])
@@ -99,7 +100,7 @@ def _hyper_parameters(writer, c: dict) -> None:
     writer.add_layer_norm_rms_eps(c["rms_norm_eps"])
 
 
-def _tensors(writer, model_dir: Path, layers: int) -> None:
+def _tensors(writer: Any, model_dir: Path, layers: int) -> None:
     import gguf
     import numpy as np
     from safetensors.numpy import load_file
@@ -108,7 +109,7 @@ def _tensors(writer, model_dir: Path, layers: int) -> None:
     shards = sorted(model_dir.glob("*.safetensors"))
     if not shards:
         raise ModelError(f"{model_dir}: no *.safetensors weights for the GGUF file")
-    weights: dict = {}
+    weights: dict[str, Any] = {}
     for shard in shards:
         try:
             weights.update(load_file(str(shard)))

@@ -30,7 +30,7 @@ from pipeline.gates import registry
 from pipeline.gates.interface import GateContext, gate_device
 from pipeline.records.provenance import Gpu, Host, Provenance, Subject
 from pipeline.rows import LoadedRow, Row
-from pipeline.rowspec import Arm, EngineKind, GateSpec
+from pipeline.rowspec import Arm, EngineKind
 
 RUNS, PENDING, ERROR = "runs", "PENDING", "ERROR"
 
@@ -92,7 +92,8 @@ _SUBJECT = Subject(repo="", branch="(plan)", commit="", tree="", base="", base_b
 _PROVENANCE = Provenance(host=Host(hostname="(plan)", os="", cpu="", cores=0, python=""))
 
 
-def _gate(row: Row, spec: GateSpec, repo: Path, devices: Inventory) -> GatePlan:
+def _gate(row: Row, spec: Any, repo: Path, devices: Inventory) -> GatePlan:
+    """`spec`: one of the row's gate specs (each kind's model adds `kind` and its keys)."""
     choice = gate_device(row, spec, devices)
     gpu, stand_in, _ = choice
     device = "cpu" if row.target.arch == "cpu" else \

@@ -19,11 +19,12 @@ import argparse
 import signal
 import sys
 import threading
+from typing import Any
 
 KV_TYPES = {"float32": "GGML_TYPE_F32", "float16": "GGML_TYPE_F16"}
 
 
-def _params(args):
+def _params(args: argparse.Namespace) -> Any:
     import xllamacpp as xlc
 
     p = xlc.CommonParams()

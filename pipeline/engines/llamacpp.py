@@ -21,6 +21,7 @@ from pathlib import Path
 
 from pipeline.engines.interface import EngineError
 from pipeline.engines.openai import OpenAIEngine, binary_record
+from pipeline.model_gguf import GgufFile
 
 DISTRIBUTION = "xllamacpp"
 UNTRACEABLE = ("llama.cpp's server has no profiling endpoints (vLLM's POST /start_profile, "
@@ -76,7 +77,7 @@ class LlamaCppEngine(OpenAIEngine):
                               f"a CUDA llama-server")
         self.pinned, self.own_server = version, not command
         self.gguf_root = gguf_root
-        self.gguf = None
+        self.gguf: GgufFile | None = None
         argv = list(command or [
             sys.executable, "-m", "pipeline.engines._llamacpp_server", "--model", "{model}",
             "--port", "{port}", "--parallel", str(parallel), "--threads", str(threads),

@@ -32,7 +32,9 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+from pipeline.engines.interface import Engine, Request, WorkloadPass
 from pipeline.errors import Error
 from pipeline.trace import events
 from pipeline.trace.capture import (
@@ -53,9 +55,8 @@ TRACE_GLOBS = ("*.pt.trace.json.gz", "*.pt.trace.json")
 WRITE_WAIT_S = 60.0
 
 
-def _pass(prompts: Sequence[tuple[int, ...]], concurrency: int, tokens: int, tag: str):
-    from pipeline.engines.interface import Request, WorkloadPass
-
+def _pass(prompts: Sequence[tuple[int, ...]], concurrency: int, tokens: int,
+          tag: str) -> WorkloadPass:
     if len(prompts) < concurrency:
         raise CaptureError(f"capture: {len(prompts)} prompt(s) for concurrency {concurrency}")
     reqs = tuple(Request(id=f"{tag}-r{i}", cell=tag, prompt_ids=tuple(prompts[i]),
@@ -63,7 +64,8 @@ def _pass(prompts: Sequence[tuple[int, ...]], concurrency: int, tokens: int, tag
     return WorkloadPass(cell=tag, concurrency=concurrency, requests=reqs)
 
 
-def _run(engine, phase: str, work, phases: list[dict]) -> list[dict]:
+def _run(engine: Engine, phase: str, work: WorkloadPass, phases: list[dict[str, Any]]
+         ) -> list[dict[str, Any]]:
     start = time.time()
     try:
         result = engine.generate(work)
@@ -92,9 +94,9 @@ def _trace_files(directory: Path) -> list[Path]:
         time.sleep(0.2)
 
 
-def capture_engine(engine, prompts: Sequence[tuple[int, ...]], plan: CapturePlan,
+def capture_engine(engine: Engine, prompts: Sequence[tuple[int, ...]], plan: CapturePlan,
                    out_dir: Path, device: str, gpu_index: int | None = None,
-                   sources: Sequence[str] = ()) -> dict:
+                   sources: Sequence[str] = ()) -> dict[str, Any]:
     """Start `engine` with its profiler writing to a scratch directory, run the
     procedure, and write trace, phases, clocks and the capture record (with the timed
     pass's outputs and `sources`, the workload request each prompt came from) to
@@ -103,8 +105,8 @@ def capture_engine(engine, prompts: Sequence[tuple[int, ...]], plan: CapturePlan
     if why:
         raise CaptureError(f"capture: {why}")
     out_dir.mkdir(parents=True, exist_ok=True)
-    phases: list[dict] = []
-    timed: list[dict] = []
+    phases: list[dict[str, Any]] = []
+    timed: list[dict[str, Any]] = []
     max_iterations = plan.steps + plan.concurrency
     delay = 0 if plan.synchronous else plan.arm_delay
     with tempfile.TemporaryDirectory(prefix="rowgate-engine-trace-") as tmp:

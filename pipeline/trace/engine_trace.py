@@ -27,6 +27,7 @@ from __future__ import annotations
 import copy
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from pipeline.trace import events
 from pipeline.trace.validity import Check
@@ -48,14 +49,14 @@ class Iteration:
     """warm, primer, timed (decode), prefill (the timed pass's), other."""
 
 
-def _phase_at(unix_s: float, phases: list[dict]) -> str:
+def _phase_at(unix_s: float, phases: list[dict[str, Any]]) -> str:
     for p in phases:
         if p["start_unix"] <= unix_s <= p["end_unix"]:
-            return p["phase"]
+            return str(p["phase"])
     return "other"
 
 
-def iterations(doc: dict, phases: list[dict]) -> list[Iteration]:
+def iterations(doc: dict[str, Any], phases: list[dict[str, Any]]) -> list[Iteration]:
     """The engine's iterations in the trace, each with its span and phase. A span runs
     from its annotation to the next iteration's (host work between iterations is part
     of a step's cost); the last one to the end of its annotation or of the model-runner
@@ -75,7 +76,7 @@ def iterations(doc: dict, phases: list[dict]) -> list[Iteration]:
                 float(p["ts"]) + float(p.get("dur", 0)) for p in spans
                 if float(p["ts"]) >= ts and str(p.get("name", "")).startswith("gpu_model_runner:")])
         m = ITERATION.match(e["name"])
-        prefill = int(m.group(1)) > 0
+        prefill = m is not None and int(m.group(1)) > 0
         phase = _phase_at((ts * 1000.0 + base) / 1e9, phases)
         if phase == "timed" and prefill:
             phase = "prefill"
@@ -83,17 +84,17 @@ def iterations(doc: dict, phases: list[dict]) -> list[Iteration]:
     return out
 
 
-def _annotation(name: str, ts: float, end: float, like: dict) -> dict:
+def _annotation(name: str, ts: float, end: float, like: dict[str, Any]) -> dict[str, Any]:
     return {"ph": "X", "cat": "user_annotation", "name": name, "ts": ts, "dur": end - ts,
             "pid": like.get("pid"), "tid": like.get("tid"), "args": {"rowgate": "normalized"}}
 
 
-def normalize(doc: dict, phases: list[dict], steps: int) -> dict:
+def normalize(doc: dict[str, Any], phases: list[dict[str, Any]], steps: int) -> dict[str, Any]:
     """The document with rowgate's markers over the engine's iterations (a copy)."""
     out = copy.copy(doc)
     raw = list(doc.get("traceEvents", []))
     found = iterations(doc, phases)
-    like = next((e for e in raw if ITERATION.match(str(e.get("name", "")))), {})
+    like: dict[str, Any] = next((e for e in raw if ITERATION.match(str(e.get("name", "")))), {})
     added = []
     counters: dict[str, int] = {}
     for it in found:
@@ -114,7 +115,7 @@ def normalize(doc: dict, phases: list[dict], steps: int) -> dict:
     return out
 
 
-def delay_check(doc: dict, phases: list[dict], requested_delay: int | None,
+def delay_check(doc: dict[str, Any], phases: list[dict[str, Any]], requested_delay: int | None,
                 arm_delay: int) -> tuple[Check, int | None]:
     """The engine was armed with the row's delay, and recording began with the timed
     pass: no warm-up or primer iteration, nothing before the pass was sent."""
@@ -139,5 +140,5 @@ def delay_check(doc: dict, phases: list[dict], requested_delay: int | None,
                  f"iteration"), arm_delay - 1
 
 
-def is_engine_capture(record: dict) -> bool:
+def is_engine_capture(record: dict[str, Any]) -> bool:
     return record.get("kind") == "engine"

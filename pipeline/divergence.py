@@ -17,6 +17,7 @@ The abi gate's proof (persistent vs eager) and the tokens gate (candidate vs ora
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 
 from pipeline.engines.interface import Alternatives, alternatives_from_json
@@ -84,3 +85,42 @@ def compare(want: list[Out], got: list[Out], margin: float,
             "mismatched_requests": len(mismatches) + abs(len(want) - len(got)),
             "divergences": [{"request": r, **d} for r, d in parted],
             "first_divergence": mismatches[0] if mismatches else None}
+
+
+def _head(o: Out, n: int) -> Out:
+    return Out(o.tokens[:n], o.logprobs[:n], o.alternatives[:n])
+
+
+def matched_windows(correct: Mapping[Hashable, Out], window: Mapping[Hashable, Out],
+                    margin: float = 0.0) -> dict:
+    """MLPerf TEST06's idea: the tokens a timed (throughput) or traced pass produced
+    against the correctness (tokens gate) pass of the same requests.
+
+    Requests are paired by key (a request id, or a prompt's token ids where the pass
+    built its own requests over the workload's prompts). Each pair is compared over
+    their common length — a greedy run's first n tokens are the n-token run of the
+    same prompt — by `divergence`: exact, a near-tie within `margin` nats kept the
+    other way, or a mismatch. A window request with no correctness counterpart is a
+    mismatch too: its tokens were never checked. `matched` is True iff nothing
+    mismatched; a caller refuses the timed or traced comparison otherwise.
+    """
+    docs, unmatched = [], []
+    for key, got in window.items():
+        want = correct.get(key)
+        if want is None:
+            unmatched.append(key)
+            continue
+        n = min(len(want.tokens), len(got.tokens))
+        d = divergence(_head(want, n), _head(got, n), margin, ("correctness", "window"))
+        if d:
+            docs.append({"request": str(key) if not isinstance(key, tuple) else
+                         f"prompt of {len(key)} tokens", **d})
+    mismatches = [d for d in docs if not d["tie"]]
+    first = mismatches[0] if mismatches else (
+        {"request": str(unmatched[0]), "unmatched": True} if unmatched else None)
+    return {"requests": len(window), "compared": len(window) - len(unmatched),
+            "exact_requests": len(window) - len(unmatched) - len(docs),
+            "tie_requests": len(docs) - len(mismatches),
+            "mismatched_requests": len(mismatches) + len(unmatched),
+            "unmatched_requests": len(unmatched), "first_mismatch": first,
+            "matched": not mismatches and not unmatched}

@@ -3,6 +3,7 @@ base a change is gated against. Nothing here fetches, pushes or writes."""
 
 from __future__ import annotations
 
+import itertools
 import re
 from pathlib import Path
 
@@ -54,3 +55,15 @@ def default_base(repo: git.Repo, head: git.Commit, main: str) -> str | None:
     if base.hexsha == head.hexsha and head.parents:
         base = head.parents[0]
     return base.hexsha
+
+
+def merge_tree(repo: git.Repo, into: str, head: str) -> tuple[str | None, list[str]]:
+    """(tree, []) of a three-way merge of `head` into `into`, or (None, conflicted paths),
+    computed without touching the work tree (`git merge-tree --write-tree`, git >= 2.38)."""
+    status, out, err = repo.git.merge_tree("--write-tree", "--name-only", into, head,
+                                           with_extended_output=True, with_exceptions=False)
+    if status == 1:  # conflicts: the tree, the conflicted paths, a blank line, messages
+        return None, list(itertools.takewhile(str.strip, out.splitlines()[1:]))
+    if status != 0:
+        raise RepoError(f"git merge-tree failed (exit {status}): {err.strip()}")
+    return out.splitlines()[0].strip(), []

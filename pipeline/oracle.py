@@ -126,7 +126,8 @@ def load_record(path: Path, verifier: Verifier | None = None) -> OracleRecord:
 
 def _passes(docs: list[dict]) -> tuple[WorkloadPass, ...]:
     return tuple(WorkloadPass(**{**d, "requests": tuple(
-        Request(**{**r, "prompt_ids": tuple(r["prompt_ids"])}) for r in d["requests"])})
+        Request(**{**r, "prompt_ids": tuple(r["prompt_ids"])}) for r in d["requests"]),
+        "dataset": tuple(tuple(kv) for kv in d.get("dataset", ()))})
         for d in docs)
 
 

@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 from pipeline import CHECKOUT, gates
+from pipeline.datasets import DatasetRef
 from pipeline.errors import RowError
 from pipeline.gates import registry
 from pipeline.records.ids import ROW_ID
@@ -105,10 +106,16 @@ class Row(BaseModel):
         for dup in sorted({i for i in ids if ids.count(i) > 1}):
             problems.append(f"gates: gate id {dup!r} is used more than once")
         kinds = {g.id: g.kind for g in self.gates}
-        matrix = set(self.workload.cells())
+        matrix = set(self.cells())
+        model_ids = [m.id for m in self.models]
+        problems += self._arm_references()
         for where, items in (("criteria", self.criteria), ("stop_conditions", self.stop_conditions),
                              ("pending", self.pending)):
             for i, item in enumerate(items):
+                unknown = [m for m in getattr(item, "models", []) if m not in model_ids]
+                if unknown:
+                    problems.append(f"{where}[{i}].models: {', '.join(map(repr, unknown))} "
+                                    f"not among the row's models ({', '.join(model_ids)})")
                 if item.gate not in kinds:
                     problems.append(f"{where}[{i}].gate: no gate with id {item.gate!r} "
                                     f"(gates: {', '.join(ids)})")
@@ -122,6 +129,28 @@ class Row(BaseModel):
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    def _arm_references(self) -> list[str]:
+        """Gates name arms (a trace gate's `arms`, a throughput gate's `baseline`): each
+        must be an arm of the row (`Arms.named`)."""
+        names = self.arms.named()
+        out = []
+        for i, g in enumerate(self.gates):
+            gate = registry.lookup(g.kind)
+            refs: list[str] = []
+            for key in (gate.arm_fields if gate else ()):
+                value = getattr(g, key)
+                refs += [value] if isinstance(value, str) else list(value)
+            for ref in refs:
+                if ref not in names:
+                    out.append(f"gates[{i}] ({g.id}): no arm named {ref!r} (arms: "
+                               f"{', '.join(names)})")
+        return out
+
+    def cells(self) -> list[str]:
+        """The workload matrix's cell names: models x input lengths x concurrency (a
+        model's cells start `<model id>/` when the row has several)."""
+        return self.workload.cells([m.id for m in self.models])
 
     def gate(self, gate_id: str) -> GateSpec:
         for g in self.gates:
@@ -187,7 +216,19 @@ def load_row(path: Path | str) -> LoadedRow:
         raise RowError(str(path), _problems(exc)) from exc
     if path.stem != row.id:
         raise RowError(str(path), [f"id: {row.id!r} does not match the file name {path.stem!r}"])
-    return LoadedRow(row=row, path=path.resolve(), sha256=hashlib.sha256(raw).hexdigest())
+    return LoadedRow(row=_with_row_dir(row, path.resolve().parent), path=path.resolve(),
+                     sha256=hashlib.sha256(raw).hexdigest())
+
+
+def _with_row_dir(row: Row, row_dir: Path) -> Row:
+    """The row with its dataset path made absolute: a row names its prompt file relative
+    to itself, and the gates that read it do not know where the row file was."""
+    ds = row.workload.dataset
+    if not isinstance(ds, DatasetRef) or Path(ds.path).is_absolute():
+        return row
+    dataset = ds.model_copy(update={"path": str(row_dir / ds.path)})
+    return row.model_copy(update={"workload": row.workload.model_copy(
+        update={"dataset": dataset})})
 
 
 def resolve_row(ref: str, rows_dir: Path = ROWS_DIR) -> LoadedRow:

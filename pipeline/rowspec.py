@@ -13,6 +13,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from pipeline.datasets import RANDOM as RANDOM_DATASET
+from pipeline.datasets import DatasetRef
 from pipeline.records.criteria import Comparison, StopAction
 from pipeline.records.ids import GATE_ID
 
@@ -53,15 +55,23 @@ class EngineKind(str, Enum):
     LLAMA_CPP = "llama.cpp"
 
 
+MAIN_ARMS = ("oracle", "candidate")
+
+
 class Arm(_Model):
     """One side of an A/B: an engine, pinned."""
 
     engine: EngineKind
+    name: Annotated[str, Field(pattern=r"^([a-z0-9][a-z0-9-]*)?$")] = ""
+    """What gates call this arm (a fallback's `baseline`, a trace gate's `arms`), e.g.
+    `accepted`; `oracle` and `candidate` are the two main arms' names."""
     version: str = ""
     """Exact version the arm is pinned to (required for an oracle)."""
     commit: str = ""
     command: list[str] = []
-    """Command that starts an OpenAI-compatible server (engine `openai`)."""
+    """Command that starts an OpenAI-compatible server (engines `openai`, `llama.cpp`):
+    `{port}` (rowgate's choice: required), `{model}`, `{subject}` (the subject checkout,
+    also the server's working directory) are filled in."""
     mode: Literal["eager", "graph", "graph-fused", "persistent", "default"] = "default"
     kernel_variant: str = ""
     dtype: str = "float32"
@@ -78,7 +88,23 @@ class Arms(_Model):
     def _oracle_pinned(self) -> "Arms":
         if not self.oracle.version:
             raise ValueError("oracle.version: the oracle must be pinned to an exact version")
+        names = [a.name for a in self.fallbacks if a.name]
+        for dup in sorted({n for n in names if names.count(n) > 1 or n in MAIN_ARMS}):
+            raise ValueError(f"fallbacks: the arm name {dup!r} is used twice")
+        for role, arm in (("oracle", self.oracle), ("candidate", self.candidate),
+                          *((f"fallbacks[{i}]", a) for i, a in enumerate(self.fallbacks))):
+            if arm.command and not any("{port}" in a for a in arm.command):
+                raise ValueError(f"{role}.command: no {{port}}: rowgate chooses the server's "
+                                 f"port (a fixed one collides and waits out the start timeout)")
         return self
+
+    def named(self) -> dict[str, "Arm"]:
+        """Every arm by the name gates use: `oracle`, `candidate`, then each fallback by
+        its `name` (a fallback without one by its mode, as rows named baselines first)."""
+        out = {"oracle": self.oracle, "candidate": self.candidate}
+        for arm in self.fallbacks:
+            out.setdefault(arm.name or arm.mode, arm)
+        return out
 
 
 class SyntheticModel(_Model):
@@ -120,7 +146,8 @@ class Sampling(_Model):
 
 
 class Workload(_Model):
-    """The identical workload both arms run; its digest must match across arms."""
+    """The identical workload both arms run; its digest must match across arms.
+    `dataset`: `random-token-ids`, or a pinned local prompt file (`pipeline.datasets`)."""
 
     input_lens: list[Annotated[int, Field(gt=0)]]
     concurrency: list[Annotated[int, Field(gt=0)]]
@@ -128,12 +155,21 @@ class Workload(_Model):
     requests_per_cell: Annotated[int, Field(gt=0)] = 8
     sampling: Sampling = Sampling()
     seeds: list[int] = [0]
-    dataset: str = "random-token-ids"
+    dataset: Literal["random-token-ids"] | DatasetRef = RANDOM_DATASET
     prefix_caching: bool = False
 
-    def cells(self) -> list[str]:
-        """Matrix cell names, `i<input_len>-c<concurrency>`."""
-        return [f"i{i}-c{c}" for i in self.input_lens for c in self.concurrency]
+    def cells(self, models: list[str] | tuple[str, ...] = ()) -> list[str]:
+        """Matrix cell names, `i<input_len>-c<concurrency>`, each prefixed `<model id>/`
+        when the row has more than one model (`cell_prefix`)."""
+        prefixes = [cell_prefix(m, models) for m in models] or [""]
+        return [f"{p}i{i}-c{c}" for p in prefixes for i in self.input_lens
+                for c in self.concurrency]
+
+
+def cell_prefix(model_id: str, models: list[str] | tuple[str, ...]) -> str:
+    """What starts a model's cell names: nothing in a one-model row (its cells, records
+    and criteria keep their names), `<model id>/` when the row gates several."""
+    return f"{model_id}/" if len(models) > 1 else ""
 
 
 # ---------------------------------------------------------------------- gates
@@ -171,6 +207,9 @@ class Criterion(_Model):
     threshold: float
     cells: list[str] = []
     """Cells it applies to; empty means the gate-level metric; `["*"]` every cell."""
+    models: list[str] = []
+    """Model ids whose cells it applies to (with `cells`: those cells of those models;
+    with `["*"]`: every cell of those models); empty means every model's."""
     arch: str = ""
     """Arch the measurement must come from (defaults to the row's target arch);
     a stand-in arch never satisfies it."""
@@ -189,6 +228,8 @@ class StopCondition(_Model):
     comparison: Comparison
     threshold: float
     cells: list[str] = []
+    models: list[str] = []
+    """As a criterion's: the models whose cells it looks at."""
     action: StopAction
     says: str
 

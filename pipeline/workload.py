@@ -1,11 +1,13 @@
 """The identical workload both arms run: token-id prompts per matrix cell and its digest.
 
 Prompts are token ids, never text, so no tokenizer can make two arms see
-different inputs. They are derived from SHA-256 in counter mode (not from a
-seeded PRNG) so the same row gives the same prompts on every Python, numpy
-or torch version. The digest covers the canonical JSON of every pass (prompts,
-lengths, sampling, seeds, prefix caching); arms whose digests differ did not
-run the same workload and cannot be compared.
+different inputs. With a dataset (`pipeline.datasets`) they are the row's pinned
+prompt file tokenized once with the model's tokenizer; otherwise random ids
+derived from SHA-256 in counter mode (not from a seeded PRNG), so the same row
+gives the same prompts on every Python, numpy or torch version. The digest
+covers the canonical JSON of every pass (prompts, lengths, sampling, seeds,
+prefix caching, the dataset); arms whose digests differ did not run the same
+workload and cannot be compared.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 from pipeline.engines.interface import Request, WorkloadPass
 from pipeline.errors import Error, UsageError
@@ -52,13 +54,34 @@ def allowed_ids(vocab_size: int, special_ids: Iterable[int]) -> list[int]:
     return ids
 
 
-def build_passes(workload: Workload, vocab_size: int,
-                 special_ids: Iterable[int] = ()) -> list[WorkloadPass]:
+@dataclass(frozen=True)
+class DatasetPrompts:
+    """A row's prompt file, tokenized for the model (`pipeline.datasets`)."""
+
+    describe: tuple[tuple[str, str], ...]
+    """What the digest records of the file: sha256, format, category, file name."""
+    ids: tuple[tuple[int, ...], ...]
+    """Each prompt text as token ids."""
+
+
+def _prompt(input_len: int, r: int, seed: int, allowed: Sequence[int],
+            dataset: DatasetPrompts | None) -> tuple[int, ...]:
+    if dataset is None:
+        return _token_stream(f"len={input_len}/req={r}/seed={seed}", input_len, allowed)
+    from pipeline.datasets import prompt
+
+    return prompt([list(t) for t in dataset.ids], input_len, r + seed)
+
+
+def build_passes(workload: Workload, vocab_size: int, special_ids: Iterable[int] = (),
+                 dataset: DatasetPrompts | None = None, prefix: str = "") -> list[WorkloadPass]:
     """One `WorkloadPass` per cell of the row's matrix, in `Workload.cells()` order.
 
     Request `r` of a cell gets seed `seeds[r % len(seeds)]`; its prompt depends
     on the input length, the request index and that seed (not on the
-    concurrency), so cells of equal input length send the same prompts.
+    concurrency), so cells of equal input length send the same prompts: random
+    ids, or with `dataset` the prompt file's text `(r + seed) mod n` cut or filled
+    to the input length. `prefix` (a model id and `/`) starts every cell name.
     """
     if not workload.seeds:
         raise WorkloadError("workload.seeds: at least one seed is required")
@@ -67,24 +90,36 @@ def build_passes(workload: Workload, vocab_size: int,
     passes = []
     for input_len in workload.input_lens:
         for concurrency in workload.concurrency:
-            cell = f"i{input_len}-c{concurrency}"
+            cell = f"{prefix}i{input_len}-c{concurrency}"
             requests = tuple(
                 Request(id=f"{cell}-r{r}", cell=cell,
-                        prompt_ids=_token_stream(
-                            f"len={input_len}/req={r}/seed={seed}", input_len, allowed),
+                        prompt_ids=_prompt(input_len, r, seed, allowed, dataset),
                         max_tokens=workload.output_len, seed=seed)
                 for r in range(workload.requests_per_cell)
                 for seed in [workload.seeds[r % len(workload.seeds)]])
             passes.append(WorkloadPass(
                 cell=cell, concurrency=concurrency, requests=requests,
                 temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
-                ignore_eos=s.ignore_eos, prefix_caching=workload.prefix_caching))
+                ignore_eos=s.ignore_eos, prefix_caching=workload.prefix_caching,
+                dataset=dataset.describe if dataset else ()))
     return passes
 
 
+def _canonical_pass(p: WorkloadPass) -> dict:
+    doc = asdict(p)
+    if not doc["dataset"]:
+        # Random-id passes keep the form they had before datasets: their digests (and
+        # the signed oracle records that name them) stay valid.
+        del doc["dataset"]
+    else:
+        doc["dataset"] = dict(doc["dataset"])
+    return doc
+
+
 def canonical(passes: Sequence[WorkloadPass]) -> bytes:
-    """The canonical JSON bytes the digest is taken over."""
-    doc = {"version": DIGEST_VERSION, "passes": [asdict(p) for p in passes]}
+    """The canonical JSON bytes the digest is taken over (with a dataset: its sha256,
+    format and selection)."""
+    doc = {"version": DIGEST_VERSION, "passes": [_canonical_pass(p) for p in passes]}
     return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
 

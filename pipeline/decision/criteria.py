@@ -36,16 +36,20 @@ class Evaluation:
     pendings: list[str] = field(default_factory=list)
 
 
-def _values(result: GateResult, metric: str, cells: list[str]
+def _values(result: GateResult, metric: str, cells: list[str], models: list[str] | tuple = ()
             ) -> tuple[dict[str, MetricValue], str]:
-    """Measured values a criterion or stop looks at, and what is missing ("" if nothing)."""
+    """Measured values a criterion or stop looks at, and what is missing ("" if nothing).
+    `models`: only the cells of those models (a model's cells start `<id>/`)."""
     if not cells:
         if metric not in result.metrics:
             return {}, f"gate {result.gate_id} has no gate-level metric {metric!r}"
         return {GATE_LEVEL: result.metrics[metric]}, ""
     names = sorted(result.cells) if cells == ["*"] else cells
+    if models:
+        names = [n for n in names if n.split("/", 1)[0] in models]
     if not names:
-        return {}, f"gate {result.gate_id} recorded no cells"
+        scope = f" of model(s) {', '.join(models)}" if models else ""
+        return {}, f"gate {result.gate_id} recorded no cells{scope}"
     out: dict[str, MetricValue] = {}
     for cell in names:
         if metric not in result.cells.get(cell, {}):
@@ -100,7 +104,7 @@ def evaluate_criterion(c: Criterion, row: Row, result: GateResult | None) -> Cri
         return row_(Outcome.ERROR, f"gate {c.gate} ERROR: {result.reason}")
     if why := _arch_problem(c, row, result):
         return row_(Outcome.NOT_SATISFIABLE, why)
-    values, missing = _values(result, c.metric, c.cells)
+    values, missing = _values(result, c.metric, c.cells, c.models)
     if missing:
         return row_(Outcome.MISSING, missing, values)
     _, fails, bad = _holding(c.comparison, c.threshold, values)
@@ -123,7 +127,7 @@ def evaluate_stop(s: StopCondition, result: GateResult | None) -> StopRow:
         return row_(None, f"no result for gate {s.gate}")
     if result.status in (Status.PENDING, Status.ERROR):
         return row_(None, f"gate {s.gate} {result.status.value}: {result.reason}")
-    values, missing = _values(result, s.metric, s.cells)
+    values, missing = _values(result, s.metric, s.cells, s.models)
     if missing:
         return row_(None, f"cannot be evaluated: {missing}", values)
     holds, _, bad = _holding(s.comparison, s.threshold, values)

@@ -14,7 +14,6 @@ the branch never moves; a branch that cannot move takes the record away again.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +31,7 @@ from pipeline.decision.record_files import (
 from pipeline.decision.review import bundle_verifier, load_review
 from pipeline.errors import Error, RepoError, UsageError
 from pipeline.evidence import Bundle
-from pipeline.gitrepo import SIGNED_OFF, local_branch, open_repo
+from pipeline.gitrepo import SIGNED_OFF, local_branch, merge_tree, open_repo
 from pipeline.records.merge import MergeOutcome, MergeRecord
 from pipeline.records.review import ReviewRecord, Verdict
 from pipeline.records.status import Status
@@ -182,17 +181,12 @@ def _check_change(repo: git.Repo, base: str, head: git.Commit) -> None:
 
 
 def _merged_tree(repo: git.Repo, into: str, head: str) -> str:
-    """The tree a three-way merge of `head` into `into` gives, computed without
-    touching the work tree (`git merge-tree --write-tree`, git >= 2.38)."""
-    status, out, err = repo.git.merge_tree("--write-tree", "--name-only", into, head,
-                                           with_extended_output=True, with_exceptions=False)
-    if status == 1:  # conflicts: the tree, the conflicted paths, a blank line, messages
-        paths = list(itertools.takewhile(str.strip, out.splitlines()[1:]))
+    """The tree a three-way merge of `head` into `into` gives (`gitrepo.merge_tree`)."""
+    tree, paths = merge_tree(repo, into, head)
+    if tree is None:
         files = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
         raise _Refused("conflict", f"merging HEAD into {into} conflicts ({files})")
-    if status != 0:
-        raise RepoError(f"git merge-tree failed (exit {status}): {err.strip()}")
-    return out.splitlines()[0].strip()
+    return tree
 
 
 def _approval(repo: git.Repo, loaded: LoadedRow, reviews_dir: Path, signer: Signer,

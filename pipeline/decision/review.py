@@ -24,6 +24,7 @@ from pathlib import Path
 import git
 
 from pipeline import CHECKOUT, __version__
+from pipeline.decision.change import already_present, empty_change
 from pipeline.decision.criteria import Evaluation, judge, verdict_of
 from pipeline.decision.freshness import freshness
 from pipeline.decision.record_files import file_record, now, read_record
@@ -144,14 +145,22 @@ def _review(bundle_path: Path, repo: git.Repo, row_file: Path | None, verifier: 
         return _finish(ReviewRecord(verdict=Verdict.REJECT, summary=f"REJECT: {reason}",
                                     reasons=[reason], **base), signer, reviews_dir)
     loaded = _row_for(bundle, row_file)
-    fresh = freshness(repo, m.subject, loaded.row.review.merge_into, loaded.sha256, m.row.sha256,
-                      loaded.path)
+    into = loaded.row.review.merge_into
+    fresh = freshness(repo, m.subject, into, loaded.sha256, m.row.sha256, loaded.path)
+    present = already_present(repo, m.subject, into)
+    if present:
+        fresh = fresh.model_copy(update={"already_present": present})
     rejects = list(fresh.moved)
+    empty = empty_change(repo, m.subject.commit, m.subject.base)
+    if empty:  # whatever the gates said: there is nothing to review
+        rejects.insert(0, empty)
     ev = Evaluation()
     if loaded.sha256 == m.row.sha256:  # criteria of another row text say nothing
         ev = evaluate(loaded.row, bundle)
     rejects += ev.rejects
     verdict, summary = verdict_of(rejects, ev.pendings)
+    if present:
+        summary += f" ({present})"
     record = ReviewRecord(verdict=verdict, summary=summary, reasons=rejects + ev.pendings,
                           freshness=fresh, gates=ev.gates, criteria=ev.criteria,
                           stop_conditions=ev.stops, implementation=ev.admissions,

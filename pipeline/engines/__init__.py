@@ -5,12 +5,18 @@
 * `vllm`: the pinned vLLM, offline `LLM` in a subprocess; with option
   `endpoint=true` its OpenAI server on loopback instead;
 * `openai`: any OpenAI-compatible server started by the arm's `command`;
+* `llama.cpp`: llama.cpp's server (the pinned `xllamacpp` wheel, or the arm's
+  `command`) on a GGUF file written from the model directory;
 * `reference`: rowgate's own torch decode engine (paged KV cache).
 
+Servers bound to a subject get `subject=` (its checkout at the gated commit):
+`{subject}` in their command, and their working directory.
+
 Options (strings, from `rowgate gate --option KEY=VALUE` / the gate):
-`endpoint` (true/false), `vllm_max_num_seqs`, `vllm_enforce_eager`, `seed`; for the
-reference engine `persistent_schedule`, `persistent_cubin`, `fused_compile` (mode
-`graph-fused`: a torch.compile mode or `none`), `fused_cubin`, `nvcc`.
+`endpoint` (true/false), `vllm_max_num_seqs`, `vllm_enforce_eager`, `seed`,
+`llamacpp_parallel`, `llamacpp_threads`; for the reference engine
+`persistent_schedule`, `persistent_cubin`, `fused_compile` (mode `graph-fused`: a
+torch.compile mode or `none`), `fused_cubin`, `nvcc`.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from pipeline.engines.interface import (
 from pipeline.rowspec import Arm, EngineKind
 
 __all__ = ["Engine", "EngineError", "PassResult", "Request", "RequestOutput", "WorkloadPass",
-           "create", "why_unavailable"]
+           "create", "why_unavailable", "why_untraceable"]
 
 _TRUE = ("1", "true", "yes", "on")
 
@@ -46,7 +52,8 @@ def _int(options: dict[str, str], key: str, default: int) -> int:
         raise EngineError(f"--option {key}={value}: not an integer") from exc
 
 
-def _vllm(arm: Arm, model_dir: Path, device: str, options: dict[str, str]) -> Engine:
+def _vllm(arm: Arm, model_dir: Path, device: str, options: dict[str, str],
+          subject: Path | None) -> Engine:
     from pipeline.engines.vllm import VllmEngine, VllmServerEngine
 
     cls = VllmServerEngine if _flag(options, "endpoint") else VllmEngine
@@ -56,13 +63,26 @@ def _vllm(arm: Arm, model_dir: Path, device: str, options: dict[str, str]) -> En
                max_num_seqs=_int(options, "vllm_max_num_seqs", 16))
 
 
-def _openai(arm: Arm, model_dir: Path, device: str, options: dict[str, str]) -> Engine:
+def _openai(arm: Arm, model_dir: Path, device: str, options: dict[str, str],
+            subject: Path | None) -> Engine:
     from pipeline.engines.openai import OpenAIEngine
 
-    return OpenAIEngine(list(arm.command), model_dir, device=device, version=arm.version)
+    return OpenAIEngine(list(arm.command), model_dir, device=device, version=arm.version,
+                        subject=subject)
 
 
-def _reference(arm: Arm, model_dir: Path, device: str, options: dict[str, str]) -> Engine:
+def _llamacpp(arm: Arm, model_dir: Path, device: str, options: dict[str, str],
+              subject: Path | None) -> Engine:
+    from pipeline.engines.llamacpp import LlamaCppEngine
+
+    return LlamaCppEngine(model_dir, version=arm.version, command=list(arm.command),
+                          device=device, dtype=arm.dtype, seed=_int(options, "seed", 0),
+                          parallel=_int(options, "llamacpp_parallel", 16),
+                          threads=_int(options, "llamacpp_threads", 2), subject=subject)
+
+
+def _reference(arm: Arm, model_dir: Path, device: str, options: dict[str, str],
+               subject: Path | None) -> Engine:
     from pipeline.engines.reference import ReferenceEngine
 
     if arm.mode == "graph-fused":
@@ -82,7 +102,7 @@ def _reference(arm: Arm, model_dir: Path, device: str, options: dict[str, str]) 
 
 
 _FACTORIES = {EngineKind.VLLM: _vllm, EngineKind.OPENAI: _openai,
-              EngineKind.REFERENCE: _reference}
+              EngineKind.LLAMA_CPP: _llamacpp, EngineKind.REFERENCE: _reference}
 
 
 def why_unavailable(arm: Arm) -> str | None:
@@ -103,14 +123,30 @@ def why_unavailable(arm: Arm) -> str | None:
                     f"vLLM is not installed (pip install 'rowgate[engines]')")
     elif arm.engine is EngineKind.OPENAI and arm.command and shutil.which(arm.command[0]) is None:
         return (f"the openai arm's server {arm.command[0]!r} is not on this machine's PATH")
+    elif arm.engine is EngineKind.LLAMA_CPP:
+        from pipeline.engines import llamacpp
+
+        return llamacpp.why_unavailable(arm.version, list(arm.command))
+    return None
+
+
+def why_untraceable(arm: Arm) -> str | None:
+    """Why the trace gate cannot trace `arm` at all (its engine has no profiler rowgate
+    can drive), or None. Said before anything starts; an OpenAI server that lacks the
+    profiling endpoints is only known when it answers."""
+    if arm.engine is EngineKind.LLAMA_CPP:
+        from pipeline.engines.llamacpp import UNTRACEABLE
+
+        return UNTRACEABLE
     return None
 
 
 def create(arm: Arm, model_dir: Path, *, device: str = "cpu",
-           options: dict[str, str] | None = None) -> Engine:
-    """The engine for `arm` over `model_dir` on `device` (`cpu` or `cuda:N`); not started."""
+           options: dict[str, str] | None = None, subject: Path | None = None) -> Engine:
+    """The engine for `arm` over `model_dir` on `device` (`cpu` or `cuda:N`); not started.
+    `subject`: the checkout a server arm runs in (`{subject}`)."""
     factory = _FACTORIES.get(arm.engine)
     if factory is None:
         raise EngineError(f"engine {arm.engine.value!r} is not implemented here "
                           f"(implemented: {', '.join(k.value for k in _FACTORIES)})")
-    return factory(arm, Path(model_dir), device, dict(options or {}))
+    return factory(arm, Path(model_dir), device, dict(options or {}), subject)

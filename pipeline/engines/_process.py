@@ -56,13 +56,15 @@ def log_tail(path: Path, lines: int = 15) -> str:
 
 
 def spawn(argv: list[str], env: dict[str, str], log: Path, *,
-          stdin: int | None = None, stdout: int | None = None) -> subprocess.Popen:
-    """Start `argv` as the leader of a new process group, stderr to `log`."""
+          stdin: int | None = None, stdout: int | None = None,
+          cwd: Path | None = None) -> subprocess.Popen:
+    """Start `argv` as the leader of a new process group, stderr to `log`, in `cwd`
+    (a subject's checkout) or rowgate's."""
     try:
         with log.open("ab") as err:
             return subprocess.Popen(argv, env=env, stdin=stdin,
                                     stdout=stdout if stdout is not None else err, stderr=err,
-                                    start_new_session=True, cwd=CHECKOUT)
+                                    start_new_session=True, cwd=cwd or CHECKOUT)
     except OSError as exc:
         raise EngineError(f"cannot start {argv[0]}: {exc.strerror}") from exc
 

@@ -8,6 +8,8 @@ corrupt the protocol):
     -> {"op": "generate", "pass": {WorkloadPass as a dict}}
     <- {"ok": true, "wall_s": ..., "outputs": [{"id", "token_ids", "logprobs",
                                                 "ttft_s", "latency_s", "itl_s"}]}
+    -> {"op": "start_profile", "delay_iterations": D, "max_iterations": M}  <- {"ok": true}
+    -> {"op": "stop_profile"}                                              <- {"ok": true}
     -> {"op": "stop"}
 
 Requests go through `LLMEngine.add_request` / `step` so the pass's concurrency
@@ -92,6 +94,22 @@ def _output(req: dict, comp, st: dict) -> dict:
             "itl_s": [b - a for a, b in zip(times, times[1:])]}
 
 
+def _start_profile(llm, msg: dict) -> dict:
+    # In-process engine core: the worker's profiler counts this process's iterations.
+    llm.start_profile(delay_iterations=msg["delay_iterations"],
+                      max_iterations=msg["max_iterations"])
+    return {"ok": True}
+
+
+def _stop_profile(llm, msg: dict) -> dict:
+    llm.stop_profile()  # writes the trace before it returns
+    return {"ok": True}
+
+
+_OPS = {"generate": lambda llm, msg: _generate(llm, msg["pass"]),
+        "start_profile": _start_profile, "stop_profile": _stop_profile}
+
+
 def _distribution() -> str:
     from importlib import metadata
 
@@ -112,10 +130,12 @@ def main(argv: list[str]) -> int:
         import vllm
         from vllm import LLM
 
+        extra = {"profiler_config": config["profiler_config"]} \
+            if config.get("profiler_config") else {}
         llm = LLM(model=config["model"], tokenizer=config["model"], dtype=config["dtype"],
                   seed=config["seed"], enforce_eager=config["enforce_eager"],
                   enable_prefix_caching=False, max_model_len=config["max_model_len"],
-                  max_num_seqs=config["max_num_seqs"], disable_log_stats=True)
+                  max_num_seqs=config["max_num_seqs"], disable_log_stats=True, **extra)
     except Exception:  # report any start-up failure on the channel, then exit
         proto.write(json.dumps({"ready": False, "error": traceback.format_exc()}) + "\n")
         return 1
@@ -131,8 +151,8 @@ def main(argv: list[str]) -> int:
         if msg.get("op") == "stop":
             break
         try:
-            reply = _generate(llm, msg["pass"])
-        except Exception:  # one failed pass is reported; the engine stays up
+            reply = _OPS[msg.get("op")](llm, msg)
+        except Exception:  # one failed request is reported; the engine stays up
             reply = {"ok": False, "error": traceback.format_exc()}
         proto.write(json.dumps(reply) + "\n")
     return 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from pipeline.errors import Error
 
@@ -41,6 +42,9 @@ class WorkloadPass:
     ignore_eos: bool = True
     prefix_caching: bool = False
     """Rows keep it off so every repeat does the full prefill."""
+    dataset: tuple[tuple[str, str], ...] = ()
+    """The prompt file the prompts came from (sha256, format, selection); empty for
+    random token ids. Part of the workload digest."""
 
 
 @dataclass(frozen=True)
@@ -102,6 +106,25 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def describe(self) -> dict[str, str]:
         """Engine, exact version, dtype, mode, model digest: recorded in the bundle."""
+
+    # -- the engine's own profiler (vLLM's convention), for the trace gate
+
+    def untraceable(self) -> str | None:
+        """Why this engine's own profiler cannot trace it, or None when it can."""
+        return f"engine {self.name!r} has no profiler rowgate can drive"
+
+    def enable_profiling(self, out_dir: Path) -> None:
+        """Before `start()`: have the engine write its profiler traces to `out_dir`."""
+        raise EngineError(self.untraceable() or f"{self.name}: profiling not wired")
+
+    def start_profile(self, delay_iterations: int, max_iterations: int) -> None:
+        """Arm the engine's profiler: it records from its `delay_iterations`-th
+        iteration on (0: at once) for at most `max_iterations` (vLLM's semantics)."""
+        raise EngineError(self.untraceable() or f"{self.name}: profiling not wired")
+
+    def stop_profile(self) -> None:
+        """Stop the profiler; the engine writes its trace file before this returns."""
+        raise EngineError(self.untraceable() or f"{self.name}: profiling not wired")
 
     def __enter__(self) -> "Engine":
         self.start()

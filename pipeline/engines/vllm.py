@@ -58,6 +58,23 @@ def check_pinned(version: str) -> tuple[str, str]:
     return found
 
 
+PROFILING_ENV = {"VLLM_CUSTOM_SCOPES_FOR_PROFILING": "1"}
+"""vLLM then annotates its model runner's parts (`gpu_model_runner: forward`, `…: sample`)
+inside each iteration's `execute_context_…_generation_…` range: the forward is a seam."""
+
+
+def profiler_config(out_dir: Path | None) -> dict | None:
+    """vLLM 0.32's profiler settings (its `profiler_config`; vLLM 0.32 reads no
+    VLLM_TORCH_PROFILER_DIR): torch's profiler into `out_dir`, shapes recorded (the
+    bandwidth analysis needs them), no Python stacks (their cost lands in the range),
+    and no front-end profiler (it ignores the iteration delay)."""
+    if out_dir is None:
+        return None
+    return {"profiler": "torch", "torch_profiler_dir": str(out_dir),
+            "torch_profiler_record_shapes": True, "torch_profiler_with_stack": False,
+            "torch_profiler_use_gzip": True, "ignore_frontend": True}
+
+
 def _max_model_len(model_dir: Path) -> int:
     try:
         return int(json.loads((model_dir / "config.json").read_text())["max_position_embeddings"])
@@ -81,17 +98,41 @@ class VllmEngine(Engine):
         self.log: Path | None = None
         self.info: dict[str, str] = {}
         self._digest = ""
+        self.profile_dir: Path | None = None
 
     @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
+
+    def untraceable(self) -> str | None:
+        return None
+
+    def enable_profiling(self, out_dir: Path) -> None:
+        self.profile_dir = Path(out_dir)
+        self.extra_env = {**self.extra_env, **PROFILING_ENV}
+
+    def start_profile(self, delay_iterations: int, max_iterations: int) -> None:
+        self._call({"op": "start_profile", "delay_iterations": delay_iterations,
+                    "max_iterations": max_iterations})
+
+    def stop_profile(self) -> None:
+        self._call({"op": "stop_profile"})
+
+    def _call(self, msg: dict) -> None:
+        if self.proc is None:
+            raise EngineError("vLLM engine: profiling before start()")
+        self._send(msg)
+        reply = self._read()
+        if not reply.get("ok"):
+            raise EngineError(f"vLLM {msg['op']} failed: {_last_line(reply.get('error', ''))}")
 
     def start(self) -> None:
         check_pinned(self.version)
         self._digest = model_info(self.model_dir).digest
         config = {"model": str(self.model_dir), "dtype": self.dtype, "seed": self.seed,
                   "enforce_eager": self.enforce_eager, "max_num_seqs": self.max_num_seqs,
-                  "max_model_len": _max_model_len(self.model_dir)}
+                  "max_model_len": _max_model_len(self.model_dir),
+                  "profiler_config": profiler_config(self.profile_dir)}
         self.log = _process.log_path("vllm-offline")
         self.proc = _process.spawn(
             [sys.executable, "-m", "pipeline.engines._vllm_worker", json.dumps(config)],
@@ -191,10 +232,18 @@ class VllmServerEngine(OpenAIEngine):
                    "--dtype", dtype, "--seed", str(seed), "--no-enable-prefix-caching",
                    "--max-model-len", str(_max_model_len(Path(model_dir))),
                    "--max-num-seqs", str(max_num_seqs), "--served-model-name", "rowgate-model",
-                   "--disable-log-stats", "--max-logprobs", "1"]
+                   "--disable-log-stats", "--max-logprobs", str(OpenAIEngine.logprobs)]
         if enforce_eager:
             command.append("--enforce-eager")
         super().__init__(command, model_dir, device=device, env=env, version=version)
+
+    def enable_profiling(self, out_dir: Path) -> None:
+        # vLLM 0.32 takes its profiler from --profiler-config only; the variable stays
+        # set for servers (and older vLLM) that read it.
+        super().enable_profiling(out_dir)
+        self.extra_env.update(PROFILING_ENV)
+        self.command = [*self.command, "--profiler-config",
+                        json.dumps(profiler_config(out_dir))]
 
     def start(self) -> None:
         check_pinned(self.version)

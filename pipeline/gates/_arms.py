@@ -1,14 +1,18 @@
-"""What the engine-driven gates (tokens, throughput, accuracy) share.
+"""What the engine-driven gates (tokens, throughput, trace, accuracy) share.
 
-The row's model (the tiny model is built here, real weights must already be on
-the machine), the workload passes and their digest, and the arms started once
-per gate run and stopped on every way out.
+The row's models (the tiny model is built here, real weights must already be on
+the machine) — every one of them: the workload matrix is models x input lengths x
+concurrency —, the workload passes of each (prompts from the row's pinned dataset
+or random ids) and their digest, the arms by name (`resolve_arm`: a baseline or a
+traced arm may be any declared arm), and the arms started once per model and gate
+run, bound to the subject checkout, stopped on every way out.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,7 +21,7 @@ from pipeline.errors import Error
 from pipeline.gates.interface import GateContext, GateError
 from pipeline.model import ModelInfo, model_info, why_unavailable
 from pipeline.model import resolve_model as model_resolve
-from pipeline.rowspec import Arm, ModelRef
+from pipeline.rowspec import Arm, ModelRef, cell_prefix
 
 if TYPE_CHECKING:
     from pipeline.rows import Row
@@ -27,17 +31,44 @@ CANDIDATE_MODEL_OPTION = "candidate_model"
 instead of the row's (e.g. a quantized checkpoint); its digest is recorded."""
 
 
-def row_model(row: Row) -> ModelRef:
+def row_models(row: Row) -> list[ModelRef]:
     if not row.models:
         raise GateError(f"row {row.id}: declares no [[models]]; the engine gates need one")
-    return row.models[0]
+    return list(row.models)
+
+
+def row_model(row: Row) -> ModelRef:
+    return row_models(row)[0]
 
 
 def model_requirement(row: Row) -> str | None:
-    """PENDING reason when the row's model is neither buildable nor on this machine."""
+    """PENDING reason when one of the row's models is neither buildable nor on this
+    machine, or its prompt file is not."""
     if not row.models:
         return None  # measure raises: a row without a model is an ERROR, not PENDING
-    return why_unavailable(row.models[0])
+    for ref in row.models:
+        why = why_unavailable(ref)
+        if why:
+            return why
+    return dataset_requirement(row)
+
+
+def dataset_requirement(row: Row) -> str | None:
+    from pipeline.datasets import DatasetRef
+    from pipeline.datasets import why_unavailable as dataset_missing
+
+    ds = row.workload.dataset
+    return dataset_missing(ds, Path.cwd()) if isinstance(ds, DatasetRef) else None
+
+
+def resolve_arm(row: Row, name: str) -> Arm:
+    """The arm a gate names: `oracle`, `candidate`, or a fallback by its `name` (or, for
+    rows that named baselines by mode, its mode): what a throughput gate's `baseline`
+    and a trace gate's `arms` mean."""
+    named = row.arms.named()
+    if name not in named:
+        raise GateError(f"no arm named {name!r} in row {row.id} (arms: {', '.join(named)})")
+    return named[name]
 
 
 def arms_requirement(row: Row, arms: dict[str, Arm]) -> str | None:
@@ -55,25 +86,46 @@ def arms_requirement(row: Row, arms: dict[str, Arm]) -> str | None:
 
 
 def baseline_arm(row: Row, baseline: str) -> Arm:
-    """The arm a candidate is measured against: the oracle, or the fallback whose mode
-    is `baseline` (e.g. `graph`: a persistent kernel against CUDA-graph replay)."""
-    if baseline == "oracle":
-        return row.arms.oracle
-    for arm in row.arms.fallbacks:
-        if arm.mode == baseline:
-            return arm
-    modes = ", ".join(a.mode for a in row.arms.fallbacks) or "none"
-    raise GateError(f"baseline {baseline!r}: the row has no fallback arm in that mode "
-                    f"(fallback modes: {modes})")
+    """The arm a candidate is measured against (`resolve_arm`): the oracle, the accepted
+    kernel's fallback by name, or a fallback by mode (`graph`: a persistent kernel
+    against CUDA-graph replay)."""
+    return resolve_arm(row, baseline)
 
 
-def resolve_model(row: Row) -> ModelInfo:
-    """Build the tiny model, or read the row's local weights directory."""
-    ref = row_model(row)
+def resolve_model(row: Row, ref: ModelRef | None = None) -> ModelInfo:
+    """Build the tiny model, or read the row's local weights directory (`ref`, else
+    the row's first model)."""
+    ref = ref or row_model(row)
     try:
         return model_resolve(ref)
     except Error as exc:
         raise GateError(f"model {ref.id}: {exc.diagnostics()}") from exc
+
+
+@dataclass(frozen=True)
+class ModelRun:
+    """One model of the row and its share of the workload matrix."""
+
+    ref: ModelRef
+    info: ModelInfo
+    passes: list[WorkloadPass]
+
+
+def model_runs(row: Row, cells: list[str] | None = None) -> list[ModelRun]:
+    """Every model of the row with its passes (cells `<model id>/i…-c…` when the row has
+    several), restricted to `cells` when given (names outside the matrix refused)."""
+    runs = []
+    for ref in row_models(row):
+        info = resolve_model(row, ref)
+        runs.append(ModelRun(ref, info, workload_passes(row, info, ref)))
+    if cells:
+        known = {p.cell for r in runs for p in r.passes}
+        unknown = [c for c in cells if c not in known]
+        if unknown:
+            raise GateError(f"cells {unknown}: not in the workload matrix "
+                            f"({', '.join(sorted(known))})")
+        runs = [ModelRun(r.ref, r.info, [p for p in r.passes if p.cell in cells]) for r in runs]
+    return [r for r in runs if r.passes]
 
 
 def candidate_model(model: ModelInfo, ctx: GateContext) -> ModelInfo:
@@ -86,13 +138,32 @@ def candidate_model(model: ModelInfo, ctx: GateContext) -> ModelInfo:
         raise GateError(f"--option {CANDIDATE_MODEL_OPTION}={path}: {exc.diagnostics()}") from exc
 
 
-def workload_passes(row: Row, model: ModelInfo) -> list[WorkloadPass]:
+def workload_passes(row: Row, model: ModelInfo, ref: ModelRef | None = None
+                    ) -> list[WorkloadPass]:
+    """The passes of one model: its cells prefixed when the row has several models,
+    prompts from the row's dataset tokenized with this model's tokenizer."""
     from pipeline.workload import build_passes
 
+    ids = [m.id for m in row.models]
+    prefix = cell_prefix((ref or row_model(row)).id, ids) if row.models else ""
     try:
-        return build_passes(row.workload, model.vocab_size, model.special_ids)
+        return build_passes(row.workload, model.vocab_size, model.special_ids,
+                            dataset_prompts(row, model), prefix)
     except Error as exc:
         raise GateError(f"workload: {exc.diagnostics()}") from exc
+
+
+def dataset_prompts(row: Row, model: ModelInfo):
+    """The row's prompt file tokenized for `model`, or None for random-id prompts."""
+    from pipeline import datasets
+    from pipeline.workload import DatasetPrompts
+
+    ref = row.workload.dataset
+    if not isinstance(ref, datasets.DatasetRef):
+        return None
+    texts = datasets.load(ref, Path.cwd())
+    ids = datasets.tokenize(texts, model.path / "tokenizer.json", set(model.special_ids))
+    return DatasetPrompts(tuple(ref.describe().items()), tuple(tuple(i) for i in ids))
 
 
 def select_cells(passes: list[WorkloadPass], cells: list[str]) -> list[WorkloadPass]:
@@ -136,7 +207,8 @@ def started(arms: dict[str, tuple[Arm, ModelInfo]], row: Row, ctx: GateContext,
         for role, (arm, model) in arms.items():
             ctx.progress.update(f"starting {role} ({arm.engine.value}) on {dev}")
             try:
-                engine = engines.create(arm, model.path, device=dev, options=opts)
+                engine = engines.create(arm, model.path, device=dev, options=opts,
+                                        subject=ctx.repo)
                 stack.enter_context(engine)
             except Error as exc:
                 raise GateError(f"{role} arm ({arm.engine.value}) did not start: "

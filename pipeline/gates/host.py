@@ -1,5 +1,6 @@
-"""Host gate: clean tree, DCO sign-off on every commit since the base, and the
-row's commands run in the subject repo."""
+"""Host gate: a change to gate (the head's tree differs from its base's), a clean tree,
+DCO sign-off on every commit since the base, and the row's commands run in the subject
+repo."""
 
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ pass arguments of any size, a reason is one line."""
 def shown(argv: list[str]) -> str:
     line = " ".join(argv)
     return line if len(line) <= SHOWN_ARGV else f"{line[:SHOWN_ARGV]}… ({len(line)} characters)"
+TREES = "trees.json"
+"""The head's and the base's tree ids: equal trees are a change with nothing in it."""
 
 
 class HostGate(GateSpec):
@@ -53,10 +56,15 @@ class Host(Gate[HostGate]):
                 status = repo.git.status("--porcelain", "--untracked-files=all")
                 commits = [{"sha": c.hexsha, "subject": c.summary, "message": c.message}
                            for c in repo.iter_commits(f"{subject.base}..{subject.commit}")]
+                trees = {"commit": subject.commit, "base": subject.base,
+                         "commit_tree": repo.commit(subject.commit).tree.hexsha,
+                         "base_tree": repo.commit(subject.base).tree.hexsha
+                         if subject.base else ""}
         except git.GitCommandError as exc:
             raise GateError(f"host gate: git failed in {ctx.repo}: {exc.stderr.strip()}") from exc
         (out / "status.txt").write_text(status + ("\n" if status else ""))
         (out / "commits.json").write_text(json.dumps(commits, indent=2) + "\n")
+        (out / TREES).write_text(json.dumps(trees, indent=2) + "\n")
         records = [self._run(i, cmd, ctx) for i, cmd in enumerate(spec.commands)]
         (out / "commands.json").write_text(json.dumps(records, indent=2) + "\n")
 
@@ -85,13 +93,21 @@ class Host(Gate[HostGate]):
             raise GateError(f"host gate artifacts unreadable in {artifact_dir}: {exc}") from exc
         commits = read_json(artifact_dir / "commits.json")
         commands = read_json(artifact_dir / "commands.json")
+        # Bundles sealed before rowgate recorded the trees have none: the review's own
+        # look at the subject's commits (decision/change.py) covers them.
+        trees = read_json(artifact_dir / TREES) if (artifact_dir / TREES).is_file() else None
         dirty = [line for line in status.splitlines() if line.strip()]
         unsigned = [c for c in commits if not SIGNED_OFF.search(c["message"])]
         failed = [c for c in commands if c["returncode"] != 0]
         metrics = {"dirty_paths": len(dirty), "commits_since_base": len(commits),
                    "commits_without_signoff": len(unsigned), "commands": len(commands),
                    "commands_failed": len(failed)}
+        if trees is not None:
+            metrics["changed"] = int(trees["commit_tree"] != trees["base_tree"])
         problems = []
+        if trees is not None and not metrics["changed"]:  # the SM70 PR's head: nothing to gate
+            problems.append(f"no change to gate: head {trees['commit'][:12]} has the tree of "
+                            f"its base {trees['base'][:12]} ({trees['commit_tree'][:12]})")
         if spec.require_clean and dirty:
             problems.append(f"working tree not clean: {len(dirty)} path(s), first {dirty[0].strip()!r}")
         if spec.require_dco and unsigned:

@@ -135,6 +135,7 @@ class Gate(abc.ABC, Generic[S]):
       first (PENDING with the exact reason where it is absent);
     * `workload_matrix`: its cells are the workload matrix's (`i<len>-c<conc>`), so a
       criterion naming a cell must name one of the matrix;
+    * `arm_fields`: its spec keys that name arms of the row (checked when a row loads);
     * `report_view`: the report's richer view of its results (`pipeline.report.sections`
       `VIEWS`), "" for the generic view alone.
     """
@@ -143,6 +144,9 @@ class Gate(abc.ABC, Generic[S]):
     spec_model: ClassVar[type[GateSpec]]
     needs_device: ClassVar[bool] = False
     workload_matrix: ClassVar[bool] = False
+    arm_fields: ClassVar[tuple[str, ...]] = ()
+    """Spec keys that name arms of the row (a throughput `baseline`, a trace's `arms`):
+    the row checks each names one (`Arms.named`)."""
     report_view: ClassVar[str] = ""
 
     def requirements(self, row: "Row", spec: S, ctx: GateContext) -> str | None:

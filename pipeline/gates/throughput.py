@@ -68,9 +68,10 @@ class ThroughputGate(GateSpec):
     endpoint: bool = False
     """Drive the arms through their OpenAI endpoints (streamed TTFT/TPOT/ITL)."""
     baseline: str = "oracle"
-    """The A side: `oracle`, or the mode of one of the row's fallback arms (e.g.
-    `graph`: the persistent candidate against CUDA-graph replay on the same device).
-    The artifacts keep calling the A side `oracle`; meta.json names the arm."""
+    """The A side, any arm of the row by name (`_arms.resolve_arm`): `oracle`, a fallback's
+    `name` (the SM70 row's `accepted` kernel), or a fallback's mode (e.g. `graph`: the
+    persistent candidate against CUDA-graph replay on the same device). The artifacts
+    keep calling the A side `oracle`; meta.json names the arm."""
 
 
 def schedule(order: str, repeats: int, seed: int) -> list[str]:
@@ -98,6 +99,7 @@ class Throughput(Gate[ThroughputGate]):
     spec_model = ThroughputGate
     needs_device = True
     workload_matrix = True
+    arm_fields = ("baseline",)
     report_view = "throughput"
 
     def requirements(self, row: Row, spec: ThroughputGate, ctx: GateContext) -> str | None:
@@ -113,29 +115,34 @@ class Throughput(Gate[ThroughputGate]):
     # ------------------------------------------------------------- measure
 
     def measure(self, row: Row, spec: ThroughputGate, ctx: GateContext) -> None:
-        model = _arms.resolve_model(row)
-        passes = _arms.select_cells(_arms.workload_passes(row, model), spec.cells)
-        cand_model = _arms.candidate_model(model, ctx)
+        runs = _arms.model_runs(row, spec.cells)  # every model of the row, its own arms
+        passes = [p for run in runs for p in run.passes]
         gpu = _arms.gpu_index(row, ctx)
         out = ctx.artifact_dir
         base = _arms.baseline_arm(row, spec.baseline)
-        arms = {"oracle": (base, model), "candidate": (row.arms.candidate, cand_model)}
         endpoint = {"endpoint": "true"} if spec.endpoint else {}
-        with _arms.started(arms, row, ctx, endpoint) as engines, \
-                open(out / SAMPLES, "w", newline="") as s_file, \
+        descriptions: dict[str, dict] = {}
+        with open(out / SAMPLES, "w", newline="") as s_file, \
                 open(out / REQUESTS, "w") as r_file, \
                 open(out / CLOCKS, "w", newline="") as c_file:
             samples = csv.DictWriter(s_file, SAMPLE_FIELDS)
             clocks = csv.DictWriter(c_file, CLOCK_FIELDS)
             samples.writeheader()
             clocks.writeheader()
-            for work in passes:
-                self._cell(row, spec, ctx, engines, work, gpu, samples, r_file, clocks)
-            descriptions = {role: engines[role].describe() for role in ROLES}
+            for run in runs:
+                arms = {"oracle": (base, run.info),
+                        "candidate": (row.arms.candidate, _arms.candidate_model(run.info, ctx))}
+                with _arms.started(arms, row, ctx, endpoint) as engines:
+                    for work in run.passes:
+                        self._cell(row, spec, ctx, engines, work, gpu, samples, r_file, clocks)
+                    for role in ROLES:
+                        descriptions.setdefault(role, engines[role].describe())
         if gpu is None:
             (out / CLOCKS).unlink()  # no GPU: nothing to sample, and no empty file to misread
         write_json(out / META, {
-            "model_digest": model.digest, "cells": [p.cell for p in passes],
+            "model_digest": runs[0].info.digest,
+            "models": {run.ref.id: run.info.digest for run in runs},
+            "cells": [p.cell for p in passes],
             "order": spec.order, "repeats": spec.repeats, "warmup": spec.warmup,
             "device": _arms.device_name(row, ctx), "clocks_sampled": gpu is not None,
             "baseline": spec.baseline,

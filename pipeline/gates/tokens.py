@@ -82,23 +82,35 @@ class Tokens(Gate[TokensGate]):
     # ------------------------------------------------------------- measure
 
     def measure(self, row: Row, spec: TokensGate, ctx: GateContext) -> None:
-        model = _arms.resolve_model(row)
-        passes = _arms.workload_passes(row, model)
-        cand_model = _arms.candidate_model(model, ctx)
-        arms = {"candidate": (row.arms.candidate, cand_model)}
-        if spec.oracle_record:
-            oracle = _record_side(spec, ctx)
-        else:
-            arms = {"oracle": (row.arms.oracle, model), **arms}
-        with _arms.started(arms, row, ctx) as engines:
-            sides = {role: _run_side(role, engine, passes, ctx)
-                     for role, engine in engines.items()}
-        if spec.oracle_record:
+        runs = _arms.model_runs(row)
+        if spec.oracle_record and len(runs) > 1:
+            raise GateError(f"tokens: an oracle record covers one model; row {row.id} gates "
+                            f"{len(runs)} (run the oracle live)")
+        oracle = _record_side(spec, ctx) if spec.oracle_record else None
+        outputs: dict[str, list[dict]] = {}
+        engines_seen: dict[str, dict[str, dict]] = {}
+        for run in runs:  # every model of the row, its arms started for it
+            arms = {"candidate": (row.arms.candidate, _arms.candidate_model(run.info, ctx))}
+            if oracle is None:
+                arms = {"oracle": (row.arms.oracle, run.info), **arms}
+            with _arms.started(arms, row, ctx) as engines:
+                for role, engine in engines.items():
+                    side = _run_side(role, engine, run.passes, ctx)
+                    outputs.setdefault(role, []).extend(side.outputs)
+                    engines_seen.setdefault(role, {})[run.ref.id] = side.meta["engine"]
+        passes = [p for run in runs for p in run.passes]
+        sides = {role: _Side(outs, {"source": "live",
+                                    "engine": next(iter(engines_seen[role].values())),
+                                    "engines": engines_seen[role],
+                                    "workload_digest": workload_digest(passes)})
+                 for role, outs in outputs.items()}
+        if oracle is not None:
             sides["oracle"] = oracle
         for role, side in sides.items():
             _write_outputs(ctx.artifact_dir / ARM_FILES[role], side.outputs)
         write_json(ctx.artifact_dir / META, {
-            "model_digest": model.digest,
+            "model_digest": runs[0].info.digest,
+            "models": {run.ref.id: run.info.digest for run in runs},
             "cells": [p.cell for p in passes],
             **{role: side.meta for role, side in sides.items()}})
 

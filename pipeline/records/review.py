@@ -63,6 +63,9 @@ class Freshness(Model):
     """Digest of the row file the review was made against."""
     moved: list[str] = Field(default_factory=list)
     """What moved since the bundle was sealed; empty when fresh."""
+    already_present: str = ""
+    """`already present in <branch>: …` when merging the head into the row's merge target
+    changes nothing (the merge then records it as merged, with no merge commit)."""
 
 
 class GateCheck(Model):

@@ -60,7 +60,7 @@ def executing_path(items: list[Work], steps: list[Step]) -> dict:
 # ---------------------------------------------------------------- temporal
 
 
-def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+def union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
     out: list[list[float]] = []
     for a, b in sorted(intervals):
         if out and a <= out[-1][1]:
@@ -86,7 +86,7 @@ def temporal(items: list[Work], steps: list[Step], gpu: bool) -> dict:
     for j, s in enumerate(steps):
         lo, hi = s.ts, s.ts + s.dur
         mine = sorted((w for w in items if w.step == j), key=lambda w: w.ts)
-        busy = _union([(max(w.ts, lo), min(w.end, hi)) for w in mine if w.end > lo and w.ts < hi])
+        busy = union([(max(w.ts, lo), min(w.end, hi)) for w in mine if w.end > lo and w.ts < hi])
         idle = dict.fromkeys(kinds, 0.0)
         cursor, k = lo, 0
         for a, b in busy + [(hi, hi)]:

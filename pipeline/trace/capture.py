@@ -37,6 +37,9 @@ TRACE_FILE = "trace.json.gz"
 CLOCKS_FILE = "clocks.json"
 CAPTURE_FILE = "capture.json"
 CLOCK_PERIOD_S = 0.005
+CAPTURE_FORMAT = 2
+"""capture.json's format: 2 added the timed pass's outputs and their workload requests
+(matched windows); a gate reports what a format-1 capture cannot support as before."""
 
 
 class CaptureError(Error):
@@ -234,12 +237,21 @@ def _pass(prompts: Sequence[tuple[int, ...]], concurrency: int, decode_steps: in
     return WorkloadPass(cell=tag, concurrency=concurrency, requests=reqs)
 
 
-def _run_phase(engine, stepper: _Stepper, phase: str, work) -> None:
+def _run_phase(engine, stepper: _Stepper, phase: str, work) -> list[dict]:
     stepper.phase, stepper.index = phase, 0
     try:
-        engine.generate(work)
+        result = engine.generate(work)
     except Error as exc:
         raise CaptureError(f"capture: {phase} pass failed: {exc.diagnostics()}") from exc
+    return outputs_record(result)
+
+
+def outputs_record(result) -> list[dict]:
+    """A pass's outputs as the capture record keeps them (the traced tokens are matched
+    to the correctness pass: pipeline/trace/windows.py)."""
+    return [{"id": o.id, "token_ids": list(o.token_ids), "logprobs": list(o.logprobs),
+             "alternatives": [list(map(list, a)) for a in o.alternatives]}
+            for o in result.outputs]
 
 
 # ----------------------------------------------------------------- ceiling
@@ -303,12 +315,14 @@ def _profiler(plan: CapturePlan, device: str, export_to: Path):
 
 
 def capture(engine, prompts: Sequence[tuple[int, ...]], plan: CapturePlan, out_dir: Path,
-            device: str, gpu_index: int | None = None) -> dict:
+            device: str, gpu_index: int | None = None,
+            sources: Sequence[str] = ()) -> dict:
     """Run warm → primer → timed steps with one delayed range; write the artifacts.
 
     `engine` is a started reference engine. Writes `trace.json.gz` (every range
     the profiler produced, merged: validity counts them), `clocks.json` and
-    `capture.json` under `out_dir`; returns the capture record.
+    `capture.json` (with the timed pass's outputs and `sources`, the workload request
+    each prompt came from) under `out_dir`; returns the capture record.
     """
     import torch
 
@@ -334,8 +348,8 @@ def capture(engine, prompts: Sequence[tuple[int, ...]], plan: CapturePlan, out_d
             stepper.prof = prof
             prof.start()
         stepper.timed_left = plan.timed_steps()
-        _run_phase(engine, stepper, "timed", _pass(prompts, plan.concurrency,
-                                                   plan.timed_steps(), "timed"))
+        timed = _run_phase(engine, stepper, "timed", _pass(prompts, plan.concurrency,
+                                                           plan.timed_steps(), "timed"))
         # Writes what a synchronous start recorded, or a range a too-short run
         # left open; after a completed schedule it does nothing.
         prof.stop()
@@ -344,10 +358,12 @@ def capture(engine, prompts: Sequence[tuple[int, ...]], plan: CapturePlan, out_d
     doc = merge_ranges(ranges)
     events.write_doc(doc, out_dir / TRACE_FILE)
     (out_dir / CLOCKS_FILE).write_text(json.dumps(clocks.record(), indent=1) + "\n")
-    record = {"plan": dataclasses.asdict(plan), "schedule": list(plan.schedule()),
+    record = {"format": CAPTURE_FORMAT, "plan": dataclasses.asdict(plan),
+              "schedule": list(plan.schedule()),
               "ranges_written": len(ranges), "device": device, "torch": torch.__version__,
               "engine": engine.describe(), "range_opened_unix_s": stepper.range_opened_at,
-              "copy_ceiling": ceiling}
+              "copy_ceiling": ceiling, "timed_outputs": timed,
+              "prompt_sources": list(sources)[:len(timed)]}
     (out_dir / CAPTURE_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     return record
 

@@ -17,9 +17,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.trace import analysis, events, validity
+from pipeline.trace import analysis, engine_trace, events, seams, validity
 from pipeline.trace.analysis import Analysis
 from pipeline.trace.capture import CAPTURE_FILE, CLOCKS_FILE, TRACE_FILE
+from pipeline.trace.seams import Seam
 from pipeline.trace.validity import Validity
 
 ANALYSIS_FILE = "analysis.json"
@@ -46,6 +47,13 @@ class Judging:
     clock_tolerance: float
     material_idle_fraction: float
     graph_route_proof: bool = False
+    seams: tuple[tuple[str, tuple[Seam, ...]], ...] = ()
+    """(role, its required seams): what each arm's range must run through."""
+
+    def seams_of(self, role: str) -> tuple[Seam, ...]:
+        """The seams of a capture's arm (its role may start with `<model id>/`)."""
+        arm = role.rsplit("/", 1)[-1]
+        return next((s for r, s in self.seams if r == arm), ())
 
 
 @dataclass(frozen=True)
@@ -55,6 +63,8 @@ class Result:
     analysis: Analysis | None
     """None when the trace has no range to analyse (it is refused anyway)."""
     validity: Validity
+    seams: tuple[dict, ...] = ()
+    """Per required seam: found in the range, steps with it, share of step time."""
 
     @property
     def name(self) -> str:
@@ -72,6 +82,26 @@ def _read_json(path: Path) -> dict:
         raise CaptureSetError(f"{path}: missing or unreadable") from exc
 
 
+def read_record(d: Path) -> dict:
+    """A capture directory's `capture.json`."""
+    return _read_json(d / CAPTURE_FILE)
+
+
+def _load(d: Path, record: dict, judging: Judging):
+    """The capture's trace, and for a trace the engine wrote itself its delayed-start
+    check; rowgate's markers are added to such a trace here, in memory (engine_trace)."""
+    if not engine_trace.is_engine_capture(record):
+        return events.load(d / TRACE_FILE), None
+    doc = events.read_doc(d / TRACE_FILE)
+    phases = _read_json(d / engine_trace.PHASES_FILE)
+    if not isinstance(phases, list):
+        raise CaptureSetError(f"{d / engine_trace.PHASES_FILE}: not a list of phases")
+    delay = engine_trace.delay_check(doc, phases, record.get("delay_iterations"),
+                                     judging.arm_delay)
+    normalized = engine_trace.normalize(doc, phases, judging.steps)
+    return events.from_dict(normalized, str(d / TRACE_FILE)), delay
+
+
 def analyse(judging: Judging, out: Path, which: list[tuple[str, str]]) -> list[Result]:
     """Validity and analysis of every capture, from its raw files alone."""
     expect = validity.Expect(arm_delay=judging.arm_delay, steps=judging.steps,
@@ -80,17 +110,20 @@ def analyse(judging: Judging, out: Path, which: list[tuple[str, str]]) -> list[R
     results = []
     for role, mode in which:
         d = out / f"{role}-{mode}"
-        trace = events.load(d / TRACE_FILE)
-        clocks = _read_json(d / CLOCKS_FILE)
         record = _read_json(d / CAPTURE_FILE)
-        v = validity.validate(trace, clocks, expect)
+        trace, delay = _load(d, record, judging)
+        clocks = _read_json(d / CLOCKS_FILE)
+        v = validity.validate(trace, clocks, expect, delay)
         a = None
         if validity.the_range(trace) is not None:
             a = analysis.analyze(trace, mode, record["copy_ceiling"]["bytes_per_s"],
                                  judging.material_idle_fraction, reference.get(role))
             if mode == "eager":
                 reference[role] = analysis.bytes_reference(a.items)
-        results.append(Result(role, mode, a, v))
+        rng = validity.the_range(trace)
+        found = tuple(seams.coverage(trace, rng, s) for s in judging.seams_of(role)) \
+            if rng is not None else tuple(seams.absent(s) for s in judging.seams_of(role))
+        results.append(Result(role, mode, a, v, found))
     return results
 
 
@@ -113,6 +146,14 @@ def verdict_from(results: list[Result]) -> Result | None:
             if r.mode == mode:
                 return r
     return usable[-1] if usable else None
+
+
+def eager_launches(results: list[Result]) -> int | None:
+    """Kernels launched from the eager forward inside the graph captures' ranges (0: the
+    full CUDA-graph route); None where no graph capture supports the question."""
+    routes = [r.analysis.graph for r in results if r.analysis is not None
+              and r.mode == "graph" and r.analysis.graph.get("supported")]
+    return sum(g["eager_forward_kernels"] for g in routes) if routes else None
 
 
 def route_detail(g: dict) -> str:
@@ -142,6 +183,13 @@ def summarize(results: list[Result], judging: Judging) -> Summary:
             "valid", "ranges", "primer_kernels_in_range", "sm_clock_spread")})
         if not r.validity.valid:
             problems.append(f"{r.role} {r.mode} trace refused: {r.validity.reason()}")
+        gone = seams.missing(list(r.seams))
+        if r.seams:
+            metrics[p + "seams_missing"] = len(gone)
+            metrics.update({f"{p}seam.{s['seam']}.step_share": s["step_share"] for s in r.seams})
+        if gone:
+            problems.append(f"{r.role} {r.mode}: required seam(s) not in the range: "
+                            f"{', '.join(gone)}")
         if r.analysis is not None:
             metrics.update({p + k: v for k, v in headline(r.analysis).items()})
             if judging.graph_route_proof and r.mode in GRAPH_MODES and \
@@ -150,6 +198,8 @@ def summarize(results: list[Result], judging: Judging) -> Summary:
                                 f"({route_detail(r.analysis.graph)})")
     vs = [r.validity for r in results]
     spreads = [v.metrics["sm_clock_spread"] for v in vs if v.metrics["sm_clock_spread"] is not None]
+    if any(r.seams for r in results):
+        metrics["seams_missing"] = sum(len(seams.missing(list(r.seams))) for r in results)
     metrics.update(valid=int(all(v.valid for v in vs)),
                    ranges=max((v.metrics["ranges"] for v in vs), default=0),
                    primer_kernels_in_range=sum(v.metrics["primer_kernels_in_range"] or 0
@@ -191,6 +241,8 @@ def write_reviewer_files(results: list[Result], out: Path, title: str) -> None:
         doc = {"validity": {"valid": r.validity.valid, "reason": r.validity.reason(),
                             "checks": [c.__dict__ for c in r.validity.checks],
                             "metrics": r.validity.metrics}}
+        if r.seams:
+            doc["seams"] = list(r.seams)
         if r.analysis is not None:
             doc.update(r.analysis.summary(), executing_path=r.analysis.path["steps"])
             _write_csv(d / KERNELS_FILE, r.analysis.rows())

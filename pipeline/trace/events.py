@@ -22,13 +22,17 @@ from pipeline.errors import Error
 RANGE_MARKER = "rowgate.range"
 """The one record_function the capture opens around the timed steps."""
 STEP_MARKER = "rowgate.step"
-"""`rowgate.step#<phase>:<i>`: one decode step of a phase (warm, primer, timed)."""
+"""`rowgate.step#<phase>:<i>`: one decode step of a phase (warm, primer, timed); in an
+engine-written trace also the timed pass's `prefill` iterations and `other` ones."""
 FORWARD_MARKER = "rowgate.forward"
 """The model's eager decode forward inside a step (never inside a graph replay)."""
 GRAPH_RUN_MARKER = "rowgate.graph_run"
 """The engine's graph-replay call: input staging, the replay, the output copy."""
 PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
-STEP_NAME = re.compile(r"^rowgate\.step#(warm|primer|timed):(\d+)$")
+STEP_NAME = re.compile(r"^rowgate\.step#(warm|primer|timed|prefill|other):(\d+)$")
+OWN_PHASES = ("timed", "prefill")
+"""Steps of the timed execution itself; any other step's work inside the range is primer
+work."""
 
 DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
 RUNTIME_CATS = {"cuda_runtime", "cuda_driver"}
@@ -113,7 +117,8 @@ class Trace:
         return (ts_us * 1000.0 + self.base_ns) / 1e9
 
 
-def _span(e: dict) -> Span:
+def span(e: dict) -> Span:
+    """One complete event as a Span."""
     return Span(name=str(e.get("name", "")), cat=str(e.get("cat", "")), ts=float(e["ts"]),
                 dur=float(e.get("dur", 0.0)), pid=e.get("pid"), tid=e.get("tid"),
                 args=dict(e.get("args") or {}))
@@ -124,7 +129,7 @@ def from_dict(doc: dict, path: str = "<memory>") -> Trace:
     events = doc.get("traceEvents")
     if not isinstance(events, list):
         raise TraceError(f"{path}: not a Kineto trace (no traceEvents list)")
-    spans = sorted((_span(e) for e in events if e.get("ph") == "X" and "ts" in e),
+    spans = sorted((span(e) for e in events if e.get("ph") == "X" and "ts" in e),
                    key=lambda s: (s.ts, -s.dur))
     return Trace(
         path=path, base_ns=int(doc.get("baseTimeNanoseconds", 0)),

@@ -102,7 +102,7 @@ def primer_work_in_range(trace: Trace, rng: Span) -> tuple[int, str]:
     recording began), or which started before the range opened. CPU: ops
     inside a primer or warm step that overlaps the range.
     """
-    foreign = [s for phase, _, s in trace.steps() if phase != "timed"]
+    foreign = [s for phase, _, s in trace.steps() if phase not in events.OWN_PHASES]
     if not trace.has_gpu:
         ops = [o for o in trace.cpu_ops if rng.contains(o.ts) and _inside_any(o.ts, foreign)]
         return len(ops), (f"{ops[0].name} at {ops[0].ts:.0f} us" if ops else "")
@@ -179,10 +179,13 @@ def check_kernel_args(trace: Trace, rng: Span) -> Check:
     return Check("kernel_args", True, "every kernel carries grid, block, registers, shared memory")
 
 
-def validate(trace: Trace, clocks: dict, expect: Expect) -> Validity:
-    """All checks; the metric names are the ones rows' criteria use."""
+def validate(trace: Trace, clocks: dict, expect: Expect,
+             delay: tuple[Check, int | None] | None = None) -> Validity:
+    """All checks; the metric names are the ones rows' criteria use. `delay`: the
+    delayed-start check already made for a trace the engine wrote itself
+    (`engine_trace.delay_check`: it has no profiler-schedule steps)."""
     ranges_check, ranges = check_ranges(trace)
-    delay_check, first = check_delay(trace, expect)
+    delay_check, first = delay or check_delay(trace, expect)
     checks = [ranges_check, delay_check]
     metrics: dict = {"ranges": ranges, "first_profiler_step": first}
     rng = the_range(trace)

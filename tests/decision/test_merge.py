@@ -194,11 +194,20 @@ def test_commit_without_dco_is_refused(world):
     assert "1 commit(s) since the base lack a DCO Signed-off-by" in _refused(world, row, "dco")
 
 
-def test_head_whose_tree_equals_its_base_is_nothing_to_merge(world):
+def test_head_whose_tree_equals_its_base_is_refused_at_review_and_merge(world):
     world.repo.git.reset("--hard", "main")  # feature = main, then an empty signed commit
     world.repo.git.commit("--allow-empty", "-s", "-m", "empty change")
-    row, _ = _approved(world)
-    assert "nothing to merge: tree of HEAD is identical to base" in _refused(world, row, "change")
+    row = world.row()
+    bundle = world.gate(row)
+    gate = (bundle / "gates" / "host.json").read_text()
+    assert '"status": "FAIL"' in gate and "no change to gate: head" in gate
+    code, out, _ = world.review(bundle, row)
+    assert code == 1
+    record = review.load_review(Path(out[-1]))
+    assert record.verdict.value == "REJECT"
+    assert record.reasons[0].startswith("no change to gate: head")
+    # so the merge refuses it (its own check of the trees stays behind that)
+    assert "is not APPROVE: REJECT: no change to gate" in _refused(world, row, "approve")
 
 
 def test_change_already_in_main_is_recorded_without_a_merge_commit(world):

@@ -373,3 +373,19 @@ def test_without_row_the_recorded_row_file_is_used(world):
     row.rename(world.tmp / "moved.toml")
     code, _, err = world.cli(*args)
     assert code == 2 and "not found here: pass --row FILE" in err
+
+
+def test_a_change_already_in_main_is_reported_by_the_review(world):
+    """The SM70 PR's later merge: main had the change already, by another route."""
+    row = world.row()
+    bundle = world.gate(row)
+    feature = world.repo.active_branch.name
+    world.repo.git.checkout("main")
+    commit_file(world.repo, "src/kernel.txt", "v2\n", "kernel v2, applied directly")
+    world.repo.git.checkout(feature)
+    code, out, err = world.review(bundle, row)
+    assert code == 0, (out, err)
+    record = review.load_review(Path(out[-1]))
+    assert record.verdict is Verdict.APPROVE
+    assert record.freshness.already_present.startswith("already present in main: a three-way")
+    assert "(already present in main" in record.summary

@@ -37,24 +37,55 @@ def test_server_that_never_serves_is_stopped_by_pid_with_its_children(tiny_model
     assert _group_gone(engine.pid)
 
 
-def test_placeholders_and_factory(tiny_model):
-    arm = Arm(engine=EngineKind.OPENAI, command=["srv", "--port", "{port}", "-m", "{model}"])
-    engine = create(arm, tiny_model.path)
+def test_placeholders_and_factory(tiny_model, tmp_path):
+    arm = Arm(engine=EngineKind.OPENAI, command=["srv", "--port", "{port}", "-m", "{model}",
+                                                 "--root", "{subject}"])
+    engine = create(arm, tiny_model.path, subject=tmp_path)
     assert isinstance(engine, OpenAIEngine)
     engine.port = 8123
-    assert engine.argv() == ["srv", "--port", "8123", "-m", str(tiny_model.path)]
+    assert engine.argv() == ["srv", "--port", "8123", "-m", str(tiny_model.path),
+                             "--root", str(tmp_path)]
+    with pytest.raises(EngineError, match="unknown placeholder 'gpu'"):
+        create(Arm(engine=EngineKind.OPENAI, command=["srv", "{gpu}"]), tiny_model.path).argv()
     with pytest.raises(EngineError, match="declares no command"):
         create(Arm(engine=EngineKind.OPENAI), tiny_model.path)
 
 
+def test_a_subject_server_runs_in_its_checkout_and_its_binary_is_hashed(tiny_model, tmp_path):
+    # The subject's own server script, started by a relative path in its checkout: it
+    # writes where it runs, then exits (so start fails, after the record is made).
+    (tmp_path / "serve.sh").write_text("#!/bin/sh\npwd > started-in\nexit 4\n")
+    (tmp_path / "serve.sh").chmod(0o755)
+    engine = OpenAIEngine(["./serve.sh", "{port}"], tiny_model.path, subject=tmp_path)
+    with pytest.raises(EngineError, match="exited with 4"):
+        engine.start()
+    assert (tmp_path / "started-in").read_text().strip() == str(tmp_path)
+    import hashlib
+    info = engine.describe()
+    assert info["binary"] == str(tmp_path / "serve.sh") and info["cwd"] == str(tmp_path)
+    assert info["binary_sha256"] == "sha256:" + hashlib.sha256(
+        (tmp_path / "serve.sh").read_bytes()).hexdigest()
+
+
 def test_chunks_must_carry_token_ids():
     chunk = {"choices": [{"logprobs": {"tokens": ["token_id:7", "token_id:9"],
-                                       "token_logprobs": [-0.5, -1.25]}}]}
-    assert _chunk_tokens(chunk, "r") == [(7, -0.5), (9, -1.25)]
+                                       "token_logprobs": [-0.5, -1.25],
+                                       "top_logprobs": [{"token_id:7": -0.5, "token_id:3": -2.0,
+                                                         "token_id:4": -1.0}, {}]}}]}
+    assert _chunk_tokens(chunk, "r") == [(7, -0.5, ((4, -1.0), (3, -2.0))), (9, -1.25, ())]
     assert _chunk_tokens({"choices": [], "usage": {}}, "r") == []
     with pytest.raises(EngineError, match="not a token id"):
         _chunk_tokens({"choices": [{"logprobs": {"tokens": ["hello"],
                                                  "token_logprobs": [-1.0]}}]}, "r")
+    with pytest.raises(EngineError, match="text without token ids"):
+        _chunk_tokens({"choices": [{"text": "hello", "logprobs": None}]}, "r")
+
+
+def test_llama_cpp_chunks_carry_ids_in_content():
+    chunk = {"choices": [{"text": "t784", "logprobs": {"content": [
+        {"id": 784, "token": "t784", "logprob": -0.59, "top_logprobs": [
+            {"id": 784, "logprob": -0.59}, {"id": 13, "logprob": -0.86}]}]}}]}
+    assert _chunk_tokens(chunk, "r") == [(784, -0.59, ((13, -0.86),))]
 
 
 @pytest.mark.slow

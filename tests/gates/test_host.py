@@ -66,3 +66,13 @@ def test_derive_is_pure_and_repeatable(git_repo, host_row, tmp_path):
     again = Host().derive(load_row(host_row).row, load_row(host_row).row.gates[0],
                           tmp_path / "stage" / "artifacts" / "host")
     assert (again.status, again.reason, again.metrics) == (result.status, result.reason, result.metrics)
+
+
+def test_a_head_with_its_base_tree_is_no_change_to_gate(git_repo, host_row, tmp_path):
+    """The SM70 PR's head: a signed commit with zero changed files."""
+    git_repo.git.reset("--hard", "main")
+    git_repo.git.commit("--allow-empty", "-s", "-m", "empty change")
+    result = _run(Path(git_repo.working_dir), host_row, tmp_path)
+    assert result.status is Status.FAIL and result.metrics["changed"] == 0
+    assert result.reason.startswith("no change to gate: head ")
+    assert "has the tree of its base" in result.reason

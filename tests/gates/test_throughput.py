@@ -188,12 +188,13 @@ def test_the_candidate_is_measured_against_a_fallback_arm_when_the_row_says_so(t
     assert meta["baseline"] == "eager" and meta["oracle"]["engine"]["engine"] == "reference"
 
 
-def test_a_baseline_the_row_does_not_have_is_an_error(tmp_path):
+def test_a_baseline_the_row_does_not_have_is_refused_with_the_row(tmp_path):
+    from pipeline.errors import RowError
+
     path = tiny_row(tmp_path, "TP-NOBASE", FALLBACK.format(baseline="graph"), requests=2)
-    r = run_one(Throughput(), path, "tp", tmp_path / "stage")
-    assert r.status is Status.ERROR
-    assert r.reason == ("baseline 'graph': the row has no fallback arm in that mode "
-                        "(fallback modes: eager)")
+    with pytest.raises(RowError, match=r"gates\[0\] \(tp\): no arm named 'graph' \(arms: "
+                                       r"oracle, candidate, eager\)"):
+        load_row(path)
 
 
 def test_an_arm_whose_engine_is_not_on_this_machine_is_pending(tmp_path):
@@ -204,7 +205,7 @@ def test_an_arm_whose_engine_is_not_on_this_machine_is_pending(tmp_path):
     '''
     path = tiny_row(tmp_path, "TP-ABSENT", body)
     text = path.read_text().replace('engine = "reference"\nmode = "eager"',
-                                    'engine = "openai"\ncommand = ["no-such-server-xyz"]', 1)
+                                    'engine = "openai"\ncommand = ["no-such-server-xyz", "{port}"]', 1)
     path.write_text(text)
     r = run_one(Throughput(), path, "tp", tmp_path / "stage")
     assert r.status is Status.PENDING

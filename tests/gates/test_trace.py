@@ -112,11 +112,16 @@ def test_gpu_row_without_the_device_is_pending(tmp_path):
     assert "needs an sm_90 device" in result.reason
 
 
-def test_arm_on_another_engine_is_an_error(tmp_path):
+@pytest.mark.slow
+def test_a_vllm_arm_is_traced_through_its_own_profiler(tmp_path):
+    # mode eager: vLLM's enforce_eager (no torch.compile: ~50 s less start-up on 2 cores)
     row = trace_row(tmp_path, "TRACE-VLLM", arms="oracle", oracle="vllm")
-    result = run_one(Trace(), row, "trace", tmp_path / "stage")
-    assert result.status is Status.ERROR
-    assert "arm oracle is engine 'vllm'" in result.reason
+    result = run_one(Trace(), row, "trace", tmp_path / "stage", {"vllm_max_num_seqs": "4"})
+    assert result.status is Status.PASS, result.reason
+    assert result.metrics["oracle.eager.valid"] == 1
+    assert "traced tokens not matched: the row has no tokens gate" in result.reason
+    record = (tmp_path / "stage/artifacts/trace/oracle-eager/capture.json").read_text()
+    assert '"kind": "engine"' in record and '"delay_iterations": 7' in record
 
 
 def test_trace_kind_is_registered():

@@ -262,7 +262,7 @@ def _streamed(requests: list[dict], cell: str) -> bool:
 
 
 def _parity_bounds(row: Row, spec: ThroughputGate, cell: str) -> list:
-    from pipeline import stats
+    from pipeline import _stats_v1 as stats
 
     return [stats.ParityBound.from_criterion(c) for c in row.criteria
             if c.gate == spec.id and c.metric in stats.RATIO_METRICS
@@ -271,7 +271,7 @@ def _parity_bounds(row: Row, spec: ThroughputGate, cell: str) -> list:
 
 def _cell_metrics(row: Row, spec: ThroughputGate, cell: str, samples: list[dict],
                   requests: list[dict]) -> dict:
-    from pipeline import stats
+    from pipeline import _stats_v1 as stats
 
     tps = {role: [tok_per_s(s) for s in samples if s["cell"] == cell and s["arm"] == role]
            for role in ROLES}
@@ -311,7 +311,7 @@ def _clock_metrics(clocks: list[dict], cell: str) -> dict:
 
 
 def _gate_verdict(cells: dict[str, dict], baseline: str = "oracle") -> Derived:
-    from pipeline import stats
+    from pipeline import _stats_v1 as stats
 
     counts = {v.value: sum(m["verdict"] == v.value for m in cells.values())
               for v in stats.Verdict}

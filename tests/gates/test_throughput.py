@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from pipeline import stats
+from pipeline import _stats_v1 as stats
 from pipeline.gates.throughput import Throughput, request_latencies, schedule
 from pipeline.records.status import Status
 from pipeline.rows import load_row

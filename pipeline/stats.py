@@ -30,6 +30,12 @@ Verdicts, with m = `min_effect` (ratios are candidate speed / baseline speed):
   rather than a test of "no difference at all": two engine instances are never
   bit-identical in speed, and a 0.3 % difference between them is not a finding;
 * better: the CI lies entirely above 1 + m/2;
+* both claims also need a CI no wider than the equivalence band (half-width at
+  most ~m): on a machine so noisy that its CI spans several minimum effects, the
+  gate says underpowered rather than stake a claim on the alpha tail. (Any extra
+  condition on a claim only lowers its error rate; simulated, it takes a heavily
+  loaded CPU's false differences from ~alpha to none, and costs a planted 5 %
+  slowdown one look at most where the noise is moderate.)
 * equivalent: the CI lies inside [1 - m, 1 + m] (equivalence by CI inclusion,
   as in TOST; with the two-sided interval it is the conservative form): parity;
 * underpowered: the budget ended before any of the three: the CI reached and
@@ -190,11 +196,13 @@ def _array(values: Sequence[float], name: str) -> np.ndarray:
 
 def decide(design: Design, low: float, high: float) -> Verdict | None:
     """The verdict a log-scale CI [low, high] supports, if any (worse / better first:
-    a CI can be inside the band and still exclude the negligible zone)."""
+    a CI can be inside the band and still exclude the negligible zone; a claim needs a
+    CI no wider than the band)."""
     (nlo, nhi), (blo, bhi) = design.negligible, design.band
-    if high < nlo:
+    precise = high - low <= bhi - blo
+    if high < nlo and precise:
         return Verdict.WORSE
-    if low > nhi:
+    if low > nhi and precise:
         return Verdict.BETTER
     if low >= blo and high <= bhi:
         return Verdict.EQUIVALENT

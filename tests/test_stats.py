@@ -54,6 +54,8 @@ def test_decide_reads_the_ci_against_the_negligible_zone_and_the_band():
     assert at(0.981, 0.989) is Verdict.WORSE  # inside the band, yet beyond negligible
     assert at(0.995, 0.999) is Verdict.EQUIVALENT  # significant, but negligible
     assert at(0.97, 1.01) is None
+    assert at(0.90, 0.97) is None  # below the margin, but wider than the band: no claim
+    assert at(0.95, 0.985) is Verdict.WORSE
     assert at(0.99, 1.03) is None
 
 
@@ -91,6 +93,14 @@ def test_aa_never_calls_a_difference(sd):
     rates = _rates(1.0, sd, seed=int(sd * 1e4))
     assert rates["worse"] == rates["better"] == 0.0
     assert rates["equivalent"] >= 0.97
+
+
+@pytest.mark.parametrize("sd", [0.05, 0.1, 0.3])
+def test_a_very_noisy_machine_is_underpowered_not_a_false_difference(sd):
+    rates = _rates(1.0, sd, trials=400, seed=int(sd * 100))
+    # far below alpha: a claim needs a CI no wider than the band
+    assert rates["worse"] + rates["better"] <= 0.004
+    assert rates["underpowered"] >= 0.5
 
 
 def test_a_negligible_systematic_difference_is_equivalent_not_worse():

@@ -179,6 +179,11 @@ SCENARIOS = (
 )
 
 
+RUN_KEYS = ("verdict", "ratio", "ratio_ci_low", "ratio_ci_high", "rounds", "rounds_discarded",
+            "warmup_rounds", "sd_log_ratio", "elapsed_s", "stop")
+"""Per cell of every run, kept in calibration.json (raw artifacts only for a few runs)."""
+
+
 @dataclass
 class Tally:
     """Counts over runs of one (scenario or model, effect)."""
@@ -190,8 +195,11 @@ class Tally:
     rounds: list[int] = field(default_factory=list)
     elapsed: list[float] = field(default_factory=list)
     sd: list[float] = field(default_factory=list)
+    per_run: list[dict] = field(default_factory=list)
 
     def add(self, status: str, cells: dict[str, dict]) -> None:
+        self.per_run.append({"status": status, "cells": {c: {k: m.get(k) for k in RUN_KEYS}
+                                                         for c, m in cells.items()}})
         self.runs += 1
         self.passed += status == "PASS"
         verdicts = [c["verdict"] for c in cells.values()]
@@ -205,7 +213,7 @@ class Tally:
 
     def summary(self, effect: float) -> dict:
         n = sum(self.cells.values()) or 1
-        out = {"runs": self.runs, "cells": self.cells,
+        out = {"runs": self.runs, "cells": self.cells, "per_run": self.per_run,
                "rounds_mean": round(float(np.mean(self.rounds)), 2) if self.rounds else None,
                "cell_s_mean": round(float(np.mean(self.elapsed)), 3) if self.elapsed else None,
                "sd_log_ratio_median": round(float(np.median(self.sd)), 6) if self.sd else None}
@@ -340,7 +348,11 @@ class Model:
 
 CUDA_MODELS = (Model("tiny-qwen3", "float32", 16, 32),
                Model("probe-qwen3-h2048-l16", "bfloat16", 128, 16))
-CPU_MODELS = (Model("tiny-qwen3", "float32", 16, 16),)
+CPU_MODELS = (Model("tiny-qwen3", "float32", 16, 8),)
+CPU_PLAN = {"min_effect": 0.05, "min_rounds": 8, "max_rounds": 8, "max_seconds": 30.0,
+            "max_warmup": 3}
+"""The smoke's plan: one look, short budgets (the CPU is shared; verdicts are honest,
+often underpowered)."""
 
 
 def load_pair(model: Model, device: str, mode: str):
@@ -376,9 +388,12 @@ def legacy_cell_s(engines, work: WorkloadPass, repeats: int = 9, warmup: int = 1
 
 
 def engine_runs(models, device: str, mode: str, runs: int, effects, budget_s: float,
-                scratch: Path, concurrency, plan_overrides: dict) -> dict:
+                scratch: Path, concurrency, plan_overrides: dict, keep_raw: int = 2) -> dict:
     """A/A and planted runs per model, engines loaded once per model; stops starting
-    new runs when the time budget would be passed (what ran is reported)."""
+    new runs when the time budget would be passed (what ran is reported). The raw
+    artifacts of the first `keep_raw` runs of each stay under `scratch`."""
+    import shutil
+
     t_start = time.monotonic()
     results: dict = {}
     for model in models:
@@ -399,9 +414,11 @@ def engine_runs(models, device: str, mode: str, runs: int, effects, budget_s: fl
                     log(f"   budget: stopping {model.name} effect {effect:.0%} at {i} runs")
                     break
                 t0 = time.monotonic()
-                status, cells = gate_run(engines, passes, plans,
-                                         scratch / f"{model.name}-{effect:g}-{i}", clocks)
+                raw = scratch / f"{model.name}-{effect:g}-{i}"
+                status, cells = gate_run(engines, passes, plans, raw, clocks)
                 per_run.append(time.monotonic() - t0)
+                if i >= keep_raw:
+                    shutil.rmtree(raw)
                 tally.add(status, cells)
                 log(f"   {model.name} effect {effect:4.0%} run {i + 1}: {status} " + ", ".join(
                     f"{c} {m['verdict']} {m['ratio']}/{m['rounds']}r" for c, m in cells.items()))
@@ -449,6 +466,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget-s", type=float, default=330.0,
                    help="cpu/cuda: no new run starts past this many seconds")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--scenarios", nargs="*", default=None, help="sim: scenario names "
+                   f"(default all: {', '.join(sc.name for sc in SCENARIOS)})")
     args = p.parse_args(argv)
     import tempfile
 
@@ -458,11 +477,11 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     doc: dict = {"mode": args.mode, "argv": sys.argv[1:]}
     if args.mode == "sim":
-        doc["results"] = sim(args.trials, args.seed, Path(tempfile.mkdtemp()))
+        chosen = [sc for sc in SCENARIOS if args.scenarios is None or sc.name in args.scenarios]
+        doc["results"] = sim(args.trials, args.seed, Path(tempfile.mkdtemp()), chosen)
     elif args.mode == "cpu":
         doc["results"] = engine_runs(CPU_MODELS, "cpu", "eager", args.runs or 2, (0.0, 0.05),
-                                     args.budget_s, scratch, (1, 4),
-                                     {"min_effect": 0.05, "max_rounds": 16, "max_seconds": 60.0})
+                                     args.budget_s, scratch, (1, 4), dict(CPU_PLAN))
     else:
         doc["results"] = engine_runs(CUDA_MODELS, "cuda:0", "graph", args.runs or 20, EFFECTS,
                                      args.budget_s, scratch, (1, 4, 8), {})

@@ -259,7 +259,9 @@ def gate_run(engines: dict[str, Engine], passes: list[WorkloadPass], plans: dict
     from pipeline.gates import _tp_artifacts as art
 
     out.mkdir(parents=True, exist_ok=True)
-    art.measure_cells(engines, passes, plans, out, _Quiet(), clocks, now=now)
+    with art.open_sink(out, clocks is not None) as sink:
+        records = art.measure_cells(engines, passes, plans, sink, _Quiet(), clocks, now=now)
+    art.write_meta(out, records, plans, clocks is not None)
     meta, rows, requests, clock_rows = art.read_raw(out)
     cells = art.derive_cells(plans, meta, rows, requests, clock_rows)
     derived = art.gate_verdict(cells, "baseline", True, None)

@@ -17,6 +17,7 @@ The abi gate's proof (persistent vs eager) and the tokens gate (candidate vs ora
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pipeline.engines.interface import Alternatives, alternatives_from_json
@@ -84,3 +85,31 @@ def compare(want: list[Out], got: list[Out], margin: float,
             "mismatched_requests": len(mismatches) + abs(len(want) - len(got)),
             "divergences": [{"request": r, **d} for r, d in parted],
             "first_divergence": mismatches[0] if mismatches else None}
+
+
+def matched_windows(correct: Mapping[str, Out], window: Mapping[str, Out],
+                    margin: float = 0.0) -> dict:
+    """MLPerf TEST06's check: the tokens a timed (or traced) pass produced against the
+    correctness pass (the tokens gate's) of the same requests, paired by request id, by
+    `divergence` (exact, or a near-tie within `margin` nats kept the other way). A
+    window request without a correctness counterpart is a mismatch: its tokens were
+    never checked. `matched` is True iff nothing mismatched; the caller refuses the
+    timed comparison otherwise."""
+    parted, unmatched = [], []
+    for key, got in window.items():
+        want = correct.get(key)
+        if want is None:
+            unmatched.append(key)
+            continue
+        d = divergence(want, got, margin, ("correctness", "window"))
+        if d:
+            parted.append({"request": key, **d})
+    mismatches = [d for d in parted if not d["tie"]]
+    first = mismatches[0] if mismatches else (
+        {"request": unmatched[0], "unmatched": True} if unmatched else None)
+    return {"requests": len(window), "compared": len(window) - len(unmatched),
+            "exact_requests": len(window) - len(unmatched) - len(parted),
+            "tie_requests": len(parted) - len(mismatches),
+            "mismatched_requests": len(mismatches) + len(unmatched),
+            "unmatched_requests": len(unmatched), "first_mismatch": first,
+            "matched": not mismatches and not unmatched}

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from pipeline import _stats_v1 as stats
-from pipeline.rowspec import Criterion
 from pipeline._stats_v1 import ParityBound, Verdict
+from pipeline.rowspec import Criterion
 
 
 def _draw(rng: np.random.Generator, centre: float, noise: float, n: int) -> list[float]:

@@ -70,6 +70,10 @@ class _Cell:
     def check_warmup(self) -> bool:
         """Re-take the warm-up decision; True when it settled (not cut by max_warmup)."""
         p, n = self.plan, len(self.warm)
+        if p.warmup == 0:
+            if n:
+                raise RecordError(f"warm-up: {n} rounds recorded, the plan asks for none")
+            return True
         speeds: dict[str, list[float]] = {arm: [] for arm in ROLES}
         for w in range(n):
             for arm in ROLES:
@@ -163,10 +167,11 @@ def _clock_metrics(clocks: list[Mapping]) -> dict[str, Any]:
             "temperature_max_c": max(int(c["temperature_c"]) for c in clocks)}
 
 
-def timed_tokens(requests: Sequence[Mapping]) -> tuple[dict[tuple[str, str], list[int]], list[str]]:
-    """Per (arm, request id) the token ids of the timed passes, and the requests whose
-    timed passes disagree among themselves (or whose ids do not match their digest)."""
-    ids: dict[tuple[str, str], list[int]] = {}
+def timed_tokens(requests: Sequence[Mapping]) -> tuple[dict[tuple[str, str], Mapping], list[str]]:
+    """Per (arm, request id) the record of its first timed pass (token ids, logprobs,
+    alternatives), and the requests whose timed passes disagree among themselves or
+    whose kept ids do not match their digest."""
+    kept: dict[tuple[str, str], Mapping] = {}
     digests: dict[tuple[str, str], set[str]] = {}
     bad: list[str] = []
     for r in sorted((r for r in requests if r["phase"] == "timed"), key=lambda r: int(r["round"])):
@@ -176,14 +181,14 @@ def timed_tokens(requests: Sequence[Mapping]) -> tuple[dict[tuple[str, str], lis
             if tokens_digest(r["token_ids"]) != r["tokens_sha256"]:
                 bad.append(f"{r['arm']} {r['id']} round {r['round']}: token ids do not match "
                            f"their digest")
-            ids.setdefault(key, list(r["token_ids"]))
+            kept.setdefault(key, r)
     for key, seen in digests.items():
-        if key not in ids:
+        if key not in kept:
             bad.append(f"{key[0]} {key[1]}: no token ids kept")
         elif len(seen) > 1:
             bad.append(f"{key[0]} {key[1]}: the timed rounds produced {len(seen)} different "
                        f"token sequences")
-    return ids, bad
+    return kept, bad
 
 
 def analyse_cell(plan: Plan, record: Mapping, passes: Sequence[Mapping],

@@ -98,7 +98,8 @@ class Sink:
                 first = self._first.setdefault(key, row["tokens_sha256"])
                 if key not in self._kept or first != row["tokens_sha256"]:
                     self._kept.add(key)
-                    row["token_ids"] = list(o.token_ids)
+                    row.update(token_ids=list(o.token_ids), logprobs=list(o.logprobs),
+                               alternatives=[[list(a) for a in alt] for alt in o.alternatives])
             rows.append(row)
         return rows
 
@@ -171,7 +172,8 @@ class _Cell:
         p, cell = self.plan, self.work.cell
         warm: dict[str, list[float]] = {arm: [] for arm in ROLES}
         w = 0
-        while True:
+        projected = 0.0
+        while p.warmup > 0:  # warmup = 0: the row asks for none at all
             self.progress.update(f"throughput {cell}: warm-up {w + 1}")
             speeds, _, projected = self._round("warmup", w, warmup_order(w))
             for arm, v in speeds.items():

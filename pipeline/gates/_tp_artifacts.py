@@ -17,18 +17,21 @@ docs/gates.md documents the columns for anyone plotting distributions from them.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.divergence import Out, matched_windows
 from pipeline.engines.interface import Engine, WorkloadPass
 from pipeline.gates import _ab, _timed
 from pipeline.gates._artifacts import read_json, read_jsonl, write_json
-from pipeline.gates.interface import Derived, GateError, Progress, Status
+from pipeline.gates.interface import Derived, GateError, Progress
+from pipeline.records.status import Status
 
 FORMAT = 2
 META, PASSES, REQUESTS, CLOCKS = "meta.json", "passes.csv", "requests.jsonl", "clocks.csv"
@@ -38,31 +41,33 @@ def plan_json(plan: _timed.Plan) -> dict[str, Any]:
     return {**asdict(plan), "design": asdict(plan.design)}
 
 
+@contextlib.contextmanager
+def open_sink(out: Path, clocks: bool) -> Iterator[_timed.Sink]:
+    """The raw files of a gate run, open for appending pass by pass."""
+    with contextlib.ExitStack() as stack:
+        p_file = stack.enter_context(open(out / PASSES, "w", newline=""))
+        r_file = stack.enter_context(open(out / REQUESTS, "w"))
+        c_file = stack.enter_context(open(out / CLOCKS, "w", newline="")) if clocks else None
+        yield _timed.Sink(p_file, r_file, c_file)
+
+
 def measure_cells(engines: Mapping[str, Engine], passes: Sequence[WorkloadPass],
-                  plans: Mapping[str, _timed.Plan], out: Path, progress: Progress,
-                  clocks: _timed.ClockFn | None = None, meta: Mapping[str, Any] | None = None,
-                  now: Callable[[], float] = time.monotonic) -> None:
-    """Run every cell's rounds on started engines ({'baseline', 'candidate'}) and write
-    the four artifacts into `out`."""
-    records = {}
-    with open(out / PASSES, "w", newline="") as p_file, open(out / REQUESTS, "w") as r_file, \
-            open(out / CLOCKS, "w", newline="") if clocks else _Null() as c_file:
-        sink = _timed.Sink(p_file, r_file, c_file if clocks else None)
-        for work in passes:
-            records[work.cell] = _timed.run_cell(engines, work, plans[work.cell], sink,
-                                                 progress, clocks, now)
-    write_json(out / META, {**(meta or {}), "format": FORMAT,
-                            "cells": [p.cell for p in passes], "records": records,
+                  plans: Mapping[str, _timed.Plan], sink: _timed.Sink, progress: Progress,
+                  clocks: _timed.ClockFn | None = None,
+                  now: Callable[[], float] = time.monotonic) -> dict[str, dict[str, Any]]:
+    """Run every cell's rounds on started engines ({'baseline', 'candidate'}); return
+    each cell's record for meta.json."""
+    return {work.cell: _timed.run_cell(engines, work, plans[work.cell], sink, progress,
+                                       clocks, now) for work in passes}
+
+
+def write_meta(out: Path, records: Mapping[str, Mapping[str, Any]],
+               plans: Mapping[str, _timed.Plan], clocks: bool,
+               extra: Mapping[str, Any] | None = None) -> None:
+    write_json(out / META, {**(extra or {}), "format": FORMAT, "cells": list(records),
+                            "records": dict(records),
                             "plans": {c: plan_json(plans[c]) for c in records},
-                            "clocks_sampled": clocks is not None})
-
-
-class _Null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc) -> None:
-        pass
+                            "clocks_sampled": clocks})
 
 
 def _csv(path: Path) -> list[dict]:
@@ -101,43 +106,62 @@ def derive_cells(plans: Mapping[str, _timed.Plan], meta: Mapping, passes: list[d
     return out
 
 
-def timed_window(requests: list[dict], correctness: Mapping[str, Mapping[str, list[int]]]
-                 ) -> tuple[int, list[str]]:
-    """Compare the timed passes' token ids with the correctness pass of the same
-    requests (`correctness`: arm -> request id -> ids; arms without one are skipped).
-    Returns (requests compared, one line per disagreement)."""
-    ids, bad = _ab.timed_tokens(requests)
+@dataclass(frozen=True)
+class Window:
+    """The timed passes' tokens against the correctness pass (issue 16's matched window)."""
+
+    compared: int
+    problems: tuple[str, ...]
+    unchecked: tuple[str, ...]
+    """Arms whose timed tokens had nothing to be compared with, and why."""
+
+    @property
+    def state(self) -> str:
+        return "refused" if self.problems else "matched" if self.compared else "unchecked"
+
+
+def timed_window(requests: list[dict], correct: Mapping[str, Mapping[str, Out]],
+                 margin: float, unchecked: Mapping[str, str]) -> Window:
+    """Every timed pass must repeat its arm's first timed pass, and that one must match
+    the correctness pass of the same requests (`correct`: arm -> request id -> output;
+    `unchecked`: arm -> why it has none), exactly or at a near-tie within `margin`."""
+    kept, problems = _ab.timed_tokens(requests)
     compared = 0
-    for (arm, rid), timed in sorted(ids.items()):
-        want = correctness.get(arm, {}).get(rid)
-        if want is None:
-            continue
-        compared += 1
-        if list(want) != timed:
-            pos = next((i for i, (a, b) in enumerate(zip(want, timed)) if a != b),
-                       min(len(want), len(timed)))
-            bad.append(f"{arm} {rid}: timed tokens part from the correctness pass at "
-                       f"position {pos}")
-    return compared, bad
+    for arm, outputs in correct.items():
+        window = {rid: Out.from_json(r) for (a, rid), r in kept.items() if a == arm}
+        result = matched_windows(outputs, window, margin)
+        compared += result["compared"]
+        if not result["matched"]:
+            f = result["first_mismatch"] or {}
+            where = (f"request {f['request']} position {f['position']}: correctness token "
+                     f"{f['correctness']}, timed token {f['window']}" if "position" in f
+                     else f"request {f.get('request')} has no correctness pass")
+            problems.append(f"{arm}: {result['mismatched_requests']} request(s) whose timed "
+                            f"tokens differ from the correctness pass; first {where}")
+    return Window(compared, tuple(problems), tuple(f"{a}: {why}" for a, why in unchecked.items()))
 
 
 def gate_verdict(cells: Mapping[str, Mapping[str, Any]], baseline: str,
-                 underpowered_blocks: bool, window: tuple[int, list[str]] | None) -> Derived:
+                 underpowered_blocks: bool, window: Window | None,
+                 min_effect: float | None = None) -> Derived:
     counts = {v: sum(m["verdict"] == v for m in cells.values())
               for v in ("better", "worse", "equivalent", "underpowered")}
     metrics: dict[str, Any] = {"cells": len(cells), **{f"cells_{k}": n for k, n in counts.items()},
-                               "underpowered_blocks": underpowered_blocks}
+                               "underpowered_blocks": underpowered_blocks,
+                               "min_effect": min_effect}
     lows = [m["ratio_ci_low"] for m in cells.values() if m["ratio_ci_low"] is not None]
     highs = [m["ratio_ci_high"] for m in cells.values() if m["ratio_ci_high"] is not None]
     metrics.update(ratio_ci_low_min=min(lows) if lows else None,
                    ratio_ci_high_max=max(highs) if highs else None)
     if window is not None:
-        metrics.update(timed_requests_matched=window[0], timed_tokens_mismatched=len(window[1]))
+        metrics.update(timed_window=window.state, timed_requests_compared=window.compared,
+                       timed_window_problems=len(window.problems),
+                       timed_window_unchecked="; ".join(window.unchecked) or None)
     text = f"candidate/{baseline} speed ({_metric(cells)}), ratio [CI]: " + "; ".join(
         _cell_text(c, m) for c, m in cells.items())
-    if window is not None and window[1]:
-        return Derived(Status.FAIL, f"timed window refused: {len(window[1])} request(s) whose "
-                                    f"timed tokens differ ({window[1][0]}); {text}",
+    if window is not None and window.problems:
+        return Derived(Status.FAIL, f"timed window refused: the timed passes' tokens are not "
+                                    f"the correctness pass's ({window.problems[0]}); {text}",
                        metrics, dict(cells))
     blocking = counts["worse"] + (counts["underpowered"] if underpowered_blocks else 0)
     if blocking:

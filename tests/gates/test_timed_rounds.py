@@ -16,7 +16,8 @@ import pytest
 
 from pipeline.gates import _ab, _timed
 from pipeline.gates import _tp_artifacts as art
-from pipeline.gates.interface import GateError, Status
+from pipeline.gates.interface import GateError
+from pipeline.records.status import Status
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -222,23 +223,34 @@ def test_derive_refuses_a_plan_other_than_the_rows(tmp_path):
 
 
 def test_timed_tokens_must_agree_across_rounds_and_with_the_correctness_pass(tmp_path):
-    _, _, out, _ = _run(tmp_path, 10)
+    from pipeline.divergence import Out
+
+    _, _, out, plans = _run(tmp_path, 10)
     requests = [json.loads(line) for line in (out / art.REQUESTS).read_text().splitlines()]
-    ids, bad = _ab.timed_tokens(requests)
+    kept, bad = _ab.timed_tokens(requests)
     assert not bad
-    correct = {"candidate": {rid: tokens for (arm, rid), tokens in ids.items()
+    correct = {"candidate": {rid: Out.from_json(r) for (arm, rid), r in kept.items()
                              if arm == "candidate"}}
-    assert art.timed_window(requests, correct) == (len(correct["candidate"]), [])
+    ok = art.timed_window(requests, correct, 0.0, {"baseline": "no pass"})
+    assert (ok.state, ok.compared, ok.problems) == ("matched", len(correct["candidate"]), ())
+    assert ok.unchecked == ("baseline: no pass",)
     rid = next(iter(correct["candidate"]))
-    wrong = {"candidate": {**correct["candidate"], rid: [7] + correct["candidate"][rid][1:]}}
-    compared, problems = art.timed_window(requests, wrong)
-    assert problems == [f"candidate {rid}: timed tokens part from the correctness pass at "
-                        f"position 0"]
+    first = correct["candidate"][rid]
+    wrong = {"candidate": {**correct["candidate"],
+                           rid: Out((first.tokens[0] + 1,) + first.tokens[1:], first.logprobs, ())}}
+    refused = art.timed_window(requests, wrong, 0.0, {})
+    assert refused.state == "refused"
+    assert refused.problems[0].startswith(f"candidate: 1 request(s) whose timed tokens differ "
+                                          f"from the correctness pass; first request {rid} "
+                                          f"position 0")
+    missing = {"candidate": {k: v for k, v in correct["candidate"].items() if k != rid}}
+    assert "has no correctness pass" in art.timed_window(requests, missing, 0.0, {}).problems[0]
     later = next(r for r in requests if r["phase"] == "timed" and r["round"] == 3)
     later.update(tokens_sha256="0" * 64, token_ids=[1, 2, 3])
     _, bad = _ab.timed_tokens(requests)
     assert any("do not match their digest" in b for b in bad)
     assert any("different token sequences" in b for b in bad)
-    derived = art.gate_verdict(_derive(out, cal.default_plans(PASSES)), "baseline", True,
-                               art.timed_window(requests, wrong))
+    derived = art.gate_verdict(_derive(out, plans), "baseline", True,
+                               art.timed_window(requests, correct, 0.0, {}))
     assert derived.status is Status.FAIL and derived.reason.startswith("timed window refused")
+    assert derived.metrics["timed_window"] == "refused"

@@ -353,29 +353,94 @@ CUDA_MODELS = (Model("tiny-qwen3", "float32", 16, 32),
 CPU_MODELS = (Model("tiny-qwen3", "float32", 16, 8),)
 CPU_PLAN = {"min_effect": 0.05, "min_rounds": 8, "max_rounds": 8, "max_seconds": 30.0,
             "max_warmup": 3}
-"""The smoke's plan: one look, short budgets (the CPU is shared; verdicts are honest,
-often underpowered)."""
+"""The smoke's gate keys (the CPU is shared; verdicts are honest, often underpowered).
+The cuda mode uses the gate's defaults: none set here."""
 
 
-def load_pair(model: Model, device: str, mode: str):
+ROW = """id = "CALIBRATE-{tag}"
+title = "throughput gate calibration ({name})"
+kind = "demo"
+[target]
+arch = "{arch}"
+[[models]]
+id = "m"
+name = "{name}"
+[arms.oracle]
+engine = "reference"
+version = "rowgate"
+mode = "{mode}"
+dtype = "{dtype}"
+[arms.candidate]
+engine = "reference"
+mode = "{mode}"
+dtype = "{dtype}"
+[workload]
+input_lens = [{input_len}]
+concurrency = [1]
+output_len = {output_len}
+[[gates]]
+id = "throughput"
+kind = "throughput"
+{keys}
+"""
+
+
+@dataclass
+class Loaded:
+    """One model's calibration row, its two engines (loaded once) and its cells."""
+
+    model: Model
+    row: object
+    spec: object
+    engines: dict
+    passes: list
+    ctx: object
+
+    def run(self, out: Path) -> tuple[str, dict[str, dict]]:
+        """One throughput gate run: the gate's measure (on these engines) and derive."""
+        from pipeline.gates.throughput import Throughput
+
+        out.mkdir(parents=True)
+        self.ctx.artifact_dir = out
+        gate = Throughput()
+        gate.measure_on(self.row, self.spec, self.ctx, self.engines, self.passes)
+        derived = gate.derive(self.row, self.spec, out)
+        return derived.status.value, derived.cells
+
+
+def load(model: Model, device: str, mode: str, keys: dict, scratch: Path,
+         concurrency) -> Loaded:
+    """The model's row (the gate's defaults but `keys`), its engines started, its cells:
+    one wave of `c` requests per cell, so every pass decodes at full concurrency."""
+    from pipeline import device as dev
+    from pipeline.gates.interface import GateContext, gate_device
     from pipeline.megakernel import models
+    from pipeline.rows import load_row
+    from pipeline.rowspec import Workload
+    from pipeline.workload import build_passes
 
+    inv = dev.inventory()
+    arch = inv.gpus[0].arch if device.startswith("cuda") and inv.gpus else "cpu"
+    text = ROW.format(tag=model.name.upper(), name=model.name, arch=arch, mode=mode, dtype=model.dtype,
+                      input_len=model.input_len, output_len=model.output_len,
+                      keys="\n".join(f"{k} = {json.dumps(v)}" for k, v in keys.items()))
+    path = scratch / f"CALIBRATE-{model.name.upper()}.toml"
+    scratch.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    row = load_row(path).row
+    spec = row.gate("throughput")
     info = models.build(models.NAMED[model.name])
+    passes = [build_passes(Workload(input_lens=[model.input_len], concurrency=[c],
+                                    output_len=model.output_len, requests_per_cell=c),
+                           info.vocab_size, info.special_ids)[0] for c in concurrency]
     cls = slowed_engine_class()
     engines = {role: cls(info.path, device=device, mode=mode, dtype=model.dtype)
                for role in ("baseline", "candidate")}
     for e in engines.values():
         e.start()
-    return engines
-
-
-def gpu_clocks(device: str):
-    if not device.startswith("cuda"):
-        return None
-    from pipeline import device as dev
-
-    index = int(device.split(":")[1]) if ":" in device else 0
-    return lambda: dev.sample_clocks(index, time.time())
+    ctx = GateContext(repo=REPO, artifact_dir=scratch, subject=None, provenance=None,
+                      progress=_Quiet(), gpu=gate_device(row, spec, inv), devices=inv)
+    return Loaded(model, row, spec, engines, passes, ctx)
 
 
 def legacy_cell_s(engines, work: WorkloadPass, repeats: int = 9, warmup: int = 1) -> float:
@@ -390,58 +455,61 @@ def legacy_cell_s(engines, work: WorkloadPass, repeats: int = 9, warmup: int = 1
 
 
 def engine_runs(models, device: str, mode: str, runs: int, effects, budget_s: float,
-                scratch: Path, concurrency, plan_overrides: dict, keep_raw: int = 2) -> dict:
-    """A/A and planted runs per model, engines loaded once per model; stops starting
-    new runs when the time budget would be passed (what ran is reported). The raw
-    artifacts of the first `keep_raw` runs of each stay under `scratch`."""
+                scratch: Path, concurrency, keys: dict, keep_raw: int = 2) -> dict:
+    """A/A and planted runs: every model's engines loaded once, then per effect (A/A
+    first) `runs` gate runs of each model in turn, so a budget that ends early cuts the
+    least important runs. No run starts past `budget_s` (what ran is reported). The
+    raw artifacts of the first `keep_raw` runs of each stay under `scratch`."""
     import shutil
 
     t_start = time.monotonic()
-    results: dict = {}
+    loaded = []
     for model in models:
-        log(f"== {model.name} on {device} ({mode}): loading")
-        engines = load_pair(model, device, mode)
-        passes = synthetic_passes(concurrency, model.output_len, model.input_len)
-        plans = default_plans(passes, **plan_overrides)
-        clocks = gpu_clocks(device)
-        legacy = legacy_cell_s(engines, passes[0])
-        per_run: list[float] = []
-        for effect in effects:
-            engines["candidate"].slowdown = effect
-            tally = Tally()
+        log(f"== loading {model.name} on {device} ({mode})")
+        loaded.append(load(model, device, mode, keys, scratch, concurrency))
+    log(f"   loaded in {time.monotonic() - t_start:.1f} s")
+    legacy = {m.model.name: legacy_cell_s(m.engines, m.passes[0]) for m in loaded}
+    results: dict = {}
+    durations: dict[tuple[str, float], list[float]] = {}
+    for effect in effects:
+        for m in loaded:
+            m.engines["candidate"].slowdown = effect
+            tally, key = Tally(), f"{m.model.name}/{effect:g}"
+            took = durations.setdefault((m.model.name, effect), [])
             for i in range(runs):
-                spent = time.monotonic() - t_start
-                guess = (np.mean(per_run) if per_run else 0.0) * (1.5 if effect else 1.0)
-                if spent + guess > budget_s:
-                    log(f"   budget: stopping {model.name} effect {effect:.0%} at {i} runs")
+                guess = max(took or durations.get((m.model.name, 0.0)) or [0.0])
+                if time.monotonic() - t_start + guess > budget_s:
+                    log(f"   budget: {key} stops at {i} runs")
                     break
                 t0 = time.monotonic()
-                raw = scratch / f"{model.name}-{effect:g}-{i}"
-                status, cells = gate_run(engines, passes, plans, raw, clocks)
-                per_run.append(time.monotonic() - t0)
+                raw = scratch / "runs" / f"{m.model.name}-{effect:g}-{i}"
+                status, cells = m.run(raw)
+                took.append(time.monotonic() - t0)
+                tally.add(status, cells)
                 if i >= keep_raw:
                     shutil.rmtree(raw)
-                tally.add(status, cells)
-                log(f"   {model.name} effect {effect:4.0%} run {i + 1}: {status} " + ", ".join(
-                    f"{c} {m['verdict']} {m['ratio']}/{m['rounds']}r" for c, m in cells.items()))
-            key = f"{model.name}/{effect:g}"
+                log(f"   {key} run {i + 1}: {status} {took[-1]:.1f} s " + ", ".join(
+                    f"{c} {v['verdict']} {v['ratio']} /{v['rounds']}r" for c, v in cells.items()))
             results[key] = tally.summary(effect)
             if effect == 0 and tally.elapsed:
-                c1 = [float(m) for m in tally.elapsed[0::len(passes)]]
-                results[key]["c1_cell_s_mean"] = round(float(np.mean(c1)), 3)
-                results[key]["legacy_c1_cell_s"] = round(legacy, 3)
-                results[key]["c1_vs_legacy"] = round(float(np.mean(c1)) / legacy, 3)
-            log(f"   {key}: {results[key]}")
-        for e in engines.values():
+                c1 = tally.elapsed[0::len(m.passes)]
+                results[key].update(c1_cell_s_mean=round(float(np.mean(c1)), 3),
+                                    legacy_c1_cell_s=round(legacy[m.model.name], 3),
+                                    c1_vs_legacy=round(float(np.mean(c1)) / legacy[m.model.name],
+                                                       3))
+            log(f"   {key}: " + json.dumps({k: v for k, v in results[key].items()
+                                             if k != "per_run"}))
+    for m in loaded:
+        for e in m.engines.values():
             e.stop()
     return results
 
 
-def mde_table(results: dict, rounds=(8, 16, 24, 40, 80)) -> dict:
+def mde_table(results: dict, min_effect: float, rounds=(8, 16, 24, 40, 80)) -> dict:
     """Minimum detectable slowdown (80 % power) vs budget at each A/A's median sd."""
     from pipeline import stats
 
-    design = stats.Design(min_effect=0.02)
+    design = stats.Design(min_effect=min_effect)
     return {key: {str(n): round(stats.detectable_effect(design, r["sd_log_ratio_median"], n), 4)
                   for n in rounds}
             for key, r in results.items()
@@ -475,7 +543,6 @@ def main(argv: list[str] | None = None) -> int:
 
     out = args.out or Path(tempfile.mkdtemp(prefix="calibrate-throughput-"))
     out.mkdir(parents=True, exist_ok=True)
-    scratch = out / "runs"
     t0 = time.monotonic()
     doc: dict = {"mode": args.mode, "argv": sys.argv[1:]}
     if args.mode == "sim":
@@ -483,11 +550,12 @@ def main(argv: list[str] | None = None) -> int:
         doc["results"] = sim(args.trials, args.seed, Path(tempfile.mkdtemp()), chosen)
     elif args.mode == "cpu":
         doc["results"] = engine_runs(CPU_MODELS, "cpu", "eager", args.runs or 2, (0.0, 0.05),
-                                     args.budget_s, scratch, (1, 4), dict(CPU_PLAN))
+                                     args.budget_s, out, (1, 4), dict(CPU_PLAN))
     else:
         doc["results"] = engine_runs(CUDA_MODELS, "cuda:0", "graph", args.runs or 20, EFFECTS,
-                                     args.budget_s, scratch, (1, 4, 8), {})
-    doc["mde_vs_budget"] = mde_table(doc["results"])
+                                     args.budget_s, out, (1, 4, 8), {})
+    doc["mde_vs_budget"] = mde_table(doc["results"],
+                                     CPU_PLAN["min_effect"] if args.mode == "cpu" else 0.02)
     doc["wall_s"] = round(time.monotonic() - t0, 1)
     (out / "calibration.json").write_text(json.dumps(doc, indent=1) + "\n")
     text = table(doc["results"])

@@ -6,9 +6,11 @@ reason, metrics, cells, artifacts). A gate kind names one of the richer views in
 tables and figures when the data it recognises is there, and adds nothing
 otherwise, so a gate whose result shape is new still shows in full:
 
-* `throughput`: cells carrying `<prefix>ratio_median`, `<prefix>ratio_ci_low`
-  and `<prefix>ratio_ci_high` (the names `pipeline.stats` writes) become a
-  ratio-with-CI plot and a summary table per prefix;
+* `throughput`: a sequential result (`pipeline/report/throughput.py`) shows per
+  cell its power verdict, the repeated CI reached, the rounds taken and needed,
+  per arm the vLLM-bench metrics, and a ratio-with-CI plot per ratio; a format-1
+  one's cells carrying `<prefix>ratio_median`, `<prefix>ratio_ci_low` and
+  `<prefix>ratio_ci_high` become a ratio-with-CI plot and a summary table per prefix;
 * any kind: PNG artifacts (plots the gate drew itself) are shown as sealed;
 * `trace`: when the gate sealed no PNG of its own, numeric metrics or cell
   metrics whose name contains `idle` become an idle-breakdown bar chart, and an
@@ -34,6 +36,7 @@ from pathlib import Path
 
 from pipeline.records.gate_result import GateResult
 from pipeline.records.status import MetricValue
+from pipeline.report import throughput as throughput_view
 from pipeline.report.model import (
     BarFigure,
     Figure,
@@ -47,7 +50,7 @@ from pipeline.report.model import (
 from pipeline.report.tables import cells_table, metric_columns, metrics_table, natural_key, table
 
 RATIO_METRICS = ("ratio_median", "ratio_ci_low", "ratio_ci_high")
-"""Same names as `pipeline.stats.RATIO_METRICS` (not imported: stats needs scipy)."""
+"""Format-1 throughput names (`pipeline._stats_v1`; not imported: it needs scipy)."""
 ARCH_IN_NAME = re.compile(r"\bsm_[0-9]{2,3}a?\b")
 MAX_SPANS = 4000
 MAX_IMAGE_BYTES = 8 << 20
@@ -126,6 +129,9 @@ def _ratio_prefixes(cells: dict[str, dict[str, MetricValue]]) -> list[str]:
 
 
 def throughput(result: GateResult, bundle_root: Path, spec: object | None) -> Extra:
+    if throughput_view.is_sequential(result):  # format 2: pipeline/report/throughput.py
+        tables, figures, notes = throughput_view.view(result, spec)
+        return Extra(tables=tables, figures=figures, notes=notes)
     extra = Extra()
     band = None
     min_effect = _number(result.metrics.get("min_effect"))

@@ -19,8 +19,8 @@ stop (precision reached, a clear verdict, a time budget). Looks need not be
 planned exactly: an extra look when a time budget ends is one more information
 fraction in the same recursion.
 
-The variance is estimated, so the gate uses the "significance level" approach for
-t-statistics (Jennison & Turnbull 2000, ch. 11): each look's nominal level
+The variance is estimated, so the gate uses Jennison & Turnbull's "significance
+level" approach for t statistics (2000): each look's nominal level
 2·(1 - Phi(c_k)) is applied with Student's t at that look's degrees of freedom.
 
 Why by hand: scipy has no group-sequential routine; `multivariate_normal.cdf`

@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from enum import StrEnum
+from typing import Any
 
 import numpy as np
 from scipy import stats as _st
@@ -74,7 +75,7 @@ class ABComparison:
         return {k: (round(v, 9) if isinstance(v, float) else v) for k, v in asdict(self).items()}
 
 
-def _array(values: Sequence[float], name: str) -> np.ndarray:
+def _array(values: Sequence[float] | np.ndarray, name: str) -> np.ndarray:
     arr = np.asarray(values, dtype=float)
     if arr.ndim != 1 or arr.size == 0:
         raise ValueError(f"{name}: expected a non-empty list of numbers, got {len(arr)} values")
@@ -83,18 +84,19 @@ def _array(values: Sequence[float], name: str) -> np.ndarray:
     return arr
 
 
-def median(values: Sequence[float]) -> float:
+def median(values: Sequence[float] | np.ndarray) -> float:
     return float(np.median(_array(values, "values")))
 
 
-def relative_spread(values: Sequence[float]) -> float:
+def relative_spread(values: Sequence[float] | np.ndarray) -> float:
     """Interquartile range divided by the median (0 when the median is 0)."""
     arr = _array(values, "values")
     q1, med, q3 = np.percentile(arr, [25, 50, 75])
     return float((q3 - q1) / med) if med else 0.0
 
 
-def mann_whitney_p(candidate: Sequence[float], oracle: Sequence[float]) -> float:
+def mann_whitney_p(candidate: Sequence[float] | np.ndarray,
+                   oracle: Sequence[float] | np.ndarray) -> float:
     """Two-sided Mann-Whitney U p-value (scipy picks exact or asymptotic)."""
     c, o = _array(candidate, "candidate"), _array(oracle, "oracle")
     if np.ptp(np.concatenate([c, o])) == 0:
@@ -103,10 +105,12 @@ def mann_whitney_p(candidate: Sequence[float], oracle: Sequence[float]) -> float
 
 
 def _ratio_of_medians(c: np.ndarray, o: np.ndarray, axis: int = -1) -> np.ndarray:
-    return np.median(c, axis=axis) / np.median(o, axis=axis)
+    out: np.ndarray = np.median(c, axis=axis) / np.median(o, axis=axis)
+    return out
 
 
-def ratio_ci(candidate: Sequence[float], oracle: Sequence[float], *, confidence: float = 0.95,
+def ratio_ci(candidate: Sequence[float] | np.ndarray, oracle: Sequence[float] | np.ndarray, *,
+             confidence: float = 0.95,
              n_resamples: int = 10000, seed: int = DEFAULT_SEED) -> tuple[float, float]:
     """Bootstrap CI of median(candidate) / median(oracle); independent resampling."""
     c, o = _array(candidate, "candidate"), _array(oracle, "oracle")
@@ -146,7 +150,7 @@ class ParityBound:
     holds: Callable[[float], bool]
 
     @classmethod
-    def from_criterion(cls, criterion) -> "ParityBound":
+    def from_criterion(cls, criterion: Any) -> "ParityBound":
         if criterion.metric not in RATIO_METRICS:
             raise ValueError(f"criterion {criterion.id!r}: metric {criterion.metric!r} is not a "
                              f"ratio metric ({', '.join(RATIO_METRICS)})")

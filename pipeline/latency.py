@@ -20,6 +20,7 @@ tokens / wall time.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -36,7 +37,7 @@ class LatencyError(ValueError):
     """A request record cannot give the metric asked for."""
 
 
-def request_values(req: Mapping) -> dict[str, list[float]]:
+def request_values(req: Mapping[str, Any]) -> dict[str, list[float]]:
     """TTFT, TPOT, ITL and E2EL (seconds) of one request record (`output_tokens`,
     `ttft_s`, `latency_s`, `itl_s`); TTFT is absent where the arm did not stream."""
     out: dict[str, list[float]] = {"ttft": [], "tpot": [], "itl": list(req["itl_s"]),
@@ -48,12 +49,12 @@ def request_values(req: Mapping) -> dict[str, list[float]]:
     return out
 
 
-def samples(requests: Iterable[Mapping], metric: str) -> list[float]:
+def samples(requests: Iterable[Mapping[str, Any]], metric: str) -> list[float]:
     """Every sample of a latency metric over `requests` (seconds)."""
     return [v for req in requests for v in request_values(req)[metric]]
 
 
-def pass_speed(metric: str, requests: Sequence[Mapping], wall_s: float,
+def pass_speed(metric: str, requests: Sequence[Mapping[str, Any]], wall_s: float,
                output_tokens: int) -> float:
     """The pass's speed on `metric` (see the module docstring); LatencyError if the
     pass has no sample of it (e.g. TTFT from an arm that did not stream)."""
@@ -82,7 +83,7 @@ def _summary(name: str, values: list[float]) -> dict[str, float]:
     return out
 
 
-def _good(req: Mapping, slo_ms: Mapping[str, float]) -> bool:
+def _good(req: Mapping[str, Any], slo_ms: Mapping[str, float]) -> bool:
     v = request_values(req)
     have = {"ttft": v["ttft"][0] if v["ttft"] else None,
             "tpot": v["tpot"][0] if v["tpot"] else 0.0, "e2el": v["e2el"][0]}
@@ -93,7 +94,7 @@ def _good(req: Mapping, slo_ms: Mapping[str, float]) -> bool:
     return True
 
 
-def bench_metrics(requests: Sequence[Mapping], wall_s: float,
+def bench_metrics(requests: Sequence[Mapping[str, Any]], wall_s: float,
                   slo_ms: Mapping[str, float] | None = None) -> dict[str, float | int]:
     """vLLM-bench metrics of one arm over a set of passes (`wall_s`: their summed wall
     time). Streaming metrics appear only when the requests carry them."""

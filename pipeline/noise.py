@@ -20,6 +20,7 @@ Pure functions: measure and derive ask them the same questions of the same data.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -39,7 +40,7 @@ def warmup_done(speeds: Mapping[str, Sequence[float]], minimum: int, maximum: in
     return rounds >= maximum or (rounds >= minimum and settled(speeds, tolerance))
 
 
-def clock_move(samples: Sequence[Mapping], tolerance: float) -> str | None:
+def clock_move(samples: Sequence[Mapping[str, Any]], tolerance: float) -> str | None:
     """Why a round's clock samples (`sm_clock_mhz`, `mem_clock_mhz`) disqualify it,
     or None: a relative spread (max - min) / max above `tolerance`."""
     for key, name in (("sm_clock_mhz", "SM"), ("mem_clock_mhz", "memory")):

@@ -68,13 +68,15 @@ def spent(t: float, alpha: float, spending: str) -> float:
 
 
 def _phi(x: np.ndarray) -> np.ndarray:
-    return np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+    out: np.ndarray = np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+    return out
 
 
 def _simpson_weights(grid: np.ndarray) -> np.ndarray:
     w = np.ones(grid.size)
     w[1:-1:2], w[2:-1:2] = 4, 2
-    return w * (grid[1] - grid[0]) / 3
+    out: np.ndarray = w * (grid[1] - grid[0]) / 3
+    return out
 
 
 def _excess_crossing(c: float, t: float, sd: float, grid: np.ndarray, mass: np.ndarray,

@@ -214,7 +214,7 @@ def _t_isf(tail: float, df: int) -> float:
     return float(_st.t.isf(tail, df))
 
 
-def t_interval(d: Sequence[float], confidence: float) -> tuple[float, float]:
+def t_interval(d: Sequence[float] | np.ndarray, confidence: float) -> tuple[float, float]:
     """The t interval of the mean of d: what `scipy.stats.ttest_1samp(d, 0)
     .confidence_interval(confidence)` returns (a test holds them equal), written out
     with scipy's t quantile to skip that call's overhead, which dominates the

@@ -8,7 +8,7 @@ clocks.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -21,7 +21,8 @@ class RecordError(ValueError):
     """The raw records do not follow the design (or are incomplete)."""
 
 
-def _rounds(passes: Sequence[Mapping], phase: str, count: int, order) -> list[dict]:
+def _rounds(passes: Sequence[Mapping[str, Any]], phase: str, count: int,
+            order: Callable[[int], tuple[str, str]]) -> list[dict[str, Any]]:
     """{arm: pass row} per round 0..count-1 of `phase`, checking the arm order."""
     mine = [p for p in passes if p["phase"] == phase]
     out = []
@@ -38,19 +39,20 @@ def _rounds(passes: Sequence[Mapping], phase: str, count: int, order) -> list[di
 
 
 class _Cell:
-    def __init__(self, plan: Plan, record: Mapping, passes, requests, clocks):
+    def __init__(self, plan: Plan, record: Mapping[str, Any], passes: Sequence[Mapping[str, Any]],
+                 requests: Sequence[Mapping[str, Any]], clocks: Sequence[Mapping[str, Any]]):
         self.plan, self.record = plan, record
-        self.requests: dict[tuple[str, int, str], list[dict]] = {}
+        self.requests: dict[tuple[str, int, str], list[Mapping[str, Any]]] = {}
         for r in requests:
             self.requests.setdefault((r["phase"], int(r["round"]), r["arm"]), []).append(r)
-        self.clocks: dict[tuple[str, int], list[dict]] = {}
+        self.clocks: dict[tuple[str, int], list[Mapping[str, Any]]] = {}
         for c in clocks:
             self.clocks.setdefault((c["phase"], int(c["round"])), []).append(c)
         self.warm = _rounds(passes, "warmup", int(record["warmup_rounds"]), warmup_order)
         self.timed = _rounds(passes, "timed", int(record["rounds"]),
                              lambda k: round_order(plan.order, k, plan.seed))
 
-    def reqs(self, phase: str, k: int, arm: str) -> list[dict]:
+    def reqs(self, phase: str, k: int, arm: str) -> list[Mapping[str, Any]]:
         return self.requests.get((phase, k, arm), [])
 
     def speed(self, phase: str, k: int, arm: str, metric: str | None = None) -> float:
@@ -62,7 +64,7 @@ class _Cell:
             raise RecordError(f"{phase} round {k}, {arm}: {exc}") from exc
 
     @staticmethod
-    def projected(rnd: Mapping[str, Mapping]) -> float:
+    def projected(rnd: Mapping[str, Mapping[str, Any]]) -> float:
         rows = sorted(rnd.values(), key=lambda p: float(p["start_s"]))
         end = float(rows[-1]["end_s"])
         return end + (end - float(rows[0]["start_s"]))  # as _timed computes it
@@ -156,7 +158,7 @@ def _bench(cell: _Cell, valid: list[int], slo_ms: Mapping[str, float]) -> dict[s
     return out
 
 
-def _clock_metrics(clocks: list[Mapping]) -> dict[str, Any]:
+def _clock_metrics(clocks: list[Mapping[str, Any]]) -> dict[str, Any]:
     if not clocks:
         return {}
     sm = [int(c["sm_clock_mhz"]) for c in clocks]
@@ -167,11 +169,12 @@ def _clock_metrics(clocks: list[Mapping]) -> dict[str, Any]:
             "temperature_max_c": max(int(c["temperature_c"]) for c in clocks)}
 
 
-def timed_tokens(requests: Sequence[Mapping]) -> tuple[dict[tuple[str, str], Mapping], list[str]]:
+def timed_tokens(requests: Sequence[Mapping[str, Any]]
+                 ) -> tuple[dict[tuple[str, str], Mapping[str, Any]], list[str]]:
     """Per (arm, request id) the record of its first timed pass (token ids, logprobs,
     alternatives), and the requests whose timed passes disagree among themselves or
     whose kept ids do not match their digest."""
-    kept: dict[tuple[str, str], Mapping] = {}
+    kept: dict[tuple[str, str], Mapping[str, Any]] = {}
     digests: dict[tuple[str, str], set[str]] = {}
     bad: list[str] = []
     for r in sorted((r for r in requests if r["phase"] == "timed"), key=lambda r: int(r["round"])):
@@ -191,8 +194,8 @@ def timed_tokens(requests: Sequence[Mapping]) -> tuple[dict[tuple[str, str], Map
     return kept, bad
 
 
-def analyse_cell(plan: Plan, record: Mapping, passes: Sequence[Mapping],
-                 requests: Sequence[Mapping], clocks: Sequence[Mapping],
+def analyse_cell(plan: Plan, record: Mapping[str, Any], passes: Sequence[Mapping[str, Any]],
+                 requests: Sequence[Mapping[str, Any]], clocks: Sequence[Mapping[str, Any]],
                  slo_ms: Mapping[str, float] | None = None) -> dict[str, Any]:
     """Every metric of one cell (`record`: its entry in meta.json). RecordError when
     the records do not follow the plan."""

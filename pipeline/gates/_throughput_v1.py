@@ -48,7 +48,7 @@ def derive(row: Row, spec: Any, artifact_dir: Path) -> Derived:
 # ---------------------------------------------------------------- reading
 
 
-def _rows(path: Path) -> list[dict]:
+def _rows(path: Path) -> list[dict[str, Any]]:
     try:
         with open(path, newline="") as f:
             return list(csv.DictReader(f))
@@ -56,7 +56,7 @@ def _rows(path: Path) -> list[dict]:
         raise GateError(f"artifact {path.name} unreadable in {path.parent}: {exc}") from exc
 
 
-def _read_samples(path: Path) -> list[dict]:
+def _read_samples(path: Path) -> list[dict[str, Any]]:
     try:
         return [{**r, "wall_s": float(r["wall_s"]), "output_tokens": int(r["output_tokens"])}
                 for r in _rows(path)]
@@ -64,7 +64,7 @@ def _read_samples(path: Path) -> list[dict]:
         raise GateError(f"artifact {path.name}: malformed sample row ({exc})") from exc
 
 
-def _read_clocks(path: Path) -> list[dict]:
+def _read_clocks(path: Path) -> list[dict[str, Any]]:
     try:
         return [{**r, "sm_clock_mhz": int(r["sm_clock_mhz"]),
                  "temperature_c": int(r["temperature_c"])} for r in _rows(path)]
@@ -75,14 +75,14 @@ def _read_clocks(path: Path) -> list[dict]:
 # ------------------------------------------------------------- arithmetic
 
 
-def tok_per_s(sample: dict) -> float:
+def tok_per_s(sample: dict[str, Any]) -> float:
     if sample["wall_s"] <= 0:
         raise GateError(f"samples.csv: cell {sample['cell']} seq {sample['seq']}: wall_s "
                         f"{sample['wall_s']} is not positive")
-    return sample["output_tokens"] / sample["wall_s"]
+    return float(sample["output_tokens"] / sample["wall_s"])
 
 
-def request_latencies(req: dict) -> dict[str, list[float]]:
+def request_latencies(req: dict[str, Any]) -> dict[str, list[float]]:
     """TTFT, TPOT and ITL of one streamed request, as vLLM's benchmark defines them."""
     out = {"ttft": [req["ttft_s"]], "tpot": [], "itl": list(req["itl_s"])}
     if req["output_tokens"] > 1:
@@ -90,7 +90,7 @@ def request_latencies(req: dict) -> dict[str, list[float]]:
     return out
 
 
-def _repeat_latencies(requests: list[dict], cell: str, role: str) -> dict[str, list[float]]:
+def _repeat_latencies(requests: list[dict[str, Any]], cell: str, role: str) -> dict[str, list[float]]:
     """Per repeat, the median over its requests (all gaps for ITL): one value per repeat."""
     per_repeat: dict[int, dict[str, list[float]]] = {}
     for req in requests:
@@ -102,12 +102,12 @@ def _repeat_latencies(requests: list[dict], cell: str, role: str) -> dict[str, l
             for k in LATENCIES}
 
 
-def _streamed(requests: list[dict], cell: str) -> bool:
+def _streamed(requests: list[dict[str, Any]], cell: str) -> bool:
     mine = [r for r in requests if r["cell"] == cell]
     return bool(mine) and all(r["ttft_s"] is not None for r in mine)
 
 
-def _parity_bounds(row: Row, spec: Any, cell: str) -> list:
+def _parity_bounds(row: Row, spec: Any, cell: str) -> list[Any]:
     from pipeline import _stats_v1 as stats
 
     return [stats.ParityBound.from_criterion(c) for c in row.criteria
@@ -115,8 +115,8 @@ def _parity_bounds(row: Row, spec: Any, cell: str) -> list:
             and (c.cells == ["*"] or cell in c.cells)]
 
 
-def _cell_metrics(row: Row, spec: Any, cell: str, samples: list[dict],
-                  requests: list[dict]) -> dict:
+def _cell_metrics(row: Row, spec: Any, cell: str, samples: list[dict[str, Any]],
+                  requests: list[dict[str, Any]]) -> dict[str, Any]:
     from pipeline import _stats_v1 as stats
 
     tps = {role: [tok_per_s(s) for s in samples if s["cell"] == cell and s["arm"] == role]
@@ -146,7 +146,7 @@ def _cell_metrics(row: Row, spec: Any, cell: str, samples: list[dict],
     return metrics
 
 
-def _clock_metrics(clocks: list[dict], cell: str) -> dict:
+def _clock_metrics(clocks: list[dict[str, Any]], cell: str) -> dict[str, Any]:
     mine = [c for c in clocks if c["cell"] == cell]
     if not mine:
         return {}
@@ -156,7 +156,7 @@ def _clock_metrics(clocks: list[dict], cell: str) -> dict:
             "temperature_max_c": max(c["temperature_c"] for c in mine)}
 
 
-def _gate_verdict(cells: dict[str, dict], baseline: str = "oracle") -> Derived:
+def _gate_verdict(cells: dict[str, dict[str, Any]], baseline: str = "oracle") -> Derived:
     from pipeline import _stats_v1 as stats
 
     counts = {v.value: sum(m["verdict"] == v.value for m in cells.values())

@@ -16,13 +16,13 @@ import csv
 import hashlib
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, cast
 
+import pipeline.gates._arms as _arms
 from pipeline import latency, noise, stats
 from pipeline.engines.interface import Engine, PassResult, WorkloadPass
-from pipeline.gates import _arms
 from pipeline.gates.interface import GateError, Progress
 
 ROLES = ("baseline", "candidate")
@@ -66,7 +66,7 @@ def warmup_order(w: int) -> tuple[str, str]:
     return (ROLES[1], ROLES[0]) if w % 2 else ROLES
 
 
-def tokens_digest(ids) -> str:
+def tokens_digest(ids: Sequence[int]) -> str:
     return hashlib.sha256(json.dumps(list(ids)).encode()).hexdigest()
 
 
@@ -89,7 +89,7 @@ class Sink:
         each request and arm, and again wherever they differ from it (a digest always)."""
         rows = []
         for o in result.outputs:
-            row = {"cell": cell, "phase": phase, "round": k, "arm": arm, "id": o.id,
+            row: dict[str, Any] = {"cell": cell, "phase": phase, "round": k, "arm": arm, "id": o.id,
                    "output_tokens": len(o.token_ids), "ttft_s": o.ttft_s,
                    "latency_s": o.latency_s, "itl_s": list(o.itl_s),
                    "tokens_sha256": tokens_digest(o.token_ids)}
@@ -103,13 +103,13 @@ class Sink:
             rows.append(row)
         return rows
 
-    def write(self, pass_row: dict, request_rows: list[dict]) -> None:
+    def write(self, pass_row: dict[str, Any], request_rows: list[dict[str, Any]]) -> None:
         self._passes.writerow({k: repr(v) if isinstance(v, float) else v
                                for k, v in pass_row.items()})
         for row in request_rows:
             self._requests.write(json.dumps(row) + "\n")
 
-    def clock(self, row: dict) -> None:
+    def clock(self, row: dict[str, Any]) -> None:
         if self._clocks:
             self._clocks.writerow({k: repr(v) if isinstance(v, float) else v
                                    for k, v in row.items()})
@@ -129,7 +129,7 @@ class _Cell:
         self.clocks, self.progress, self.now = clocks, progress, now
         self.t0 = now()
 
-    def _clock(self, phase: str, k: int, arm: str, when: str) -> dict | None:
+    def _clock(self, phase: str, k: int, arm: str, when: str) -> dict[str, Any] | None:
         if self.clocks is None:
             return None
         s = self.clocks()
@@ -139,11 +139,11 @@ class _Cell:
         self.sink.clock(row)
         return row
 
-    def _pass(self, phase: str, k: int, arm: str) -> tuple[dict, float, list[dict]]:
+    def _pass(self, phase: str, k: int, arm: str) -> tuple[dict[str, Any], float, list[dict[str, Any]]]:
         """One pass of `arm`: (pass row, speed, clock rows)."""
         seen = [c for c in [self._clock(phase, k, arm, "before")] if c]
         start = self.now() - self.t0
-        result = _arms.generate(self.engines[arm], arm, self.work)
+        result = cast(PassResult, _arms.generate(self.engines[arm], arm, self.work))
         end = self.now() - self.t0
         seen += [c for c in [self._clock(phase, k, arm, "after")] if c]
         row = {"cell": self.work.cell, "phase": phase, "round": k, "arm": arm,
@@ -152,13 +152,14 @@ class _Cell:
         requests = self.sink.request_rows(self.work.cell, phase, k, arm, result)
         self.sink.write(row, requests)
         try:
-            speed = latency.pass_speed(self.plan.metric, requests, row["wall_s"],
-                                       row["output_tokens"])
+            speed = latency.pass_speed(self.plan.metric, requests, float(result.wall_s),
+                                       result.output_tokens)
         except latency.LatencyError as exc:
             raise GateError(f"cell {self.work.cell}, {arm} arm: {exc}") from exc
         return row, speed, seen
 
-    def _round(self, phase: str, k: int, order: tuple[str, str]):
+    def _round(self, phase: str, k: int, order: tuple[str, str]
+               ) -> tuple[dict[str, float], list[dict[str, Any]], float]:
         out = {arm: self._pass(phase, k, arm) for arm in order}
         first, last = out[order[0]][0], out[order[1]][0]
         return ({arm: v[1] for arm, v in out.items()},

@@ -26,9 +26,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import pipeline.gates._ab as _ab
+import pipeline.gates._timed as _timed
 from pipeline.divergence import Out, matched_windows
 from pipeline.engines.interface import Engine, WorkloadPass
-from pipeline.gates import _ab, _timed
 from pipeline.gates._artifacts import read_json, read_jsonl, write_json
 from pipeline.gates.interface import Derived, GateError, Progress
 from pipeline.records.status import Status
@@ -70,7 +71,7 @@ def write_meta(out: Path, records: Mapping[str, Mapping[str, Any]],
                             "clocks_sampled": clocks})
 
 
-def _csv(path: Path) -> list[dict]:
+def _csv(path: Path) -> list[dict[str, Any]]:
     try:
         with open(path, newline="") as f:
             return list(csv.DictReader(f))
@@ -78,14 +79,17 @@ def _csv(path: Path) -> list[dict]:
         raise GateError(f"artifact {path.name} unreadable in {path.parent}: {exc}") from exc
 
 
-def read_raw(artifact_dir: Path) -> tuple[dict, list[dict], list[dict], list[dict]]:
+Rows = list[dict[str, Any]]
+
+
+def read_raw(artifact_dir: Path) -> tuple[dict[str, Any], Rows, Rows, Rows]:
     meta = read_json(artifact_dir / META)
     clocks = _csv(artifact_dir / CLOCKS) if meta.get("clocks_sampled") else []
     return meta, _csv(artifact_dir / PASSES), read_jsonl(artifact_dir / REQUESTS), clocks
 
 
-def derive_cells(plans: Mapping[str, _timed.Plan], meta: Mapping, passes: list[dict],
-                 requests: list[dict], clocks: list[dict],
+def derive_cells(plans: Mapping[str, _timed.Plan], meta: Mapping[str, Any], passes: list[dict[str, Any]],
+                 requests: list[dict[str, Any]], clocks: list[dict[str, Any]],
                  slo_ms: Mapping[str, float] | None = None) -> dict[str, dict[str, Any]]:
     """Every cell's metrics, re-taking every decision; the plan of each cell must be
     the one the row asks for now (the meta's copy is only compared, never used)."""
@@ -120,7 +124,7 @@ class Window:
         return "refused" if self.problems else "matched" if self.compared else "unchecked"
 
 
-def timed_window(requests: list[dict], correct: Mapping[str, Mapping[str, Out]],
+def timed_window(requests: list[dict[str, Any]], correct: Mapping[str, Mapping[str, Out]],
                  margin: float, unchecked: Mapping[str, str]) -> Window:
     """Every timed pass must repeat its arm's first timed pass, and that one must match
     the correctness pass of the same requests (`correct`: arm -> request id -> output;
@@ -128,7 +132,7 @@ def timed_window(requests: list[dict], correct: Mapping[str, Mapping[str, Out]],
     kept, problems = _ab.timed_tokens(requests)
     compared = 0
     for arm, outputs in correct.items():
-        window = {rid: Out.from_json(r) for (a, rid), r in kept.items() if a == arm}
+        window = {rid: Out.from_json(dict(r)) for (a, rid), r in kept.items() if a == arm}
         result = matched_windows(outputs, window, margin)
         compared += result["compared"]
         if not result["matched"]:
@@ -162,15 +166,15 @@ def gate_verdict(cells: Mapping[str, Mapping[str, Any]], baseline: str,
     if window is not None and window.problems:
         return Derived(Status.FAIL, f"timed window refused: the timed passes' tokens are not "
                                     f"the correctness pass's ({window.problems[0]}); {text}",
-                       metrics, dict(cells))
+                       metrics, {c: dict(m) for c, m in cells.items()})
     blocking = counts["worse"] + (counts["underpowered"] if underpowered_blocks else 0)
     if blocking:
         return Derived(Status.FAIL, f"{counts['worse']} cell(s) worse, {counts['underpowered']} "
-                                    f"underpowered: {text}", metrics, dict(cells))
+                                    f"underpowered: {text}", metrics, {c: dict(m) for c, m in cells.items()})
     note = (f" ({counts['underpowered']} underpowered, not blocking per the row)"
             if counts["underpowered"] else "")
     return Derived(Status.PASS, f"equivalent or better in every decided cell{note}: {text}",
-                   metrics, dict(cells))
+                   metrics, {c: dict(m) for c, m in cells.items()})
 
 
 def _metric(cells: Mapping[str, Mapping[str, Any]]) -> str:

@@ -31,9 +31,10 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 import pipeline.gates._arms as _arms
+import pipeline.gates._throughput_v1 as _throughput_v1
+import pipeline.gates._timed as _timed
+import pipeline.gates._tp_artifacts as art
 from pipeline import device
-from pipeline.gates import _throughput_v1, _timed
-from pipeline.gates import _tp_artifacts as art
 from pipeline.gates._artifacts import read_json
 from pipeline.gates.interface import Derived, Gate, GateContext, GateError, gate_arch
 from pipeline.gates.registry import register
@@ -204,7 +205,7 @@ def _correctness(row: Row, spec: ThroughputGate, artifact_dir: Path
     gate's in the bundle), its near-tie margin, and why any arm has none."""
     from pipeline.divergence import Out
 
-    tokens = next((g for g in row.gates if g.kind == "tokens"), None)
+    tokens = next((g for g in row.gates if getattr(g, "kind", "") == "tokens"), None)
     if tokens is None:
         return {}, 0.0, {role: "the row has no tokens gate" for role in ROLES}
     files = {"candidate": TOKENS_FILES["candidate"]}

@@ -33,10 +33,11 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import pipeline.report.throughput as throughput_view
 from pipeline.records.gate_result import GateResult
 from pipeline.records.status import MetricValue
-from pipeline.report import throughput as throughput_view
 from pipeline.report.model import (
     BarFigure,
     Figure,
@@ -147,9 +148,9 @@ def throughput(result: GateResult, bundle_root: Path, spec: object | None) -> Ex
         extra.figures.append(IntervalFigure(
             title=f"{result.gate_id}: candidate / oracle {name}, median with CI per cell",
             ylabel="candidate / oracle", labels=tuple(c for c, _ in rows),
-            values=tuple(float(m[p + "ratio_median"]) for _, m in rows),
-            lows=tuple(float(m[p + "ratio_ci_low"]) for _, m in rows),
-            highs=tuple(float(m[p + "ratio_ci_high"]) for _, m in rows), band=band))
+            values=tuple(_number(m[p + "ratio_median"]) or 0.0 for _, m in rows),
+            lows=tuple(_number(m[p + "ratio_ci_low"]) or 0.0 for _, m in rows),
+            highs=tuple(_number(m[p + "ratio_ci_high"]) or 0.0 for _, m in rows), band=band))
         wanted = _ab_columns(p, [q for q in prefixes if q != p and q.startswith(p)],
                              metric_columns(m for _, m in rows))
         verdict = next((i + 1 for i, k in enumerate(wanted) if k.endswith("verdict")), None)
@@ -283,8 +284,8 @@ def _records_table(title: str, doc: object) -> Table | None:
     return table(title, columns, ([d.get(c) for c in columns] for d in doc))
 
 
-def _jsonl(path: Path) -> list[dict]:
-    if not path.is_file() or path.stat().st_size > MAX_ARTIFACT_BYTES:
+def _jsonl(path: Path | None) -> list[dict[str, Any]]:
+    if path is None or not path.is_file() or path.stat().st_size > MAX_ARTIFACT_BYTES:
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 

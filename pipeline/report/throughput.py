@@ -11,6 +11,7 @@ without scipy; docs/gates.md documents the raw records for plotting distribution
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from pipeline.records.gate_result import GateResult
 from pipeline.records.status import MetricValue
@@ -57,7 +58,7 @@ def _figure(result: GateResult, prefix: str, band: tuple[float, float] | None
                           band=band if not prefix else None)
 
 
-def _arm_rows(cells: Mapping[str, Mapping[str, MetricValue]]) -> tuple[list[str], list[list]]:
+def _arm_rows(cells: Mapping[str, Mapping[str, MetricValue]]) -> tuple[list[str], list[list[Any]]]:
     names = [f"{s}_{lat}_ms" for lat in LATENCY for s in ("mean", "median", "p90", "p99")]
     names += ["output_throughput", "request_throughput", "request_goodput"]
     present = [n for n in names if any(f"{a}_{n}" in m for m in cells.values() for a in ARMS)]

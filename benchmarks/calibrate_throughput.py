@@ -304,7 +304,8 @@ def sim(trials: int, seed: int, scratch: Path, scenarios=SCENARIOS) -> dict:
                 tally.add(status, cells)
                 shutil.rmtree(out)
             results[f"{sc.name}/{effect:g}"] = tally.summary(effect)
-            log(f"{sc.name:18} effect {effect:5.0%}: {results[f'{sc.name}/{effect:g}']}")
+            log(f"{sc.name:18} effect {effect:5.0%}: " + json.dumps(
+                {k: v for k, v in results[f"{sc.name}/{effect:g}"].items() if k != "per_run"}))
     return results
 
 

@@ -32,7 +32,8 @@ AA_GATE = '''
     cells = ["i16-c1", "i16-c4"]
     min_effect = 0.05
     max_rounds = 16
-    max_seconds = 25.0
+    max_warmup = 2
+    max_seconds = 40.0
 '''
 HONEST = {"equivalent", "underpowered"}
 """What an A/A may be called: never better or worse."""
@@ -59,7 +60,11 @@ def test_aa_is_never_a_difference_and_says_its_power(aa):
     assert result.status in (Status.PASS, Status.FAIL), result.reason
     for cell, m in result.cells.items():
         assert m["verdict"] in HONEST, (cell, result.reason)
-        assert m["metric"] == "itl" and m["rounds"] >= 3
+        assert m["metric"] == "itl"
+        if m["rounds"] < 3:  # a machine so loaded the budget ended before any CI
+            assert m["verdict"] == "underpowered" and m["ratio"] is None
+            assert m["stop"] == "time" and f"{cell} no CI" in result.reason
+            continue
         assert m["ratio_ci_low"] <= m["ratio"] <= m["ratio_ci_high"]
         assert m["detectable_effect"] > 0.025  # never below half the 5 % minimum effect
         if m["verdict"] == "underpowered":
@@ -94,35 +99,42 @@ def test_derive_rederives_every_number_from_the_raw_records(aa):
 
 def test_each_arm_reports_vllm_bench_metrics_in_ms(aa):
     _, result, _ = aa
-    m = result.cells["i16-c4"]
+    m = max(result.cells.values(), key=lambda c: c["rounds"])
+    assert m["rounds"] > 0, result.reason
     for arm in ("baseline", "candidate"):
         for name in ("ttft", "tpot", "itl", "e2el"):
             assert 0 < m[f"{arm}_median_{name}_ms"] <= m[f"{arm}_p99_{name}_ms"]
             assert m[f"{arm}_std_{name}_ms"] >= 0
         assert m[f"{arm}_output_throughput"] > 0 and m[f"{arm}_request_throughput"] > 0
         assert m[f"{arm}_completed"] == 4 * m["rounds"]
-    assert m["itl_ratio_ci_low"] <= m["itl_ratio"] <= m["itl_ratio_ci_high"]
+    if m["rounds"] >= 3:
+        assert m["itl_ratio_ci_low"] <= m["itl_ratio"] <= m["itl_ratio_ci_high"]
 
 
 def test_the_timed_window_matches_the_tokens_gate(aa):
     _, result, _ = aa
     assert result.metrics["timed_window"] == "matched"
-    assert result.metrics["timed_requests_compared"] == 2 * 8  # both arms, 8 requests
+    timed = sum(m["rounds_run"] > 0 for m in result.cells.values())
+    assert result.metrics["timed_requests_compared"] == 2 * 4 * timed  # both arms, 4 a cell
 
 
 def test_a_timed_window_that_differs_from_the_correctness_pass_is_refused(aa, tmp_path):
     row_path, _, stage = aa
     copy = tmp_path / "stage"
     shutil.copytree(stage, copy)
+    timed = [json.loads(line) for line in
+             (copy / "artifacts/tp/requests.jsonl").read_text().splitlines()]
+    rid = next(r["id"] for r in timed if r["arm"] == "candidate" and "token_ids" in r)
     path = copy / "artifacts/tokens/candidate.jsonl"
     docs = [json.loads(line) for line in path.read_text().splitlines()]
-    docs[5]["token_ids"][3] = (docs[5]["token_ids"][3] + 1) % 1000
+    doc = next(d for d in docs if d["id"] == rid)
+    doc["token_ids"][3] = (doc["token_ids"][3] + 1) % 1000
     path.write_text("".join(json.dumps(d) + "\n" for d in docs))
     row = load_row(row_path).row
     derived = Throughput().derive(row, row.gate("tp"), copy / "artifacts/tp")
     assert derived.status is Status.FAIL
     assert derived.reason.startswith("timed window refused")
-    assert f"request {docs[5]['id']} position 3" in derived.reason
+    assert f"request {rid} position 3" in derived.reason
     assert derived.metrics["timed_window"] == "refused"
 
 

@@ -192,6 +192,16 @@ for _name, (_arches, _extra) in BUILD_SESSIONS.items():
 
 
 @nox.session(default=False)
+def calibrate(session: nox.Session) -> None:
+    """Calibrate the throughput gate: `nox -s calibrate -- sim|cpu|cuda [--out DIR …]`
+    (A/A and planted-slowdown runs; docs/perf.md records the H200's, with the command)."""
+    _install(session, "stats", "ops")  # torch, for the reference engine of cpu/cuda
+    session.install("tokenizers>=0.22", "safetensors>=0.4")  # the tiny model's files
+    session.run("python", "benchmarks/calibrate_throughput.py",
+                *(session.posargs or ["sim", "--trials", "40"]))
+
+
+@nox.session(default=False)
 def bench(session: nox.Session) -> None:
     """Run the benchmarks (figures go to docs/perf.md by hand, with the command)."""
     _install(session, "stats")

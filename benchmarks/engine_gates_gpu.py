@@ -51,8 +51,6 @@ row_text = textwrap.dedent('''
     [[gates]]
     id = "tp"
     kind = "throughput"
-    repeats = 9
-    warmup = 2
 ''')
 (tmp / "GPU-CHECK.toml").write_text(row_text)
 row = load_row(tmp / "GPU-CHECK.toml").row
@@ -77,7 +75,7 @@ for gate, gid in ((Tokens(), "tokens"), (Throughput(), "tp")):
     print(gid, r.status.value, r.arch, r.reason, round(time.time() - t, 1), flush=True)
     summary[gid] = json.loads(r.model_dump_json())
 (out / "summary.json").write_text(json.dumps(summary, indent=1))
-for f in ("samples.csv", "clocks.csv", "meta.json"):
+for f in ("passes.csv", "requests.jsonl", "clocks.csv", "meta.json"):
     p = tmp / "stage/artifacts/tp" / f
     if p.exists():
         shutil.copy(p, out / f"tp-{f}")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from pipeline.engines.interface import Alternatives, alternatives_from_json
 
@@ -32,12 +33,12 @@ class Out:
     alternatives: Alternatives
 
     @classmethod
-    def of(cls, o) -> "Out":
+    def of(cls, o: Any) -> "Out":
         """From an engine's RequestOutput."""
         return cls(tuple(o.token_ids), tuple(o.logprobs), tuple(o.alternatives))
 
     @classmethod
-    def from_json(cls, d: dict) -> "Out":
+    def from_json(cls, d: Mapping[str, Any]) -> "Out":
         """From a tokens artifact / oracle record line (`token_ids`, `logprobs`,
         optional `alternatives`)."""
         return cls(tuple(d["token_ids"]), tuple(d["logprobs"]),
@@ -53,7 +54,7 @@ class Out:
 
 
 def divergence(want: Out, got: Out, margin: float,
-               names: tuple[str, str] = ("want", "got")) -> dict | None:
+               names: tuple[str, str] = ("want", "got")) -> dict[str, Any] | None:
     """None when the tokens are equal; else where they part and whether it is a tie.
     `names` label the two sides in the returned document."""
     pos = next((i for i, (x, y) in enumerate(zip(want.tokens, got.tokens)) if x != y), None)
@@ -63,7 +64,7 @@ def divergence(want: Out, got: Out, margin: float,
         pos = min(len(want.tokens), len(got.tokens))
     a = want.tokens[pos] if pos < len(want.tokens) else None
     b = got.tokens[pos] if pos < len(got.tokens) else None
-    doc = {"position": pos, names[0]: a, names[1]: b, "tie": False}
+    doc: dict[str, Any] = {"position": pos, names[0]: a, names[1]: b, "tie": False}
     if a is None or b is None:
         return doc
     gap_want, gap_got = want.gap_to(pos, b), got.gap_to(pos, a)
@@ -75,7 +76,7 @@ def divergence(want: Out, got: Out, margin: float,
 
 
 def compare(want: list[Out], got: list[Out], margin: float,
-            names: tuple[str, str] = ("want", "got")) -> dict:
+            names: tuple[str, str] = ("want", "got")) -> dict[str, Any]:
     """Counts, every divergence, and the first real mismatch of paired requests."""
     parted = [(r, d) for r, d in enumerate(divergence(w, g, margin, names)
                                            for w, g in zip(want, got)) if d]

@@ -1,183 +1,311 @@
-"""A/B statistics for the throughput gate: pure functions over lists of floats.
+"""The throughput gate's A/B statistics: paired rounds, repeated confidence intervals,
+four verdicts. Pure functions over lists of floats.
 
-One cell of a throughput matrix gives two samples, one value per repeat per arm
-(e.g. output tok/s). `compare` summarises them the way the gate and the review
-need: medians, relative spread (IQR / median), a bootstrap 95 % CI of the
-candidate/oracle ratio of medians, and a two-sided Mann-Whitney U p-value.
-`verdict` turns that into parity / better / worse / inconclusive.
+The unit of replication is the **round**: one timed pass of each arm, back to
+back, in an order that alternates (A B, B A, …). Each pass gives the arm's
+*speed* on the gate's metric (e.g. 1 / median inter-token latency of the pass,
+from its hundreds of per-step samples, or output tok/s). A round's datum is the
+paired log-ratio d = ln(speed_candidate / speed_baseline). Pairing is what
+cancels drift (clock, thermal, host load moving slowly cancel within a round; a
+linear drift cancels exactly over the two orders of a pair of rounds), and the
+round, not the request, is the unit because requests of one pass share the
+batch, the clocks and the host's state: treating them as independent samples
+would understate the variance (Kalibera & Jones, "Rigorous benchmarking in
+reasonable time", ISMM 2013: the highest level of repetition that varies sets
+the uncertainty).
 
-Choices, and why:
+Inference is the one-sample t interval of the mean of d (the interval of
+`scipy.stats.ttest_1samp`, Student's t quantile from `scipy.stats.t`), exponentiated
+into a CI of the candidate/baseline speed ratio (the geometric mean over rounds). The gate looks after every
+`min_rounds` rounds; each look's level comes from the Lan-DeMets error-spending
+recursion in `pipeline.sequential`, so the intervals are repeated confidence
+intervals: all looks cover the true ratio at once with probability >= 1 - alpha,
+whatever made the gate stop.
 
-* The bootstrap resamples the two arms **independently** (`paired=False`). The
-  statistic is a ratio of two medians, not a median of per-repeat ratios, and
-  repeat *i* of one arm is not a measurement of the same unit as repeat *i* of
-  the other: interleaving (A B B A …) is what removes drift, not pairing. It is
-  also the resampling that matches Mann-Whitney, which treats the samples as
-  independent.
-* The CI uses the percentile method. With 5-15 repeats the median of a
-  resample takes only a handful of distinct values; BCa's jackknife
-  acceleration degenerates on such data (scipy warns and may return NaN),
-  while the percentile interval stays defined.
-* The generator is seeded (`numpy.random.default_rng(seed)`), so `derive` on a
-  sealed bundle reproduces the recorded CI to the last digit.
+Verdicts, with m = `min_effect` (ratios are candidate speed / baseline speed):
+
+* worse: the CI lies entirely below 1 - m/2, i.e. the candidate is slower by
+  more than a negligible amount (half the minimum effect), with confidence.
+  This is a minimum-effect test (Murphy & Myors, J. Appl. Psych. 84:234, 1999)
+  rather than a test of "no difference at all": two engine instances are never
+  bit-identical in speed, and a 0.3 % difference between them is not a finding;
+* better: the CI lies entirely above 1 + m/2;
+* both claims also need a CI no wider than the equivalence band (half-width at
+  most ~m): on a machine so noisy that its CI spans several minimum effects, the
+  gate says underpowered rather than stake a claim on the alpha tail. (Any extra
+  condition on a claim only lowers its error rate; simulated, it takes a heavily
+  loaded CPU's false differences from ~alpha to none, and costs a planted 5 %
+  slowdown one look at most where the noise is moderate.)
+* equivalent: the CI lies inside [1 - m, 1 + m] (equivalence by CI inclusion,
+  as in TOST; with the two-sided interval it is the conservative form): parity;
+* underpowered: the budget ended before any of the three: the CI reached and
+  the rounds the design would need are reported.
+
+Under CI coverage no verdict can be wrong by more than its margin: a candidate
+truly within ±m/2 is never called worse or better, one truly outside ±m never
+equivalent. Once the CI's half-width (log scale) is at most `target_half_width`
+(about m/4) one of the three always holds, so rounds beyond that are never needed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+import functools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 from enum import StrEnum
 
 import numpy as np
 from scipy import stats as _st
 
-DEFAULT_SEED = 20240917
-"""Seed of the bootstrap generator: fixed, so a re-derivation is bit-identical."""
+from pipeline import sequential
+from pipeline._stats_v1 import (  # format-1 bundles (one median per repeat); see _stats_v1
+    RATIO_METRICS,
+    ABComparison,
+    ParityBound,
+    compare,
+    mann_whitney_p,
+    median,
+    ratio_ci,
+    relative_spread,
+    verdict,
+)
 
-RATIO_METRICS = ("ratio_median", "ratio_ci_low", "ratio_ci_high")
-"""Per-cell metrics a parity criterion may be written against."""
+__all__ = ["RATIO_METRICS", "ABComparison", "Design", "Look", "Outcome", "ParityBound",
+           "Verdict", "compare", "decide", "detectable_effect", "look", "mann_whitney_p",
+           "median", "paired_log_ratios", "ratio_ci", "relative_spread", "replay",
+           "rounds_needed", "t_interval", "verdict"]
+
+MIN_LOOK_ROUNDS = 3
+"""Fewest rounds a CI is computed from (two degrees of freedom)."""
+POWER = 0.8
+"""Power at which a detectable effect is quoted."""
 
 
 class Verdict(StrEnum):
-    PARITY = "parity"
-    """No difference larger than the minimum effect, or one the row tolerates."""
     BETTER = "better"
-    """The candidate is significantly better by more than the minimum effect."""
     WORSE = "worse"
-    """The candidate is significantly worse, beyond what the row tolerates."""
-    INCONCLUSIVE = "inconclusive"
-    """No significant difference, but the CI is too wide to claim parity."""
+    EQUIVALENT = "equivalent"
+    UNDERPOWERED = "underpowered"
 
 
 @dataclass(frozen=True)
-class ABComparison:
-    """Summary of candidate vs oracle samples of one metric in one cell."""
+class Design:
+    """A row's sequential design: looks every `min_rounds` rounds up to `max_rounds`."""
 
-    n_candidate: int
-    n_oracle: int
-    median_candidate: float
-    median_oracle: float
-    spread_candidate: float
-    """IQR / median of the candidate's samples."""
-    spread_oracle: float
-    ratio_median: float
-    """median(candidate) / median(oracle)."""
-    ratio_ci_low: float
-    ratio_ci_high: float
+    min_effect: float
+    alpha: float = 0.05
+    min_rounds: int = 8
+    max_rounds: int = 40
+    spending: str = "pocock"
+
+    def __post_init__(self) -> None:
+        if not 0 < self.min_effect < 1:
+            raise ValueError(f"min_effect: expected 0 < min_effect < 1, got {self.min_effect}")
+        if not 0 < self.alpha < 1:
+            raise ValueError(f"alpha: expected 0 < alpha < 1, got {self.alpha}")
+        if not MIN_LOOK_ROUNDS <= self.min_rounds <= self.max_rounds:
+            raise ValueError(f"rounds: expected {MIN_LOOK_ROUNDS} <= min_rounds <= max_rounds, "
+                             f"got {self.min_rounds} and {self.max_rounds}")
+        if self.spending not in sequential.SPENDING:
+            raise ValueError(f"spending: expected one of {', '.join(sequential.SPENDING)}, "
+                             f"got {self.spending!r}")
+
+    def planned_looks(self) -> tuple[int, ...]:
+        looks = list(range(self.min_rounds, self.max_rounds + 1, self.min_rounds))
+        return tuple(looks if looks[-1] == self.max_rounds else looks + [self.max_rounds])
+
+    @property
+    def negligible(self) -> tuple[float, float]:
+        """Log-ratio bounds of a negligible difference (±m/2)."""
+        return math.log(1 - self.min_effect / 2), math.log(1 + self.min_effect / 2)
+
+    @property
+    def band(self) -> tuple[float, float]:
+        """Log-ratio bounds of equivalence (±m)."""
+        return math.log(1 - self.min_effect), math.log(1 + self.min_effect)
+
+    @property
+    def target_half_width(self) -> float:
+        """Log-scale half-width at which a verdict is certain (≈ m/4)."""
+        (lo, hi), (nlo, nhi) = self.band, self.negligible
+        return min(hi - nhi, nlo - lo) / 2
+
+    def confidence(self, looks: Sequence[int]) -> float:
+        """Nominal confidence of the last of `looks` (the spending recursion over all)."""
+        return 1 - sequential.nominal_levels(tuple(looks), self.max_rounds, self.alpha,
+                                             self.spending)[-1]
+
+    def looks_for(self, rounds: int, extra: bool) -> tuple[int, ...]:
+        """The looks a cell that ran `rounds` valid rounds has made: the planned ones so
+        far, plus one at `rounds` when a budget (`extra`) ended it between looks."""
+        made = [n for n in self.planned_looks() if n <= rounds]
+        if extra and rounds >= MIN_LOOK_ROUNDS and (not made or made[-1] != rounds):
+            made.append(rounds)
+        return tuple(made)
+
+
+@dataclass(frozen=True)
+class Look:
+    """One look's repeated confidence interval of the candidate/baseline speed ratio."""
+
+    rounds: int
     confidence: float
-    p_value: float
-    """Two-sided Mann-Whitney U."""
+    ratio: float
+    """exp(mean d): the geometric-mean speed ratio over the rounds."""
+    ci_low: float
+    ci_high: float
+    half_width: float
+    """Log scale."""
+    sd: float
+    """Standard deviation of d over the rounds (log scale, ~ relative)."""
+    verdict: Verdict | None
+    """None: not decided at this look."""
 
-    def metrics(self) -> dict[str, float | int]:
-        return {k: (round(v, 9) if isinstance(v, float) else v) for k, v in asdict(self).items()}
+
+@dataclass(frozen=True)
+class Outcome:
+    """A cell's sequential result: the deciding (or last) look and what it would take."""
+
+    verdict: Verdict
+    look: Look | None
+    """None when the budget ended before MIN_LOOK_ROUNDS valid rounds."""
+    looks: tuple[int, ...]
+    rounds_needed: int | None
+    """For an underpowered cell: rounds for the design's target half-width at this sd."""
+
+
+def paired_log_ratios(candidate: Sequence[float], baseline: Sequence[float]) -> list[float]:
+    """ln(candidate / baseline) of each round's two speeds (both positive)."""
+    c, b = _array(candidate, "candidate"), _array(baseline, "baseline")
+    if c.size != b.size:
+        raise ValueError(f"rounds: {c.size} candidate speeds but {b.size} baseline speeds")
+    if np.any(c <= 0) or np.any(b <= 0):
+        raise ValueError("speeds: every value must be positive")
+    # math.log per value: the same bits whether one round or forty are converted
+    # (numpy's vector loops may differ in the last bit from its scalar tail)
+    return [math.log(x) - math.log(y) for x, y in zip(c.tolist(), b.tolist())]
 
 
 def _array(values: Sequence[float], name: str) -> np.ndarray:
     arr = np.asarray(values, dtype=float)
-    if arr.ndim != 1 or arr.size == 0:
-        raise ValueError(f"{name}: expected a non-empty list of numbers, got {len(arr)} values")
-    if not np.all(np.isfinite(arr)):
-        raise ValueError(f"{name}: every value must be finite, got {values!r}")
+    if arr.ndim != 1 or not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name}: expected a list of finite numbers, got {values!r}")
     return arr
 
 
-def median(values: Sequence[float]) -> float:
-    return float(np.median(_array(values, "values")))
-
-
-def relative_spread(values: Sequence[float]) -> float:
-    """Interquartile range divided by the median (0 when the median is 0)."""
-    arr = _array(values, "values")
-    q1, med, q3 = np.percentile(arr, [25, 50, 75])
-    return float((q3 - q1) / med) if med else 0.0
-
-
-def mann_whitney_p(candidate: Sequence[float], oracle: Sequence[float]) -> float:
-    """Two-sided Mann-Whitney U p-value (scipy picks exact or asymptotic)."""
-    c, o = _array(candidate, "candidate"), _array(oracle, "oracle")
-    if np.ptp(np.concatenate([c, o])) == 0:
-        return 1.0  # every value identical: no evidence of any difference
-    return float(_st.mannwhitneyu(c, o, alternative="two-sided").pvalue)
-
-
-def _ratio_of_medians(c: np.ndarray, o: np.ndarray, axis: int = -1) -> np.ndarray:
-    return np.median(c, axis=axis) / np.median(o, axis=axis)
-
-
-def ratio_ci(candidate: Sequence[float], oracle: Sequence[float], *, confidence: float = 0.95,
-             n_resamples: int = 10000, seed: int = DEFAULT_SEED) -> tuple[float, float]:
-    """Bootstrap CI of median(candidate) / median(oracle); independent resampling."""
-    c, o = _array(candidate, "candidate"), _array(oracle, "oracle")
-    if np.median(o) <= 0:
-        raise ValueError(f"oracle: the median must be positive for a ratio, got {np.median(o)}")
-    if np.ptp(c) == 0 and np.ptp(o) == 0:
-        r = float(c[0] / o[0])
-        return r, r  # constant samples: every resample gives the same ratio
-    res = _st.bootstrap((c, o), _ratio_of_medians, n_resamples=n_resamples, vectorized=True,
-                        paired=False, confidence_level=confidence, method="percentile",
-                        rng=np.random.default_rng(seed))
-    return float(res.confidence_interval.low), float(res.confidence_interval.high)
-
-
-def compare(candidate: Sequence[float], oracle: Sequence[float], *, confidence: float = 0.95,
-            n_resamples: int = 10000, seed: int = DEFAULT_SEED) -> ABComparison:
-    """Everything the gate reports about one metric of one cell."""
-    c, o = _array(candidate, "candidate"), _array(oracle, "oracle")
-    low, high = ratio_ci(c, o, confidence=confidence, n_resamples=n_resamples, seed=seed)
-    return ABComparison(
-        n_candidate=int(c.size), n_oracle=int(o.size),
-        median_candidate=median(c), median_oracle=median(o),
-        spread_candidate=relative_spread(c), spread_oracle=relative_spread(o),
-        ratio_median=median(c) / median(o), ratio_ci_low=low, ratio_ci_high=high,
-        confidence=confidence, p_value=mann_whitney_p(c, o))
-
-
-@dataclass(frozen=True)
-class ParityBound:
-    """A row's parity threshold on one ratio metric, e.g. `ratio_ci_low >= 0.95`.
-
-    Built from a `rowspec.Criterion`; kept as a plain value here so this module
-    stays free of row parsing.
-    """
-
-    metric: str
-    holds: Callable[[float], bool]
-
-    @classmethod
-    def from_criterion(cls, criterion) -> "ParityBound":
-        if criterion.metric not in RATIO_METRICS:
-            raise ValueError(f"criterion {criterion.id!r}: metric {criterion.metric!r} is not a "
-                             f"ratio metric ({', '.join(RATIO_METRICS)})")
-        return cls(metric=criterion.metric, holds=criterion.holds)
-
-
-def verdict(cmp: ABComparison, *, min_effect: float, alpha: float,
-            parity: Sequence[ParityBound] = (), higher_is_better: bool = True) -> Verdict:
-    """Parity / better / worse / inconclusive for one cell.
-
-    A difference counts only when it is significant (p < alpha) AND the CI
-    excludes the band [1 - min_effect, 1 + min_effect]. A significant
-    difference in the candidate's favour is BETTER. One against it is WORSE
-    unless every parity bound of the row still holds (the row tolerates that
-    much). Without a significant difference it is PARITY when the parity
-    bounds hold (or the row gives none and the CI lies inside the band), and
-    INCONCLUSIVE otherwise: too noisy to claim anything.
-    """
-    if min_effect < 0 or not 0 < alpha < 1:
-        raise ValueError(f"min_effect must be >= 0 and alpha in (0, 1), got {min_effect}, {alpha}")
-    values = {m: getattr(cmp, m) for m in RATIO_METRICS}
-    if not higher_is_better:  # e.g. latency: express as "candidate speed / oracle speed"
-        values = {"ratio_median": 1 / values["ratio_median"],
-                  "ratio_ci_low": 1 / values["ratio_ci_high"],
-                  "ratio_ci_high": 1 / values["ratio_ci_low"]}
-    low, high = values["ratio_ci_low"], values["ratio_ci_high"]
-    significant = cmp.p_value < alpha and (low > 1 + min_effect or high < 1 - min_effect)
-    tolerated = all(b.holds(values[b.metric]) for b in parity)
-    if significant and low > 1:
+def decide(design: Design, low: float, high: float) -> Verdict | None:
+    """The verdict a log-scale CI [low, high] supports, if any (worse / better first:
+    a CI can be inside the band and still exclude the negligible zone; a claim needs a
+    CI no wider than the band)."""
+    (nlo, nhi), (blo, bhi) = design.negligible, design.band
+    precise = high - low <= bhi - blo
+    if high < nlo and precise:
+        return Verdict.WORSE
+    if low > nhi and precise:
         return Verdict.BETTER
-    if significant:
-        return Verdict.PARITY if parity and tolerated else Verdict.WORSE
-    if parity:
-        return Verdict.PARITY if tolerated else Verdict.INCONCLUSIVE
-    inside = low >= 1 - min_effect and high <= 1 + min_effect
-    return Verdict.PARITY if inside else Verdict.INCONCLUSIVE
+    if low >= blo and high <= bhi:
+        return Verdict.EQUIVALENT
+    return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _t_isf(tail: float, df: int) -> float:
+    return float(_st.t.isf(tail, df))
+
+
+def t_interval(d: Sequence[float] | np.ndarray, confidence: float) -> tuple[float, float]:
+    """The t interval of the mean of d: what `scipy.stats.ttest_1samp(d, 0)
+    .confidence_interval(confidence)` returns (a test holds them equal), written out
+    with scipy's t quantile to skip that call's overhead, which dominates the
+    calibration's many thousands of looks."""
+    arr = np.asarray(d, dtype=float)
+    mean = float(arr.mean())
+    half = _t_isf((1 - confidence) / 2, arr.size - 1) * float(arr.std(ddof=1)) / math.sqrt(
+        arr.size)
+    return mean - half, mean + half
+
+
+def look(design: Design, log_ratios: Sequence[float], looks: Sequence[int]) -> Look:
+    """The CI at the last of `looks`, which must be len(log_ratios) rounds."""
+    d = _array(log_ratios, "log_ratios")
+    if d.size < MIN_LOOK_ROUNDS or not looks or looks[-1] != d.size:
+        raise ValueError(f"look: {d.size} rounds do not make the look at {list(looks)[-1:]} "
+                         f"(at least {MIN_LOOK_ROUNDS})")
+    confidence = design.confidence(looks)
+    low, high = t_interval(d, confidence)
+    half, sd = (high - low) / 2, float(d.std(ddof=1))
+    return Look(rounds=int(d.size), confidence=confidence, ratio=math.exp(float(d.mean())),
+                ci_low=math.exp(low), ci_high=math.exp(high), half_width=half, sd=sd,
+                verdict=decide(design, low, high))
+
+
+def replay(design: Design, log_ratios: Sequence[float], *, budget_ended: bool) -> Outcome:
+    """The verdict of a cell that recorded `log_ratios` (valid rounds, in order).
+
+    The gate stops at the first look with a verdict, so no look before the last
+    may have decided (ValueError: the rounds do not follow the design). Without a
+    verdict the cell must have reached max_rounds, or `budget_ended` (time, or too
+    many discarded rounds) — then the last rounds make one more look."""
+    d = list(log_ratios)
+    looks = design.looks_for(len(d), extra=budget_ended)
+    results = [look(design, d[:n], looks[:i + 1]) for i, n in enumerate(looks)]
+    early = next((r for r in results[:-1] if r.verdict is not None), None)
+    if early is not None:
+        raise ValueError(f"the design decides {early.verdict} at {early.rounds} rounds, yet "
+                         f"{len(d)} rounds were recorded")
+    last = results[-1] if results else None
+    if last is not None and last.verdict is not None:
+        if len(d) != last.rounds:
+            raise ValueError(f"decided at {last.rounds} rounds, yet {len(d)} were recorded")
+        return Outcome(last.verdict, last, looks, None)
+    if not budget_ended and len(d) != design.max_rounds:
+        raise ValueError(f"{len(d)} rounds without a verdict: the design runs to "
+                         f"{design.max_rounds} unless a budget ends it")
+    needed = rounds_needed(design, last.sd) if last is not None else None
+    return Outcome(Verdict.UNDERPOWERED, last, looks, needed)
+
+
+def _final_level(design: Design) -> float:
+    """Nominal two-sided level of the design's last planned look."""
+    return sequential.nominal_levels(design.planned_looks(), design.max_rounds, design.alpha,
+                                     design.spending)[-1]
+
+
+def _final_quantile(design: Design, rounds: int) -> float:
+    """t quantile of the last look were the budget `rounds` with the same number of
+    looks, spaced alike (the same information fractions, so the same level)."""
+    return _t_isf(_final_level(design) / 2, rounds - 1)
+
+
+def rounds_needed(design: Design, sd: float, limit: int = 100_000) -> int:
+    """Rounds at which the last look's half-width would reach the target at this sd,
+    were the budget that large with the same number of looks, spaced alike (a
+    planning figure: the last look's nominal level barely depends on the budget)."""
+    if sd <= 0:
+        return design.min_rounds
+
+    def short(n: int) -> bool:
+        return _final_quantile(design, n) * sd / math.sqrt(n) > design.target_half_width
+
+    lo, hi = MIN_LOOK_ROUNDS, MIN_LOOK_ROUNDS
+    while hi < limit and short(hi):
+        lo, hi = hi, hi * 2
+    if short(hi):
+        return limit
+    while lo < hi:  # smallest n that is not short
+        mid = (lo + hi) // 2
+        lo, hi = (mid + 1, hi) if short(mid) else (lo, mid)
+    return max(hi, design.min_rounds)
+
+
+def detectable_effect(design: Design, sd: float, rounds: int, power: float = POWER) -> float:
+    """Smallest slowdown (fraction) called worse with probability `power` at the last
+    look of the design were its budget `rounds` (looks spaced alike), at per-round
+    log-ratio sd `sd`: the negligible margin plus (q + z_power) standard errors. It
+    never goes below m/2: smaller differences are negligible by design."""
+    if rounds < MIN_LOOK_ROUNDS:
+        raise ValueError(f"rounds: a look needs at least {MIN_LOOK_ROUNDS}, got {rounds}")
+    shift = -design.negligible[0] + (_final_quantile(design, rounds)
+                                     + float(_st.norm.ppf(power))) * sd / math.sqrt(rounds)
+    return 1 - math.exp(-shift)

@@ -44,7 +44,8 @@ def test_sm70_row_encodes_operator_matrix_and_history():
     assert op.batches == [4, 8, 12, 16] and set(op.layouts) == {"uniform", "ragged"}
     assert {"page-1", "page", "page+1", "17.8K"} <= set(op.contexts)
     assert row.gate("gsm8k").sampling.top_k == 20
-    assert row.gate("endpoint").repeats == 5
+    endpoint = row.gate("endpoint")  # the seed's five repeats: the first look
+    assert (endpoint.min_rounds, endpoint.metric, endpoint.endpoint) == (5, "itl", True)
     assert any("identical to its base" in h.finding for h in row.history)
 
 

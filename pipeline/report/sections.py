@@ -6,9 +6,11 @@ reason, metrics, cells, artifacts). A gate kind names one of the richer views in
 tables and figures when the data it recognises is there, and adds nothing
 otherwise, so a gate whose result shape is new still shows in full:
 
-* `throughput`: cells carrying `<prefix>ratio_median`, `<prefix>ratio_ci_low`
-  and `<prefix>ratio_ci_high` (the names `pipeline.stats` writes) become a
-  ratio-with-CI plot and a summary table per prefix;
+* `throughput`: a sequential result (`pipeline/report/throughput.py`) shows per
+  cell its power verdict, the repeated CI reached, the rounds taken and needed,
+  per arm the vLLM-bench metrics, and a ratio-with-CI plot per ratio; a format-1
+  one's cells carrying `<prefix>ratio_median`, `<prefix>ratio_ci_low` and
+  `<prefix>ratio_ci_high` become a ratio-with-CI plot and a summary table per prefix;
 * any kind: PNG artifacts (plots the gate drew itself) are shown as sealed;
 * `trace`: when the gate sealed no PNG of its own, numeric metrics or cell
   metrics whose name contains `idle` become an idle-breakdown bar chart, and an
@@ -31,7 +33,9 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import pipeline.report.throughput as throughput_view
 from pipeline.errors import VerificationError
 from pipeline.records.canonical import strict_loads
 from pipeline.records.gate_result import GateResult
@@ -49,7 +53,7 @@ from pipeline.report.model import (
 from pipeline.report.tables import cells_table, metric_columns, metrics_table, natural_key, table
 
 RATIO_METRICS = ("ratio_median", "ratio_ci_low", "ratio_ci_high")
-"""Same names as `pipeline.stats.RATIO_METRICS` (not imported: stats needs scipy)."""
+"""Format-1 throughput names (`pipeline._stats_v1`; not imported: it needs scipy)."""
 ARCH_IN_NAME = re.compile(r"\bsm_[0-9]{2,3}a?\b")
 MAX_SPANS = 4000
 MAX_IMAGE_BYTES = 8 << 20
@@ -128,6 +132,9 @@ def _ratio_prefixes(cells: dict[str, dict[str, MetricValue]]) -> list[str]:
 
 
 def throughput(result: GateResult, bundle_root: Path, spec: object | None) -> Extra:
+    if throughput_view.is_sequential(result):  # format 2: pipeline/report/throughput.py
+        tables, figures, notes = throughput_view.view(result, spec)
+        return Extra(tables=tables, figures=figures, notes=notes)
     extra = Extra()
     band = None
     min_effect = _number(result.metrics.get("min_effect"))
@@ -143,9 +150,9 @@ def throughput(result: GateResult, bundle_root: Path, spec: object | None) -> Ex
         extra.figures.append(IntervalFigure(
             title=f"{result.gate_id}: candidate / oracle {name}, median with CI per cell",
             ylabel="candidate / oracle", labels=tuple(c for c, _ in rows),
-            values=tuple(float(m[p + "ratio_median"]) for _, m in rows),
-            lows=tuple(float(m[p + "ratio_ci_low"]) for _, m in rows),
-            highs=tuple(float(m[p + "ratio_ci_high"]) for _, m in rows), band=band))
+            values=tuple(_number(m[p + "ratio_median"]) or 0.0 for _, m in rows),
+            lows=tuple(_number(m[p + "ratio_ci_low"]) or 0.0 for _, m in rows),
+            highs=tuple(_number(m[p + "ratio_ci_high"]) or 0.0 for _, m in rows), band=band))
         wanted = _ab_columns(p, [q for q in prefixes if q != p and q.startswith(p)],
                              metric_columns(m for _, m in rows))
         verdict = next((i + 1 for i, k in enumerate(wanted) if k.endswith("verdict")), None)
@@ -279,8 +286,8 @@ def _records_table(title: str, doc: object) -> Table | None:
     return table(title, columns, ([d.get(c) for c in columns] for d in doc))
 
 
-def _jsonl(path: Path) -> list[dict]:
-    if not path.is_file() or path.stat().st_size > MAX_ARTIFACT_BYTES:
+def _jsonl(path: Path | None) -> list[dict[str, Any]]:
+    if path is None or not path.is_file() or path.stat().st_size > MAX_ARTIFACT_BYTES:
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 

@@ -1,0 +1,224 @@
+"""The timed rounds of one throughput cell: warm-up until stable, interleaved rounds,
+clocks around every pass, a look every `min_rounds` valid rounds, stop at a verdict
+or at the budget. Everything is written raw as it happens (`Sink`); the decisions
+taken here are the ones `_ab.analyse_cell` re-takes from those records.
+
+The loop is engine-agnostic: it drives anything implementing `Engine.generate`,
+so the calibration benchmark runs this very code on engines it loaded once.
+Decisions are taken from the values written (times relative to the cell's start,
+as floats that round-trip through CSV/JSON exactly), never from fresh readings,
+so a re-derivation reaches the same stop at the same round.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import IO, Any, cast
+
+import pipeline.gates._arms as _arms
+from pipeline import latency, noise, stats
+from pipeline.engines.interface import Engine, PassResult, WorkloadPass
+from pipeline.gates.interface import GateError, Progress
+
+ROLES = ("baseline", "candidate")
+PASS_FIELDS = ["cell", "phase", "round", "arm", "start_s", "end_s", "wall_s",
+               "output_tokens", "requests"]
+CLOCK_FIELDS = ["cell", "phase", "round", "arm", "when", "t", "sm_clock_mhz",
+                "mem_clock_mhz", "temperature_c"]
+STOPS = ("decided", "rounds", "time", "discards")
+"""Why a cell stopped: a verdict at a look; max_rounds valid rounds; the time budget
+(`max_seconds`, warm-up included); more than `max_discarded` rounds discarded."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a cell's rounds follow (from the row's gate spec)."""
+
+    design: stats.Design
+    metric: str
+    order: str = "alternating"
+    seed: int = 0
+    warmup: int = 1
+    max_warmup: int = 6
+    warmup_tolerance: float = 0.05
+    clock_tolerance: float = 0.02
+    max_seconds: float = 600.0
+    max_discarded: int = 8
+
+
+def round_order(order: str, k: int, seed: int) -> tuple[str, str]:
+    """The arm order of timed round k: alternating flips every round (A B, B A: a
+    linear drift cancels over each pair); random flips a coin derived from
+    (seed, k), so the schedule is the same on every run and machine."""
+    if order == "random":
+        flip = hashlib.sha256(f"{seed}/{k}".encode()).digest()[0] & 1
+    else:
+        flip = k % 2
+    return (ROLES[1], ROLES[0]) if flip else ROLES
+
+
+def warmup_order(w: int) -> tuple[str, str]:
+    return (ROLES[1], ROLES[0]) if w % 2 else ROLES
+
+
+def tokens_digest(ids: Sequence[int]) -> str:
+    return hashlib.sha256(json.dumps(list(ids)).encode()).hexdigest()
+
+
+class Sink:
+    """The raw artifacts of the gate, appended pass by pass."""
+
+    def __init__(self, passes: IO[str], requests: IO[str], clocks: IO[str] | None):
+        self._passes = csv.DictWriter(passes, PASS_FIELDS)
+        self._passes.writeheader()
+        self._clocks = csv.DictWriter(clocks, CLOCK_FIELDS) if clocks else None
+        if self._clocks:
+            self._clocks.writeheader()
+        self._requests = requests
+        self._first: dict[tuple[str, str, str], str] = {}
+        self._kept: set[tuple[str, str, str]] = set()
+
+    def request_rows(self, cell: str, phase: str, k: int, arm: str,
+                     result: PassResult) -> list[dict[str, Any]]:
+        """Per-request records of a pass; token ids kept for the first timed pass of
+        each request and arm, and again wherever they differ from it (a digest always)."""
+        rows = []
+        for o in result.outputs:
+            row: dict[str, Any] = {"cell": cell, "phase": phase, "round": k, "arm": arm, "id": o.id,
+                   "output_tokens": len(o.token_ids), "ttft_s": o.ttft_s,
+                   "latency_s": o.latency_s, "itl_s": list(o.itl_s),
+                   "tokens_sha256": tokens_digest(o.token_ids)}
+            key = (cell, arm, o.id)
+            if phase == "timed":
+                first = self._first.setdefault(key, row["tokens_sha256"])
+                if key not in self._kept or first != row["tokens_sha256"]:
+                    self._kept.add(key)
+                    row.update(token_ids=list(o.token_ids), logprobs=list(o.logprobs),
+                               alternatives=[[list(a) for a in alt] for alt in o.alternatives])
+            rows.append(row)
+        return rows
+
+    def write(self, pass_row: dict[str, Any], request_rows: list[dict[str, Any]]) -> None:
+        self._passes.writerow({k: repr(v) if isinstance(v, float) else v
+                               for k, v in pass_row.items()})
+        for row in request_rows:
+            self._requests.write(json.dumps(row) + "\n")
+
+    def clock(self, row: dict[str, Any]) -> None:
+        if self._clocks:
+            self._clocks.writerow({k: repr(v) if isinstance(v, float) else v
+                                   for k, v in row.items()})
+
+
+ClockFn = Callable[[], Any]
+"""Returns a sample with t, sm_clock_mhz, mem_clock_mhz, temperature_c (device.ClockSample)."""
+
+
+class _Cell:
+    """One cell's run; `run()` returns the cell's record for meta.json."""
+
+    def __init__(self, engines: Mapping[str, Engine], work: WorkloadPass, plan: Plan,
+                 sink: Sink, clocks: ClockFn | None, progress: Progress,
+                 now: Callable[[], float]):
+        self.engines, self.work, self.plan, self.sink = engines, work, plan, sink
+        self.clocks, self.progress, self.now = clocks, progress, now
+        self.t0 = now()
+
+    def _clock(self, phase: str, k: int, arm: str, when: str) -> dict[str, Any] | None:
+        if self.clocks is None:
+            return None
+        s = self.clocks()
+        row = {"cell": self.work.cell, "phase": phase, "round": k, "arm": arm, "when": when,
+               "t": float(s.t), "sm_clock_mhz": int(s.sm_clock_mhz),
+               "mem_clock_mhz": int(s.mem_clock_mhz), "temperature_c": int(s.temperature_c)}
+        self.sink.clock(row)
+        return row
+
+    def _pass(self, phase: str, k: int, arm: str) -> tuple[dict[str, Any], float, list[dict[str, Any]]]:
+        """One pass of `arm`: (pass row, speed, clock rows)."""
+        seen = [c for c in [self._clock(phase, k, arm, "before")] if c]
+        start = self.now() - self.t0
+        result = cast(PassResult, _arms.generate(self.engines[arm], arm, self.work))
+        end = self.now() - self.t0
+        seen += [c for c in [self._clock(phase, k, arm, "after")] if c]
+        row = {"cell": self.work.cell, "phase": phase, "round": k, "arm": arm,
+               "start_s": start, "end_s": end, "wall_s": float(result.wall_s),
+               "output_tokens": result.output_tokens, "requests": len(result.outputs)}
+        requests = self.sink.request_rows(self.work.cell, phase, k, arm, result)
+        self.sink.write(row, requests)
+        try:
+            speed = latency.pass_speed(self.plan.metric, requests, float(result.wall_s),
+                                       result.output_tokens)
+        except latency.LatencyError as exc:
+            raise GateError(f"cell {self.work.cell}, {arm} arm: {exc}") from exc
+        return row, speed, seen
+
+    def _round(self, phase: str, k: int, order: tuple[str, str]
+               ) -> tuple[dict[str, float], list[dict[str, Any]], float]:
+        out = {arm: self._pass(phase, k, arm) for arm in order}
+        first, last = out[order[0]][0], out[order[1]][0]
+        return ({arm: v[1] for arm, v in out.items()},
+                [c for v in out.values() for c in v[2]],
+                last["end_s"] + (last["end_s"] - first["start_s"]))
+
+    def _out_of_time(self, projected_end: float) -> bool:
+        return projected_end > self.plan.max_seconds
+
+    def run(self) -> dict[str, Any]:
+        p, cell = self.plan, self.work.cell
+        warm: dict[str, list[float]] = {arm: [] for arm in ROLES}
+        w = 0
+        projected = 0.0
+        while p.warmup > 0:  # warmup = 0: the row asks for none at all
+            self.progress.update(f"throughput {cell}: warm-up {w + 1}")
+            speeds, _, projected = self._round("warmup", w, warmup_order(w))
+            for arm, v in speeds.items():
+                warm[arm].append(v)
+            w += 1
+            if noise.warmup_done(warm, p.warmup, p.max_warmup, p.warmup_tolerance):
+                break
+            if self._out_of_time(projected):
+                return self._record("time", w, 0, 0)
+        if self._out_of_time(projected):
+            return self._record("time", w, 0, 0)
+        got: dict[str, list[float]] = {arm: [] for arm in ROLES}
+        d: list[float] = []
+        k = discarded = 0
+        looks = p.design.planned_looks()
+        while True:
+            self.progress.update(f"throughput {cell}: round {k + 1} ({len(d)} valid, looks "
+                                 f"at {', '.join(map(str, looks))})")
+            speeds, clocks, projected = self._round("timed", k, round_order(p.order, k, p.seed))
+            k += 1
+            if clocks and noise.clock_move(clocks, p.clock_tolerance):
+                discarded += 1
+                if discarded > p.max_discarded:
+                    return self._record("discards", w, k, discarded)
+            else:
+                for arm in ROLES:
+                    got[arm].append(speeds[arm])
+                d = stats.paired_log_ratios(got["candidate"], got["baseline"])
+                if len(d) in looks and stats.look(p.design, d, p.design.looks_for(
+                        len(d), extra=False)).verdict is not None:
+                    return self._record("decided", w, k, discarded)
+                if len(d) == p.design.max_rounds:
+                    return self._record("rounds", w, k, discarded)
+            if self._out_of_time(projected):
+                return self._record("time", w, k, discarded)
+
+    def _record(self, stop: str, warmup: int, rounds: int, discarded: int) -> dict[str, Any]:
+        return {"stop": stop, "warmup_rounds": warmup, "rounds": rounds,
+                "discarded": discarded, "elapsed_s": round(self.now() - self.t0, 6)}
+
+
+def run_cell(engines: Mapping[str, Engine], work: WorkloadPass, plan: Plan, sink: Sink,
+             progress: Progress, clocks: ClockFn | None = None,
+             now: Callable[[], float] = time.monotonic) -> dict[str, Any]:
+    """Run one cell's warm-up and timed rounds on started engines ({'baseline',
+    'candidate'}); return its record (stop reason, round counts, elapsed time)."""
+    return _Cell(engines, work, plan, sink, clocks, progress, now).run()

@@ -1,0 +1,256 @@
+"""The throughput gate's rounds (pipeline/gates/_timed.py) and their re-derivation
+(_ab.py, _tp_artifacts.py) on synthetic engines: real `Engine` implementations on a
+virtual clock (benchmarks/calibrate_throughput.py), so the noise, the drift, the
+planted slowdowns and the clock drops are known, and a run takes milliseconds."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.gates import _ab, _timed
+from pipeline.gates import _tp_artifacts as art
+from pipeline.gates.interface import GateError
+from pipeline.records.status import Status
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _calibration():
+    name = "calibrate_throughput"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            name, ROOT / "benchmarks" / "calibrate_throughput.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+cal = _calibration()
+PASSES = cal.synthetic_passes((1, 4))
+
+
+def _engines(seed: int, slowdown: float = 0.0, **machine):
+    m = cal.Machine(np.random.default_rng(seed), **machine)
+    return m, {"baseline": cal.SyntheticEngine(m, 0.0006, 0.002),
+               "candidate": cal.SyntheticEngine(m, 0.0006, 0.002, slowdown=slowdown)}
+
+
+def _run(tmp: Path, seed: int, slowdown: float = 0.0, plans=None, clocks: bool = False,
+         **machine):
+    m, engines = _engines(seed, slowdown, **machine)
+    plans = plans or cal.default_plans(PASSES)
+    out = tmp / f"run-{seed}-{slowdown}"
+    status, cells = cal.gate_run(engines, PASSES, plans, out, m.clock if clocks else None,
+                                 now=m.now)
+    return status, cells, out, plans
+
+
+def _derive(out: Path, plans):
+    meta, rows, requests, clocks = art.read_raw(out)
+    return art.derive_cells(plans, meta, rows, requests, clocks)
+
+
+def test_aa_runs_are_equivalent_and_rederive_identically(tmp_path):
+    for seed in range(8):
+        status, cells, out, plans = _run(tmp_path, seed)
+        assert status == "PASS", cells
+        assert {c["verdict"] for c in cells.values()} == {"equivalent"}
+        assert _derive(out, plans) == cells
+
+
+def test_a_planted_five_percent_slowdown_is_worse_in_every_cell(tmp_path):
+    for seed in range(4):
+        status, cells, _, _ = _run(tmp_path, seed, slowdown=0.05)
+        assert status == "FAIL"
+        assert {c["verdict"] for c in cells.values()} == {"worse"}
+        for c in cells.values():
+            assert c["ratio_ci_high"] < 0.99 and c["ratio"] == pytest.approx(1 / 1.05, abs=0.01)
+
+
+def test_raw_records_hold_every_pass_request_and_token_digest(tmp_path):
+    _, cells, out, _ = _run(tmp_path, 1)
+    with open(out / art.PASSES, newline="") as f:
+        rows = list(csv.DictReader(f))
+    meta = json.loads((out / art.META).read_text())
+    for cell, rec in meta["records"].items():
+        mine = [r for r in rows if r["cell"] == cell]
+        assert len(mine) == 2 * (rec["warmup_rounds"] + rec["rounds"])
+        assert cells[cell]["rounds"] == rec["rounds"] and rec["stop"] == "decided"
+    requests = [json.loads(line) for line in (out / art.REQUESTS).read_text().splitlines()]
+    timed = [r for r in requests if r["phase"] == "timed"]
+    kept = [r for r in timed if "token_ids" in r]
+    assert {r["round"] for r in kept} == {0}  # the first timed pass keeps the ids
+    assert len(kept) == len({(r["arm"], r["id"]) for r in timed})
+    assert all(len(r["itl_s"]) == r["output_tokens"] - 1 for r in requests)
+    c1 = cells["i16-c1"]
+    for arm in ("baseline", "candidate"):
+        assert c1[f"{arm}_median_itl_ms"] > 0 and c1[f"{arm}_p99_itl_ms"] >= \
+            c1[f"{arm}_median_itl_ms"]
+        assert c1[f"{arm}_output_throughput"] > 0
+    assert c1["itl_ratio"] == pytest.approx(1 / c1["ratio"], rel=1e-6)
+
+
+def test_alternating_order_cancels_a_linear_drift_that_a_fixed_order_would_not(tmp_path,
+                                                                                monkeypatch):
+    # the machine slows by ~2 % per pass: a fixed order always puts the candidate later
+    drift = {"slope": 1.0, "drift": 0.0, "pass_noise": 0.001}
+    for seed in range(3):
+        status, cells, _, _ = _run(tmp_path, seed, **drift)
+        assert {c["verdict"] for c in cells.values()} == {"equivalent"}, cells
+    fixed = lambda order, k, seed: _timed.ROLES  # noqa: E731
+    monkeypatch.setattr(_timed, "round_order", fixed)
+    monkeypatch.setattr(_ab, "round_order", fixed)
+    _, cells, _, _ = _run(tmp_path / "fixed", 0, **drift)
+    assert {c["verdict"] for c in cells.values()} <= {"worse", "underpowered"}
+
+
+def test_rounds_whose_clocks_moved_are_discarded_said_and_replaced(tmp_path):
+    status, cells, out, plans = _run(tmp_path, 3, clocks=True, clock_drop_rate=0.05)
+    discarded = sum(c["rounds_discarded"] for c in cells.values())
+    assert discarded > 0
+    for c in cells.values():
+        assert c["verdict"] == "equivalent"
+        if c["rounds_discarded"]:
+            assert "discarded" in c["warning"] and "SM clock moved 1500-1980" in c["warning"]
+            assert c["rounds_run"] == c["rounds"] + c["rounds_discarded"]
+        assert c["sm_clock_min_mhz"] == 1980  # only valid rounds feed the clock metrics
+    assert _derive(out, plans) == cells
+
+
+def test_too_many_discards_end_the_cell_underpowered(tmp_path):
+    plans = cal.default_plans(PASSES, max_discarded=2)
+    status, cells, out, _ = _run(tmp_path, 4, plans=plans, clocks=True, clock_drop_rate=0.9)
+    for c in cells.values():
+        assert c["stop"] == "discards" and c["rounds_discarded"] == 3
+        assert "3 round(s) discarded" in c["warning"]
+        # the budget's last look decides only with enough valid rounds for a CI
+        assert c["verdict"] == "underpowered" or c["rounds"] >= 3
+    assert any(c["verdict"] == "underpowered" for c in cells.values()) and status == "FAIL"
+
+
+def test_the_time_budget_ends_a_noisy_cell_underpowered_with_what_it_would_need(tmp_path):
+    plans = cal.default_plans(PASSES, max_seconds=0.5)
+    status, cells, out, _ = _run(tmp_path, 5, plans=plans, pass_noise=0.05)
+    assert status == "FAIL"
+    for c in cells.values():
+        assert c["stop"] == "time" and c["verdict"] == "underpowered"
+        assert c["rounds"] < 40 and c["rounds_needed"] > c["rounds"]
+        assert c["looks"].split(",")[-1] == str(c["rounds"])  # one more look at the end
+    assert "would need ~" in art.gate_verdict(cells, "baseline", True, None).reason
+    assert art.gate_verdict(cells, "baseline", False, None).status is Status.PASS
+
+
+def test_warmup_runs_until_the_arms_settle(tmp_path):
+    class Cold(cal.SyntheticEngine):
+        passes = 0
+
+        def generate(self, work):
+            self.passes += 1
+            result = super().generate(work)
+            extra = {1: 0.05, 2: 0.02}.get(self.passes, 0.0)  # graph capture, allocator growth
+            self.machine.t += extra
+            result = type(result)(outputs=result.outputs, wall_s=result.wall_s + extra)
+            return result
+
+    m = cal.Machine(np.random.default_rng(6))
+    engines = {"baseline": Cold(m, 0.0006, 0.002), "candidate": Cold(m, 0.0006, 0.002)}
+    plans = cal.default_plans(PASSES, metric="output_throughput")
+    status, cells = cal.gate_run(engines, PASSES, plans, tmp_path / "cold", now=m.now)
+    assert cells["i16-c1"]["warmup_rounds"] == 4 and cells["i16-c1"]["warmup_settled"]
+    assert cells["i16-c4"]["warmup_rounds"] == 2
+
+
+def _tamper(out: Path, edit) -> None:
+    with open(out / art.PASSES, newline="") as f:
+        rows = list(csv.DictReader(f))
+    rows = edit(rows)
+    with open(out / art.PASSES, "w", newline="") as f:
+        w = csv.DictWriter(f, _timed.PASS_FIELDS)
+        w.writeheader()
+        w.writerows(rows)
+
+
+@pytest.mark.parametrize("edit,match", [
+    (lambda rows: rows[:-2], "passes recorded|schedule says"),
+    (lambda rows: rows[:-2] + [dict(r, round=str(int(r["round"]))) for r in rows[-2:]][::-1],
+     "schedule says"),
+    (lambda rows: rows + [dict(r, round=str(int(r["round"]) + 1)) for r in rows[-2:]][::-1],
+     "passes recorded|schedule says|yet"),
+])
+def test_records_that_do_not_follow_the_design_are_an_error(tmp_path, edit, match):
+    _, _, out, plans = _run(tmp_path, 7)
+    _tamper(out, edit)
+    with pytest.raises(GateError, match=match):
+        _derive(out, plans)
+
+
+def test_an_extra_round_after_the_deciding_look_is_an_error(tmp_path):
+    _, _, out, plans = _run(tmp_path, 8)
+    meta = json.loads((out / art.META).read_text())
+    cell = meta["cells"][-1]
+    rec = meta["records"][cell]
+    k = rec["rounds"]
+
+    def extra(rows):
+        last = [r for r in rows if r["cell"] == cell and r["phase"] == "timed"][-2:]
+        order = _timed.round_order("alternating", k, plans[cell].seed)
+        new = {r["arm"]: dict(r, round=str(k)) for r in last}
+        return rows + [new[a] for a in order]
+
+    _tamper(out, extra)
+    requests = [json.loads(line) for line in (out / art.REQUESTS).read_text().splitlines()]
+    requests += [dict(r, round=k) for r in requests
+                 if r["cell"] == cell and r["phase"] == "timed" and r["round"] == k - 1]
+    (out / art.REQUESTS).write_text("".join(json.dumps(r) + "\n" for r in requests))
+    rec["rounds"] = k + 1
+    (out / art.META).write_text(json.dumps(meta))
+    with pytest.raises(GateError, match=r"decide.* at 8 rounds, yet 9"):
+        _derive(out, plans)
+
+
+def test_derive_refuses_a_plan_other_than_the_rows(tmp_path):
+    _, _, out, _ = _run(tmp_path, 9)
+    with pytest.raises(GateError, match="another plan"):
+        _derive(out, cal.default_plans(PASSES, min_effect=0.05))
+
+
+def test_timed_tokens_must_agree_across_rounds_and_with_the_correctness_pass(tmp_path):
+    from pipeline.divergence import Out
+
+    _, _, out, plans = _run(tmp_path, 10)
+    requests = [json.loads(line) for line in (out / art.REQUESTS).read_text().splitlines()]
+    kept, bad = _ab.timed_tokens(requests)
+    assert not bad
+    correct = {"candidate": {rid: Out.from_json(r) for (arm, rid), r in kept.items()
+                             if arm == "candidate"}}
+    ok = art.timed_window(requests, correct, 0.0, {"baseline": "no pass"})
+    assert (ok.state, ok.compared, ok.problems) == ("matched", len(correct["candidate"]), ())
+    assert ok.unchecked == ("baseline: no pass",)
+    rid = next(iter(correct["candidate"]))
+    first = correct["candidate"][rid]
+    wrong = {"candidate": {**correct["candidate"],
+                           rid: Out((first.tokens[0] + 1,) + first.tokens[1:], first.logprobs, ())}}
+    refused = art.timed_window(requests, wrong, 0.0, {})
+    assert refused.state == "refused"
+    assert refused.problems[0].startswith(f"candidate: 1 request(s) whose timed tokens differ "
+                                          f"from the correctness pass; first request {rid} "
+                                          f"position 0")
+    missing = {"candidate": {k: v for k, v in correct["candidate"].items() if k != rid}}
+    assert "has no correctness pass" in art.timed_window(requests, missing, 0.0, {}).problems[0]
+    later = next(r for r in requests if r["phase"] == "timed" and r["round"] == 3)
+    later.update(tokens_sha256="0" * 64, token_ids=[1, 2, 3])
+    _, bad = _ab.timed_tokens(requests)
+    assert any("do not match their digest" in b for b in bad)
+    assert any("different token sequences" in b for b in bad)
+    derived = art.gate_verdict(_derive(out, plans), "baseline", True,
+                               art.timed_window(requests, correct, 0.0, {}))
+    assert derived.status is Status.FAIL and derived.reason.startswith("timed window refused")
+    assert derived.metrics["timed_window"] == "refused"

@@ -122,13 +122,14 @@ class Stage:
         """Write the manifest, sign, freeze and publish. Returns the bundle path."""
         by_id = {r.gate_id: r for r in self.results()}
         results = [by_id[g] for g in order if g in by_id]
+        counted = {g.id for g in row.row.gates if g.required}
         manifest = Manifest(
             rowgate_version=__version__,
             created=datetime.now(UTC).isoformat(timespec="seconds"),
             run_id=uuid.uuid4().hex,
             row={"id": row.row.id, "file": row_file, "sha256": row.sha256},
             subject=subject, provenance=provenance, signer=signer.identity,
-            status=overall_status([r.status for r in results]),
+            status=overall_status([r.status for r in results if r.gate_id in counted]),
             gates=[GateSummary(gate_id=r.gate_id, kind=r.kind, status=r.status, reason=r.reason,
                                file=f"gates/{r.gate_id}.json") for r in results],
             files=digest_tree(self.root, exclude={MANIFEST_FILE, SIGNATURE_FILE}))

@@ -32,6 +32,7 @@ from rich.progress import (
     TextColumn,
     TimeElapsedColumn,
 )
+from rich.text import Text
 
 LOG_STEPS = 10
 """Plain logs show a sub-task's count this many times over its total (every 10 %)."""
@@ -109,11 +110,12 @@ class RichProgress:
         try:
             yield child
         except BaseException:
-            self._p.console.print(f"[red]✗[/] {name}: stopped at {self._done(tid)}")
+            self._p.console.print(Text.assemble(("✗", "red"), f" {name}: stopped at "
+                                                f"{self._done(tid)}"))
             raise
         else:
-            self._p.console.print(f"[green]✓[/] {name} ({self._done(tid)}, "
-                                  f"{time.monotonic() - start:.1f}s)")
+            self._p.console.print(Text.assemble(("✓", "green"), f" {name} ({self._done(tid)}, "
+                                                f"{time.monotonic() - start:.1f}s)"))
         finally:
             self._p.remove_task(tid)
 
@@ -130,7 +132,8 @@ def progress(total: int, label: str, quiet: bool = False,
     if quiet or not console.is_terminal:
         yield PlainProgress(quiet)
         return
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+    # markup=False: a label from a row or a gate (`rowgate[cuda13]`) prints as written
+    with Progress(SpinnerColumn(), TextColumn("{task.description}", markup=False), BarColumn(),
                   MofNCompleteColumn(), TimeElapsedColumn(), console=console,
                   transient=True) as p:
         yield RichProgress(p, p.add_task(label, total=total))

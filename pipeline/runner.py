@@ -26,7 +26,7 @@ from pipeline.gates.interface import GateContext, Progress, gate_device
 from pipeline.oracle import OracleOutput, OracleRecord
 from pipeline.records.gate_result import GateResult
 from pipeline.records.provenance import Provenance, Subject
-from pipeline.records.status import Status, overall_status
+from pipeline.records.status import Status
 from pipeline.rows import LoadedRow, Row
 from pipeline.rowspec import GateSpec
 from pipeline.signing import Signer
@@ -36,10 +36,8 @@ from pipeline.signing import Signer
 class GateRun:
     bundle: Path
     results: list[GateResult]
-
-    @property
-    def status(self) -> Status:
-        return overall_status([r.status for r in self.results])
+    status: Status
+    """The sealed overall status (over the row's required gates)."""
 
 
 class RecordOpener:
@@ -97,7 +95,7 @@ def run_row(loaded: LoadedRow, repo: Path, out_dir: Path, signer: Signer, progre
     # Self-check before reporting: what we print must be what `rowgate verify` accepts.
     sealed = Bundle.open(bundle)
     sealed.verify(signer.verifier())
-    return GateRun(bundle=bundle, results=sealed.results())
+    return GateRun(bundle=bundle, results=sealed.results(), status=sealed.manifest.status)
 
 
 # ------------------------------------------------------------- oracle records

@@ -191,7 +191,8 @@ def build(bundle: Bundle, verification: Verification, review: ReviewSummary | No
         row_title=row.title if row else "", row_file=m.row.file, row_sha256=m.row.sha256,
         row_note=row_note, created=m.created, rowgate_version=m.rowgate_version,
         status=m.status, signer=str(m.signer), verification=verification, review=review,
-        facts=_facts(bundle, verification), gates=gates_table(results),
+        facts=_facts(bundle, verification),
+        gates=gates_table(results, {g.id: g.required for g in row.gates} if row else None),
         sections=tuple(section_for(r, bundle.path, _spec(row, r.gate_id)) for r in results),
         pending=_pending(results, row, review))
 

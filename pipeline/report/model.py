@@ -68,6 +68,17 @@ class BarFigure:
 
 
 @dataclass(frozen=True)
+class SeriesFigure:
+    """Values over a sequence of points (bundles over time): one line per series;
+    a None is a point where that series has no value."""
+
+    title: str
+    ylabel: str
+    xlabels: tuple[str, ...]
+    series: tuple[tuple[str, tuple[float | None, ...]], ...]
+
+
+@dataclass(frozen=True)
 class ImageFigure:
     """A PNG the gate itself sealed into the bundle (e.g. the trace gate's timeline)."""
 
@@ -75,7 +86,7 @@ class ImageFigure:
     png: bytes = field(repr=False)
 
 
-Figure = Union[IntervalFigure, TimelineFigure, BarFigure, ImageFigure]
+Figure = Union[IntervalFigure, TimelineFigure, BarFigure, SeriesFigure, ImageFigure]
 
 
 @dataclass(frozen=True)

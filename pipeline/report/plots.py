@@ -11,7 +11,14 @@ import io
 from functools import singledispatch
 
 from pipeline.errors import UsageError
-from pipeline.report.model import BarFigure, Figure, ImageFigure, IntervalFigure, TimelineFigure
+from pipeline.report.model import (
+    BarFigure,
+    Figure,
+    ImageFigure,
+    IntervalFigure,
+    SeriesFigure,
+    TimelineFigure,
+)
 
 DPI = 100
 WIDTH_IN = 9.0
@@ -24,7 +31,8 @@ def _new(height_in: float):
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure as MplFigure
     except ImportError as exc:
-        raise UsageError("plots need matplotlib: pip install 'rowgate[report]'") from exc
+        raise UsageError("plots need matplotlib, a dependency of rowgate: reinstall rowgate "
+                         "(python3 -m pip install -e .)") from exc
     fig = MplFigure(figsize=(WIDTH_IN, height_in), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
     return fig
@@ -102,6 +110,25 @@ def _timeline(figure: TimelineFigure) -> bytes:
     ax.set_xlabel(f"time ({figure.unit}) from the first event")
     ax.set_title(figure.title, fontsize=10)
     ax.grid(axis="x", alpha=0.3)
+    return _png(fig)
+
+
+@render.register
+def _series(figure: SeriesFigure) -> bytes:
+    fig = _new(3.8)
+    ax = fig.add_subplot()
+    x = list(range(len(figure.xlabels)))
+    for name, values in figure.series:
+        points = [(i, v) for i, v in zip(x, values) if v is not None]
+        if points:
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
+    ax.set_xticks(x, figure.xlabels, rotation=30 if len(x) > 4 else 0, ha="right"
+                  if len(x) > 4 else "center", fontsize=8)
+    ax.set_ylabel(figure.ylabel)
+    ax.set_title(figure.title, fontsize=10)
+    ax.grid(alpha=0.3)
+    if len(figure.series) > 1:
+        ax.legend(fontsize=8, loc="best")
     return _png(fig)
 
 

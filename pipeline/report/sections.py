@@ -45,6 +45,7 @@ from pipeline.report.model import (
     TimelineFigure,
 )
 from pipeline.report.tables import cells_table, metric_columns, metrics_table, natural_key, table
+from pipeline.report.units import metric
 
 RATIO_METRICS = ("ratio_median", "ratio_ci_low", "ratio_ci_high")
 """Same names as `pipeline.stats.RATIO_METRICS` (not imported: stats needs scipy)."""
@@ -148,7 +149,8 @@ def throughput(result: GateResult, bundle_root: Path, spec: object | None) -> Ex
                              metric_columns(m for _, m in rows))
         verdict = next((i + 1 for i, k in enumerate(wanted) if k.endswith("verdict")), None)
         extra.tables.append(table(f"{name}: A/B per cell", ("cell", *wanted),
-                                  ([c, *(m.get(k) for k in wanted)] for c, m in rows), verdict))
+                                  ([c, *(metric(k, m.get(k)) for k in wanted)] for c, m in rows),
+                                  verdict))
     return extra
 
 

@@ -233,3 +233,14 @@ def test_an_informational_gate_is_shown_and_does_not_count(git_repo, tmp_path, c
     _, out, _ = _run(["inspect", str(bundle), "--json"], capsys)
     doc = json.loads(out)
     assert doc["status"] == "PASS" and doc["gates"][1]["status"] == "FAIL"
+
+
+def test_review_json_is_the_record_and_its_path(tmp_path, monkeypatch, capsys):
+    from tests.review_support import World
+
+    world = World(tmp_path, monkeypatch, capsys)
+    row = world.row()
+    code, out, _ = world.review(world.gate(row), row, "--json")
+    doc = json.loads("\n".join(out))
+    assert code == 0 and doc["record"]["verdict"] == "APPROVE"
+    assert Path(doc["path"]).is_file() and json.loads(Path(doc["path"]).read_text()) == doc["record"]

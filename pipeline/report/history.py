@@ -159,7 +159,9 @@ def collect(row: str, evidence: Path, *, metric: str | None = None, verifier=Non
             unreadable.append((str(path), exc.diagnostics()))
         except (OSError, ValueError) as exc:  # a gate file that is not a GateResult
             unreadable.append((str(path), f"a gate result cannot be read ({exc})"))
-    bundles.sort(key=lambda br: (br[0].manifest.created, br[0].id))
+    # stable: bundles sealed within one second (`created` has seconds) keep the order
+    # they were published in (find_bundles sorts by mtime)
+    bundles.sort(key=lambda br: br[0].manifest.created)
     if metric:
         _check_metric(metric, [r for _, r in bundles], row_id)
     gate, _, name = (metric or "").partition(".")

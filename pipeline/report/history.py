@@ -18,7 +18,7 @@ from pathlib import Path
 
 from pipeline.errors import EvidenceError, UsageError
 from pipeline.evidence import Bundle, find_bundles
-from pipeline.gates.interface import GateResult
+from pipeline.records.gate_result import GateResult
 from pipeline.report.build import read_review, review_path
 from pipeline.report.model import SeriesFigure
 from pipeline.report.tables import natural_key

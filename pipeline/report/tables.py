@@ -12,6 +12,14 @@ from pipeline.report.units import metric
 
 MAX_ROWS = 200
 """Rows shown per table; the sealed artifacts hold every row."""
+WIDE_ROWS = 12
+WIDE_COLUMNS = 10
+"""A table with more rows or columns than this is collapsed in the page (`<details>`):
+the audit's 22 kernels, a 35-column cell table."""
+
+
+def is_wide(t: Table) -> bool:
+    return len(t.rows) > WIDE_ROWS or len(t.columns) > WIDE_COLUMNS
 
 
 def natural_key(name: str) -> tuple:

@@ -25,9 +25,13 @@ import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from pipeline import CHECKOUT
 from pipeline.errors import UsageError
+
+if TYPE_CHECKING:
+    from pipeline.rowspec import ModelRef
 
 BUILDER_VERSION = 1
 """Bumped whenever the bytes a spec builds into change."""
@@ -130,7 +134,7 @@ def model_info(path: Path) -> ModelInfo:
 # -------------------------------------------------------------------- build
 
 
-def _config(spec: TinyModelSpec) -> dict:
+def _config(spec: TinyModelSpec) -> dict[str, Any]:
     # Written by hand (not Qwen3Config.to_json) so the bytes do not depend on
     # the installed transformers version.
     return {
@@ -151,16 +155,16 @@ def _config(spec: TinyModelSpec) -> dict:
     }
 
 
-def seeded_weights(spec: TinyModelSpec) -> dict:
+def seeded_weights(spec: TinyModelSpec) -> dict[str, Any]:
     """The random tiny model's float32 weights, from the spec's seed."""
     import torch
 
     gen = torch.Generator().manual_seed(spec.seed)
 
-    def normal(*shape: int, std: float, mean: float = 0.0):
+    def normal(*shape: int, std: float, mean: float = 0.0) -> Any:
         return (torch.randn(*shape, generator=gen, dtype=torch.float32) * std + mean).contiguous()
 
-    def linear(out_f: int, in_f: int):
+    def linear(out_f: int, in_f: int) -> Any:
         return normal(out_f, in_f, std=in_f ** -0.5)
 
     h, d = spec.hidden_size, spec.head_dim
@@ -203,7 +207,7 @@ def _write_tokenizer(spec: TinyModelSpec, out: Path, vocab: dict[str, int]) -> N
         "clean_up_tokenization_spaces": False}, indent=2, sort_keys=True) + "\n")
 
 
-def write_files(spec: TinyModelSpec, out: Path, weights: dict,
+def write_files(spec: TinyModelSpec, out: Path, weights: dict[str, Any],
                 vocab: dict[str, int] | None = None) -> None:
     """config, generation config, weights and a WordLevel tokenizer of `vocab`
     (default: the filler vocabulary) into `out`."""
@@ -216,7 +220,7 @@ def write_files(spec: TinyModelSpec, out: Path, weights: dict,
     _write_tokenizer(spec, out, vocab or filler_vocabulary(spec.vocab_size))
 
 
-def _publish(tmp: Path, dest: Path, record: dict) -> None:
+def _publish(tmp: Path, dest: Path, record: dict[str, Any]) -> None:
     (tmp / RECORD_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     if dest.exists():
         shutil.rmtree(dest)
@@ -295,7 +299,7 @@ TRAINED_MODELS = {"tiny-qwen3-gsm8k": TrainSpec()}
 """Model names a row may use for a model rowgate trains itself (the demo row's)."""
 
 
-def _train(spec: TrainSpec, out: Path) -> dict:
+def _train(spec: TrainSpec, out: Path) -> dict[str, float]:
     """Run pipeline/train.py in a fresh interpreter with the deterministic environment."""
     env = {**os.environ, **DETERMINISTIC_ENV}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(CHECKOUT), env.get("PYTHONPATH")]))
@@ -305,7 +309,8 @@ def _train(spec: TrainSpec, out: Path) -> dict:
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise ModelError(f"training the tiny model on {spec.dataset} failed: {tail}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    report: dict[str, float] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return report
 
 
 def build_trained_model(name: str, root: Path | None = None) -> ModelInfo:
@@ -354,7 +359,7 @@ TINY_MODEL = "tiny-qwen3"
 """The model name a row uses for the model rowgate builds itself."""
 
 
-def why_unavailable(ref) -> str | None:
+def why_unavailable(ref: ModelRef) -> str | None:
     """Why a row's `ModelRef` cannot be had here (-> PENDING), or None: the tiny
     model, the trained tiny models and `synthetic` shapes are built; other weights
     must be local."""
@@ -369,7 +374,7 @@ def why_unavailable(ref) -> str | None:
     return None
 
 
-def resolve_model(ref) -> ModelInfo:
+def resolve_model(ref: ModelRef) -> ModelInfo:
     """A row's `ModelRef` as a model directory: built (cached) or read locally."""
     why = why_unavailable(ref)
     if why:

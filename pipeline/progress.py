@@ -29,6 +29,7 @@ from rich.progress import (
     MofNCompleteColumn,
     Progress,
     SpinnerColumn,
+    TaskID,
     TextColumn,
     TimeElapsedColumn,
 )
@@ -90,7 +91,7 @@ class PlainProgress:
 class RichProgress:
     """A task of a live rich display; sub-tasks are further bars of the same display."""
 
-    def __init__(self, progress: Progress, task, label: str = "", depth: int = 0):
+    def __init__(self, progress: Progress, task: TaskID, label: str = "", depth: int = 0):
         self._p, self._task, self._label, self._depth = progress, task, label, depth
 
     def update(self, message: str) -> None:
@@ -119,13 +120,13 @@ class RichProgress:
         finally:
             self._p.remove_task(tid)
 
-    def _done(self, tid) -> str:
+    def _done(self, tid: TaskID) -> str:
         t = self._p.tasks[self._p.task_ids.index(tid)]
         return _count(int(t.completed), int(t.total) if t.total is not None else None)
 
 
 @contextmanager
-def progress(total: int, label: str, quiet: bool = False,
+def progress(total: int | None, label: str, quiet: bool = False,
              console: Console | None = None) -> Iterator[RichProgress | PlainProgress]:
     """The progress of one command: a bar on a terminal, plain lines otherwise."""
     console = console or Console(stderr=True)

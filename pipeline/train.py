@@ -37,6 +37,7 @@ import json
 import math
 import sys
 from pathlib import Path
+from typing import Any
 
 from pipeline.model import (
     EOS_TOKEN,
@@ -52,6 +53,9 @@ PROMPT_FORMAT = "Question: {question}\nAnswer:"
 """The accuracy gate's prompt (zero-shot completion); trained on exactly this."""
 MIN_TOP_PROB = 0.99
 """Every trained target token must be at least this likely after training."""
+Tensor = Any
+"""torch is an optional dependency, untyped for mypy here."""
+Weights = dict[str, Tensor]
 
 
 # ------------------------------------------------------------------ data
@@ -105,7 +109,7 @@ def sequences(examples: list[tuple[str, str]], vocab: dict[str, int]) -> list[tu
 # ------------------------------------------------------------ the forward
 
 
-def _hidden(w: dict, ids, cfg: TinyModelSpec):
+def _hidden(w: Weights, ids: Tensor, cfg: TinyModelSpec) -> Tensor:
     """Qwen3's forward (as vLLM and the reference engine compute it) over a batch
     [B, T] of right-padded sequences with causal attention, up to the final norm:
     [B, T, hidden]. The lm_head is applied only where a loss is taken."""
@@ -116,14 +120,14 @@ def _hidden(w: dict, ids, cfg: TinyModelSpec):
     d, nh, nkv = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
     dtype = w["model.embed_tokens.weight"].dtype
 
-    def norm(x, weight):
+    def norm(x: Tensor, weight: Tensor) -> Tensor:
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + cfg.rms_norm_eps) * weight
 
     inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).to(dtype) / d))
     freqs = torch.outer(torch.arange(t, dtype=dtype), inv_freq)
     cos, sin = freqs.cos()[None, :, None, :], freqs.sin()[None, :, None, :]
 
-    def rope(x):
+    def rope(x: Tensor) -> Tensor:
         x1, x2 = x[..., : d // 2], x[..., d // 2:]
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
@@ -148,7 +152,7 @@ def _hidden(w: dict, ids, cfg: TinyModelSpec):
     return norm(x, w["model.norm.weight"])
 
 
-def _batch(seqs: list[tuple[list[int], int]]):
+def _batch(seqs: list[tuple[list[int], int]]) -> tuple[Tensor, Tensor, Tensor]:
     """ids [B, T] (EOS-padded), targets [B, T] (next token), mask [B, T] (answer positions)."""
     import torch
 
@@ -162,14 +166,14 @@ def _batch(seqs: list[tuple[list[int], int]]):
     return ids, targets, mask
 
 
-def _bf16_grid(x):
+def _bf16_grid(x: Tensor) -> Tensor:
     """Round to the nearest bfloat16 value (ties to even), kept as float32."""
     import torch
 
     return x.to(torch.float32).to(torch.bfloat16).to(torch.float32)
 
 
-def train(spec: TrainSpec, seqs: list[tuple[list[int], int]]) -> tuple[dict, float]:
+def train(spec: TrainSpec, seqs: list[tuple[list[int], int]]) -> tuple[Weights, float]:
     """Trained float32 weights and the smallest target-token probability reached."""
     import torch
 
@@ -182,12 +186,12 @@ def train(spec: TrainSpec, seqs: list[tuple[list[int], int]]) -> tuple[dict, flo
         opt.zero_grad(set_to_none=True)
         logits = _hidden(w, ids, spec.init)[mask] @ w["lm_head.weight"].T
         loss = torch.nn.functional.cross_entropy(logits, targets[mask])
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]  # torch is Any here
         opt.step()
     out = {k: _bf16_grid(v.detach()).contiguous() for k, v in w.items()}
     with torch.no_grad():
         probs = (_hidden(out, ids, spec.init)[mask] @ out["lm_head.weight"].T).softmax(-1)
-        low = probs.gather(1, targets[mask][:, None]).min().item()
+        low = float(probs.gather(1, targets[mask][:, None]).min().item())
     return out, low
 
 

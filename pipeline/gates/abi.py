@@ -36,6 +36,7 @@ from pipeline.errors import Error
 from pipeline.gates._artifacts import read_json, write_json
 from pipeline.gates.interface import Derived, Gate, GateContext, GateError, gate_arch
 from pipeline.gates.registry import register
+from pipeline.options import ENGINE_KEYS
 from pipeline.records.criteria import StopAction
 from pipeline.records.status import Status
 from pipeline.rowspec import GateSpec
@@ -73,6 +74,7 @@ def batch_dir(batch: int) -> str:
 class Abi(Gate[AbiGate]):
     kind = "abi"
     spec_model = AbiGate
+    options = ENGINE_KEYS
 
     def arch(self, row: Row, spec, ctx: GateContext) -> tuple[str, bool]:
         return gate_arch(row, ctx.gpu)

@@ -35,6 +35,7 @@ from pipeline.engines.interface import Request, WorkloadPass
 from pipeline.gates._artifacts import read_json, read_jsonl, write_json
 from pipeline.gates.interface import Derived, Gate, GateContext, GateError, gate_arch
 from pipeline.gates.registry import register
+from pipeline.options import ENGINE_KEYS
 from pipeline.records.status import Status
 from pipeline.rowspec import GateSpec, Sampling
 from pipeline.train import PROMPT_FORMAT
@@ -140,6 +141,7 @@ class Accuracy(Gate[AccuracyGate]):
     kind = "accuracy"
     spec_model = AccuracyGate
     needs_device = True
+    options = ENGINE_KEYS
 
     def requirements(self, row: Row, spec: AccuracyGate, ctx: GateContext) -> str | None:
         missing = dataset_missing(spec, ctx.repo)

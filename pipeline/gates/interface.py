@@ -135,7 +135,10 @@ class Gate(abc.ABC, Generic[S]):
     * `workload_matrix`: its cells are the workload matrix's (`i<len>-c<conc>`), so a
       criterion naming a cell must name one of the matrix;
     * `report_view`: the report's richer view of its results (`pipeline.report.sections`
-      `VIEWS`), "" for the generic view alone.
+      `VIEWS`), "" for the generic view alone;
+    * `options`: the `--option` keys it reads from `ctx.options`, itself or through the
+      engines and toolchains it starts (`pipeline.options` says what each does; a key
+      no gate of a row reads is refused).
     """
 
     kind: ClassVar[str]
@@ -143,6 +146,7 @@ class Gate(abc.ABC, Generic[S]):
     needs_device: ClassVar[bool] = False
     workload_matrix: ClassVar[bool] = False
     report_view: ClassVar[str] = ""
+    options: ClassVar[tuple[str, ...]] = ()
 
     def requirements(self, row: "Row", spec: S, ctx: GateContext) -> str | None:
         """Return why this gate cannot run here (-> PENDING), or None. Must not raise."""

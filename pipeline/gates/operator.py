@@ -20,6 +20,7 @@ from pydantic import Field
 from pipeline.errors import Error
 from pipeline.gates.interface import Derived, Gate, GateContext, GateError, gate_arch
 from pipeline.gates.registry import register
+from pipeline.options import TOOLCHAIN_KEYS
 from pipeline.records.status import Status
 from pipeline.rowspec import GateSpec, Tolerance
 
@@ -53,6 +54,7 @@ class Operator(Gate[OperatorGate]):
     kind = "operator"
     spec_model = OperatorGate
     needs_device = True
+    options = (*TOOLCHAIN_KEYS, "cubin")
 
     def requirements(self, row: Row, spec: OperatorGate, ctx: GateContext) -> str | None:
         from pipeline.ops.launch import why_unavailable

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pipeline.gates.interface import Derived, Gate, GateContext, GateError, gate_arch
 from pipeline.gates.registry import register
+from pipeline.options import TOOLCHAIN_KEYS
 from pipeline.records.status import Status
 from pipeline.rowspec import GateSpec
 
@@ -39,6 +40,7 @@ class Phase(Gate[PhaseGate]):
     kind = "phase"
     spec_model = PhaseGate
     needs_device = True
+    options = TOOLCHAIN_KEYS
 
     def requirements(self, row: Row, spec: PhaseGate, ctx: GateContext) -> str | None:
         from pipeline.ops.launch import why_unavailable

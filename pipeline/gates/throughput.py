@@ -36,6 +36,7 @@ from pipeline import device
 from pipeline.gates._artifacts import read_json, read_jsonl, write_json
 from pipeline.gates.interface import Derived, Gate, GateContext, GateError, gate_arch
 from pipeline.gates.registry import register
+from pipeline.options import ENGINE_KEYS
 from pipeline.records.status import Status
 from pipeline.rowspec import GateSpec
 from pipeline.workload import WorkloadMismatch, check_same_workload, workload_digest
@@ -99,6 +100,7 @@ class Throughput(Gate[ThroughputGate]):
     needs_device = True
     workload_matrix = True
     report_view = "throughput"
+    options = (*ENGINE_KEYS, _arms.CANDIDATE_MODEL_OPTION)
 
     def requirements(self, row: Row, spec: ThroughputGate, ctx: GateContext) -> str | None:
         try:

@@ -15,6 +15,7 @@ import difflib
 import io
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from pipeline.errors import EvidenceError, UsageError
 from pipeline.evidence import Bundle, find_bundles
@@ -22,6 +23,7 @@ from pipeline.records.gate_result import GateResult
 from pipeline.report.build import read_review, review_path
 from pipeline.report.model import SeriesFigure
 from pipeline.report.tables import natural_key
+from pipeline.signing import Verifier
 
 GATE_LEVEL = "(gate)"
 """The series name of a gate-level metric."""
@@ -55,7 +57,7 @@ class History:
     unreadable: tuple[tuple[str, str], ...] = ()
     """(path, why) of bundle directories that could not be read."""
 
-    def doc(self) -> dict:
+    def doc(self) -> dict[str, Any]:
         return {"row": self.row_id, "evidence": self.evidence, "metric": self.metric or None,
                 "series": list(self.series),
                 "bundles": [{**asdict(e), "gates": dict(e.gates), "values": dict(e.values)}
@@ -132,7 +134,7 @@ def _check_metric(metric: str, results_by_bundle: list[list[GateResult]], row_id
                          f"{hint}")
 
 
-def _signature(bundle: Bundle, verifier) -> str:
+def _signature(bundle: Bundle, verifier: Verifier | None) -> str:
     if verifier is None:
         return "not checked"
     try:
@@ -142,7 +144,8 @@ def _signature(bundle: Bundle, verifier) -> str:
     return "verified"
 
 
-def collect(row: str, evidence: Path, *, metric: str | None = None, verifier=None,
+def collect(row: str, evidence: Path, *, metric: str | None = None,
+            verifier: Verifier | None = None,
             reviews_dir: Path | None = None) -> History:
     """Every bundle of `row` under `evidence`, oldest first, with `metric`'s values."""
     row_id = _row_id(row)
@@ -195,9 +198,9 @@ def figure(history: History) -> SeriesFigure:
 
 
 def plot(history: History, out: Path) -> Path:
-    from pipeline.report import plots
+    from pipeline.report.plots import render
 
-    png = plots.render(figure(history))
+    png = render(figure(history))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(png)
     return out

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from pipeline.records.gate_result import GateResult
 from pipeline.report.model import DistributionFigure, Figure, Panel
@@ -25,6 +27,8 @@ ROLES = ("oracle", "candidate")
 LATENCY_NAMES = {"ttft": "TTFT (time to first token)", "tpot": "TPOT (time per output token)",
                  "itl": "ITL (inter-token latency)", "e2el": "E2EL (request latency)"}
 MAX_BYTES = 64 << 20
+Record = dict[str, Any]
+"""One line of requests.jsonl, or one row of samples.csv."""
 
 
 def _artifact(result: GateResult, bundle_root: Path, name: str) -> Path | None:
@@ -36,13 +40,14 @@ def _artifact(result: GateResult, bundle_root: Path, name: str) -> Path | None:
     return None
 
 
-def _requests(path: Path) -> list[dict]:
+def _requests(path: Path) -> list[Record]:
     if path.stat().st_size > MAX_BYTES:
         raise ValueError(f"larger than {MAX_BYTES >> 20} MiB")
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _by_cell(records: list[dict], value) -> dict[str, dict[str, list[float]]]:
+def _by_cell(records: list[Record], value: Callable[[Record], list[float]]
+             ) -> dict[str, dict[str, list[float]]]:
     """{cell: {role: [values]}} from `value(record) -> list of floats`."""
     out: dict[str, dict[str, list[float]]] = {}
     for r in records:
@@ -56,11 +61,11 @@ def _panels(cells: dict[str, dict[str, list[float]]]) -> tuple[Panel, ...]:
                  for cell, v in cells.items() if any(v.values()))
 
 
-def _latency_figures(gate_id: str, records: list[dict]) -> list[Figure]:
+def _latency_figures(gate_id: str, records: list[Record]) -> list[Figure]:
     from pipeline.gates.throughput import request_latencies
 
-    def ms(kind: str):
-        def get(r: dict) -> list[float]:
+    def ms(kind: str) -> Callable[[Record], list[float]]:
+        def get(r: Record) -> list[float]:
             if kind == "e2el":
                 return [1e3 * r["latency_s"]] if r.get("latency_s") is not None else []
             if r.get("ttft_s") is None:

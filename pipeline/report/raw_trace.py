@@ -14,10 +14,15 @@ trace is missing or does not parse is said, in red.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from pipeline.errors import Error
 from pipeline.records.gate_result import GateResult
 from pipeline.report.model import BACKGROUND, BarFigure, Figure, Span, TimelineFigure
+
+if TYPE_CHECKING:
+    from pipeline.trace.analysis import Analysis
+    from pipeline.trace.captures import Judging
 
 TIMELINE_STEPS = 4
 MAX_SPANS = 4000
@@ -45,13 +50,13 @@ def capture_dirs(result: GateResult, bundle_root: Path) -> list[tuple[str, str]]
     return [p for p in pairs(roles, sorted({m for _, m in found})) if p in found]
 
 
-def _judging(spec: object | None):
+def _judging(spec: object | None) -> Judging:
     """The row's trace settings, or the row format's defaults when the row is not here
     (they only set what counts as valid and as material; the plots do not depend on them)."""
     from pipeline.gates.trace import TraceGate
     from pipeline.trace.captures import Judging
 
-    def get(name: str):
+    def get(name: str) -> Any:
         value = getattr(spec, name, None)
         return value if value is not None else TraceGate.model_fields[name].default
 
@@ -61,7 +66,7 @@ def _judging(spec: object | None):
                    graph_route_proof=get("graph_route_proof"))
 
 
-def _timeline(gate_id: str, name: str, a) -> TimelineFigure:
+def _timeline(gate_id: str, name: str, a: Analysis) -> TimelineFigure:
     """The range's first steps (up to TIMELINE_STEPS, fewer when their work would pass
     MAX_SPANS), each on its own lane from its start; grey: the whole step."""
     spans: list[Span] = []
@@ -82,7 +87,7 @@ def _timeline(gate_id: str, name: str, a) -> TimelineFigure:
                           spans=tuple(spans))
 
 
-def _idle(gate_id: str, name: str, a) -> BarFigure:
+def _idle(gate_id: str, name: str, a: Analysis) -> BarFigure:
     t, c = a.temporal["summary"], a.capacity
     items = [(label, t[f"{key}_fraction"]) for key, label in CAUSES
              if t.get(f"{key}_fraction") is not None]

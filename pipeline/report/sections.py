@@ -41,7 +41,6 @@ from pathlib import Path
 
 from pipeline.records.gate_result import GateResult
 from pipeline.records.status import MetricValue
-from pipeline.report import raw_throughput, raw_trace
 from pipeline.report.model import (
     BarFigure,
     Figure,
@@ -52,6 +51,8 @@ from pipeline.report.model import (
     Table,
     TimelineFigure,
 )
+from pipeline.report.raw_throughput import distributions
+from pipeline.report.raw_trace import figures as trace_figures
 from pipeline.report.tables import cells_table, metric_columns, metrics_table, natural_key, table
 from pipeline.report.units import metric
 
@@ -171,7 +172,7 @@ def throughput(result: GateResult, bundle_root: Path, spec: object | None) -> Ex
                                   ([c, *(metric(k, m.get(k)) for k in wanted)] for c, m in rows),
                                   verdict))
     if result.cells:  # a throughput run: its raw samples give the distributions
-        figures, missing = raw_throughput.distributions(result, bundle_root)
+        figures, missing = distributions(result, bundle_root)
         extra.figures += figures
         extra.missing += missing
     return extra
@@ -247,7 +248,7 @@ def chrome_trace_timeline(title: str, doc: object) -> TimelineFigure | None:
 
 
 def trace(result: GateResult, bundle_root: Path, spec: object | None) -> Extra:
-    figures, notes, missing = raw_trace.figures(result, bundle_root, spec)
+    figures, notes, missing = trace_figures(result, bundle_root, spec)
     if figures or missing:  # the trace gate's captures: drawn from their sealed traces
         return Extra(figures=figures, notes=notes, missing=missing, drawn_from_raw=True)
     extra = Extra()

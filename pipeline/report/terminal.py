@@ -15,7 +15,7 @@ import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, Group
 from rich.table import Table
@@ -23,8 +23,9 @@ from rich.text import Text
 
 from pipeline.evidence import Bundle
 from pipeline.records.gate_result import GateResult
+from pipeline.records.identity import SignerIdentity
 from pipeline.records.review import Outcome, ReviewRecord
-from pipeline.records.status import Status
+from pipeline.records.status import MetricValue, Status
 from pipeline.report.units import metric
 
 if TYPE_CHECKING:
@@ -63,7 +64,7 @@ def status_text(status: Status | str) -> Text:
     return Text(value, style=style)
 
 
-def key_metrics(metrics: dict, limit: int = KEY_METRICS) -> str:
+def key_metrics(metrics: dict[str, MetricValue], limit: int = KEY_METRICS) -> str:
     """The first `limit` metrics that have a value, one `name=value` per line."""
     shown = [(k, v) for k, v in metrics.items() if v is not None][:limit]
     return "\n".join(f"{k}: {metric(k, v)}" for k, v in shown)  # wraps after the colon
@@ -122,7 +123,7 @@ def print_inspect(bundle: Bundle, console: Console) -> None:
     console.print(inspect_view(bundle))
 
 
-def inspect_doc(bundle: Bundle) -> dict:
+def inspect_doc(bundle: Bundle) -> dict[str, Any]:
     m = bundle.manifest
     return {"bundle": str(bundle.path), "id": bundle.id, "row": m.row.id,
             "subject": m.subject.model_dump(), "signer": m.signer.model_dump(),
@@ -136,7 +137,7 @@ def inspect_json(bundle: Bundle) -> str:
 
 def resource_table(result: "LocalBuild") -> Table:
     """A rich Table: one row per kernel entry point per arch, used / budget."""
-    def frac(used, budget) -> str:
+    def frac(used: object, budget: object) -> str:
         used = "-" if used is None else str(used)
         return used if budget is None else f"{used} / {budget}"
 
@@ -158,14 +159,15 @@ def resource_table(result: "LocalBuild") -> Table:
 
 def rows_table(loaded_rows: list["LoadedRow"]) -> Table:
     """`rowgate rows`: every row's gates and whether each can run here."""
-    from pipeline import gates
+    from pipeline import device, gates
 
+    devices = device.inventory()  # one enumeration for every row and gate listed
     table = _table("rows", (("row", False), ("target", False), ("gate", False),
                             ("kind", False), ("here", True)))
     for loaded in loaded_rows:
         row = loaded.row
         for n, spec in enumerate(row.gates):
-            state, why = gates.availability(row, spec)
+            state, why = gates.availability(row, spec, devices)
             table.add_row(Text(row.id if n == 0 else ""), Text(row.target.arch if n == 0 else ""),
                           Text(spec.id), Text(spec.kind),
                           Text(f"{state}: {why}" if why else state))
@@ -176,7 +178,7 @@ def review_view(record: ReviewRecord) -> Group:
     """`rowgate review`: the verdict and its reasons, each gate as re-derived (with
     its arch, `(stand-in)` where it was one), the criteria. (The CLI prints the
     record's path after it, as plain text, so no width ever wraps it.)"""
-    parts: list = [Text.assemble(Text(f"{record.row_id} bundle {record.bundle.id}: "),
+    parts: list[Text | Table] = [Text.assemble(Text(f"{record.row_id} bundle {record.bundle.id}: "),
                                  status_text(record.verdict.value))]
     parts += [Text(f"  {reason}") for reason in record.reasons]
     gates = _table("gates (re-derived)", (("gate", False), ("kind", False), ("arch", False),
@@ -234,7 +236,8 @@ def history_table(history: "History") -> Table:
     return table
 
 
-def verify_doc(bundle: Bundle, identity=None, problem: str = "") -> dict:
+def verify_doc(bundle: Bundle, identity: SignerIdentity | None = None,
+               problem: str = "") -> dict[str, Any]:
     """`rowgate verify --json`: the outcome, for scripts."""
     m = bundle.manifest
     doc = {"ok": not problem, "bundle": str(bundle.path), "id": bundle.id, "row": m.row.id,
@@ -242,6 +245,6 @@ def verify_doc(bundle: Bundle, identity=None, problem: str = "") -> dict:
            "signer": m.signer.model_dump()}
     if problem:
         doc["problem"] = problem
-    else:
+    elif identity is not None:
         doc["verified_as"] = identity.model_dump()
     return doc

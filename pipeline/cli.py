@@ -29,6 +29,8 @@ STATUS_EXIT = {Status.PASS: ExitCode.OK, Status.FAIL: ExitCode.FAILED,
                Status.ERROR: ExitCode.FAILED, Status.PENDING: ExitCode.PENDING}
 VERDICT_EXIT = {Verdict.APPROVE: ExitCode.OK, Verdict.REJECT: ExitCode.FAILED,
                 Verdict.PENDING: ExitCode.PENDING}
+COMPARE_EXIT = {"no regression": ExitCode.OK, "regression": ExitCode.FAILED,
+                "inconclusive": ExitCode.PENDING}
 MERGE_EXIT = {MergeOutcome.MERGED: ExitCode.OK, MergeOutcome.ALREADY_MERGED: ExitCode.OK,
               MergeOutcome.REFUSED: ExitCode.FAILED}
 
@@ -47,7 +49,7 @@ def main(args: list[str] | None = None) -> None:
     handler = {"build": _build, "gate": _gate, "verify": _verify, "inspect": _inspect, "rows": _rows,
                "schemas": _schemas, "review": _review, "attest-operator": _attest_operator,
                "merge": _merge, "report": _report, "oracle": _oracle,
-               "history": _history}[ns.command]
+               "history": _history, "compare": _compare}[ns.command]
     try:
         code = handler(ns)
     except Error as exc:
@@ -195,6 +197,27 @@ def _history(ns: argparse.Namespace) -> ExitCode:
     else:
         report.console().print(report.history_table(found))
     return ExitCode.FAILED if found.unreadable else ExitCode.OK
+
+
+def _compare(ns: argparse.Namespace) -> ExitCode:
+    from pipeline import report, signing
+    from pipeline.decision import compare
+
+    va: Verifier
+    vb: Verifier
+    if ns.identity:
+        va = vb = signing.SigstoreVerifier(ns.identity, ns.issuer)
+    elif ns.key and len(ns.key) <= 2:
+        va, vb = signing.KeyVerifier(ns.key[0]), signing.KeyVerifier(ns.key[-1])
+    else:
+        raise UsageError("compare: pass --key PUB.pem (once for both bundles, or A's then "
+                         "B's) or --identity and --issuer")
+    result = compare.compare(ns.bundle_a, ns.bundle_b, va, vb)
+    if ns.json:
+        print(json.dumps(result.doc(), indent=2))
+    else:
+        report.console().print(report.compare_view(result))
+    return COMPARE_EXIT[result.outcome]
 
 
 def _rows(ns: argparse.Namespace) -> ExitCode:

@@ -33,6 +33,9 @@ EXIT_CODES = {
     "merge": "0 merged or already merged · 1 refused · 2 usage",
     "report": "0 rendered (whatever the verdict) · 1 unreadable bundle · 2 usage",
     "oracle": "0 recorded / valid · 1 the engine failed or the record is invalid · 2 usage",
+    "compare": "0 no regression · 1 a regression (a candidate metric significantly slower, "
+               "a gate gone worse) or a bundle does not verify · 3 inconclusive (nothing "
+               "worse, but not told apart) · 2 usage, or not comparable (row, device, workload)",
     "history": "0 listed (whatever the verdicts) · 1 a bundle unreadable · 2 usage "
                "(no such row under the evidence dir)",
 }
@@ -122,6 +125,17 @@ def parser() -> argparse.ArgumentParser:
     rp.add_argument("--reviews", type=Path, default=None,
                     help="reviews dir (default: reviews/ in the current directory)")
     _add_verifier_args(rp)
+
+    cp = _command(sub, "compare", "what changed between two bundles of one row (A before, "
+                                  "B after), with statistics from the raw samples")
+    cp.add_argument("bundle_a", type=Path, metavar="BUNDLE_A")
+    cp.add_argument("bundle_b", type=Path, metavar="BUNDLE_B")
+    cp.add_argument("--key", type=Path, action="append", default=None,
+                    help="public key PEM of the signer: once for both bundles, or twice (A's "
+                         "then B's); this or --identity/--issuer is required")
+    cp.add_argument("--identity", help="signer's identity (keyless, both bundles)")
+    cp.add_argument("--issuer", help="signer's OIDC issuer (keyless)")
+    _add_json_arg(cp, "print the comparison as JSON")
 
     h = _command(sub, "history", "every bundle of a row by time and commit: verdicts and "
                                  "one metric over time")

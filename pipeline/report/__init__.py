@@ -15,6 +15,7 @@ from pipeline.report.build import build, find_row, read_review, report_for, revi
 from pipeline.report.model import Report
 from pipeline.report.terminal import (
     STYLE,
+    compare_view,
     console,
     gate_table,
     history_table,
@@ -26,7 +27,7 @@ from pipeline.report.terminal import (
     verify_doc,
 )
 
-__all__ = ["STYLE", "Report", "build", "console", "find_row", "gate_table", "history",
+__all__ = ["STYLE", "Report", "build", "compare_view", "console", "find_row", "gate_table", "history",
            "history_table", "inspect_json", "print_inspect", "resource_table", "review_view",
            "rows_table", "publish", "read_review", "report_for", "review_path", "verify",
            "verify_doc"]

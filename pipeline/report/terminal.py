@@ -30,6 +30,7 @@ from pipeline.report.units import metric
 
 if TYPE_CHECKING:
     from pipeline.build.local import LocalBuild
+    from pipeline.decision.compare import Comparison
     from pipeline.report.history import History
     from pipeline.rows import LoadedRow
 
@@ -248,3 +249,39 @@ def verify_doc(bundle: Bundle, identity: SignerIdentity | None = None,
     elif identity is not None:
         doc["verified_as"] = identity.model_dump()
     return doc
+
+
+def compare_view(c: "Comparison") -> Group:
+    """`rowgate compare`: both bundles, each gate's status A -> B, every metric's change
+    (pyperf style), the notes, and the outcome last."""
+    parts: list[Text | Table] = [
+        Text(f"A  {c.a.bundle_id}  {c.a.commit[:12]}  {c.a.created}  {c.a.status}"),
+        Text(f"B  {c.b.bundle_id}  {c.b.commit[:12]}  {c.b.created}  {c.b.status}")]
+    gates = _table(f"{c.row_id}: gates A -> B", (("gate", False), ("kind", False),
+                                                   ("A", False), ("B", False)))
+    for g in c.gates:
+        b = status_text(g.status_b)
+        if g.regressed:
+            b.append("  worse", style="red")
+        gates.add_row(Text(g.gate), Text(g.kind), status_text(g.status_a), b)
+    parts.append(gates)
+    if c.changes:
+        changes = _table("changes from the raw samples (one value per timed pass)",
+                         (("gate · cell", False), ("metric", False), ("arm", False),
+                          ("A median", False), ("B median", False), ("change", True)))
+        for ch in c.changes:
+            style = {"faster": "green", "slower": "red", "confounded": "yellow",
+                     "inconclusive": "yellow"}.get(ch.outcome, "")
+            changes.add_row(Text(f"{ch.gate} · {ch.cell}"), Text(ch.metric), Text(ch.arm),
+                            Text(_value(ch.median_a, ch.unit)), Text(_value(ch.median_b, ch.unit)),
+                            Text(ch.says(), style=style))
+        parts.append(changes)
+    parts += [Text(f"note: {n}", style="yellow") for n in c.notes]
+    parts.append(Text.assemble("outcome: ", (c.outcome, {"regression": "red",
+                                                          "inconclusive": "yellow"}.get(
+        c.outcome, "green"))))
+    return Group(*parts)
+
+
+def _value(v: float, unit: str) -> str:
+    return metric("x_ms" if unit == "ms" else "tok_s", v)

@@ -105,7 +105,7 @@ def test_a_missing_sample_file_is_said_in_red(tmp_path):
         shutil.copyfile(DEMO / rel, tmp_path / rel)
     section = section_for(result.model_copy(update={"artifacts": kept}), tmp_path)
     assert section.missing == ("artifacts/throughput/requests.jsonl is not sealed: no "
-                               "per-request latency distributions",)
+                               "per-request latencies",)
     assert [f.unit for f in section.figures if isinstance(f, DistributionFigure)] == ["tok/s"]
     page = _demo_page()
     page = type(page)(**{**page.__dict__, "sections": (section,)})

@@ -528,3 +528,14 @@ def test_headless_chromium_loads_the_page_with_tables_and_images(rich, tmp_path)
     keep = os.environ.get("ROWGATE_KEEP_SCREENSHOT")
     if keep:  # for a person to look at the page: ROWGATE_KEEP_SCREENSHOT=/tmp/report.png
         shutil.copyfile(shot, keep)
+
+
+def test_the_page_says_which_key_it_trusted_when_none_was_named(sealed, tmp_path):
+    from pipeline.signing import local_public_key
+
+    bundle, _ = sealed
+    page = report.report_for(bundle, reviews_dir=tmp_path)
+    assert page.verification.verified
+    assert f"checked against the implicit key {local_public_key()}" in page.verification.detail
+    named = report.report_for(bundle, key=local_public_key(), reviews_dir=tmp_path)
+    assert "implicit" not in named.verification.detail

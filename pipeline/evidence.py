@@ -121,6 +121,7 @@ class Stage:
         """Write the manifest, sign, freeze, verify and publish. Returns the bundle path."""
         self._holder.check()
         results = [self._results[g] for g in order if g in self._results]
+        counted = {g.id for g in row.row.gates if g.required}  # informational gates do not
         bundle = Path(tempfile.mkdtemp(prefix="bundle-", dir=self._holder.path))
         (bundle / "gates").mkdir()
         for r in results:
@@ -135,7 +136,7 @@ class Stage:
             run_id=uuid.uuid4().hex,
             row=RowRef(id=row.row.id, file=row_file, sha256=row.sha256),
             subject=subject, provenance=provenance, signer=signer.identity,
-            status=overall_status([r.status for r in results]),
+            status=overall_status([r.status for r in results if r.gate_id in counted]),
             gates=[GateSummary(gate_id=r.gate_id, kind=r.kind, status=r.status, reason=r.reason,
                                file=f"gates/{r.gate_id}.json") for r in results],
             files=digest_tree(bundle, exclude={MANIFEST_FILE, SIGNATURE_FILE}))

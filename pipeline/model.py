@@ -20,12 +20,18 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from pipeline import CHECKOUT
 from pipeline.errors import UsageError
+
+if TYPE_CHECKING:
+    from pipeline.rowspec import ModelRef
 
 BUILDER_VERSION = 1
 """Bumped whenever the bytes a spec builds into change."""
@@ -128,7 +134,7 @@ def model_info(path: Path) -> ModelInfo:
 # -------------------------------------------------------------------- build
 
 
-def _config(spec: TinyModelSpec) -> dict:
+def _config(spec: TinyModelSpec) -> dict[str, Any]:
     # Written by hand (not Qwen3Config.to_json) so the bytes do not depend on
     # the installed transformers version.
     return {
@@ -149,15 +155,16 @@ def _config(spec: TinyModelSpec) -> dict:
     }
 
 
-def _weights(spec: TinyModelSpec) -> dict:
+def seeded_weights(spec: TinyModelSpec) -> dict[str, Any]:
+    """The random tiny model's float32 weights, from the spec's seed."""
     import torch
 
     gen = torch.Generator().manual_seed(spec.seed)
 
-    def normal(*shape: int, std: float, mean: float = 0.0):
+    def normal(*shape: int, std: float, mean: float = 0.0) -> Any:
         return (torch.randn(*shape, generator=gen, dtype=torch.float32) * std + mean).contiguous()
 
-    def linear(out_f: int, in_f: int):
+    def linear(out_f: int, in_f: int) -> Any:
         return normal(out_f, in_f, std=in_f ** -0.5)
 
     h, d = spec.hidden_size, spec.head_dim
@@ -180,11 +187,16 @@ def _weights(spec: TinyModelSpec) -> dict:
     return w
 
 
-def _write_tokenizer(spec: TinyModelSpec, out: Path) -> None:
+def filler_vocabulary(size: int) -> dict[str, int]:
+    """The random tiny model's words: EOS, UNK, then `t2` … `t<size-1>`."""
+    vocab = {EOS_TOKEN: 0, UNK_TOKEN: 1}
+    vocab.update({f"t{i}": i for i in range(2, size)})
+    return vocab
+
+
+def _write_tokenizer(spec: TinyModelSpec, out: Path, vocab: dict[str, int]) -> None:
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    vocab = {EOS_TOKEN: 0, UNK_TOKEN: 1}
-    vocab.update({f"t{i}": i for i in range(2, spec.vocab_size)})
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK_TOKEN))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.add_special_tokens([EOS_TOKEN, UNK_TOKEN])
@@ -195,17 +207,20 @@ def _write_tokenizer(spec: TinyModelSpec, out: Path) -> None:
         "clean_up_tokenization_spaces": False}, indent=2, sort_keys=True) + "\n")
 
 
-def _write_files(spec: TinyModelSpec, out: Path, weights: dict) -> None:
+def write_files(spec: TinyModelSpec, out: Path, weights: dict[str, Any],
+                vocab: dict[str, int] | None = None) -> None:
+    """config, generation config, weights and a WordLevel tokenizer of `vocab`
+    (default: the filler vocabulary) into `out`."""
     from safetensors.torch import save_file
 
     (out / "config.json").write_text(json.dumps(_config(spec), indent=2, sort_keys=True) + "\n")
     (out / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0}, indent=2) + "\n")
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
-    _write_tokenizer(spec, out)
+    _write_tokenizer(spec, out, vocab or filler_vocabulary(spec.vocab_size))
 
 
-def _publish(tmp: Path, dest: Path, record: dict) -> None:
+def _publish(tmp: Path, dest: Path, record: dict[str, Any]) -> None:
     (tmp / RECORD_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     if dest.exists():
         shutil.rmtree(dest)
@@ -233,9 +248,89 @@ def build_tiny_model(spec: TinyModelSpec = TinyModelSpec(), root: Path | None = 
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=dest.parent))
     try:
-        _write_files(spec, tmp, _weights(spec))
+        write_files(spec, tmp, seeded_weights(spec))
         digest = model_digest(tmp)
         _publish(tmp, dest, {"builder": BUILDER_VERSION, "spec": asdict(spec), "digest": digest})
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return model_info(dest)
+
+
+# ------------------------------------------------------------ trained models
+
+
+TRAINER_VERSION = 1
+"""Bumped whenever the bytes a training spec produces change (pipeline/train.py)."""
+TRAINED_ROOT = CHECKOUT / "build" / "models"
+DETERMINISTIC_ENV = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE",
+                     "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
+"""The training interpreter's environment: what could change a sum, pinned before torch
+loads (pipeline/train.py says why each)."""
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """A tiny model trained on a GSM8K-format file; everything its bytes depend on
+    besides the file's own bytes."""
+
+    dataset: str = "rows/data/gsm8k-tiny.jsonl"
+    """Relative to the rowgate checkout."""
+    steps: int = 40
+    lr: float = 1e-2
+    init: TinyModelSpec = TinyModelSpec(lm_head_scale=1.0)
+    """Architecture and seeded starting weights (the random tiny model's builder)."""
+
+    def dataset_path(self) -> Path:
+        path = Path(self.dataset)
+        return path if path.is_absolute() else CHECKOUT / path
+
+    def key(self, dataset_sha256: str) -> str:
+        doc = json.dumps({"trainer": TRAINER_VERSION, "dataset_sha256": dataset_sha256,
+                          **asdict(self)}, sort_keys=True)
+        return hashlib.sha256(doc.encode()).hexdigest()[:16]
+
+    @classmethod
+    def from_json(cls, text: str) -> "TrainSpec":
+        raw = json.loads(text)
+        return cls(**{**raw, "init": TinyModelSpec(**raw["init"])})
+
+
+TRAINED_MODELS = {"tiny-qwen3-gsm8k": TrainSpec()}
+"""Model names a row may use for a model rowgate trains itself (the demo row's)."""
+
+
+def _train(spec: TrainSpec, out: Path) -> dict[str, float]:
+    """Run pipeline/train.py in a fresh interpreter with the deterministic environment."""
+    env = {**os.environ, **DETERMINISTIC_ENV}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(CHECKOUT), env.get("PYTHONPATH")]))
+    proc = subprocess.run([sys.executable, "-m", "pipeline.train", str(out),
+                           json.dumps(asdict(spec))], capture_output=True, text=True, env=env,
+                          cwd=CHECKOUT)
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise ModelError(f"training the tiny model on {spec.dataset} failed: {tail}")
+    report: dict[str, float] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return report
+
+
+def build_trained_model(name: str, root: Path | None = None) -> ModelInfo:
+    """Train (or reuse the cached training of) the model `name` of TRAINED_MODELS."""
+    spec = TRAINED_MODELS[name]
+    try:
+        data = spec.dataset_path().read_bytes()
+    except OSError as exc:
+        raise ModelError(f"model {name}: training data {spec.dataset} is not here") from exc
+    dest = (root or TRAINED_ROOT) / name / spec.key(hashlib.sha256(data).hexdigest())
+    cached = _cached(dest)
+    if cached is not None:
+        return cached
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".train-", dir=dest.parent))
+    try:
+        report = _train(spec, tmp)
+        _publish(tmp, dest, {"trainer": TRAINER_VERSION, "spec": asdict(spec),
+                             "dataset_sha256": hashlib.sha256(data).hexdigest(),
+                             "digest": model_digest(tmp), **report})
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return model_info(dest)
@@ -264,10 +359,12 @@ TINY_MODEL = "tiny-qwen3"
 """The model name a row uses for the model rowgate builds itself."""
 
 
-def why_unavailable(ref) -> str | None:
+def why_unavailable(ref: ModelRef) -> str | None:
     """Why a row's `ModelRef` cannot be had here (-> PENDING), or None: the tiny
-    model and `synthetic` shapes are built; other weights must be local."""
-    if (ref.name == TINY_MODEL or ref.synthetic is not None) and not ref.weights:
+    model, the trained tiny models and `synthetic` shapes are built; other weights
+    must be local."""
+    buildable = ref.name == TINY_MODEL or ref.name in TRAINED_MODELS or ref.synthetic is not None
+    if buildable and not ref.weights:
         return None
     if not ref.weights:
         return f"model {ref.id} ({ref.name}): the row names no local weights path"
@@ -277,7 +374,7 @@ def why_unavailable(ref) -> str | None:
     return None
 
 
-def resolve_model(ref) -> ModelInfo:
+def resolve_model(ref: ModelRef) -> ModelInfo:
     """A row's `ModelRef` as a model directory: built (cached) or read locally."""
     why = why_unavailable(ref)
     if why:
@@ -286,4 +383,6 @@ def resolve_model(ref) -> ModelInfo:
         return model_info(Path(ref.weights).expanduser())
     if ref.synthetic is not None:
         return build_tiny_model(TinyModelSpec(**ref.synthetic.model_dump()))
+    if ref.name in TRAINED_MODELS:
+        return build_trained_model(ref.name)
     return build_tiny_model()

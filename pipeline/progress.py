@@ -29,9 +29,11 @@ from rich.progress import (
     MofNCompleteColumn,
     Progress,
     SpinnerColumn,
+    TaskID,
     TextColumn,
     TimeElapsedColumn,
 )
+from rich.text import Text
 
 LOG_STEPS = 10
 """Plain logs show a sub-task's count this many times over its total (every 10 %)."""
@@ -89,7 +91,7 @@ class PlainProgress:
 class RichProgress:
     """A task of a live rich display; sub-tasks are further bars of the same display."""
 
-    def __init__(self, progress: Progress, task, label: str = "", depth: int = 0):
+    def __init__(self, progress: Progress, task: TaskID, label: str = "", depth: int = 0):
         self._p, self._task, self._label, self._depth = progress, task, label, depth
 
     def update(self, message: str) -> None:
@@ -109,28 +111,30 @@ class RichProgress:
         try:
             yield child
         except BaseException:
-            self._p.console.print(f"[red]✗[/] {name}: stopped at {self._done(tid)}")
+            self._p.console.print(Text.assemble(("✗", "red"), f" {name}: stopped at "
+                                                f"{self._done(tid)}"))
             raise
         else:
-            self._p.console.print(f"[green]✓[/] {name} ({self._done(tid)}, "
-                                  f"{time.monotonic() - start:.1f}s)")
+            self._p.console.print(Text.assemble(("✓", "green"), f" {name} ({self._done(tid)}, "
+                                                f"{time.monotonic() - start:.1f}s)"))
         finally:
             self._p.remove_task(tid)
 
-    def _done(self, tid) -> str:
+    def _done(self, tid: TaskID) -> str:
         t = self._p.tasks[self._p.task_ids.index(tid)]
         return _count(int(t.completed), int(t.total) if t.total is not None else None)
 
 
 @contextmanager
-def progress(total: int, label: str, quiet: bool = False,
+def progress(total: int | None, label: str, quiet: bool = False,
              console: Console | None = None) -> Iterator[RichProgress | PlainProgress]:
     """The progress of one command: a bar on a terminal, plain lines otherwise."""
     console = console or Console(stderr=True)
     if quiet or not console.is_terminal:
         yield PlainProgress(quiet)
         return
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+    # markup=False: a label from a row or a gate (`rowgate[cuda13]`) prints as written
+    with Progress(SpinnerColumn(), TextColumn("{task.description}", markup=False), BarColumn(),
                   MofNCompleteColumn(), TimeElapsedColumn(), console=console,
                   transient=True) as p:
         yield RichProgress(p, p.add_task(label, total=total))

@@ -27,7 +27,7 @@ from pipeline.gitrepo import open_repo
 from pipeline.oracle import OracleOutput, OracleRecord
 from pipeline.records.gate_result import GateResult
 from pipeline.records.provenance import Provenance, Subject
-from pipeline.records.status import Status, overall_status
+from pipeline.records.status import Status
 from pipeline.rows import LoadedRow, Row
 from pipeline.rowspec import GateSpec
 from pipeline.signing import Signer
@@ -37,10 +37,8 @@ from pipeline.signing import Signer
 class GateRun:
     bundle: Path
     results: list[GateResult]
-
-    @property
-    def status(self) -> Status:
-        return overall_status([r.status for r in self.results])
+    status: Status
+    """The sealed overall status (over the row's required gates)."""
 
 
 class RecordOpener:
@@ -124,7 +122,7 @@ def _gate_and_seal(loaded: LoadedRow, subject: Subject, prov: Provenance, device
         stage.discard()
         raise
     sealed = Bundle.open(bundle)  # verified by the seal before it was published
-    return GateRun(bundle=bundle, results=sealed.results())
+    return GateRun(bundle=bundle, results=sealed.results(), status=sealed.manifest.status)
 
 
 # ------------------------------------------------------------- oracle records

@@ -25,13 +25,19 @@ def _gate(row: Path, repo, tmp_path, capsys) -> tuple[int, Path, str]:
     return code, Path(out.strip().splitlines()[-1]), out
 
 
+def _own_key() -> str:
+    from pipeline.signing import local_public_key
+
+    return str(local_public_key())
+
+
 def test_gate_verify_inspect_round_trip(git_repo, host_row, tmp_path, capsys):
     code, bundle, out = _gate(host_row, git_repo, tmp_path, capsys)
     assert code == 0, out
     assert bundle.parent.name == "TEST-HOST" and (bundle / "manifest.json").is_file()
     assert "PASS" in out
 
-    code, out, _ = _run(["verify", str(bundle)], capsys)
+    code, out, _ = _run(["verify", str(bundle), "--key", _own_key()], capsys)
     assert code == 0 and out.startswith("OK ") and "signed by sha256:" in out
 
     code, out, _ = _run(["inspect", str(bundle), "--json"], capsys)
@@ -44,7 +50,7 @@ def test_verify_names_the_first_problem(git_repo, host_row, tmp_path, capsys):
     _, bundle, _ = _gate(host_row, git_repo, tmp_path, capsys)
     thaw(bundle)
     (bundle / "artifacts" / "host" / "status.txt").write_text("tampered\n")
-    code, out, err = _run(["verify", str(bundle)], capsys)
+    code, out, err = _run(["verify", str(bundle), "--key", _own_key()], capsys)
     assert code == 1 and out == ""
     assert err.strip().splitlines() == [err.strip()]
     assert err.startswith("artifacts/host/status.txt: sha256")
@@ -60,10 +66,87 @@ def test_verify_with_another_public_key_fails(git_repo, host_row, tmp_path, caps
 
 
 def test_verify_usage_errors(tmp_path, capsys):
-    code, _, err = _run(["verify", str(tmp_path / "nope")], capsys)
+    code, _, err = _run(["verify", str(tmp_path / "nope"), "--key", "k.pem"], capsys)
     assert code == 2 and "not a bundle directory" in err
     code, _, err = _run(["verify", str(tmp_path), "--identity", "x"], capsys)
     assert code == 2
+
+
+def test_verify_needs_the_signers_key_and_names_your_own(git_repo, host_row, tmp_path, capsys):
+    """No implicit key: the local one would make every bundle someone else signed read
+    'not by the expected key'. The error says where your own public key is."""
+    _, bundle, _ = _gate(host_row, git_repo, tmp_path, capsys)
+    code, out, err = _run(["verify", str(bundle)], capsys)
+    assert code == 2 and out == ""
+    assert err.strip() == (f"verify: pass --key PUB.pem of the signer (or --identity and "
+                           f"--issuer for a keyless signature); your own key's public half is "
+                           f"{_own_key()}")
+
+
+def test_verify_json_for_scripts_valid_and_invalid(git_repo, host_row, tmp_path, capsys):
+    _, bundle, _ = _gate(host_row, git_repo, tmp_path, capsys)
+    code, out, _ = _run(["verify", str(bundle), "--key", _own_key(), "--json"], capsys)
+    doc = json.loads(out)
+    assert code == 0 and doc["ok"] and doc["row"] == "TEST-HOST" and doc["id"] == bundle.name
+    assert doc["verified_as"] == doc["signer"] and doc["commit"] == git_repo.head.commit.hexsha
+    thaw(bundle)
+    (bundle / "artifacts" / "host" / "status.txt").write_text("tampered\n")
+    code, out, err = _run(["verify", str(bundle), "--key", _own_key(), "--json"], capsys)
+    doc = json.loads(out)
+    assert code == 1 and not doc["ok"] and doc["problem"].startswith("artifacts/host/status.txt")
+    assert err.startswith("artifacts/host/status.txt: sha256")
+
+
+def test_gate_json_is_the_sealed_bundle(git_repo, host_row, tmp_path, capsys):
+    code, out, _ = _run(["-q", "gate", str(host_row), "--repo", git_repo.working_dir,
+                         "--out", str(tmp_path / "evidence"), "--json"], capsys)
+    doc = json.loads(out)
+    assert code == 0 and doc["status"] == "PASS" and doc["gates"][0]["gate_id"] == "host"
+    assert Path(doc["bundle"]).parent.name == "TEST-HOST"
+
+
+def test_every_subcommand_lists_its_exit_codes_and_takes_q(capsys):
+    from pipeline.cli import EXIT_CODES
+
+    for argv in (["gate"], ["verify"], ["inspect"], ["rows"], ["rows", "check"], ["review"],
+                 ["attest-operator"], ["merge"], ["report"], ["history"], ["build"],
+                 ["oracle"], ["oracle", "record"], ["oracle", "verify"], ["schemas"]):
+        code, out, _ = _run([*argv, "--help"], capsys)
+        text = " ".join(out.split())
+        assert code == 0 and "exit codes: " in text, argv
+        assert " ".join(EXIT_CODES[argv[0]].split()) in text, argv
+        assert "-q, --quiet" in out, argv
+
+
+def test_q_after_a_nested_subcommand_and_no_doubled_prefix(tmp_path, capsys):
+    code, _, err = _run(["oracle", "verify", str(tmp_path), "-q"], capsys)
+    assert code == 2 and "unrecognized" not in err  # -q is accepted; the key is what's missing
+    code, _, err = _run(["oracle", "verify", str(tmp_path), "--bogus"], capsys)
+    assert code == 2 and err == "rowgate: error: unrecognized arguments: --bogus\n"
+    code, _, err = _run(["oracle", "verify"], capsys)  # reported by the nested parser
+    assert err == "rowgate: error: oracle verify: the following arguments are required: record\n"
+    code, _, err = _run(["--bogus"], capsys)
+    assert err.startswith("rowgate: error: ") and "rowgate: error: rowgate" not in err
+
+
+def test_an_option_no_gate_reads_is_refused_with_the_closest_key(host_row, git_repo, tmp_path,
+                                                                 capsys):
+    row = write_row(tmp_path, "OPTS", HOST_GATE + '''
+        [[gates]]
+        id = "build"
+        kind = "build"
+    ''')
+    code, out, err = _run(["gate", str(row), "--repo", git_repo.working_dir,
+                           "--out", str(tmp_path / "ev"), "--option", "nvc=/opt/nvcc"], capsys)
+    assert code == 2 and out == "" and not (tmp_path / "ev").exists()
+    assert err.strip() == ("--option nvc: not read by row OPTS's gates; did you mean 'nvcc'? "
+                           "(accepted: nvcc)")
+    code, _, err = _run(["gate", str(host_row), "--repo", git_repo.working_dir,
+                         "--option", "nvcc=/x"], capsys)
+    assert code == 2 and "--option nvcc: not read by row TEST-HOST's gates" in err
+    assert "(accepted: none)" in err
+    code, _, err = _run(["build", "--arch", "sm_90", "--option", "cubin=x"], capsys)
+    assert code == 2 and err.startswith("--option cubin: not read by rowgate build")
 
 
 def test_pending_gate_exits_3_with_reason(git_repo, tmp_path, capsys):
@@ -133,3 +216,31 @@ def test_thor_row_on_a_cpu_machine_is_honest(git_repo, tmp_path, capsys):
     assert results["host"]["status"] == "PASS"
     assert all(r["reason"] for r in results.values())
     assert code in (1, 3)
+
+
+def test_an_informational_gate_is_shown_and_does_not_count(git_repo, tmp_path, capsys):
+    """`required = false`: its FAIL is in the table, marked, and the bundle is PASS (the
+    review treats it the same way), so a noisy informational A/B cannot fail a row."""
+    row = write_row(tmp_path, "INFO", HOST_GATE + '''
+        [[gates]]
+        id = "host-extra"
+        kind = "host"
+        required = false
+        commands = [["python", "-c", "import sys; sys.exit(3)"]]
+    ''')
+    code, bundle, out = _gate(row, git_repo, tmp_path, capsys)
+    assert code == 0 and "INFO: PASS" in out and "informational" in out
+    _, out, _ = _run(["inspect", str(bundle), "--json"], capsys)
+    doc = json.loads(out)
+    assert doc["status"] == "PASS" and doc["gates"][1]["status"] == "FAIL"
+
+
+def test_review_json_is_the_record_and_its_path(tmp_path, monkeypatch, capsys):
+    from tests.review_support import World
+
+    world = World(tmp_path, monkeypatch, capsys)
+    row = world.row()
+    code, out, _ = world.review(world.gate(row), row, "--json")
+    doc = json.loads("\n".join(out))
+    assert code == 0 and doc["record"]["verdict"] == "APPROVE"
+    assert Path(doc["path"]).is_file() and json.loads(Path(doc["path"]).read_text()) == doc["record"]

@@ -123,6 +123,6 @@ def test_cli_records_the_pinned_vllm_and_verifies(tmp_path, capsys):
         ours = [o for p in record.passes for o in ref.generate(p).outputs]
     assert [o.token_ids for o in ours] == [o.token_ids for o in record.outputs]
     with pytest.raises(SystemExit) as done:
-        cli.main(["oracle", "verify", str(path)])
+        cli.main(["oracle", "verify", str(path), "--key", str(signing.local_public_key())])
     assert done.value.code == 0
     assert "vllm 0.32.0, 4 requests" in capsys.readouterr().out

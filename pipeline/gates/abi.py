@@ -37,6 +37,7 @@ from pipeline.gates._artifacts import read_json, write_json
 from pipeline.gates.interface import Derived, Gate, GateContext, GateError, gate_arch
 from pipeline.gates.registry import register
 from pipeline.records.canonical import strict_loads
+from pipeline.options import ENGINE_KEYS
 from pipeline.records.criteria import StopAction
 from pipeline.records.status import Status
 from pipeline.rowspec import GateSpec
@@ -74,6 +75,7 @@ def batch_dir(batch: int) -> str:
 class Abi(Gate[AbiGate]):
     kind = "abi"
     spec_model = AbiGate
+    options = ENGINE_KEYS
 
     def arch(self, row: Row, spec, ctx: GateContext) -> tuple[str, bool]:
         return gate_arch(row, ctx.gpu)

@@ -12,6 +12,9 @@ EOS) and at most `max_tokens` tokens.
   after `####`) needs the row's real weights (`spec.weights`): without them the
   gate is PENDING after health, saying which of weights / dataset is missing.
   Health FAIL is FAIL whatever the weights.
+* `health_only = true` judges health alone: PASS when healthy, the reason saying
+  accuracy was not judged and how many final numbers equal the reference (for a
+  model trained on the questions, e.g. the demo's, that is recall, not accuracy).
 
 Prompt format (plain completion, zero-shot, recorded in meta.json):
 `Question: <question>\\nAnswer:`.
@@ -32,15 +35,16 @@ from pipeline.engines.interface import Request, WorkloadPass
 from pipeline.gates._artifacts import read_json, read_jsonl, write_json
 from pipeline.gates.interface import Derived, Gate, GateContext, GateError, gate_arch
 from pipeline.gates.registry import register
+from pipeline.options import ENGINE_KEYS
 from pipeline.records.status import Status
 from pipeline.rowspec import GateSpec, Sampling
+from pipeline.train import PROMPT_FORMAT
 
 if TYPE_CHECKING:
     from pipeline.rows import Row
 
 META = "meta.json"
 OUTPUTS = "outputs.jsonl"
-PROMPT_FORMAT = "Question: {question}\nAnswer:"
 NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 
@@ -56,6 +60,10 @@ class AccuracyGate(GateSpec):
     """Health: largest fraction of outputs with no token before EOS."""
     max_runaway_rate: Annotated[float, Field(ge=0, le=1)] = 0.05
     """Health: largest fraction of outputs that hit max_tokens without EOS."""
+    health_only: bool = False
+    """Judge health alone (PASS when healthy) and say accuracy was not judged: for a
+    model whose accuracy would mean nothing, e.g. the demo's tiny model trained on the
+    very questions it is asked (it can only recite them)."""
 
 
 def dataset_file(spec: AccuracyGate, repo: Path) -> Path | None:
@@ -133,6 +141,7 @@ class Accuracy(Gate[AccuracyGate]):
     kind = "accuracy"
     spec_model = AccuracyGate
     needs_device = True
+    options = ENGINE_KEYS
 
     def requirements(self, row: Row, spec: AccuracyGate, ctx: GateContext) -> str | None:
         missing = dataset_missing(spec, ctx.repo)
@@ -191,11 +200,16 @@ class Accuracy(Gate[AccuracyGate]):
                             f"{spec.max_runaway_rate}")
         if problems:
             return Derived(Status.FAIL, f"unhealthy: {'; '.join(problems)} ({text})", metrics)
+        correct = sum(predicted_number(o["text"]) == gold_number(o["gold"]) for o in outputs)
+        if spec.health_only:
+            metrics["matches_reference"] = correct
+            return Derived(Status.PASS, f"healthy: {text}; accuracy not judged (health_only): "
+                                        f"{correct}/{len(outputs)} final numbers equal the "
+                                        f"reference's", metrics)
         if meta["accuracy_pending"]:
             # A PENDING result carries no metrics; the health numbers stay in the reason.
             return Derived(Status.PENDING, f"accuracy PENDING: {meta['accuracy_pending']}; "
                                            f"{text}: healthy")
-        correct = sum(predicted_number(o["text"]) == gold_number(o["gold"]) for o in outputs)
         metrics.update(correct=correct, accuracy=round(correct / len(outputs), 9))
         return Derived(Status.PASS, f"accuracy {correct}/{len(outputs)} = "
                                     f"{metrics['accuracy']:.4f}; {text}", metrics)

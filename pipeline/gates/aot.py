@@ -36,6 +36,7 @@ from pipeline.gates.abi import admission_record
 from pipeline.gates.build import AOT_TIMEOUT_S, gate_arches
 from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Progress
 from pipeline.gates.registry import register
+from pipeline.options import TOOLCHAIN_KEYS
 from pipeline.rowspec import ARCH_PATTERN, GateSpec
 
 if TYPE_CHECKING:
@@ -147,6 +148,7 @@ def measure_aot(sources: dict[str, Path], arches: list[str], decls: dict[str, An
 class Aot(Gate[AotGate]):
     kind = "aot"
     spec_model = AotGate
+    options = TOOLCHAIN_KEYS
 
     def measure(self, row: Row, spec: AotGate, ctx: GateContext) -> None:
         manifest = declarations(ctx.artifact_dir.parent /

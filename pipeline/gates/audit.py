@@ -28,6 +28,7 @@ from pipeline.gates._artifacts import derive_known_layout, read_json
 from pipeline.gates.build import Built, build_into, build_problems, gate_arches, read_index
 from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Progress
 from pipeline.gates.registry import register
+from pipeline.options import TOOLCHAIN_KEYS
 from pipeline.records.status import Status
 from pipeline.rowspec import ARCH_PATTERN, GateSpec
 
@@ -240,6 +241,7 @@ class Audit(Gate[AuditGate]):
     kind = "audit"
     spec_model = AuditGate
     report_view = "per_arch"
+    options = TOOLCHAIN_KEYS
 
     def measure(self, row: Row, spec: AuditGate, ctx: GateContext) -> None:
         measure_audit(ctx.repo, gate_arches(row, spec.arches), spec.kernels, ctx.options,

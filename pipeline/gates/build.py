@@ -29,6 +29,7 @@ from pipeline.errors import Error
 from pipeline.gates._artifacts import derive_known_layout, read_json
 from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Progress
 from pipeline.gates.registry import register
+from pipeline.options import TOOLCHAIN_KEYS
 from pipeline.records.status import Status
 from pipeline.rowspec import ARCH_PATTERN, GateSpec
 
@@ -215,6 +216,7 @@ class Build(Gate[BuildGate]):
     kind = "build"
     spec_model = BuildGate
     report_view = "per_arch"
+    options = TOOLCHAIN_KEYS
 
     def measure(self, row: Row, spec: BuildGate, ctx: GateContext) -> None:
         arches = gate_arches(row, spec.arches)

@@ -137,7 +137,10 @@ class Gate(abc.ABC, Generic[S]):
       criterion naming a cell must name one of the matrix;
     * `arm_fields`: its spec keys that name arms of the row (checked when a row loads);
     * `report_view`: the report's richer view of its results (`pipeline.report.sections`
-      `VIEWS`), "" for the generic view alone.
+      `VIEWS`), "" for the generic view alone;
+    * `options`: the `--option` keys it reads from `ctx.options`, itself or through the
+      engines and toolchains it starts (`pipeline.options` says what each does; a key
+      no gate of a row reads is refused).
     """
 
     kind: ClassVar[str]
@@ -148,6 +151,7 @@ class Gate(abc.ABC, Generic[S]):
     """Spec keys that name arms of the row (a throughput `baseline`, a trace's `arms`):
     the row checks each names one (`Arms.named`)."""
     report_view: ClassVar[str] = ""
+    options: ClassVar[tuple[str, ...]] = ()
 
     def requirements(self, row: "Row", spec: S, ctx: GateContext) -> str | None:
         """Return why this gate cannot run here (-> PENDING), or None. Must not raise."""

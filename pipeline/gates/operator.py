@@ -34,6 +34,7 @@ from pipeline.gates._built import (
 from pipeline.gates.interface import Derived, Gate, GateContext, GateError, gate_arch
 from pipeline.gates.registry import register
 from pipeline.ops import launch
+from pipeline.options import TOOLCHAIN_KEYS
 from pipeline.records.status import Status
 from pipeline.rowspec import GateSpec, Tolerance
 
@@ -101,6 +102,7 @@ class Operator(Gate[OperatorGate]):
     kind = "operator"
     spec_model = OperatorGate
     needs_device = True
+    options = TOOLCHAIN_KEYS
 
     def requirements(self, row: Row, spec: OperatorGate, ctx: GateContext) -> str | None:
         return launch.why_unavailable()

@@ -26,6 +26,7 @@ from pipeline.gates._phase_measure import build_variants, collect_counters, sha2
 from pipeline.gates.interface import Derived, Gate, GateContext, GateError, gate_arch
 from pipeline.gates.registry import register
 from pipeline.ops import launch
+from pipeline.options import TOOLCHAIN_KEYS
 from pipeline.records.status import Status
 from pipeline.rowspec import GateSpec
 
@@ -100,6 +101,7 @@ class Phase(Gate[PhaseGate]):
     kind = "phase"
     spec_model = PhaseGate
     needs_device = True
+    options = TOOLCHAIN_KEYS
 
     def requirements(self, row: Row, spec: PhaseGate, ctx: GateContext) -> str | None:
         missing = launch.why_unavailable()

@@ -38,6 +38,7 @@ from pipeline import device
 from pipeline.gates._artifacts import read_json
 from pipeline.gates.interface import Derived, Gate, GateContext, GateError, gate_arch
 from pipeline.gates.registry import register
+from pipeline.options import ENGINE_KEYS
 from pipeline.records.status import Status
 from pipeline.rowspec import GateSpec
 from pipeline.workload import WorkloadMismatch, check_same_workload, workload_digest
@@ -143,6 +144,7 @@ class Throughput(Gate[ThroughputGate]):
     workload_matrix = True
     arm_fields = ("baseline",)
     report_view = "throughput"
+    options = (*ENGINE_KEYS, _arms.CANDIDATE_MODEL_OPTION)
 
     def requirements(self, row: Row, spec: ThroughputGate, ctx: GateContext) -> str | None:
         try:

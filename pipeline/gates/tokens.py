@@ -31,6 +31,7 @@ from pipeline.errors import Error
 from pipeline.gates._artifacts import read_json, read_jsonl, write_json
 from pipeline.gates.interface import Derived, Gate, GateContext, GateError, gate_arch
 from pipeline.gates.registry import register
+from pipeline.options import ENGINE_KEYS
 from pipeline.records.status import Status
 from pipeline.rowspec import GateSpec
 from pipeline.workload import WorkloadMismatch, check_same_workload, workload_digest
@@ -69,6 +70,7 @@ class Tokens(Gate[TokensGate]):
     needs_device = True
     workload_matrix = True
     report_view = "tokens"
+    options = (*ENGINE_KEYS, _arms.CANDIDATE_MODEL_OPTION, RECORD_KEY_OPTION)
 
     def requirements(self, row: Row, spec: TokensGate, ctx: GateContext) -> str | None:
         # a record stands in for the oracle arm: then only the candidate must run here

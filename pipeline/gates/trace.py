@@ -27,6 +27,7 @@ import pipeline.gates._arms as _arms
 from pipeline.errors import Error
 from pipeline.gates.interface import Derived, Gate, GateContext, GateError, gate_arch
 from pipeline.gates.registry import register
+from pipeline.options import ENGINE_KEYS
 from pipeline.records.status import Status
 from pipeline.rowspec import EngineKind, GateSpec, cell_prefix
 
@@ -111,6 +112,7 @@ class Trace(Gate[TraceGate]):
     workload_matrix = True
     arm_fields = ("arms",)
     report_view = "trace"
+    options = ENGINE_KEYS
 
     def requirements(self, row: Row, spec: TraceGate, ctx: GateContext) -> str | None:
         try:

@@ -57,7 +57,10 @@ class Manifest(Model):
     signer: SignerIdentity
     """Identity the signature must verify as."""
     status: Status
-    """Overall: FAIL if any gate FAILed or ERRORed, else PENDING if any is, else PASS."""
+    """Overall, over the row's required gates: FAIL if any FAILed or ERRORed, else
+    PENDING if any is, else PASS. Informational gates (`required = false`) are listed
+    in `gates` with their own status and do not count (the review treats them the
+    same way): a noisy informational A/B cannot turn a bundle FAIL."""
     gates: list[GateSummary]
     files: dict[Annotated[str, Field(pattern=BUNDLE_FILE)], FileDigest] = Field(
         json_schema_extra={"additionalProperties": False})

@@ -11,23 +11,27 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline import storage
-from pipeline.report import html, markdown
+from pipeline.report import history, html, markdown
 from pipeline.report.build import build, find_row, read_review, report_for, review_path, verify
 from pipeline.report.model import Report
 from pipeline.report.terminal import (
     STYLE,
+    compare_view,
     console,
-    describe_review,
     gate_table,
+    history_table,
     inspect_json,
     print_inspect,
     resource_table,
+    review_view,
     rows_table,
+    verify_doc,
 )
 
-__all__ = ["STYLE", "Report", "build", "console", "describe_review", "find_row", "gate_table",
-           "inspect_json", "print_inspect", "resource_table", "rows_table", "publish",
-           "read_review", "report_for", "review_path", "verify"]
+__all__ = ["STYLE", "Report", "build", "compare_view", "console", "find_row", "gate_table", "history",
+           "history_table", "inspect_json", "print_inspect", "resource_table", "review_view",
+           "rows_table", "publish", "read_review", "report_for", "review_path", "verify",
+           "verify_doc"]
 
 
 def _write(path: Path, text: str) -> Path:

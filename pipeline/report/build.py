@@ -34,17 +34,22 @@ def verify(bundle: Bundle, key: Path | None = None, identity: str | None = None,
     unusable (an unreadable --key, --identity without --issuer).
     """
     explicit = key is not None or identity is not None or issuer is not None
+    implicit = ""
     try:
         verifier = signing.verifier_for(key, identity, issuer,
                                         bundle.path / signing.SIGNATURE_FILE)
+        if not explicit and isinstance(verifier, signing.KeyVerifier):
+            # the page says whose key it trusted when nobody named one
+            implicit = (f" (checked against the implicit key {verifier.public_key}, no --key "
+                        f"given: pass the signer's key to check against it)")
         who = bundle.verify(verifier)
     except VerificationError as exc:
-        return Verification(False, exc.diagnostics())
+        return Verification(False, exc.diagnostics() + implicit)
     except UsageError as exc:
         if explicit:
             raise
         return Verification(False, f"not checked: {exc.diagnostics()}")
-    return Verification(True, f"signed by {who}")
+    return Verification(True, f"signed by {who}{implicit}")
 
 
 def review_path(reviews_dir: Path, bundle: Bundle) -> Path:
@@ -193,7 +198,8 @@ def build(bundle: Bundle, verification: Verification, review: ReviewSummary | No
         row_title=row.title if row else "", row_file=m.row.file, row_sha256=m.row.sha256,
         row_note=row_note, created=m.created, rowgate_version=m.rowgate_version,
         status=m.status, signer=str(m.signer), verification=verification, review=review,
-        facts=_facts(bundle, verification), gates=gates_table(results),
+        facts=_facts(bundle, verification),
+        gates=gates_table(results, {g.id: g.required for g in row.gates} if row else None),
         sections=tuple(section_for(r, bundle.path, _spec(row, r.gate_id)) for r in results),
         pending=_pending(results, row, review))
 

@@ -13,6 +13,7 @@ from html import escape
 
 from pipeline.report import plots
 from pipeline.report.model import Figure, PendingItem, Report, ReviewSummary, Section, Table
+from pipeline.report.tables import is_wide
 
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
 
@@ -31,7 +32,10 @@ table.facts th { width: 9em; } table.facts td { word-break: break-all; }
 .PASS, .APPROVE, .PARITY, .BETTER { background: #d9f2d9; color: #14521b; }
 .FAIL, .ERROR, .REJECT, .UNREADABLE, .WORSE, .unverified { background: #f9d6d5; color: #7a1512; }
 .PENDING, .INCONCLUSIVE { background: #fff2cc; color: #6b4e00; }
-div.scroll { overflow-x: auto; max-width: 100%; }
+div.scroll { overflow: auto; max-width: 100%; max-height: 32em; }
+details.table > summary { cursor: pointer; font-weight: 600; margin: 1.2em 0 .4em; }
+.missing { color: #b00020; font-weight: 600; }
+thead th { position: sticky; top: 0; }
 .verified { background: #d9f2d9; color: #14521b; }
 td.status { font-weight: 600; }
 section.gate { border-top: 2px solid #ddd; }
@@ -58,8 +62,12 @@ def _table(t: Table, css: str = "") -> str:
     more = (f'<p class="note">{t.truncated} more row(s) in the artifacts</p>'
             if t.truncated else "")
     cls = f' class="{css}"' if css else ""
-    return (f'<h3>{escape(t.title)}</h3><div class="scroll"><table{cls}><thead><tr>{head}</tr>'
-            f"</thead><tbody>{''.join(body)}</tbody></table></div>{more}")
+    grid = (f'<div class="scroll"><table{cls}><thead><tr>{head}</tr></thead>'
+            f"<tbody>{''.join(body)}</tbody></table></div>{more}")
+    if is_wide(t):  # collapsed: the page stays readable; the scroll box holds the rest
+        return (f'<details class="table"><summary>{escape(t.title)} ({len(t.rows)} rows × '
+                f"{len(t.columns)} columns)</summary>{grid}</details>")
+    return f"<h3>{escape(t.title)}</h3>{grid}"
 
 
 def _figure(f: Figure) -> str:
@@ -74,6 +82,7 @@ def _section(s: Section) -> str:
              f"<h2>{escape(s.gate_id)} <span class=\"sub\">({escape(s.kind)}{escape(where)})"
              f'</span> <span class="verdict {s.status.value}">{s.status.value}</span></h2>',
              f"<p>{escape(s.reason)}</p>"]
+    parts += [f'<p class="missing">missing: {escape(m)}</p>' for m in s.missing]
     parts += [f'<p class="note">{escape(n)}</p>' for n in s.notes]
     parts += [_figure(f) for f in s.figures]
     parts += [_table(t) for t in s.tables]

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from pipeline.report.model import Report, Section, Table
+from pipeline.report.tables import is_wide
 
 STEP_SUMMARY_ENV = "GITHUB_STEP_SUMMARY"
 STEP_SUMMARY_LIMIT = 1 << 20
@@ -27,20 +28,29 @@ def _status(text: str) -> str:
 
 
 def table(t: Table) -> str:
-    lines = [f"**{_cell(t.title)}**", "",
-             "| " + " | ".join(_cell(c) for c in t.columns) + " |",
-             "|" + "---|" * len(t.columns)]
+    """A GFM table; a wide or long one inside `<details>` (collapsed in a job summary)."""
+    grid = ["| " + " | ".join(_cell(c) for c in t.columns) + " |",
+            "|" + "---|" * len(t.columns)]
     for row in t.rows:
         cells = [_status(v) if i == t.status_column else v for i, v in enumerate(row)]
-        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+        grid.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     if t.truncated:
-        lines.append(f"\n_{t.truncated} more row(s) in the artifacts_")
-    return "\n".join(lines) + "\n"
+        grid.append(f"\n_{t.truncated} more row(s) in the artifacts_")
+    if is_wide(t):  # blank lines around the table: GitHub renders Markdown inside <details>
+        summary = f"{_html(t.title)} ({len(t.rows)} rows × {len(t.columns)} columns)"
+        return "\n".join([f"<details><summary><b>{summary}</b></summary>", "", *grid, "",
+                          "</details>"]) + "\n"
+    return "\n".join([f"**{_cell(t.title)}**", "", *grid]) + "\n"
+
+
+def _html(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def _section(s: Section) -> str:
     where = f" on {s.arch}" + (" (stand-in)" if s.stand_in else "") if s.arch else ""
     out = [f"### {s.gate_id} ({s.kind}{where}): {_status(s.status.value)}", "", s.reason, ""]
+    out += [f"> [!CAUTION]\n> missing: {_cell(m)}\n" for m in s.missing]
     out += [f"_{n}_\n" for n in s.notes]
     if s.figures:
         out.append(f"_{len(s.figures)} plot(s) in the HTML report: "

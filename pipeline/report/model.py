@@ -41,6 +41,10 @@ class IntervalFigure:
     """A shaded band (e.g. the row's minimum effect around parity)."""
 
 
+BACKGROUND = "(whole step)"
+"""A span of this name is drawn as its lane's grey background (a decode step's extent)."""
+
+
 @dataclass(frozen=True)
 class Span:
     lane: str
@@ -68,6 +72,36 @@ class BarFigure:
 
 
 @dataclass(frozen=True)
+class Panel:
+    """One cell's samples per arm (e.g. per-request TPOT of oracle and candidate)."""
+
+    title: str
+    series: tuple[tuple[str, tuple[float, ...]], ...]
+
+
+@dataclass(frozen=True)
+class DistributionFigure:
+    """Empirical CDFs of raw samples, one panel per cell, one line per arm, in absolute
+    units; `better` ("lower" / "higher") is written on the axis."""
+
+    title: str
+    unit: str
+    better: str
+    panels: tuple[Panel, ...]
+
+
+@dataclass(frozen=True)
+class SeriesFigure:
+    """Values over a sequence of points (bundles over time): one line per series;
+    a None is a point where that series has no value."""
+
+    title: str
+    ylabel: str
+    xlabels: tuple[str, ...]
+    series: tuple[tuple[str, tuple[float | None, ...]], ...]
+
+
+@dataclass(frozen=True)
 class ImageFigure:
     """A PNG the gate itself sealed into the bundle (e.g. the trace gate's timeline)."""
 
@@ -75,7 +109,8 @@ class ImageFigure:
     png: bytes = field(repr=False)
 
 
-Figure = Union[IntervalFigure, TimelineFigure, BarFigure, ImageFigure]
+Figure = Union[IntervalFigure, TimelineFigure, BarFigure, SeriesFigure, DistributionFigure,
+               ImageFigure]
 
 
 @dataclass(frozen=True)
@@ -92,6 +127,9 @@ class Section:
     figures: tuple[Figure, ...] = ()
     notes: tuple[str, ...] = ()
     artifacts: tuple[str, ...] = ()
+    missing: tuple[str, ...] = ()
+    """What the section could not show because an artifact it needs is not sealed
+    (or does not parse): renderers put these first, in red."""
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,16 @@ import io
 from functools import singledispatch
 
 from pipeline.errors import UsageError
-from pipeline.report.model import BarFigure, Figure, ImageFigure, IntervalFigure, TimelineFigure
+from pipeline.report.model import (
+    BACKGROUND,
+    BarFigure,
+    DistributionFigure,
+    Figure,
+    ImageFigure,
+    IntervalFigure,
+    SeriesFigure,
+    TimelineFigure,
+)
 
 DPI = 100
 WIDTH_IN = 9.0
@@ -24,7 +33,8 @@ def _new(height_in: float):
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure as MplFigure
     except ImportError as exc:
-        raise UsageError("plots need matplotlib: pip install 'rowgate[report]'") from exc
+        raise UsageError("plots need matplotlib, a dependency of rowgate: reinstall rowgate "
+                         "(python3 -m pip install -e .)") from exc
     fig = MplFigure(figsize=(WIDTH_IN, height_in), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
     return fig
@@ -88,9 +98,12 @@ def _timeline(figure: TimelineFigure) -> bytes:
     from matplotlib.patches import Patch
 
     palette = ["#1f4e79", "#c55a11", "#548235", "#7030a0", "#bf9000", "#2e75b6"]
-    names = list(dict.fromkeys(s.name for s in figure.spans))
+    names = list(dict.fromkeys(s.name for s in figure.spans if s.name != BACKGROUND))
     for i, lane in enumerate(lanes):
-        spans = [s for s in figure.spans if s.lane == lane]
+        back = [s for s in figure.spans if s.lane == lane and s.name == BACKGROUND]
+        ax.broken_barh([(s.start, s.duration) for s in back], (i - 0.45, 0.9),
+                       facecolors="#eeeeee")
+        spans = [s for s in figure.spans if s.lane == lane and s.name != BACKGROUND]
         ax.broken_barh([(s.start, s.duration) for s in spans], (i - 0.4, 0.8),
                        facecolors=[palette[names.index(s.name) % len(palette)] for s in spans])
     ax.set_yticks(range(len(lanes)), lanes)
@@ -99,9 +112,75 @@ def _timeline(figure: TimelineFigure) -> bytes:
         ax.legend(handles=[Patch(color=palette[i % len(palette)], label=n[:40])
                            for i, n in enumerate(names)], fontsize=7, loc="upper left",
                   bbox_to_anchor=(1.0, 1.0))  # beside the lanes, never over them
-    ax.set_xlabel(f"time ({figure.unit}) from the first event")
+    ax.set_xlabel(f"time ({figure.unit})")
     ax.set_title(figure.title, fontsize=10)
     ax.grid(axis="x", alpha=0.3)
+    return _png(fig)
+
+
+@render.register
+def _series(figure: SeriesFigure) -> bytes:
+    fig = _new(3.8)
+    ax = fig.add_subplot()
+    x = list(range(len(figure.xlabels)))
+    for name, values in figure.series:
+        points = [(i, v) for i, v in zip(x, values) if v is not None]
+        if points:
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
+    ax.set_xticks(x, figure.xlabels, rotation=30 if len(x) > 4 else 0, ha="right"
+                  if len(x) > 4 else "center", fontsize=8)
+    ax.set_ylabel(figure.ylabel)
+    ax.set_title(figure.title, fontsize=10)
+    ax.grid(alpha=0.3)
+    if len(figure.series) > 1:
+        ax.legend(fontsize=8, loc="best")
+    return _png(fig)
+
+
+ARM_COLORS = {"oracle": "#1f4e79", "baseline": "#1f4e79", "candidate": "#c55a11"}
+LOG_SPAN = 20.0
+"""A panel whose samples span more than this factor gets a log x axis (latency tails)."""
+PANEL_COLUMNS = 3
+
+
+@render.register
+def _distribution(figure: DistributionFigure) -> bytes:
+    import math
+
+    n = max(1, len(figure.panels))
+    cols = min(PANEL_COLUMNS, math.ceil(math.sqrt(n)))
+    rows = math.ceil(n / cols)
+    fig = _new(0.6 + 2.6 * rows)
+    axes = fig.subplots(rows, cols, squeeze=False)
+    arrow = "← lower is better" if figure.better == "lower" else "higher is better →"
+    for k, ax in enumerate(axes.flat):
+        if k >= n:
+            ax.set_visible(False)
+            continue
+        panel = figure.panels[k]
+        for i, (arm, values) in enumerate(panel.series):
+            xs = sorted(values)
+            if not xs:
+                continue
+            color = ARM_COLORS.get(arm, ["#548235", "#7030a0"][i % 2])
+            ys = [(j + 1) / len(xs) for j in range(len(xs))]
+            ax.step(xs, ys, where="post", color=color, label=f"{arm} (n={len(xs)})")
+            median = xs[(len(xs) - 1) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1]
+                                                                + xs[len(xs) // 2]) / 2
+            ax.axvline(median, color=color, linestyle="--", linewidth=0.8)
+        values = [v for _, vs in panel.series for v in vs if v > 0]
+        log = bool(values) and max(values) / min(values) > LOG_SPAN
+        if log:
+            ax.set_xscale("log")
+        ax.set_title(panel.title, fontsize=9)
+        ax.set_xlabel(f"{figure.unit}{', log scale' if log else ''}  ({arrow})", fontsize=8)
+        ax.set_ylim(0, 1.02)
+        ax.grid(alpha=0.3)
+        ax.tick_params(labelsize=7)
+        if k % cols == 0:
+            ax.set_ylabel("fraction ≤ x", fontsize=8)
+        ax.legend(fontsize=7, loc="lower right")
+    fig.suptitle(f"{figure.title} (dashed: medians)", fontsize=10)
     return _png(fig)
 
 

@@ -12,7 +12,14 @@ otherwise, so a gate whose result shape is new still shows in full:
   one's cells carrying `<prefix>ratio_median`, `<prefix>ratio_ci_low` and
   `<prefix>ratio_ci_high` become a ratio-with-CI plot and a summary table per prefix;
 * any kind: PNG artifacts (plots the gate drew itself) are shown as sealed;
-* `trace`: when the gate sealed no PNG of its own, numeric metrics or cell
+* `throughput`: per cell, the distributions of both arms' raw samples (output
+  tok/s per timed pass, TTFT / TPOT / ITL / E2EL per request, ms), computed from
+  the sealed `samples.csv` / `requests.jsonl` (`raw_throughput`); a missing one is
+  said in red;
+* `trace`: the trace gate's captures (`ROLE-MODE/` with its `trace.json.gz`) are
+  re-analysed from the sealed trace (`raw_trace`): per capture the range's first
+  steps as a timeline and its idle breakdown; a missing trace is said in red.
+  For a trace of another layout with no PNG of its own, numeric metrics or cell
   metrics whose name contains `idle` become an idle-breakdown bar chart, and an
   artifact in Chrome trace format (a JSON object with `traceEvents`, as
   torch.profiler / Kineto writes it, gzipped or not) becomes a timeline of its
@@ -50,10 +57,15 @@ from pipeline.report.model import (
     Table,
     TimelineFigure,
 )
+from pipeline.report.raw_throughput import distributions
+from pipeline.report.raw_trace import figures as trace_figures
 from pipeline.report.tables import cells_table, metric_columns, metrics_table, natural_key, table
+from pipeline.report.units import metric
 
 RATIO_METRICS = ("ratio_median", "ratio_ci_low", "ratio_ci_high")
 """Format-1 throughput names (`pipeline._stats_v1`; not imported: it needs scipy)."""
+LATENCY_PREFIXES = {"ttft", "tpot", "itl", "e2el"}
+"""Ratio prefixes of latencies: below 1 is faster."""
 ARCH_IN_NAME = re.compile(r"\bsm_[0-9]{2,3}a?\b")
 MAX_SPANS = 4000
 MAX_IMAGE_BYTES = 8 << 20
@@ -69,8 +81,13 @@ class Extra:
     tables: list[Table] = field(default_factory=list)
     figures: list[Figure] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    """Artifacts the kind needs that are not sealed (shown in red)."""
     replaces_cells: bool = False
     """True when the tables already show every cell metric."""
+    drawn_from_raw: bool = False
+    """True when the figures were computed from the raw artifacts the gate's own PNGs
+    were drawn from: those PNGs are then only listed, not shown twice."""
 
 
 def section_for(result: GateResult, bundle_root: Path, spec: object | None = None) -> Section:
@@ -80,7 +97,8 @@ def section_for(result: GateResult, bundle_root: Path, spec: object | None = Non
     result = result.model_copy(update={"cells": ordered})
     special = VIEWS.get(_view_of(result.kind))
     extra = special(result, bundle_root, spec) if special else Extra()
-    extra.figures += sealed_images(result, bundle_root)
+    if not extra.drawn_from_raw:
+        extra.figures += sealed_images(result, bundle_root)
     tables = [t for t in (metrics_table(result),) if t]
     tables += extra.tables
     if not extra.replaces_cells:
@@ -90,7 +108,7 @@ def section_for(result: GateResult, bundle_root: Path, spec: object | None = Non
     return Section(gate_id=result.gate_id, kind=result.kind, status=result.status,
                    reason=result.reason, arch=result.arch, stand_in=result.stand_in,
                    tables=tuple(tables), figures=tuple(extra.figures), notes=tuple(extra.notes),
-                   artifacts=tuple(result.artifacts))
+                   artifacts=tuple(result.artifacts), missing=tuple(extra.missing))
 
 
 def _inside(bundle_root: Path, rel: str) -> Path | None:
@@ -142,14 +160,18 @@ def throughput(result: GateResult, bundle_root: Path, spec: object | None) -> Ex
         min_effect = getattr(spec, "min_effect", None)
     if min_effect is not None:
         band = (1 - min_effect, 1 + min_effect)
-    prefixes = _ratio_prefixes(result.cells)
+    prefixes = sorted(_ratio_prefixes(result.cells), key=lambda q: (q != "", q))
     for p in prefixes:
         name = p.strip("._-") or "throughput"
+        lower = p.strip("._-") in LATENCY_PREFIXES  # a latency ratio: below 1 is faster
         rows = [(cell, m) for cell, m in result.cells.items()
                 if all(_number(m.get(p + k)) is not None for k in RATIO_METRICS)]
+        what = name.upper() if lower else ("output tok/s" if not p else name)
         extra.figures.append(IntervalFigure(
-            title=f"{result.gate_id}: candidate / oracle {name}, median with CI per cell",
-            ylabel="candidate / oracle", labels=tuple(c for c, _ in rows),
+            title=f"{result.gate_id}: candidate / oracle {what}, median with CI per cell",
+            ylabel="candidate / oracle " + ("(lower is better)" if lower
+                                            else "(higher is better)"),
+            labels=tuple(c for c, _ in rows),
             values=tuple(_number(m[p + "ratio_median"]) or 0.0 for _, m in rows),
             lows=tuple(_number(m[p + "ratio_ci_low"]) or 0.0 for _, m in rows),
             highs=tuple(_number(m[p + "ratio_ci_high"]) or 0.0 for _, m in rows), band=band))
@@ -157,7 +179,12 @@ def throughput(result: GateResult, bundle_root: Path, spec: object | None) -> Ex
                              metric_columns(m for _, m in rows))
         verdict = next((i + 1 for i, k in enumerate(wanted) if k.endswith("verdict")), None)
         extra.tables.append(table(f"{name}: A/B per cell", ("cell", *wanted),
-                                  ([c, *(m.get(k) for k in wanted)] for c, m in rows), verdict))
+                                  ([c, *(metric(k, m.get(k)) for k in wanted)] for c, m in rows),
+                                  verdict))
+    if result.cells:  # a throughput run: its raw samples give the distributions
+        figures, missing = distributions(result, bundle_root)
+        extra.figures += figures
+        extra.missing += missing
     return extra
 
 
@@ -226,14 +253,17 @@ def chrome_trace_timeline(title: str, doc: object) -> TimelineFigure | None:
                                            f"{e.get('pid')}/{e.get('tid')}"),
                        start=(e["ts"] - t0) / 1000.0, duration=e["dur"] / 1000.0,
                        name=str(e.get("name", ""))) for e in chosen[:MAX_SPANS])
-    return TimelineFigure(title=title, unit="ms", spans=spans,
+    return TimelineFigure(title=title, unit="ms from the first event", spans=spans,
                           omitted=max(0, len(chosen) - MAX_SPANS))
 
 
 def trace(result: GateResult, bundle_root: Path, spec: object | None) -> Extra:
+    figures, notes, missing = trace_figures(result, bundle_root, spec)
+    if figures or missing:  # the trace gate's captures: drawn from their sealed traces
+        return Extra(figures=figures, notes=notes, missing=missing, drawn_from_raw=True)
     extra = Extra()
     if any(rel.endswith(".png") for rel in result.artifacts):
-        return extra  # the gate drew its own timeline and idle breakdown: those are shown
+        return extra  # a trace of another layout with the gate's own plots: those are shown
     idle = _idle_metrics(result.metrics)
     if idle:
         extra.figures.append(_bar(f"{result.gate_id}: idle breakdown", idle))

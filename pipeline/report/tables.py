@@ -8,9 +8,18 @@ from collections.abc import Iterable, Sequence
 from pipeline.records.gate_result import GateResult
 from pipeline.records.status import MetricValue
 from pipeline.report.model import Table
+from pipeline.report.units import metric
 
 MAX_ROWS = 200
 """Rows shown per table; the sealed artifacts hold every row."""
+WIDE_ROWS = 12
+WIDE_COLUMNS = 10
+"""A table with more rows or columns than this is collapsed in the page (`<details>`):
+the audit's 22 kernels, a 35-column cell table."""
+
+
+def is_wide(t: Table) -> bool:
+    return len(t.rows) > WIDE_ROWS or len(t.columns) > WIDE_COLUMNS
 
 
 def natural_key(name: str) -> tuple:
@@ -50,7 +59,8 @@ def metric_columns(cells: Iterable[dict[str, MetricValue]]) -> list[str]:
 def metrics_table(result: GateResult) -> Table | None:
     if not result.metrics:
         return None
-    return table("metrics", ("metric", "value"), result.metrics.items())
+    return table("metrics", ("metric", "value"),
+                 ((k, metric(k, v)) for k, v in result.metrics.items()))
 
 
 def cells_table(title: str, cells: dict[str, dict[str, MetricValue]],
@@ -60,13 +70,21 @@ def cells_table(title: str, cells: dict[str, dict[str, MetricValue]],
     columns = metric_columns(cells.values())
     status = columns.index("status") + 1 if "status" in columns else None
     return table(title, (first_column, *columns),
-                 ([name, *(m.get(c) for c in columns)] for name, m in cells.items()), status)
+                 ([name, *(metric(c, m.get(c)) for c in columns)] for name, m in cells.items()),
+                 status)
 
 
-def gates_table(results: Sequence[GateResult]) -> Table:
+def gates_table(results: Sequence[GateResult], required: dict[str, bool] | None = None) -> Table:
+    """One row per gate; `required` (from the row, when this checkout has it) says which
+    gates count in the overall status (`no (informational)` for the others)."""
     def where(r: GateResult) -> str:
         return f"{r.arch} (stand-in)" if r.stand_in else r.arch
 
-    return table("gates", ("gate", "kind", "arch", "status", "reason"),
-                 ((r.gate_id, r.kind, where(r), r.status.value, r.reason) for r in results),
-                 status_column=3)
+    def counts(r: GateResult) -> str:
+        if required is None or r.gate_id not in required:
+            return "—"
+        return "yes" if required[r.gate_id] else "no (informational)"
+
+    return table("gates", ("gate", "kind", "arch", "status", "required", "reason"),
+                 ((r.gate_id, r.kind, where(r), r.status.value, counts(r), r.reason)
+                  for r in results), status_column=3)

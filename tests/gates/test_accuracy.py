@@ -125,3 +125,27 @@ def test_with_weights_on_the_machine_accuracy_is_exact_match(tmp_path):
     assert meta["sampling"] == {"temperature": 1.0, "top_k": 20, "top_p": 0.95,
                                 "ignore_eos": False}
     assert meta["accuracy_pending"] == ""
+
+
+def test_the_trained_tiny_model_answers_and_stops(tmp_path):
+    """The demo's model (trained on the shipped questions) answers every question and
+    stops by itself under temperature 1.0 / top-k 20 / top-p 0.95: health-only PASS,
+    its reason saying accuracy was not judged; the same outputs without health_only
+    are PENDING for want of real weights."""
+    body = accuracy_gate(num_questions=8, max_tokens=32, health_only=True,
+                         max_runaway_rate=0.0)
+    row = tiny_row(tmp_path, "ACC-TRAINED", body, oracle="reference")
+    row.write_text(row.read_text().replace('name = "tiny-qwen3"', 'name = "tiny-qwen3-gsm8k"'))
+    result = run_one(Accuracy(), row, "gsm8k", tmp_path / "stage")
+    assert result.status is Status.PASS, result.reason
+    assert (result.metrics["runaway"], result.metrics["empty"], result.metrics["eos_rate"]) == (
+        0, 0, 1.0)
+    assert result.metrics["matches_reference"] == 8
+    assert "accuracy not judged (health_only): 8/8 final numbers equal the reference's" in (
+        result.reason)
+    outputs = _outputs(tmp_path / "stage")
+    assert all(o["text"].endswith(o["gold"].rpartition("####")[2].strip()) for o in outputs)
+    plain = load_row(tiny_row(tmp_path, "ACC-TRAINED2", accuracy_gate(num_questions=8),
+                              oracle="reference")).row
+    derived = Accuracy().derive(plain, plain.gate("gsm8k"), tmp_path / "stage/artifacts/gsm8k")
+    assert derived.status is Status.PENDING and "accuracy PENDING: weights" in derived.reason

@@ -172,7 +172,7 @@ def test_model_from_a_real_host_bundle(sealed, tmp_path):
     assert signer.identity.id in page.verification.detail
     assert (page.row_id, page.row_title, page.verdict) == ("TEST-HOST", "test row", "PASS")
     assert page.review is None and page.pending == ()
-    assert page.gates.rows == (("host", "host", "—", "PASS", page.sections[0].reason),)
+    assert page.gates.rows == (("host", "host", "—", "PASS", "yes", page.sections[0].reason),)
     metrics = dict(page.sections[0].tables[0].rows)
     assert metrics["commands_failed"] == "0"
     assert "matches the gated digest" in page.row_note
@@ -399,7 +399,7 @@ def test_markdown_has_the_tables_and_escapes_pipes(rich, tmp_path):
     bundle, key = rich
     md = markdown.render(report.report_for(bundle, key=key, reviews_dir=tmp_path))
     assert "**Verdict: ❌ FAIL** (bundle status (no review record)); signature verified" in md
-    assert "| tokens | tokens | — | ❌ FAIL | 1 of 2 requests differ \\| first at r1 position 2 |" in md
+    assert "| tokens | tokens | — | ❌ FAIL | yes | 1 of 2 requests differ \\| first at r1 position 2 |" in md
     assert "- **operator** (gate): no sm_110 GPU here (NVML sees none)" in md
     assert "_2 plot(s) in the HTML report: trace: idle breakdown; trace: trace.json.gz_" in md
     assert "_1 plot(s) in the HTML report: audit: artifacts/audit/registers.png_" in md
@@ -531,3 +531,14 @@ def test_headless_chromium_loads_the_page_with_tables_and_images(rich, tmp_path)
     keep = os.environ.get("ROWGATE_KEEP_SCREENSHOT")
     if keep:  # for a person to look at the page: ROWGATE_KEEP_SCREENSHOT=/tmp/report.png
         shutil.copyfile(shot, keep)
+
+
+def test_the_page_says_which_key_it_trusted_when_none_was_named(sealed, tmp_path):
+    from pipeline.signing import local_public_key
+
+    bundle, _ = sealed
+    page = report.report_for(bundle, reviews_dir=tmp_path)
+    assert page.verification.verified
+    assert f"checked against the implicit key {local_public_key()}" in page.verification.detail
+    named = report.report_for(bundle, key=local_public_key(), reviews_dir=tmp_path)
+    assert "implicit" not in named.verification.detail

@@ -36,8 +36,8 @@ from pipeline.errors import Error, VerificationError
 from pipeline.gates._artifacts import read_json, write_json
 from pipeline.gates.interface import Derived, Gate, GateContext, GateError, gate_arch
 from pipeline.gates.registry import register
-from pipeline.records.canonical import strict_loads
 from pipeline.options import ENGINE_KEYS
+from pipeline.records.canonical import strict_loads
 from pipeline.records.criteria import StopAction
 from pipeline.records.status import Status
 from pipeline.rowspec import GateSpec

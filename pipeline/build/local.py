@@ -36,12 +36,18 @@ def local_build(repo: Path, arches: list[str], names: list[str], options: dict[s
     (replaced each run; the build cache makes an unchanged re-run instant), never into
     the subject. Raises GateError."""
     out = cache.reports(repo, arches)
-    with storage.writing("the build was not written", out):
-        kernels.load(repo)  # a subject kernels.toml refused is the user's to fix: exit 2
-        if out.exists():
-            shutil.rmtree(out)
-        out.mkdir(parents=True)
-        measure_audit(repo, arches, names, options, out, progress)
-        if aot:
-            measure_aot(arches, out, progress)
+    try:
+        with storage.writing("the build was not written", out):
+            kernels.load(repo)  # a subject kernels.toml refused is the user's to fix: exit 2
+            if out.exists():
+                shutil.rmtree(out)
+            out.mkdir(parents=True)
+            measure_audit(repo, arches, names, options, out, progress)
+            if aot:
+                measure_aot(arches, out, progress)
+    except BaseException:
+        # A report half-written (a full disk, a kill) is no report: the next run would
+        # read it. The directory is replaced every run, so nothing older is lost.
+        shutil.rmtree(out, ignore_errors=True)
+        raise
     return LocalBuild(derive_builds(out), derive_audit(out), out)

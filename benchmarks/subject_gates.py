@@ -63,7 +63,8 @@ def gate(name: str, row: Path, subject: Path, out: Path, nvcc: str | None) -> di
     start = time.time()
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=GATE_TIMEOUT_S,
-                              env=dict(os.environ, PYTHONPATH=str(REPO)))
+                              env=dict(os.environ, PYTHONPATH=os.pathsep.join(
+                                  p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)))
         rc, log = proc.returncode, proc.stdout + proc.stderr
     except subprocess.TimeoutExpired as exc:
         rc, log = 124, f"{exc.stdout or ''}{exc.stderr or ''}\ntimed out after {GATE_TIMEOUT_S}s"

@@ -6,8 +6,10 @@ empty, which the gates turn into PENDING with the reason.
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from functools import cache
+from types import ModuleType
 from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict
@@ -25,10 +27,10 @@ class ClockSample(BaseModel):
 
 
 @cache
-def _nvml():
+def _nvml() -> ModuleType | None:
+    """The initialised pynvml module, or None where NVML is unusable."""
     try:
-        import pynvml
-
+        pynvml = importlib.import_module("pynvml")  # typed as a module: pynvml has no types
         pynvml.nvmlInit()
         return pynvml
     except Exception:  # no library, no driver, no device: all mean "no GPU here"
@@ -68,6 +70,9 @@ def gpus() -> list[Gpu]:
 
 def sample_clocks(index: int, t: float) -> ClockSample:
     nv = _nvml()
+    if nv is None:
+        raise RuntimeError(f"sample_clocks({index}): NVML is unavailable: "
+                           f"{nvml_unavailable_reason()}")
     h = nv.nvmlDeviceGetHandleByIndex(index)
     return ClockSample(t=t, sm_clock_mhz=nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),
                        mem_clock_mhz=nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM),

@@ -38,6 +38,7 @@ def _subject(repo: git.Repo, path: Path, base: str | None, into: str | None) -> 
     head = repo.head.commit
     branch = "(detached)" if repo.head.is_detached else repo.active_branch.name
     main = into if into and into in repo.heads else main_branch(repo)
+    base_sha: str | None
     if base:
         try:
             base_sha = repo.commit(base).hexsha

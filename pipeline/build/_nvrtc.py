@@ -27,7 +27,7 @@ def main(argv: list[str]) -> int:
     _check(lib, lib.nvrtcCreateProgram(ctypes.byref(prog), source, Path(src).name.encode(),
                                        0, None, None), "create program")
     opts = (ctypes.c_char_p * len(options))(*[o.encode() for o in options])
-    rc = lib.nvrtcCompileProgram(prog, len(options), opts)
+    rc: int = lib.nvrtcCompileProgram(prog, len(options), opts)
     size = ctypes.c_size_t()
     lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
     log = ctypes.create_string_buffer(size.value)

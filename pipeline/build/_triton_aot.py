@@ -12,10 +12,11 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+from typing import Any
 
 
-def _probe(arch: str) -> dict:
-    answer: dict = {"arch": arch, "triton": None, "reachable": False, "error": None}
+def _probe(arch: str) -> dict[str, Any]:
+    answer: dict[str, Any] = {"arch": arch, "triton": None, "reachable": False, "error": None}
     try:
         import triton
         import triton.language as tl
@@ -27,8 +28,10 @@ def _probe(arch: str) -> dict:
 
     # Representative: masked loads/stores, a reduction and a dot-free softmax row,
     # the shapes decode kernels are made of.
-    @triton.jit
-    def softmax_row(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    # Triton is untyped, and it reads a kernel's parameter annotations as
+    # specialisation hints, so the pointer and size parameters stay unannotated.
+    @triton.jit  # type: ignore[untyped-decorator]
+    def softmax_row(x_ptr, out_ptr, n, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
         row = tl.program_id(0)
         offs = tl.arange(0, BLOCK)
         mask = offs < n

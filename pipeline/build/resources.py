@@ -10,6 +10,7 @@ import hashlib
 import re
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from pipeline.build.kernels import Budget, Kernel
 
@@ -110,14 +111,14 @@ _SASS_INSN = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+(@!?U?P[T0-9]+\s+)?([A-Z][A-Z
 class Sass:
     arches: list[str]
     """`code for sm_XX` headers: the arch the disassembler read from the image."""
-    opcodes: dict[str, Counter]
+    opcodes: dict[str, Counter[str]]
     """Per function: opcode family (text before the first dot) -> count."""
 
 
 def parse_sass(text: str) -> Sass:
     arches: list[str] = []
-    opcodes: dict[str, Counter] = {}
-    current: Counter | None = None
+    opcodes: dict[str, Counter[str]] = {}
+    current: Counter[str] | None = None
     for line in text.splitlines():
         if m := _SASS_CODE_FOR.match(line):
             arches.append(m.group(1))
@@ -132,7 +133,7 @@ def parse_sass(text: str) -> Sass:
     return Sass(arches, opcodes)
 
 
-def sha256_file(path) -> str:
+def sha256_file(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
@@ -178,7 +179,7 @@ def check_budget(kernel_name: str, entry: str, arch: str, budget: Budget,
 
 
 def check_sass(kernel_name: str, kernel: Kernel, entry: str, arch: str,
-               opcodes: Counter | None) -> list[Violation]:
+               opcodes: Counter[str] | None) -> list[Violation]:
     if opcodes is None:
         return [Violation(kernel_name, entry, arch, "SASS", "function missing from the dump",
                           "every entry point is disassembled")]

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from functools import cache
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from pipeline.errors import Error
 
@@ -79,13 +80,13 @@ class Toolchain:
     sass_missing: str = ""
     """Why the SASS tools cannot disassemble this toolchain's arches (empty: they can)."""
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return asdict(self)
 
     def digest(self) -> str:
         """Identity for the build cache: every tool's exact version (not its path,
         so two environments with the same pins share a cache)."""
-        def strip(d):
+        def strip(d: dict[str, Any]) -> dict[str, Any]:
             return {k: strip(v) if isinstance(v, dict) else v for k, v in d.items()
                     if k not in ("path", "include_dirs")}
         return hashlib.sha256(json.dumps(strip(self.describe()), sort_keys=True).encode()).hexdigest()
@@ -110,7 +111,7 @@ def _file(dist: str, rel: str, install: str) -> Path:
         d = metadata.distribution(dist)
     except metadata.PackageNotFoundError:
         raise ToolchainError(f"{dist} is not installed: {install}") from None
-    path = Path(d.locate_file(rel))
+    path = Path(str(d.locate_file(rel)))  # typeshed's SimplePath is no PathLike
     if not path.exists():
         raise ToolchainError(f"{dist} {d.version}: {rel} missing from the wheel: {install}")
     return path

@@ -4,6 +4,7 @@ with the sealed summary; the review trusts nothing it can recompute."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from pipeline.decision.criteria import Evaluation
 from pipeline.evidence import Bundle
@@ -15,13 +16,13 @@ from pipeline.records.status import Status
 from pipeline.rows import Row
 
 
-def _normal(result: GateResult) -> dict:
+def _normal(result: GateResult) -> dict[str, Any]:
     """The comparable part of a result, as it round-trips through JSON."""
     data = json.loads(result.model_dump_json())
     return {k: data[k] for k in ("status", "reason", "metrics", "cells")}
 
 
-def _first_difference(sealed: dict, derived: dict) -> str:
+def _first_difference(sealed: dict[str, Any], derived: dict[str, Any]) -> str:
     for key in ("status", "reason"):
         if sealed[key] != derived[key]:
             return f"{key}: sealed {sealed[key]!r}, re-derived {derived[key]!r}"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -19,6 +20,10 @@ from pipeline.engines.interface import EngineError
 from pipeline.engines.reference import ReferenceEngine
 from pipeline.megakernel import fallback
 from pipeline.megakernel.abi import Schedule
+
+if TYPE_CHECKING:
+    from pipeline.engines.qwen3 import DecodeGraphs, PagedKVCache
+    from pipeline.ops.megakernel import PersistentSteps
 
 
 class PersistentEngine(ReferenceEngine):
@@ -72,13 +77,14 @@ class _StepRouter:
         from pipeline.ops.megakernel import model_dims
 
         self.engine = engine
-        self.model = engine.model
-        self.dims = model_dims(engine.model)
-        self.graphs = DecodeGraphs(engine.model) if engine.device.startswith("cuda") else None
-        self.steps = None
-        self.cache = None
+        self.model = engine._live_model  # made by start(), which makes this router
+        self.dims = model_dims(self.model)
+        self.graphs: DecodeGraphs | None = (DecodeGraphs(self.model)
+                                            if engine.device.startswith("cuda") else None)
+        self.steps: PersistentSteps | None = None
+        self.cache: PagedKVCache | None = None
 
-    def reset(self, cache) -> None:
+    def reset(self, cache: PagedKVCache) -> None:
         from pipeline.ops.megakernel import PersistentSteps, build_cubin
 
         self.cache = cache
@@ -89,15 +95,20 @@ class _StepRouter:
             cubin = Path(self.engine.cubin) if self.engine.cubin else build_cubin(arch, self.engine.nvcc)
             self.steps = PersistentSteps(self.model, cache, self.engine.schedule, cubin)
 
-    def run(self, ids, positions, slots, tables, context_lens) -> torch.Tensor:
+    def run(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+            tables: torch.Tensor, context_lens: torch.Tensor) -> torch.Tensor:
         batch = ids.shape[0]
         route = self.engine.routes.get(batch)
         if route is None:
             route = fallback.route(self.dims, batch, self.engine.dtype, self.engine.device,
                                    self.engine._arch())
             self.engine.routes[batch] = route
-        if route.mode == "persistent":
+        # reset() made the steps (a persistent arch), the graphs (CUDA) and the cache
+        if route.mode == "persistent" and self.steps is not None:
             return self.steps[batch](ids, positions, slots, tables, context_lens)
-        if route.mode == "graph":
+        if route.mode == "graph" and self.graphs is not None:
             return self.graphs.run(ids, positions, slots, tables, context_lens)
-        return self.model.decode(ids, positions, slots, tables, context_lens, self.cache)
+        if route.mode == "eager" and self.cache is not None:
+            return self.model.decode(ids, positions, slots, tables, context_lens, self.cache)
+        raise EngineError(f"persistent engine: route {route.mode} for batch {batch} before "
+                          f"reset() made it")

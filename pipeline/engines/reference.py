@@ -17,6 +17,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
@@ -85,6 +86,16 @@ def sample(logits: torch.Tensor, work: WorkloadPass,
 # ------------------------------------------------------------------- engine
 
 
+class DecodeSteps(Protocol):
+    """What runs the decode step where the engine keeps it: its CUDA graphs
+    (`DecodeGraphs`) or the persistent engine's step router."""
+
+    def reset(self, cache: PagedKVCache) -> None: ...
+
+    def run(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+            tables: torch.Tensor, context_lens: torch.Tensor) -> torch.Tensor: ...
+
+
 @dataclass
 class _Seq:
     request: Request
@@ -130,7 +141,7 @@ class ReferenceEngine(Engine):
         self.max_blocks = max_blocks
         self.model: Qwen3Model | None = None
         self.cache: PagedKVCache | None = None
-        self._graphs: DecodeGraphs | None = None
+        self._graphs: DecodeSteps | None = None
         self._digest = ""
 
     # -- lifecycle
@@ -153,22 +164,35 @@ class ReferenceEngine(Engine):
                                             repr(self.decode_attention)),
                 "model_path": str(self.model_dir), "model_digest": self._digest}
 
+    @property
+    def _live_model(self) -> Qwen3Model:
+        if self.model is None:
+            raise EngineError("reference engine: used before start()")
+        return self.model
+
+    @property
+    def _live_cache(self) -> PagedKVCache:
+        if self.cache is None:
+            raise EngineError("reference engine: no KV cache outside generate()")
+        return self.cache
+
     # -- one pass
 
     def _ensure_cache(self, work: WorkloadPass) -> None:
         longest = max(len(r.prompt_ids) + r.max_tokens for r in work.requests)
-        if longest > self.model.cfg.max_position:
+        model = self._live_model
+        if longest > model.cfg.max_position:
             raise EngineError(f"{work.cell}: {longest} tokens exceed the model's "
-                              f"max_position_embeddings {self.model.cfg.max_position}")
+                              f"max_position_embeddings {model.cfg.max_position}")
         need = max(self.max_blocks, work.concurrency * math.ceil(longest / PAGE_SIZE))
         if self.cache is None or self.cache.num_blocks < need:
-            self.cache = PagedKVCache(self.model.cfg, need, self.device, DTYPES[self.dtype])
+            self.cache = PagedKVCache(model.cfg, need, self.device, DTYPES[self.dtype])
             if self._graphs is not None:
                 self._graphs.reset(self.cache)
 
     def _slots(self, seq: _Seq, start: int, stop: int) -> list[int]:
         while len(seq.blocks) * PAGE_SIZE < stop:
-            seq.blocks.append(self.cache.allocate())
+            seq.blocks.append(self._live_cache.allocate())
         return [seq.blocks[p // PAGE_SIZE] * PAGE_SIZE + p % PAGE_SIZE for p in range(start, stop)]
 
     def _admit(self, request: Request, work: WorkloadPass) -> _Seq:
@@ -178,7 +202,7 @@ class ReferenceEngine(Engine):
         n = len(request.prompt_ids)
         ids = torch.tensor(request.prompt_ids, device=self.device)
         slots = torch.tensor(self._slots(seq, 0, n), device=self.device)
-        logits = self.model.prefill(ids, slots, self.cache)[None]
+        logits = self._live_model.prefill(ids, slots, self._live_cache)[None]
         self._append([seq], logits, work)
         return seq
 
@@ -205,19 +229,21 @@ class ReferenceEngine(Engine):
         if self._graphs is not None:
             logits = self._graphs.run(*args)
         else:
-            logits = self.model.decode(*args, self.cache)
+            logits = self._live_model.decode(*args, self._live_cache)
         self._append(seqs, logits, work)
 
     def _done(self, seq: _Seq, work: WorkloadPass) -> bool:
         if len(seq.tokens) >= seq.request.max_tokens:
             return True
-        return not work.ignore_eos and seq.tokens[-1] == self.model.cfg.eos_token_id
+        return not work.ignore_eos and seq.tokens[-1] == self._live_model.cfg.eos_token_id
 
     def generate(self, work: WorkloadPass) -> PassResult:
         if self.model is None:
             raise EngineError("reference engine: generate() before start()")
         self._ensure_cache(work)
-        waiting, running, finished = deque(work.requests), [], {}
+        waiting = deque(work.requests)
+        running: list[_Seq] = []
+        finished: dict[str, RequestOutput] = {}
         start = time.perf_counter()
         with torch.inference_mode():
             while waiting or running:
@@ -225,7 +251,7 @@ class ReferenceEngine(Engine):
                     running.append(self._admit(waiting.popleft(), work))
                 for seq in [s for s in running if self._done(s, work)]:
                     running.remove(seq)
-                    self.cache.release(seq.blocks)
+                    self._live_cache.release(seq.blocks)
                     finished[seq.request.id] = seq.output()
                 if waiting and len(running) < work.concurrency:
                     continue  # refill freed slots before the next decode step

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -90,7 +91,7 @@ class ModelDims:
         """Every tensor the step reads, by the reference engine's names."""
         h, d, q, kv = self.hidden, self.head_dim, self.heads * self.head_dim, \
             self.kv_heads * self.head_dim
-        out = {"model.embed_tokens.weight": (self.vocab, h)}
+        out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (self.vocab, h)}
         for i in range(self.layers):
             p = f"model.layers.{i}."
             out.update({p + "input_layernorm.weight": (h,),
@@ -217,8 +218,8 @@ def build_step(dims: ModelDims, batch: int, sm_count: int, *, num_blocks: int,
         buffers.append(Buffer(name, size, writable))
         return slots[name]
 
-    for name, shape in dims.weight_shapes().items():
-        add(name, math.prod(shape) * 2, False)
+    for name, tensor_shape in dims.weight_shapes().items():
+        add(name, math.prod(tensor_shape) * 2, False)
     cache_bytes = (1 + num_blocks) * page_size * dims.kv_heads * dims.head_dim * 2
     for i in range(dims.layers):
         add(f"k_cache.{i}", cache_bytes, True)
@@ -245,8 +246,9 @@ def build_step(dims: ModelDims, batch: int, sm_count: int, *, num_blocks: int,
                    fine_deps=fine_deps, fuse_norm=fuse_norm, fuse_merge=fuse_merge)
     else:
         _emit(e, dims, batch, sm_count, splits, chunk, slots, regions, tile_scale)
-    options = {"fused": fused, "fine_deps": fused and fine_deps, "tile_scale": tile_scale,
-               "fuse_norm": fused and fuse_norm, "fuse_merge": fused and fuse_merge}
+    options: dict[str, Any] = {"fused": fused, "fine_deps": fused and fine_deps,
+                               "tile_scale": tile_scale, "fuse_norm": fused and fuse_norm,
+                               "fuse_merge": fused and fuse_merge}
     if blockers:
         options["not_fused"] = blockers
     return StepPlan(dims=dims, batch=batch, sm_count=sm_count, tasks=e.tasks, shape=shape,
@@ -254,7 +256,8 @@ def build_step(dims: ModelDims, batch: int, sm_count: int, *, num_blocks: int,
                     options=options)
 
 
-def _workspace(dims: ModelDims, batch: int, splits: int, add, fused: bool) -> dict[str, Region]:
+def _workspace(dims: ModelDims, batch: int, splits: int, add: Callable[[str, int, bool], int],
+               fused: bool) -> dict[str, Region]:
     q, kv = dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim
     partials = batch * dims.kv_heads * splits * (dims.heads // dims.kv_heads) * \
         (dims.head_dim + 2) * 4

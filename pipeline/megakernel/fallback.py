@@ -9,6 +9,7 @@ which path ran and why the faster one was not taken.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from pipeline.megakernel.builder import ModelDims
 
@@ -35,7 +36,7 @@ class Route:
     def fell_back(self) -> bool:
         return self.mode != self.requested
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"requested": self.requested, "mode": self.mode, "fell_back": self.fell_back,
                 "reasons": list(self.reasons)}
 

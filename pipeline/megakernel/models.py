@@ -8,9 +8,13 @@ layers, hidden 2048 (~1.6 GB of bf16 weights), from a fixed seed.
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 from pipeline.megakernel.builder import ModelDims
 from pipeline.model import ModelInfo, TinyModelSpec, build_tiny_model
+
+if TYPE_CHECKING:
+    from pipeline.rowspec import ModelRef
 
 NAMED: dict[str, TinyModelSpec] = {
     "tiny-qwen3": TinyModelSpec(),
@@ -28,7 +32,7 @@ def dims(spec: TinyModelSpec) -> ModelDims:
                      rms_eps=spec.rms_norm_eps, max_position=spec.max_position)
 
 
-def spec_of(ref) -> TinyModelSpec | None:
+def spec_of(ref: ModelRef) -> TinyModelSpec | None:
     """The spec of a row's model reference: a `synthetic` table when the row carries one
     (keys named as TinyModelSpec's fields), else a name above; None for real weights."""
     synthetic = getattr(ref, "synthetic", None)

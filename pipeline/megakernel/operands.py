@@ -63,12 +63,12 @@ def _rows(t: Task, s: StepShape, limit: int, what: str) -> list[str]:
     return []
 
 
-def _embed_checks(t, s):
+def _embed_checks(t: Task, s: StepShape) -> list[str]:
     return _rows(t, s, s.batch, "batch rows") + ([] if t.tile[2] == s.hidden else [
         f"width {t.tile[2]} != hidden {s.hidden}"])
 
 
-def _norm_checks(t, s):
+def _norm_checks(t: Task, s: StepShape) -> list[str]:
     return [] if t.tile[1] and t.tile[2] else ["zero rows or width"]
 
 
@@ -77,7 +77,7 @@ def x_stride(t: Task) -> int:
     return t.tile[5] or t.tile[2]
 
 
-def _gemv_checks(t, s):
+def _gemv_checks(t: Task, s: StepShape) -> list[str]:
     row0, rows, k, n, col = t.tile[:5]
     out = [] if rows else ["output rows: zero rows"]
     if col + row0 + rows > n:
@@ -95,7 +95,7 @@ def _gemv_checks(t, s):
     return out
 
 
-def _head_checks(t, s):
+def _head_checks(t: Task, s: StepShape) -> list[str]:
     nheads, d = t.tile[2], t.tile[3]
     out = _rows(t, s, s.batch * nheads, "head rows")
     if d != s.head_dim:
@@ -103,7 +103,7 @@ def _head_checks(t, s):
     return out
 
 
-def _split_checks(t, s):
+def _split_checks(t: Task, s: StepShape) -> list[str]:
     seq, kvh, split, chunk, stride, k_col, v_col, q_col = t.tile
     out = []
     if seq >= s.batch:
@@ -124,7 +124,7 @@ def _split_checks(t, s):
     return out
 
 
-def _merge_checks(t, s):
+def _merge_checks(t: Task, s: StepShape) -> list[str]:
     seq, kvh, splits = t.tile[:3]
     out = []
     if seq >= s.batch:
@@ -136,7 +136,7 @@ def _merge_checks(t, s):
     return out
 
 
-def _cols_checks(t, s):
+def _cols_checks(t: Task, s: StepShape) -> list[str]:
     col0, cols, n = t.tile[:3]
     if cols == 0 or col0 + cols > n:
         return [f"columns {col0}..{col0 + cols} outside 0..{n}"]

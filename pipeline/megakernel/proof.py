@@ -20,38 +20,42 @@ Imports torch and the engines only when called: the gate's CPU part never needs 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from pipeline.divergence import Out
 from pipeline.divergence import compare as _compare
 from pipeline.divergence import divergence as _divergence
 
+if TYPE_CHECKING:
+    from pipeline.engines.interface import WorkloadPass
+
 NAMES = ("eager", "persistent")
 
 
-def divergence(want: Out, got: Out, tie_margin: float) -> dict | None:
+def divergence(want: Out, got: Out, tie_margin: float) -> dict[str, Any] | None:
     return _divergence(want, got, tie_margin, NAMES)
 
 
-def compare(want: list[Out], got: list[Out], tie_margin: float) -> dict:
+def compare(want: list[Out], got: list[Out], tie_margin: float) -> dict[str, Any]:
     return _compare(want, got, tie_margin, NAMES)
 
 
-def run(model_dir: Path, passes: list, schedules: list[str], device: str, dtype: str,
-        options: dict[str, str], tie_margin: float) -> dict:
+def run(model_dir: Path, passes: list[WorkloadPass], schedules: list[str], device: str,
+        dtype: str, options: dict[str, str], tie_margin: float) -> dict[str, Any]:
     """{cell: {schedule: compare(...) + routes, "schedules_identical": bool}}."""
     import json
 
     from pipeline import engines
     from pipeline.rowspec import Arm
 
-    def outputs(arm: Arm, opts: dict[str, str]):
+    def outputs(arm: Arm, opts: dict[str, str]) -> tuple[list[list[Out]], dict[str, str]]:
         with engines.create(arm, model_dir, device=device, options=opts) as engine:
             outs = [[Out.of(o) for o in engine.generate(p).outputs] for p in passes]
             return outs, engine.describe()
 
     eager, _ = outputs(Arm(engine="reference", mode="eager", dtype=dtype), {})
-    doc: dict = {p.cell: {} for p in passes}
-    by_schedule = {}
+    doc: dict[str, dict[str, Any]] = {p.cell: {} for p in passes}
+    by_schedule: dict[str, list[list[Out]]] = {}
     for schedule in schedules:
         got, described = outputs(Arm(engine="reference", mode="persistent", dtype=dtype),
                                  {**options, "persistent_schedule": schedule})

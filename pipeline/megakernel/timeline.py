@@ -9,7 +9,10 @@ blocks' idle tail, as fractions of block-time over the step.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+import numpy.typing as npt
 
 from pipeline.megakernel.abi import Opcode, Task
 
@@ -20,7 +23,8 @@ class TraceError(ValueError):
     """A trace that does not belong to the task list."""
 
 
-def breakdown(trace: np.ndarray, tasks: list[Task], sm_clock_hz: float, grid: int) -> dict:
+def breakdown(trace: npt.NDArray[np.uint64], tasks: list[Task], sm_clock_hz: float,
+              grid: int) -> dict[str, Any]:
     """Per op: tasks, run and wait time (us summed over blocks); totals and fractions of
     `grid` blocks x the traced span. Cycles become time at `sm_clock_hz`."""
     rec = np.asarray(trace, dtype=np.uint64).reshape(-1, WORDS)
@@ -35,7 +39,7 @@ def breakdown(trace: np.ndarray, tasks: list[Task], sm_clock_hz: float, grid: in
     claims = rec[:, 1].astype(np.int64)
     ends = claims + ((rec[:, 2] + rec[:, 3]).astype(np.float64) * to_us * 1e3).astype(np.int64)
     span_us = float(ends.max() - claims.min()) / 1e3
-    ops: dict[str, dict] = {}
+    ops: dict[str, dict[str, float]] = {}
     codes = np.array([t.opcode for t in tasks])
     for code in np.unique(codes):
         sel = codes == code

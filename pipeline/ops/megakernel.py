@@ -14,7 +14,7 @@ machine without the build's Python dependencies builds it with its own nvcc).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -23,6 +23,11 @@ from pipeline import CHECKOUT
 from pipeline.megakernel import abi, builder
 from pipeline.megakernel.validate import validate
 from pipeline.ops.launch import cuda_core, current_stream, kernel, stream
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    from pipeline.engines.qwen3 import PagedKVCache, Qwen3Model
 
 REPO = CHECKOUT
 KERNEL = "persistent_decode"
@@ -54,7 +59,7 @@ def build_cubin(arch: str, nvcc: str | None = None) -> Path:
     return cudabuild.cubin(REPO, KERNEL, arch, nvcc)
 
 
-def model_dims(model) -> builder.ModelDims:
+def model_dims(model: Qwen3Model) -> builder.ModelDims:
     """Dims of a loaded `Qwen3Model` (its config lacks intermediate_size: read the weight)."""
     c = model.cfg
     return builder.ModelDims(vocab=c.vocab_size, hidden=c.hidden_size,
@@ -68,7 +73,8 @@ class StepBuffers:
     """The buffer table of one planned step bound to tensors, and the step's metadata
     staged into it. Device-independent (the CPU interpreter runs on it too)."""
 
-    def __init__(self, model, cache, batch: int, sm_count: int, **options):
+    def __init__(self, model: Qwen3Model, cache: PagedKVCache, batch: int, sm_count: int,
+                 **options: Any):
         self.device = torch.device(model.device)
         self.batch = batch
         self.dims = model_dims(model)
@@ -85,10 +91,10 @@ class StepBuffers:
         r = self.plan.regions[name]
         return self.tensors[r.slot][r.offset:r.offset + r.nbytes]
 
-    def _bind(self, model, cache) -> list[torch.Tensor]:
+    def _bind(self, model: Qwen3Model, cache: PagedKVCache) -> list[torch.Tensor]:
         """One tensor per buffer-table slot, each at least the size the plan validated."""
         rope = torch.cat([model.cos, model.sin], dim=-1).contiguous()
-        out = []
+        out: list[torch.Tensor] = []
         for b in self.plan.buffers:
             if b.name == "rope.cos_sin":
                 t = rope
@@ -131,7 +137,8 @@ class StepBuffers:
 class PersistentDecode:
     """A planned persistent decode step for one batch size; reusable across steps."""
 
-    def __init__(self, model, cache, batch: int, schedule: abi.Schedule, cubin: Path,
+    def __init__(self, model: Qwen3Model, cache: PagedKVCache, batch: int,
+                 schedule: abi.Schedule, cubin: Path,
                  sm_count: int | None = None, options: dict[str, Any] | None = None):
         dev = torch.device(model.device)
         self.device, self.batch, self.schedule = dev, batch, schedule
@@ -169,7 +176,8 @@ class PersistentDecode:
                   trace.data_ptr() if trace is not None else 0)
 
     def traced(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-               block_tables: torch.Tensor, context_lens: torch.Tensor) -> np.ndarray:
+               block_tables: torch.Tensor, context_lens: torch.Tensor
+               ) -> npt.NDArray[np.uint64]:
         """One launch with per-task timing; the raw [tasks, 4] u64 record
         (`pipeline.megakernel.timeline` reads it)."""
         words = len(self.plan.tasks) * 4
@@ -177,13 +185,15 @@ class PersistentDecode:
         self.step.stage(ids, positions, slots, block_tables, context_lens)
         self.sync.zero_()
         self.launch(trace)
-        return trace.cpu().numpy().view(np.uint64).reshape(-1, 4)
+        record: npt.NDArray[np.uint64] = trace.cpu().numpy().view(np.uint64).reshape(-1, 4)
+        return record
 
 
 class PersistentSteps(dict[int, PersistentDecode]):
     """A plan per batch size, made on first use (task lists differ by batch)."""
 
-    def __init__(self, model, cache, schedule: abi.Schedule, cubin: Path):
+    def __init__(self, model: Qwen3Model, cache: PagedKVCache, schedule: abi.Schedule,
+                 cubin: Path):
         super().__init__()
         self.args = (model, cache, schedule, cubin)
 

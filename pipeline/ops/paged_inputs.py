@@ -7,7 +7,9 @@ from __future__ import annotations
 import itertools
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
 
 import torch
 
@@ -61,11 +63,32 @@ class Case:
         return (f"{self.kv}-h{self.hq}x{self.hkv}-d{self.dim}-p{self.page}-B{self.batch}-"
                 f"{self.layout}-{self.context}-s{self.seed}")
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self) | {"name": self.name}
 
 
-def cases(spec) -> list[Case]:
+class CaseGrid(Protocol):
+    """What `cases` reads of a spec (the operator gate's): the values to combine."""
+
+    @property
+    def seeds(self) -> Sequence[int]: ...
+    @property
+    def kv_dtypes(self) -> Sequence[str]: ...
+    @property
+    def heads(self) -> Sequence[Sequence[int]]: ...
+    @property
+    def head_dims(self) -> Sequence[int]: ...
+    @property
+    def page_sizes(self) -> Sequence[int]: ...
+    @property
+    def layouts(self) -> Sequence[str]: ...
+    @property
+    def batches(self) -> Sequence[int]: ...
+    @property
+    def contexts(self) -> Sequence[str]: ...
+
+
+def cases(spec: CaseGrid) -> list[Case]:
     """Every combination the spec asks for, lengths fixed by the seed."""
     out = []
     for seed, kv, (hq, hkv), dim, page, layout, batch, ctx in itertools.product(
@@ -163,24 +186,24 @@ def unwritten(out: torch.Tensor) -> int:
     return int((out.view(torch.int16) == UNWRITTEN_BF16).sum())
 
 
-def _value(t: torch.Tensor, i: int) -> dict:
+def _value(t: torch.Tensor, i: int) -> dict[str, str | None]:
     x = t.reshape(-1)[i]
     bits = int(x.view(torch.int16)) & 0xFFFF if x.dtype == torch.bfloat16 else None
     return {"value": repr(float(x)), "bits": f"0x{bits:04x}" if bits is not None else None}
 
 
-def bitwise(a: torch.Tensor, b: torch.Tensor) -> dict:
+def bitwise(a: torch.Tensor, b: torch.Tensor) -> dict[str, Any]:
     """Compare two bf16 outputs bit for bit: count and the first mismatch."""
     diff = (a.view(torch.int16) != b.view(torch.int16)).reshape(-1)
     count = int(diff.sum())
-    rec = {"mismatches": count, "first_index": None, "a": None, "b": None}
+    rec: dict[str, Any] = {"mismatches": count, "first_index": None, "a": None, "b": None}
     if count:
         i = int(diff.nonzero()[0])
         rec.update(first_index=i, a=_value(a, i), b=_value(b, i))
     return rec
 
 
-def against_reference(out: torch.Tensor, ref: torch.Tensor, rtol: float, atol: float) -> dict:
+def against_reference(out: torch.Tensor, ref: torch.Tensor, rtol: float, atol: float) -> dict[str, Any]:
     """Errors of a bf16 output against the fp64 reference; NaN never passes."""
     o = out.to(torch.float64).reshape(-1)
     r = ref.to(torch.float64).reshape(-1).to(o.device)
@@ -189,7 +212,7 @@ def against_reference(out: torch.Tensor, ref: torch.Tensor, rtol: float, atol: f
     finite = err[torch.isfinite(err)]
     rel = finite / r.abs()[torch.isfinite(err)].clamp_min(1e-30)
     count = int(bad.sum())
-    rec = {"max_abs_err": float(finite.max()) if finite.numel() else None,
+    rec: dict[str, Any] = {"max_abs_err": float(finite.max()) if finite.numel() else None,
            "max_rel_err": float(rel.max()) if rel.numel() else None,
            "failures": count, "nan": int(torch.isnan(o).sum()), "first_index": None,
            "out": None, "ref": None}

@@ -4,6 +4,7 @@ review records carry them."""
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
 from enum import Enum
 
 
@@ -22,7 +23,7 @@ class Comparison(str, Enum):
         return {"lt": "<", "le": "<=", "eq": "==", "ge": ">=", "gt": ">"}[self.value]
 
 
-_COMPARATORS = {
+_COMPARATORS: dict[Comparison, Callable[[float, float], bool]] = {
     Comparison.LT: operator.lt, Comparison.LE: operator.le, Comparison.EQ: operator.eq,
     Comparison.GE: operator.ge, Comparison.GT: operator.gt,
 }

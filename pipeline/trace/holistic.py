@@ -25,20 +25,24 @@ import logging
 import math
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 CONSECUTIVE_KERNEL_DELAY_US = 5
 """HTA's "kernel wait" threshold, in the trace's unit (µs), same as rowgate's."""
 
 
-def _frame_records(df) -> list[dict]:
-    out = []
+def _frame_records(df: pd.DataFrame) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
     for rec in df.to_dict(orient="records"):
         out.append({str(k): (None if isinstance(v, float) and math.isnan(v) else
                              v.item() if hasattr(v, "item") else v) for k, v in rec.items()})
     return out
 
 
-def breakdown(doc: dict) -> dict:
+def breakdown(doc: dict[str, Any]) -> dict[str, Any]:
     """HTA temporal and idle-time breakdown of one trace document (GPU traces only)."""
     events = doc.get("traceEvents", [])
     if not any(e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") for e in events):

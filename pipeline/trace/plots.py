@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
+from types import ModuleType
 
 from pipeline.trace.analysis import Analysis
 
@@ -11,13 +13,12 @@ IDLE_COLORS = {"busy": "#1f77b4", "host_wait": "#d62728", "kernel_wait": "#ff7f0
                "other": "#7f7f7f", "host": "#d62728"}
 
 
-def _pyplot():
+def _pyplot() -> ModuleType:
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    # typed as a module whether or not matplotlib (the `report` extra) is installed
+    return importlib.import_module("matplotlib.pyplot")
 
 
 def timeline(a: Analysis, title: str, path: Path, max_steps: int = 4) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pipeline.trace import events
@@ -32,7 +33,7 @@ GEMM_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linea
 # ------------------------------------------------------------------- bytes
 
 
-def _numel(dims: list) -> int:
+def _numel(dims: Sequence[int]) -> int:
     return math.prod(int(d) for d in dims) if dims else 1
 
 
@@ -51,7 +52,7 @@ def op_bytes(op: Span) -> int | None:
         a, bmat = tensors[-2][0], tensors[-1][0]
         if len(a) < 2 or len(bmat) < 2:
             return None
-        out = _numel(a[:-1]) * bmat[-1]
+        out = _numel(a[:-1]) * int(bmat[-1])
         return read + out * tensors[-2][1]
     shapes = {tuple(d) for d, _ in tensors}
     if len(shapes) == 1 and not any(k in op.name for k in ("index", "embedding", "gather",
@@ -118,7 +119,7 @@ def _step_of(steps: list[Step], t: float) -> int | None:
     return None
 
 
-def _innermost_op(ops: list[Span], starts: list[float], t: float, tid) -> Span | None:
+def _innermost_op(ops: list[Span], starts: list[float], t: float, tid: object) -> Span | None:
     """The deepest CPU op on thread `tid` that encloses time `t` (its launching op)."""
     best = None
     hi = bisect_right(starts, t)
@@ -151,9 +152,9 @@ def _gpu_work(trace: Trace, steps: list[Step]) -> list[Work]:
     ops = list(trace.cpu_ops)
     starts = [o.ts for o in ops]
     out: list[Work] = []
-    by_op: dict[tuple, list[Work]] = {}
+    by_op: dict[tuple[float, object, str], list[Work]] = {}
     for e in trace.device:
-        launch = launches.get(e.correlation)
+        launch = launches.get(e.correlation) if e.correlation is not None else None
         anchor = launch.ts if launch else e.ts
         j = _step_of(steps, anchor)
         if j is None:
@@ -183,7 +184,8 @@ def _gpu_work(trace: Trace, steps: list[Step]) -> list[Work]:
 
 def _top_level(ops: list[Span]) -> list[Span]:
     """CPU ops not nested in another op of the same thread."""
-    out, open_until = [], {}
+    out: list[Span] = []
+    open_until: dict[object, float] = {}
     for op in ops:
         if op.ts >= open_until.get(op.tid, -math.inf):
             out.append(op)

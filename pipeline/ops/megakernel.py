@@ -53,10 +53,25 @@ def _allow_dynamic_smem(fn: Any, nbytes: int, device_index: int) -> None:
                            f"memory: {err!r}")
 
 
+MMA_KERNEL = "persistent_decode_mma"
+"""The tensor-core GEMV build (kernels.toml): the engine's kernel on every arch that
+entry targets. On the H200 it is 1.2-2.0x the FMA build at b1-b8 with the same proof
+(bitwise across its task lists and schedules, greedy within the row's near-tie rule;
+docs/perf.md, issue 19 run 3)."""
+
+
+def kernel_for(arch: str) -> str:
+    """The kernels.toml entry the persistent engine builds for `arch`."""
+    from pipeline.build import kernels
+
+    mma = kernels.load(REPO).kernels.get(MMA_KERNEL)
+    return MMA_KERNEL if mma is not None and arch in mma.arches else KERNEL
+
+
 def build_cubin(arch: str, nvcc: str | None = None) -> Path:
     from pipeline.build import cudabuild
 
-    return cudabuild.cubin(REPO, KERNEL, arch, nvcc)
+    return cudabuild.cubin(REPO, kernel_for(arch), arch, nvcc)
 
 
 def model_dims(model: Qwen3Model) -> builder.ModelDims:

@@ -19,7 +19,7 @@ beside them in the bundle).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -28,11 +28,15 @@ from pipeline.errors import Error
 from pipeline.gates.interface import Derived, Gate, GateContext, GateError, gate_arch
 from pipeline.gates.registry import register
 from pipeline.options import ENGINE_KEYS
-from pipeline.records.status import Status
-from pipeline.rowspec import EngineKind, GateSpec, cell_prefix
+from pipeline.records.status import MetricValue, Status
+from pipeline.rowspec import Arm, EngineKind, GateSpec, cell_prefix
 
 if TYPE_CHECKING:
+    from pipeline.gates._arms import ModelRun
+    from pipeline.model import ModelInfo
     from pipeline.rows import Row
+    from pipeline.trace.capture import CapturePlan
+    from pipeline.trace.captures import Judging
 
 CELL_METRICS = ("recoverable_idle_fraction", "gap_fraction", "tail_fraction",
                 "bandwidth_fraction", "idle_fraction")
@@ -74,7 +78,7 @@ class TraceGate(GateSpec):
     """Ranges and kernels each arm's range must contain; a missing one fails the gate."""
 
 
-def judging(spec: TraceGate):
+def judging(spec: TraceGate) -> Judging:
     from pipeline.trace.captures import Judging
     from pipeline.trace.seams import Seam
 
@@ -121,7 +125,7 @@ class Trace(Gate[TraceGate]):
             return None  # measure raises: a row naming a missing arm is an ERROR
         return _arms.arms_requirement(row, arms)
 
-    def arch(self, row: Row, spec, ctx: GateContext) -> tuple[str, bool]:
+    def arch(self, row: Row, spec: TraceGate, ctx: GateContext) -> tuple[str, bool]:
         return gate_arch(row, ctx.gpu)
 
     def measure(self, row: Row, spec: TraceGate, ctx: GateContext) -> None:
@@ -149,8 +153,8 @@ class Trace(Gate[TraceGate]):
         except Error as exc:
             raise GateError(f"trace: {exc.diagnostics()}") from exc
 
-    def _capture(self, row: Row, ctx: GateContext, label: str, arm, model, plan, prompts,
-                 sources) -> None:
+    def _capture(self, row: Row, ctx: GateContext, label: str, arm: Arm, model: ModelInfo,
+                 plan: CapturePlan, prompts: list[tuple[int, ...]], sources: list[str]) -> None:
         from pipeline import engines
         from pipeline.trace.capture import capture
         from pipeline.trace.engine_capture import capture_engine
@@ -169,7 +173,8 @@ class Trace(Gate[TraceGate]):
         except Error as exc:
             raise GateError(f"trace: {label} {arm.mode}: {exc.diagnostics()}") from exc
 
-    def _prompts(self, row: Row, run, spec: TraceGate) -> tuple[list, list[str]]:
+    def _prompts(self, row: Row, run: ModelRun, spec: TraceGate
+                 ) -> tuple[list[tuple[int, ...]], list[str]]:
         """The distinct prompts of the first input length, and the workload request each
         first came from (the traced tokens are matched to that request's)."""
         need = max(spec.warm_concurrency, spec.primer_concurrency)
@@ -196,7 +201,9 @@ class Trace(Gate[TraceGate]):
         except Error as exc:
             raise GateError(f"trace artifacts in {artifact_dir}: {exc.diagnostics()}") from exc
         s = captures.summarize(results, judging(spec))
-        metrics, refused, docs = dict(s.metrics), [], {}
+        metrics: dict[str, Any] = dict(s.metrics)
+        refused: list[str] = []
+        docs: dict[str, dict[str, Any]] = {}
         # Captures sealed before format 2 keep the verdict they had: no windows, no route
         # count (their records cannot support them).
         if all(rec.get("format", 1) >= 2 for rec in records.values()):
@@ -205,7 +212,7 @@ class Trace(Gate[TraceGate]):
             window_metrics, refused = windows.summary(docs)
             metrics.update(window_metrics, eager_launches_in_range=captures.eager_launches(
                 results))
-        cells = {}
+        cells: dict[str, dict[str, MetricValue]] = {}
         for prefix in _prefixes(row):
             chosen = captures.verdict_from([r for r in results if r.role.startswith(prefix)])
             if chosen is not None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from pipeline.trace import events
 from pipeline.trace.events import Trace
@@ -47,7 +48,7 @@ SMEM_RESERVED_PER_BLOCK = 1024
 # ---------------------------------------------------------- executing path
 
 
-def executing_path(items: list[Work], steps: list[Step]) -> dict:
+def executing_path(items: list[Work], steps: list[Step]) -> dict[str, Any]:
     """Per step the ordered work; whether every step ran the same path."""
     per_step = [[{"name": w.name, "kind": w.kind, "grid": list(w.grid) if w.grid else None,
                   "block": list(w.block) if w.block else None}
@@ -78,11 +79,11 @@ def _classify_gap(nxt: Work | None, gap_start: float, gap: float, gpu: bool) -> 
     return "kernel_wait" if gap < KERNEL_WAIT_US else "other"
 
 
-def temporal(items: list[Work], steps: list[Step], gpu: bool) -> dict:
+def temporal(items: list[Work], steps: list[Step], gpu: bool) -> dict[str, Any]:
     """Busy vs idle per step (the step's CPU window brackets its device work: every
     step ends in a device→host sync), idle split by cause."""
     kinds = ("host_wait", "kernel_wait", "other") if gpu else ("host",)
-    per_step = []
+    per_step: list[dict[str, float]] = []
     for j, s in enumerate(steps):
         lo, hi = s.ts, s.ts + s.dur
         mine = sorted((w for w in items if w.step == j), key=lambda w: w.ts)
@@ -100,20 +101,21 @@ def temporal(items: list[Work], steps: list[Step], gpu: bool) -> dict:
         per_step.append({"step": j, "step_us": s.dur, "busy_us": busy_us,
                          "idle_us": s.dur - busy_us, **{f"{k}_us": v for k, v in idle.items()}})
     total = sum(p["step_us"] for p in per_step) or 1.0
-    summary = {"step_us_median": _median([p["step_us"] for p in per_step]),
-               "busy_fraction": sum(p["busy_us"] for p in per_step) / total,
-               "idle_fraction": sum(p["idle_us"] for p in per_step) / total}
-    for k in kinds:
-        summary[f"{k}_fraction"] = sum(p[f"{k}_us"] for p in per_step) / total
+    summary: dict[str, float | None] = {
+        "step_us_median": _median([p["step_us"] for p in per_step]),
+        "busy_fraction": sum(p["busy_us"] for p in per_step) / total,
+        "idle_fraction": sum(p["idle_us"] for p in per_step) / total}
+    for kind in kinds:
+        summary[f"{kind}_fraction"] = sum(p[f"{kind}_us"] for p in per_step) / total
     return {"per_step": per_step, "summary": summary}
 
 
-def launch_delays(items: list[Work], gpu: bool) -> dict:
+def launch_delays(items: list[Work], gpu: bool) -> dict[str, Any]:
     if not gpu:
         return {"supported": False, "why": "CPU trace: ops run synchronously on the host, "
                                            "there is no launch queue to delay"}
     delays = [w.ts - w.launch_ts for w in items if w.kind == "kernel" and w.launch_ts is not None]
-    calls = {}
+    calls: dict[str, int] = {}
     for w in items:
         if w.launch:
             calls[w.launch] = calls.get(w.launch, 0) + 1
@@ -125,7 +127,7 @@ def launch_delays(items: list[Work], gpu: bool) -> dict:
 # -------------------------------------------------------------- wave tails
 
 
-def blocks_per_sm(props: dict, threads: int, registers: int, shared_memory: int) -> int:
+def blocks_per_sm(props: dict[str, Any], threads: int, registers: int, shared_memory: int) -> int:
     """Resident blocks per SM from the kernel's recorded resources (occupancy calculator:
     thread, register, shared-memory and block-count limits, allocation granularity)."""
     warp = int(props.get("warpSize", 32))
@@ -143,7 +145,7 @@ def blocks_per_sm(props: dict, threads: int, registers: int, shared_memory: int)
     return max(1, min(limits))
 
 
-def wave_tails(items: list[Work], props: dict | None) -> dict:
+def wave_tails(items: list[Work], props: dict[str, Any] | None) -> dict[str, Any]:
     """Per kernel waves and the unused share of its last wave; the time that share
     costs (duration ÷ waves × unused share, waves taken as equally long)."""
     if props is None:
@@ -159,19 +161,21 @@ def wave_tails(items: list[Work], props: dict | None) -> dict:
         full = math.ceil(w.waves)
         w.last_wave_unused = 1.0 - (w.waves - (full - 1))
         w.tail_us = w.dur * w.last_wave_unused / full
-    kernels = [w for w in items if w.waves is not None]
-    busy = sum(w.dur for w in kernels) or 1.0
+    # (duration, waves, last-wave unused share) of every kernel given waves above
+    kernels = [(w.dur, w.waves, w.last_wave_unused) for w in items
+               if w.waves is not None and w.last_wave_unused is not None]
+    busy = sum(dur for dur, _, _ in kernels) or 1.0
     return {"supported": True, "sms": sms, "kernels": len(kernels),
-            "time_weighted_last_wave_unused": sum(w.dur * w.last_wave_unused
-                                                  for w in kernels) / busy,
-            "single_partial_wave_kernels": sum(1 for w in kernels if w.waves < 1.0)}
+            "time_weighted_last_wave_unused": sum(dur * unused
+                                                  for dur, _, unused in kernels) / busy,
+            "single_partial_wave_kernels": sum(1 for _, waves, _ in kernels if waves < 1.0)}
 
 
 # --------------------------------------------------------------- bandwidth
 
 
 def bandwidth(items: list[Work], ceiling_bytes_per_s: float,
-              step_bytes: int | None = None) -> dict:
+              step_bytes: int | None = None) -> dict[str, Any]:
     """Achieved bytes/s where bytes are known; the time above bytes ÷ ceiling that the
     tail share does not already explain is the bandwidth shortfall.
 
@@ -180,10 +184,10 @@ def bandwidth(items: list[Work], ceiling_bytes_per_s: float,
     bytes against the replayed forward's busy time (`step_bytes`), so capacity lost
     inside kernels still shows after graph replay.
     """
-    known = [w for w in items if w.bytes and w.dur > 0]
-    for w in known:
-        w.achieved_bytes_per_s = w.bytes / (w.dur * 1e-6)
-        ideal_us = w.bytes / ceiling_bytes_per_s * 1e6
+    known = [(w, w.bytes) for w in items if w.bytes and w.dur > 0]
+    for w, nbytes in known:
+        w.achieved_bytes_per_s = nbytes / (w.dur * 1e-6)
+        ideal_us = nbytes / ceiling_bytes_per_s * 1e6
         above = max(0.0, w.dur - ideal_us)
         if w.tail_us is not None:
             # A kernel cannot give back more than its time above the bytes floor:
@@ -192,9 +196,11 @@ def bandwidth(items: list[Work], ceiling_bytes_per_s: float,
         w.bandwidth_us = above - (w.tail_us or 0.0)
     busy = sum(w.dur for w in items) or 1.0
     steps = sorted({w.step for w in items})
-    doc = {"ceiling_bytes_per_s": ceiling_bytes_per_s, "work_with_bytes": len(known),
-           "busy_time_with_bytes_fraction": sum(w.dur for w in known) / busy,
-           "method": "per kernel" if known else "none", "step_shortfall_us": 0.0}
+    doc: dict[str, Any] = {"ceiling_bytes_per_s": ceiling_bytes_per_s,
+                           "work_with_bytes": len(known),
+                           "busy_time_with_bytes_fraction": sum(w.dur for w, _ in known) / busy,
+                           "method": "per kernel" if known else "none",
+                           "step_shortfall_us": 0.0}
     if not known and step_bytes:
         floor_us = step_bytes / ceiling_bytes_per_s * 1e6
         short = 0.0
@@ -205,9 +211,9 @@ def bandwidth(items: list[Work], ceiling_bytes_per_s: float,
         doc.update(method="per step, bytes of the eager forward", step_shortfall_us=short,
                    bytes_per_step=step_bytes, bandwidth_floor_us_per_step=floor_us)
         return doc
-    moved = sum(w.bytes for w in known)
-    spent = sum(w.dur for w in known) * 1e-6
-    per_step = moved / max(1, len({w.step for w in known}))
+    moved = sum(nbytes for _, nbytes in known)
+    spent = sum(w.dur for w, _ in known) * 1e-6
+    per_step = moved / max(1, len({w.step for w, _ in known}))
     doc.update(achieved_bytes_per_s=moved / spent if spent else None,
                achieved_of_ceiling=(moved / spent / ceiling_bytes_per_s) if spent else None,
                bytes_per_step=per_step,
@@ -246,8 +252,8 @@ def bytes_reference(items: list[Work]) -> list[tuple[str, int | None]]:
 # ------------------------------------------------------------ capacity
 
 
-def capacity(items: list[Work], temporal_doc: dict, material: float, waves: dict,
-             bandwidth_doc: dict) -> dict:
+def capacity(items: list[Work], temporal_doc: dict[str, Any], material: float,
+             waves: dict[str, Any], bandwidth_doc: dict[str, Any]) -> dict[str, Any]:
     """Recoverable share of step time, each part separately: idle gaps between work,
     last-wave tail waste inside kernels, and bandwidth shortfall inside kernels.
     A part the trace cannot support (tails on a CPU trace) is None, not zero."""
@@ -266,7 +272,7 @@ def capacity(items: list[Work], temporal_doc: dict, material: float, waves: dict
 # ------------------------------------------------------------- graph route
 
 
-def graph_route(trace: Trace, items: list[Work]) -> dict:
+def graph_route(trace: Trace, items: list[Work]) -> dict[str, Any]:
     """Did every step's decode forward run from CUDA-graph replay, none of it eagerly?
 
     Proof: each timed step has kernels correlated to a graph launch, and no kernel
@@ -300,23 +306,23 @@ class Analysis:
     mode: str
     steps: list[Step]
     items: list[Work]
-    path: dict
-    temporal: dict
-    launches: dict
-    waves: dict
-    bandwidth: dict
-    capacity: dict
-    graph: dict
-    hta: dict = field(default_factory=dict)
+    path: dict[str, Any]
+    temporal: dict[str, Any]
+    launches: dict[str, Any]
+    waves: dict[str, Any]
+    bandwidth: dict[str, Any]
+    capacity: dict[str, Any]
+    graph: dict[str, Any]
+    hta: dict[str, Any] = field(default_factory=dict)
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         return {"mode": self.mode, "steps": len(self.steps), "path": {
             k: v for k, v in self.path.items() if k != "steps"},
             "temporal": self.temporal["summary"], "launches": self.launches,
             "waves": self.waves, "bandwidth": self.bandwidth, "capacity": self.capacity,
             "graph_route": self.graph, "hta": self.hta}
 
-    def rows(self) -> list[dict]:
+    def rows(self) -> list[dict[str, Any]]:
         """Per-kernel (per-op) records for the CSV."""
         return [{k: v for k, v in asdict(w).items()} for w in self.items]
 

@@ -29,9 +29,15 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from pipeline.errors import Error
 from pipeline.trace import events
+
+if TYPE_CHECKING:
+    from torch.profiler import profile, record_function
+
+    from pipeline.engines.interface import Engine, PassResult, WorkloadPass
 
 TRACE_FILE = "trace.json.gz"
 CLOCKS_FILE = "clocks.json"
@@ -87,7 +93,7 @@ class ClockSampler:
 
     def __init__(self, gpu_index: int | None, period_s: float = CLOCK_PERIOD_S):
         self.gpu_index, self.period_s = gpu_index, period_s
-        self.samples: list[dict] = []
+        self.samples: list[dict[str, Any]] = []
         self.error = ""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -101,20 +107,23 @@ class ClockSampler:
     def _run(self) -> None:
         from pipeline import device
 
+        index = self.gpu_index
+        if index is None:  # __enter__ starts this thread only for a GPU
+            return
         while not self._stop.is_set():
             try:
-                self.samples.append(device.sample_clocks(self.gpu_index, time.time()).model_dump())
+                self.samples.append(device.sample_clocks(index, time.time()).model_dump())
             except Exception as exc:  # NVML errors are per cause; any one ends sampling
                 self.error = f"NVML sampling stopped: {exc}"
                 return
             self._stop.wait(self.period_s)
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
 
-    def record(self) -> dict:
+    def record(self) -> dict[str, Any]:
         if self.gpu_index is None:
             return {"skipped": "cpu: no NVML clocks on a CPU capture", "samples": []}
         from pipeline import device
@@ -134,11 +143,11 @@ class _Stepper:
     def __init__(self, sync: Callable[[], None]):
         self.phase = "warm"
         self.index = 0
-        self.prof = None
+        self.prof: profile | None = None
         self.started = 0
         """Decode steps since the profiler started (the schedule's step count)."""
         self.sync = sync
-        self.range_fn = None
+        self.range_fn: record_function | None = None
         self.range_opened_at: float | None = None
         self.range_closed = False
         self.timed_left = 0
@@ -163,7 +172,8 @@ class _Stepper:
         from torch.profiler import record_function
 
         self.range_fn = record_function(events.RANGE_MARKER)
-        self.range_fn.__enter__()
+        # torch's record_function.__enter__ carries no annotations
+        self.range_fn.__enter__()  # type: ignore[no-untyped-call]
         self.range_opened_at = time.time()
 
     def after(self) -> None:
@@ -171,28 +181,30 @@ class _Stepper:
             self.started += 1
         if self.phase == "timed":
             self.timed_left -= 1
-        if self.range_fn is None or self.range_closed:
+        prof = self.prof  # never None once a range is open: it opens only while recording
+        if self.range_fn is None or self.range_closed or prof is None:
             self.index += 1
             return
         from torch.profiler import ProfilerAction
 
-        window_done = self.prof.record_steps and \
-            self.prof.current_action == ProfilerAction.RECORD_AND_SAVE
+        window_done = prof.record_steps and \
+            prof.current_action == ProfilerAction.RECORD_AND_SAVE
         if window_done or (self.phase == "timed" and self.timed_left == 0):
             self.range_fn.__exit__(None, None, None)
             self.range_closed = True
             self.sync()
             if window_done:
-                self.prof.step()  # ends the active window: the trace is written now
+                prof.step()  # ends the active window: the trace is written now
         self.index += 1
 
 
-def instrument(engine, stepper: _Stepper) -> None:
+def instrument(engine: Any, stepper: _Stepper) -> None:
     """Wrap the reference engine's decode step and forward with markers.
 
     These are the engine's own attributes (`_decode_step`, `model.decode`,
     `_graphs.run`), wrapped on this instance only: the engine module stays
-    untouched, and a renamed attribute fails here loudly, not silently.
+    untouched, and a renamed attribute fails here loudly, not silently. (`Any`: these
+    are the reference engine's private attributes, checked just below at run time.)
     """
     from torch.profiler import record_function
 
@@ -202,7 +214,7 @@ def instrument(engine, stepper: _Stepper) -> None:
                                f"(started? reference engine API changed?)")
     step = engine._decode_step
 
-    def decode_step(*args, **kwargs):
+    def decode_step(*args: Any, **kwargs: Any) -> Any:
         stepper.before()
         with record_function(f"{events.STEP_MARKER}#{stepper.phase}:{stepper.index}"):
             out = step(*args, **kwargs)
@@ -216,7 +228,8 @@ def instrument(engine, stepper: _Stepper) -> None:
     for obj, name, marker in targets:
         inner = getattr(obj, name)
 
-        def wrapped(*args, _inner=inner, _marker=marker, **kwargs):
+        def wrapped(*args: Any, _inner: Callable[..., Any] = inner, _marker: str = marker,
+                    **kwargs: Any) -> Any:
             with record_function(_marker):
                 return _inner(*args, **kwargs)
 
@@ -226,7 +239,8 @@ def instrument(engine, stepper: _Stepper) -> None:
 # ------------------------------------------------------------------ passes
 
 
-def _pass(prompts: Sequence[tuple[int, ...]], concurrency: int, decode_steps: int, tag: str):
+def _pass(prompts: Sequence[tuple[int, ...]], concurrency: int, decode_steps: int,
+          tag: str) -> WorkloadPass:
     from pipeline.engines.interface import Request, WorkloadPass
 
     if len(prompts) < concurrency:
@@ -237,7 +251,8 @@ def _pass(prompts: Sequence[tuple[int, ...]], concurrency: int, decode_steps: in
     return WorkloadPass(cell=tag, concurrency=concurrency, requests=reqs)
 
 
-def _run_phase(engine, stepper: _Stepper, phase: str, work) -> list[dict]:
+def _run_phase(engine: Engine, stepper: _Stepper, phase: str, work: WorkloadPass
+               ) -> list[dict[str, Any]]:
     stepper.phase, stepper.index = phase, 0
     try:
         result = engine.generate(work)
@@ -246,7 +261,7 @@ def _run_phase(engine, stepper: _Stepper, phase: str, work) -> list[dict]:
     return outputs_record(result)
 
 
-def outputs_record(result) -> list[dict]:
+def outputs_record(result: PassResult) -> list[dict[str, Any]]:
     """A pass's outputs as the capture record keeps them (the traced tokens are matched
     to the correctness pass: pipeline/trace/windows.py)."""
     return [{"id": o.id, "token_ids": list(o.token_ids), "logprobs": list(o.logprobs),
@@ -257,7 +272,7 @@ def outputs_record(result) -> list[dict]:
 # ----------------------------------------------------------------- ceiling
 
 
-def copy_ceiling(device: str) -> dict:
+def copy_ceiling(device: str) -> dict[str, Any]:
     """Best device-to-device (or host memory) copy bandwidth, bytes read + written per s."""
     import torch
 
@@ -267,7 +282,9 @@ def copy_ceiling(device: str) -> dict:
         dst = torch.empty_like(src)
         best = float("inf")
         for _ in range(10):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            # torch.cuda.Event.__init__ carries no annotations
+            a = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            b = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             a.record()
             dst.copy_(src)
             b.record()
@@ -290,7 +307,8 @@ def copy_ceiling(device: str) -> dict:
 # ----------------------------------------------------------------- capture
 
 
-def _profiler(plan: CapturePlan, device: str, export_to: Path):
+def _profiler(plan: CapturePlan, device: str, export_to: Path
+              ) -> tuple[profile, list[Path]]:
     from torch.profiler import ProfilerActivity, profile, schedule
 
     activities = [ProfilerActivity.CPU]
@@ -298,7 +316,7 @@ def _profiler(plan: CapturePlan, device: str, export_to: Path):
         activities.append(ProfilerActivity.CUDA)
     written: list[Path] = []
 
-    def ready(prof) -> None:
+    def ready(prof: profile) -> None:
         path = export_to / f"range-{len(written)}.json"
         prof.export_chrome_trace(str(path))
         written.append(path)
@@ -314,9 +332,9 @@ def _profiler(plan: CapturePlan, device: str, export_to: Path):
     return prof, written
 
 
-def capture(engine, prompts: Sequence[tuple[int, ...]], plan: CapturePlan, out_dir: Path,
+def capture(engine: Engine, prompts: Sequence[tuple[int, ...]], plan: CapturePlan, out_dir: Path,
             device: str, gpu_index: int | None = None,
-            sources: Sequence[str] = ()) -> dict:
+            sources: Sequence[str] = ()) -> dict[str, Any]:
     """Run warm → primer → timed steps with one delayed range; write the artifacts.
 
     `engine` is a started reference engine. Writes `trace.json.gz` (every range
@@ -327,7 +345,8 @@ def capture(engine, prompts: Sequence[tuple[int, ...]], plan: CapturePlan, out_d
     import torch
 
     cuda = device.startswith("cuda")
-    sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
+    sync: Callable[[], None] = (lambda: torch.cuda.synchronize(device)) if cuda else (
+        lambda: None)
     stepper = _Stepper(sync)
     instrument(engine, stepper)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -368,7 +387,7 @@ def capture(engine, prompts: Sequence[tuple[int, ...]], plan: CapturePlan, out_d
     return record
 
 
-def merge_ranges(ranges: list[dict]) -> dict:
+def merge_ranges(ranges: list[dict[str, Any]]) -> dict[str, Any]:
     """One document from every range the profiler wrote (normally exactly one).
 
     Two ranges are kept, not dropped: validity must see them to refuse them.

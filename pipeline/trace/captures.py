@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pipeline.trace import analysis, engine_trace, events, seams, validity
 from pipeline.trace.analysis import Analysis
 from pipeline.trace.capture import CAPTURE_FILE, CLOCKS_FILE, TRACE_FILE
 from pipeline.trace.seams import Seam
-from pipeline.trace.validity import Validity
+from pipeline.trace.validity import Check, Validity
 
 ANALYSIS_FILE = "analysis.json"
 KERNELS_FILE = "kernels.csv"
@@ -63,7 +65,7 @@ class Result:
     analysis: Analysis | None
     """None when the trace has no range to analyse (it is refused anyway)."""
     validity: Validity
-    seams: tuple[dict, ...] = ()
+    seams: tuple[dict[str, Any], ...] = ()
     """Per required seam: found in the range, steps with it, share of step time."""
 
     @property
@@ -71,23 +73,26 @@ class Result:
         return f"{self.role}-{self.mode}"
 
 
-def pairs(roles: list[str], modes: list[str]) -> list[tuple[str, str]]:
+def pairs(roles: Sequence[str], modes: Sequence[str]) -> list[tuple[str, str]]:
     return [(r, m) for r in roles for m in sorted(modes, key=lambda m: MODE_ORDER.get(m, 9))]
 
 
-def _read_json(path: Path) -> dict:
+def _read_json(path: Path) -> Any:
+    """A JSON file's document (a capture's phase log is a list, the rest are objects)."""
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise CaptureSetError(f"{path}: missing or unreadable") from exc
 
 
-def read_record(d: Path) -> dict:
+def read_record(d: Path) -> dict[str, Any]:
     """A capture directory's `capture.json`."""
-    return _read_json(d / CAPTURE_FILE)
+    record: dict[str, Any] = _read_json(d / CAPTURE_FILE)
+    return record
 
 
-def _load(d: Path, record: dict, judging: Judging):
+def _load(d: Path, record: dict[str, Any], judging: Judging
+          ) -> tuple[events.Trace, tuple[Check, int | None] | None]:
     """The capture's trace, and for a trace the engine wrote itself its delayed-start
     check; rowgate's markers are added to such a trace here, in memory (engine_trace)."""
     if not engine_trace.is_engine_capture(record):
@@ -106,15 +111,15 @@ def analyse(judging: Judging, out: Path, which: list[tuple[str, str]]) -> list[R
     """Validity and analysis of every capture, from its raw files alone."""
     expect = validity.Expect(arm_delay=judging.arm_delay, steps=judging.steps,
                              clock_tolerance=judging.clock_tolerance)
-    reference: dict[str, list] = {}
-    results = []
+    reference: dict[str, list[tuple[str, int | None]]] = {}
+    results: list[Result] = []
     for role, mode in which:
         d = out / f"{role}-{mode}"
-        record = _read_json(d / CAPTURE_FILE)
+        record = read_record(d)
         trace, delay = _load(d, record, judging)
-        clocks = _read_json(d / CLOCKS_FILE)
+        clocks: dict[str, Any] = _read_json(d / CLOCKS_FILE)
         v = validity.validate(trace, clocks, expect, delay)
-        a = None
+        a: Analysis | None = None
         if validity.the_range(trace) is not None:
             a = analysis.analyze(trace, mode, record["copy_ceiling"]["bytes_per_s"],
                                  judging.material_idle_fraction, reference.get(role))
@@ -127,7 +132,7 @@ def analyse(judging: Judging, out: Path, which: list[tuple[str, str]]) -> list[R
     return results
 
 
-def headline(a: Analysis) -> dict:
+def headline(a: Analysis) -> dict[str, Any]:
     t, c = a.temporal["summary"], a.capacity
     return {"step_us": t["step_us_median"], "idle_fraction": t["idle_fraction"],
             "gap_fraction": c["gap_fraction"], "tail_fraction": c["tail_fraction"],
@@ -156,9 +161,9 @@ def eager_launches(results: list[Result]) -> int | None:
     return sum(g["eager_forward_kernels"] for g in routes) if routes else None
 
 
-def route_detail(g: dict) -> str:
+def route_detail(g: dict[str, Any]) -> str:
     if not g.get("supported"):
-        return g.get("why", "")
+        return str(g.get("why", ""))
     return (f"{g['graph_kernels']} graph kernel(s) over {g['steps_replayed']}/{g['steps']} "
             f"step(s), {g['eager_forward_kernels']} eager forward kernel(s)"
             + (f", first {g['first_eager'][:60]!r}" if g.get("first_eager") else ""))
@@ -168,14 +173,14 @@ def route_detail(g: dict) -> str:
 class Summary:
     ok: bool
     reason: str
-    metrics: dict
+    metrics: dict[str, Any]
     verdict: Result | None
 
 
 def summarize(results: list[Result], judging: Judging) -> Summary:
     """Gate-level metrics (the names rows' criteria use), per-capture metrics prefixed
     `<role>.<mode>.`, and the reason."""
-    metrics: dict = {}
+    metrics: dict[str, Any] = {}
     problems: list[str] = []
     for r in results:
         p = f"{r.role}.{r.mode}."
@@ -206,7 +211,7 @@ def summarize(results: list[Result], judging: Judging) -> Summary:
                                                for v in vs),
                    sm_clock_spread=max(spreads) if spreads else None)
     chosen = verdict_from(results)
-    if chosen is not None:
+    if chosen is not None and chosen.analysis is not None:  # a verdict always has one
         c = chosen.analysis.capacity
         metrics.update(recoverable_idle_fraction=c["recoverable_idle_fraction"],
                        capacity_verdict=c["verdict"], verdict_capture=chosen.name)
@@ -216,7 +221,7 @@ def summarize(results: list[Result], judging: Judging) -> Summary:
 
 
 def _pass_reason(n: int, chosen: Result | None) -> str:
-    if chosen is None:
+    if chosen is None or chosen.analysis is None:  # a verdict always has an analysis
         return f"{n} valid trace(s)"
     c = chosen.analysis.capacity
     tails = "n/a on a CPU trace" if c["tail_fraction"] is None else f"{c['tail_fraction']:.1%}"
@@ -235,12 +240,12 @@ def write_reviewer_files(results: list[Result], out: Path, title: str) -> None:
     HTA's breakdown; across captures: the idle-breakdown PNG."""
     from pipeline.trace import holistic, plots
 
-    shown = {}
+    shown: dict[str, Analysis] = {}
     for r in results:
         d = out / r.name
-        doc = {"validity": {"valid": r.validity.valid, "reason": r.validity.reason(),
-                            "checks": [c.__dict__ for c in r.validity.checks],
-                            "metrics": r.validity.metrics}}
+        doc: dict[str, Any] = {"validity": {
+            "valid": r.validity.valid, "reason": r.validity.reason(),
+            "checks": [c.__dict__ for c in r.validity.checks], "metrics": r.validity.metrics}}
         if r.seams:
             doc["seams"] = list(r.seams)
         if r.analysis is not None:
@@ -255,7 +260,7 @@ def write_reviewer_files(results: list[Result], out: Path, title: str) -> None:
         plots.idle_breakdown(shown, out / IDLE_FILE)
 
 
-def _write_csv(path: Path, rows: list[dict]) -> None:
+def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
     with path.open("w", newline="") as f:
         if rows:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))

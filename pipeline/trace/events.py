@@ -52,7 +52,7 @@ class Span:
     dur: float
     pid: Any
     tid: Any
-    args: dict = field(default_factory=dict, compare=False, hash=False)
+    args: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     @property
     def end(self) -> float:
@@ -73,13 +73,13 @@ class Trace:
 
     path: str
     base_ns: int
-    device_properties: tuple[dict, ...]
+    device_properties: tuple[dict[str, Any], ...]
     annotations: tuple[Span, ...]
     cpu_ops: tuple[Span, ...]
     runtime: tuple[Span, ...]
     device: tuple[Span, ...]
     """Kernels, memcpy and memset on the GPU."""
-    raw: dict = field(compare=False, hash=False, repr=False)
+    raw: dict[str, Any] = field(compare=False, hash=False, repr=False)
 
     @property
     def kernels(self) -> tuple[Span, ...]:
@@ -117,14 +117,14 @@ class Trace:
         return (ts_us * 1000.0 + self.base_ns) / 1e9
 
 
-def span(e: dict) -> Span:
+def span(e: dict[str, Any]) -> Span:
     """One complete event as a Span."""
     return Span(name=str(e.get("name", "")), cat=str(e.get("cat", "")), ts=float(e["ts"]),
                 dur=float(e.get("dur", 0.0)), pid=e.get("pid"), tid=e.get("tid"),
                 args=dict(e.get("args") or {}))
 
 
-def from_dict(doc: dict, path: str = "<memory>") -> Trace:
+def from_dict(doc: dict[str, Any], path: str = "<memory>") -> Trace:
     """Parse an already loaded trace document (the planted-trace tests edit these)."""
     events = doc.get("traceEvents")
     if not isinstance(events, list):
@@ -143,22 +143,23 @@ def from_dict(doc: dict, path: str = "<memory>") -> Trace:
         raw=doc)
 
 
-def read_doc(path: Path) -> dict:
+def read_doc(path: Path) -> dict[str, Any]:
     """The JSON document of a `.json` or `.json.gz` trace."""
     try:
         data = path.read_bytes()
         if path.suffix == ".gz":
             data = gzip.decompress(data)
-        return json.loads(data)
+        doc: dict[str, Any] = json.loads(data)
     except (OSError, ValueError, EOFError) as exc:
         raise TraceError(f"{path}: cannot read the trace") from exc
+    return doc
 
 
 def load(path: Path) -> Trace:
     return from_dict(read_doc(path), str(path))
 
 
-def write_doc(doc: dict, path: Path) -> None:
+def write_doc(doc: dict[str, Any], path: Path) -> None:
     """Write a trace document gzip-compressed, byte-stable (mtime 0) for sealing."""
     raw = json.dumps(doc, separators=(",", ":")).encode()
     path.write_bytes(gzip.compress(raw, compresslevel=9, mtime=0))

@@ -10,6 +10,7 @@ launch arguments the analysis needs.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from pipeline.trace import events
 from pipeline.trace.events import Span, Trace
@@ -32,7 +33,7 @@ class Check:
 @dataclass(frozen=True)
 class Validity:
     checks: tuple[Check, ...]
-    metrics: dict = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
 
     @property
     def valid(self) -> bool:
@@ -111,7 +112,7 @@ def primer_work_in_range(trace: Trace, rng: Span) -> tuple[int, str]:
     for k in trace.device:
         if k.end < rng.ts or k.ts > rng.end:
             continue
-        launch = launches.get(k.correlation)
+        launch = launches.get(k.correlation) if k.correlation is not None else None
         if k.ts < rng.ts:
             hits.append((k, "started before the range opened"))
         elif launch is None:
@@ -132,7 +133,7 @@ def check_primer(trace: Trace, rng: Span) -> tuple[Check, int]:
     return Check("primer", True, f"no primer {what} in the range"), 0
 
 
-def clock_samples_in(trace: Trace, rng: Span, clocks: dict) -> list[dict]:
+def clock_samples_in(trace: Trace, rng: Span, clocks: dict[str, Any]) -> list[dict[str, Any]]:
     """Samples inside the range plus the last one before and the first one after it:
     a range shorter than the sampling period still has its clock bracketed."""
     lo, hi = trace.unix_s(rng.ts), trace.unix_s(rng.end)
@@ -142,7 +143,7 @@ def clock_samples_in(trace: Trace, rng: Span, clocks: dict) -> list[dict]:
     return before + [s for s in samples if lo <= s["t"] <= hi] + after
 
 
-def check_clocks(trace: Trace, rng: Span, clocks: dict, expect: Expect
+def check_clocks(trace: Trace, rng: Span, clocks: dict[str, Any], expect: Expect
                  ) -> tuple[Check, float | None]:
     if clocks.get("skipped"):
         return Check("clocks", None, clocks["skipped"]), None
@@ -179,7 +180,7 @@ def check_kernel_args(trace: Trace, rng: Span) -> Check:
     return Check("kernel_args", True, "every kernel carries grid, block, registers, shared memory")
 
 
-def validate(trace: Trace, clocks: dict, expect: Expect,
+def validate(trace: Trace, clocks: dict[str, Any], expect: Expect,
              delay: tuple[Check, int | None] | None = None) -> Validity:
     """All checks; the metric names are the ones rows' criteria use. `delay`: the
     delayed-start check already made for a trace the engine wrote itself
@@ -187,7 +188,7 @@ def validate(trace: Trace, clocks: dict, expect: Expect,
     ranges_check, ranges = check_ranges(trace)
     delay_check, first = delay or check_delay(trace, expect)
     checks = [ranges_check, delay_check]
-    metrics: dict = {"ranges": ranges, "first_profiler_step": first}
+    metrics: dict[str, Any] = {"ranges": ranges, "first_profiler_step": first}
     rng = the_range(trace)
     if rng is None:
         metrics.update(primer_kernels_in_range=None, sm_clock_spread=None, steps_in_range=0)

@@ -22,6 +22,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pipeline import CHECKOUT
 from pipeline.build import cache, resources, toolchains
@@ -49,7 +50,7 @@ class BuildFailed(Error):
 @dataclass(frozen=True)
 class BuildDir:
     path: Path
-    record: dict
+    record: dict[str, Any]
     cached: bool
 
 
@@ -58,7 +59,7 @@ def sm_number(arch: str) -> str:
     return arch.removeprefix("sm_")
 
 
-def cache_key(source_digest: str, kernel: dict, arch: str, toolchain: Toolchain) -> str:
+def cache_key(source_digest: str, kernel: dict[str, Any], arch: str, toolchain: Toolchain) -> str:
     blob = json.dumps({"recipe": RECIPE, "source": source_digest, "kernel": kernel, "arch": arch,
                        "toolchain": toolchain.digest()}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
@@ -83,9 +84,10 @@ def build(repo: Path, manifest: KernelManifest, name: str, arch: str, toolchain:
         defines = [f"-D{d}" for d in kernel.defines]
         steps = (_nvrtc_steps if toolchain.kind == "nvrtc" else _nvcc_steps)(
             name, arch, toolchain, src, includes, defines)
-        record = {"kernel": name, "arch": arch, "source": f"{KERNELS_DIR}/{kernel.source}",
-                  "source_digest": digest, "cache_key": key, "recipe": RECIPE,
-                  "toolchain": toolchain.describe(), "steps": [], "outputs": {}}
+        record: dict[str, Any] = {
+            "kernel": name, "arch": arch, "source": f"{KERNELS_DIR}/{kernel.source}",
+            "source_digest": digest, "cache_key": key, "recipe": RECIPE,
+            "toolchain": toolchain.describe(), "steps": [], "outputs": {}}
         for step in steps:
             done = _run(step, work)
             record["steps"].append(done)
@@ -104,7 +106,7 @@ def build(repo: Path, manifest: KernelManifest, name: str, arch: str, toolchain:
 
 
 def _nvrtc_steps(name: str, arch: str, tc: Toolchain, src: Path, includes: list[str],
-                 defines: list[str]) -> list[dict]:
+                 defines: list[str]) -> list[dict[str, Any]]:
     sm = sm_number(arch)
     nvrtc = [sys.executable, "-m", "pipeline.build._nvrtc", tc.compiler.path, str(src), f"{name}.ptx",
              f"--gpu-architecture=compute_{sm}", f"--std={CXX_STD}",
@@ -118,7 +120,7 @@ def _nvrtc_steps(name: str, arch: str, tc: Toolchain, src: Path, includes: list[
 
 
 def _nvcc_steps(name: str, arch: str, tc: Toolchain, src: Path, includes: list[str],
-                defines: list[str]) -> list[dict]:
+                defines: list[str]) -> list[dict[str, Any]]:
     sm = sm_number(arch)
     # SASS for the arch plus its PTX (the portable JIT fallback) in one fatbin;
     # --keep leaves the exact cubin and fatbin nvcc embedded in the object.
@@ -129,7 +131,7 @@ def _nvcc_steps(name: str, arch: str, tc: Toolchain, src: Path, includes: list[s
     return [{"tool": "nvcc", "argv": argv, "log": "nvcc.log", "mkdir": "keep"}]
 
 
-def _run(step: dict, work: Path) -> dict:
+def _run(step: dict[str, Any], work: Path) -> dict[str, Any]:
     if "mkdir" in step:
         (work / step["mkdir"]).mkdir()
     env = dict(os.environ)
@@ -149,7 +151,7 @@ def _run(step: dict, work: Path) -> dict:
     return {"tool": step["tool"], "argv": step["argv"], "returncode": rc, "log": step["log"]}
 
 
-def _collect(name: str, arch: str, work: Path, record: dict) -> None:
+def _collect(name: str, arch: str, work: Path, record: dict[str, Any]) -> None:
     """Keep the outputs that matter (cubin, PTX, fatbin, object) and digest them."""
     keep = work / "keep"
     if keep.is_dir():
@@ -167,7 +169,7 @@ def _collect(name: str, arch: str, work: Path, record: dict) -> None:
     record["object"] = f"{name}.o" if f"{name}.o" in record["outputs"] else None
 
 
-def problems(build_dir: Path, record: dict) -> list[str]:
+def problems(build_dir: Path, record: dict[str, Any]) -> list[str]:
     """Why a build failed (return codes, warning/error lines quoted), or [] when clean.
     Reads the logs in `build_dir`; raises OSError when one is missing."""
     out = []
@@ -195,4 +197,5 @@ def cubin(repo: Path, name: str, arch: str, nvcc: str | None = None) -> Path:
     failed = problems(built.path, built.record)
     if failed:
         raise BuildFailed(f"{failed[0]} (logs: {built.path})")
-    return built.path / built.record["cubin"]
+    cubin_name: str = built.record["cubin"]
+    return built.path / cubin_name

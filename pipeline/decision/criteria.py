@@ -19,7 +19,8 @@ from pipeline.records.review import (
     Verdict,
 )
 from pipeline.records.status import MetricValue, Status
-from pipeline.rows import Criterion, Row, StopCondition
+from pipeline.rows import Row
+from pipeline.rowspec import Criterion, StopCondition
 
 GATE_LEVEL = "(gate)"
 """Key of the gate-level value in a criterion's `measured` table."""
@@ -36,7 +37,7 @@ class Evaluation:
     pendings: list[str] = field(default_factory=list)
 
 
-def _values(result: GateResult, metric: str, cells: list[str], models: list[str] | tuple = ()
+def _values(result: GateResult, metric: str, cells: list[str], models: list[str] | tuple[str, ...] = ()
             ) -> tuple[dict[str, MetricValue], str]:
     """Measured values a criterion or stop looks at, and what is missing ("" if nothing).
     `models`: only the cells of those models (a model's cells start `<id>/`)."""
@@ -65,7 +66,8 @@ def _number(value: MetricValue) -> float | None:
 def _holding(comparison: Comparison, threshold: float, values: dict[str, MetricValue]
              ) -> tuple[list[str], list[str], str]:
     """(cells that hold, cells that do not, a non-number problem or "")."""
-    holds, fails = [], []
+    holds: list[str] = []
+    fails: list[str] = []
     for cell, value in values.items():
         number = _number(value)
         if number is None:
@@ -91,7 +93,8 @@ def _arch_problem(c: Criterion, row: Row, result: GateResult) -> str:
 
 
 def evaluate_criterion(c: Criterion, row: Row, result: GateResult | None) -> CriterionRow:
-    def row_(outcome: Outcome, detail: str = "", measured=None) -> CriterionRow:
+    def row_(outcome: Outcome, detail: str = "",
+             measured: dict[str, MetricValue] | None = None) -> CriterionRow:
         return CriterionRow(id=c.id, gate=c.gate, metric=c.metric, comparison=c.comparison,
                             threshold=c.threshold, cells=c.cells, arch=c.arch or row.target.arch,
                             measured=measured or {}, outcome=outcome, detail=detail)
@@ -118,7 +121,8 @@ def evaluate_criterion(c: Criterion, row: Row, result: GateResult | None) -> Cri
 
 
 def evaluate_stop(s: StopCondition, result: GateResult | None) -> StopRow:
-    def row_(triggered: bool | None, detail: str, measured=None) -> StopRow:
+    def row_(triggered: bool | None, detail: str,
+             measured: dict[str, MetricValue] | None = None) -> StopRow:
         return StopRow(id=s.id, gate=s.gate, metric=s.metric, comparison=s.comparison,
                        threshold=s.threshold, cells=s.cells, action=s.action, says=s.says,
                        measured=measured or {}, triggered=triggered, detail=detail)
@@ -145,8 +149,9 @@ def _admissions(row: Row, stops: list[StopRow], results: dict[str, GateResult]
     gates whose `admitted_by` names it)."""
     dependents: dict[str, list[str]] = {}
     for spec in row.gates:
-        if getattr(spec, "admitted_by", ""):
-            dependents.setdefault(spec.admitted_by, []).append(spec.id)
+        # only some kinds' specs have `admitted_by` (abi, aot): GateSpec does not
+        if admitted_by := getattr(spec, "admitted_by", ""):
+            dependents.setdefault(admitted_by, []).append(spec.id)
     for s in stops:
         if s.action is StopAction.STOP_IMPLEMENTATION:
             dependents.setdefault(s.gate, [])
@@ -154,6 +159,7 @@ def _admissions(row: Row, stops: list[StopRow], results: dict[str, GateResult]
     for gate, deps in dependents.items():
         conds = [s for s in stops if s.gate == gate and s.action is StopAction.STOP_IMPLEMENTATION]
         result = results.get(gate)
+        admitted: bool | None
         if hit := [s for s in conds if s.triggered]:
             admitted, reason = False, f"stop {hit[0].id}: {hit[0].says} ({hit[0].detail})"
         elif result is None or result.status is not Status.PASS:
@@ -179,15 +185,15 @@ def judge(row: Row, results: dict[str, GateResult], ev: Evaluation) -> None:
         elif line.outcome is Outcome.NOT_SATISFIABLE:
             ev.pendings.append(f"criterion {c.id} not satisfiable here: {line.detail}")
     for s in row.stop_conditions:
-        line = evaluate_stop(s, results.get(s.gate))
-        ev.stops.append(line)
+        stop = evaluate_stop(s, results.get(s.gate))
+        ev.stops.append(stop)
         if s.action is not StopAction.REFUSE:
             continue
-        if line.triggered:
-            ev.rejects.append(f"stop {s.id}: {s.says} ({line.detail})")
-        elif line.triggered is None and results.get(s.gate) is not None and \
+        if stop.triggered:
+            ev.rejects.append(f"stop {s.id}: {s.says} ({stop.detail})")
+        elif stop.triggered is None and results.get(s.gate) is not None and \
                 results[s.gate].status in (Status.PASS, Status.FAIL):
-            ev.rejects.append(f"stop {s.id} {line.detail}")
+            ev.rejects.append(f"stop {s.id} {stop.detail}")
     ev.admissions = _admissions(row, ev.stops, results)
     for adm in ev.admissions:
         for dep in adm.dependents:

@@ -149,13 +149,16 @@ def _check_verdict(path: Path, record: ReviewRecord) -> None:
 
 def _check_attestation(review: Path, record: ReviewRecord, digest: str) -> None:
     path = attestation_path(review)
+    verifier = record.bundle.verifier
+    if verifier is None:  # _check_bundle has refused such a review already
+        raise _Refused("bundle", f"review of bundle {record.bundle.id} records no verifier for it")
     if not path.exists():
         raise _Refused("attestation", f"the row requires an operator attestation and there is "
                                       f"none for bundle {record.bundle.id} ({path.name}: run "
                                       f"rowgate attest-operator {review})")
     try:
         att = load_attestation(path)
-        verify_record(bundle_verifier(record.bundle.verifier), path)
+        verify_record(bundle_verifier(verifier), path)
     except Error as exc:
         raise _Refused("attestation", f"operator attestation {path.name} does not verify as the "
                                       f"bundle's signer: {exc.diagnostics()}") from exc
@@ -166,11 +169,18 @@ def _check_attestation(review: Path, record: ReviewRecord, digest: str) -> None:
 
 
 def _check_dco(repo: git.Repo, base: str, head: str) -> None:
-    unsigned = [c for c in repo.iter_commits(f"{base}..{head}") if not SIGNED_OFF.search(c.message)]
+    unsigned = [c for c in repo.iter_commits(f"{base}..{head}")
+                if not SIGNED_OFF.search(_commit_text(c))]
     if unsigned:
         c = unsigned[0]
         raise _Refused("dco", f"{len(unsigned)} commit(s) since the base lack a DCO "
                               f"Signed-off-by, first {c.hexsha[:12]} {c.summary!r}")
+
+
+def _commit_text(commit: git.Commit) -> str:
+    # GitPython keeps the raw bytes only when the commit's declared encoding is unknown
+    message = commit.message
+    return message if isinstance(message, str) else message.decode("utf-8", "replace")
 
 
 def _check_change(repo: git.Repo, base: str, head: git.Commit) -> None:
@@ -201,6 +211,8 @@ def _approval(repo: git.Repo, loaded: LoadedRow, reviews_dir: Path, signer: Sign
     digest = file_sha256(path)
     if loaded.row.review.require_operator_attestation:
         _check_attestation(path, record, digest)
+    if record.subject is None:  # _find_review picks only reviews of a subject commit
+        raise _Refused("review", f"review {path.name} records no subject")
     base = record.subject.base
     try:
         repo.commit(base)

@@ -25,6 +25,7 @@ from pipeline.rowspec import Arm, ModelRef, cell_prefix
 
 if TYPE_CHECKING:
     from pipeline.rows import Row
+    from pipeline.workload import DatasetPrompts
 
 CANDIDATE_MODEL_OPTION = "candidate_model"
 """`--option candidate_model=DIR`: the candidate arm loads this model directory
@@ -153,7 +154,7 @@ def workload_passes(row: Row, model: ModelInfo, ref: ModelRef | None = None
         raise GateError(f"workload: {exc.diagnostics()}") from exc
 
 
-def dataset_prompts(row: Row, model: ModelInfo):
+def dataset_prompts(row: Row, model: ModelInfo) -> DatasetPrompts | None:
     """The row's prompt file tokenized for `model`, or None for random-id prompts."""
     from pipeline import datasets
     from pipeline.workload import DatasetPrompts

@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pipeline.errors import VerificationError
 from pipeline.gates.interface import GateError
 from pipeline.records.canonical import strict_loads
+
+T = TypeVar("T")
 
 
 def write_json(path: Path, doc: object) -> None:
@@ -35,7 +37,7 @@ def read_jsonl(path: Path) -> list[Any]:
         raise GateError(f"artifact {path.name} unreadable in {path.parent}: {exc}") from exc
 
 
-def derive_known_layout(derive: Callable[[Path], object], artifact_dir: Path, what: str):
+def derive_known_layout(derive: Callable[[Path], T], artifact_dir: Path, what: str) -> T:
     """`derive(artifact_dir)`, with artifacts of another layout (an older rowgate, or
     edited by hand) an ERROR naming the missing piece instead of a traceback."""
     try:

@@ -26,7 +26,7 @@ import json
 import math
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -39,10 +39,13 @@ from pipeline.gates.registry import register
 from pipeline.options import ENGINE_KEYS
 from pipeline.records.canonical import strict_loads
 from pipeline.records.criteria import StopAction
-from pipeline.records.status import Status
+from pipeline.records.status import MetricValue, Status
 from pipeline.rowspec import GateSpec
 
 if TYPE_CHECKING:
+    from pipeline.megakernel.builder import ModelDims
+    from pipeline.model import ModelInfo
+    from pipeline.records.provenance import Gpu
     from pipeline.rows import Row
 
 ADMISSION = "admission.json"
@@ -77,7 +80,7 @@ class Abi(Gate[AbiGate]):
     spec_model = AbiGate
     options = ENGINE_KEYS
 
-    def arch(self, row: Row, spec, ctx: GateContext) -> tuple[str, bool]:
+    def arch(self, row: Row, spec: AbiGate, ctx: GateContext) -> tuple[str, bool]:
         return gate_arch(row, ctx.gpu)
 
     def measure(self, row: Row, spec: AbiGate, ctx: GateContext) -> None:
@@ -97,7 +100,7 @@ class Abi(Gate[AbiGate]):
         if gpu is not None and _admitted(row, spec, out)[0] == "admitted":
             self._prove(row, spec, ctx, info or _build_named(row), gpu)
 
-    def _model(self, row: Row, out: Path):
+    def _model(self, row: Row, out: Path) -> tuple[ModelDims | None, ModelInfo | None]:
         """(dims, model info or None): a named local spec gives dims without weights."""
         from pipeline.megakernel import models
 
@@ -118,7 +121,8 @@ class Abi(Gate[AbiGate]):
                                        "digest": info.digest, "dims": asdict(dims)})
         return dims, info
 
-    def _prove(self, row: Row, spec: AbiGate, ctx: GateContext, info, gpu) -> None:
+    def _prove(self, row: Row, spec: AbiGate, ctx: GateContext, info: ModelInfo,
+               gpu: Gpu) -> None:
         from pipeline.megakernel import proof
 
         first = row.workload.input_lens[0]
@@ -134,7 +138,7 @@ class Abi(Gate[AbiGate]):
     def derive(self, row: Row, spec: AbiGate, artifact_dir: Path) -> Derived:
         from pipeline.megakernel.abi import ABI_VERSION
 
-        metrics: dict = {"abi_version": ABI_VERSION}
+        metrics: dict[str, MetricValue] = {"abi_version": ABI_VERSION}
         fails, pending = [], []
         if spec.abi_version != ABI_VERSION:
             fails.append(f"row asks for task ABI v{spec.abi_version}; this rowgate speaks "
@@ -146,7 +150,7 @@ class Abi(Gate[AbiGate]):
         elif state == "pending":
             pending.append(why)
         model = read_json(artifact_dir / MODEL)
-        cells = {}
+        cells: dict[str, dict[str, Any]] = {}
         if not model["resolved"]:
             pending.append(f"task lists not built: {model['why_not']}")
         else:
@@ -178,7 +182,7 @@ class Abi(Gate[AbiGate]):
 # ------------------------------------------------------------------- measure
 
 
-def admission_record(spec: AbiGate, artifact_dir: Path) -> dict:
+def admission_record(spec: AbiGate, artifact_dir: Path) -> dict[str, Any]:
     """The admitting gate's result as staged in this bundle (the runner writes results in
     row order: `gates/<id>.json` two levels above this gate's artifacts)."""
     if not spec.admitted_by:
@@ -195,7 +199,7 @@ def admission_record(spec: AbiGate, artifact_dir: Path) -> dict:
     return {"admitted_by": spec.admitted_by, "found": True, "result": result}
 
 
-def _device(row: Row, spec: AbiGate, devices: Inventory):
+def _device(row: Row, spec: AbiGate, devices: Inventory) -> tuple[Gpu | None, str]:
     """The sm_90 GPU the proof runs on: the gate's own selector or the row's device,
     never a stand-in (the proof is a property of the arch it ran on)."""
     from pipeline.megakernel import fallback
@@ -207,24 +211,28 @@ def _device(row: Row, spec: AbiGate, devices: Inventory):
     return gpu, why_not
 
 
-def _build_named(row: Row):
+def _build_named(row: Row) -> ModelInfo:
     from pipeline.megakernel import models
 
     try:
         if _arms.model_requirement(row) is None:  # the engines' own resolution, when it has one
             return _arms.resolve_model(row)
-        return models.build(models.spec_of(_arms.row_model(row)))
+        spec = models.spec_of(_arms.row_model(row))
+        if spec is None:  # unreachable: _model found this spec before the proof runs
+            raise GateError("no local spec of that name")  # worded by the except below
+        return models.build(spec)
     except Error as exc:
         raise GateError(f"abi: model {_arms.row_model(row).name}: {exc.diagnostics()}") from exc
 
 
-def _sm_count(gpu) -> int:
+def _sm_count(gpu: Gpu) -> int:
     import torch
 
-    return torch.cuda.get_device_properties(gpu.index).multi_processor_count
+    count: int = torch.cuda.get_device_properties(gpu.index).multi_processor_count
+    return count
 
 
-def _dims(model_dir: Path):
+def _dims(model_dir: Path) -> ModelDims:
     from pipeline.megakernel.builder import ModelDims
 
     try:
@@ -233,7 +241,7 @@ def _dims(model_dir: Path):
         raise GateError(f"abi: {exc.diagnostics()}") from exc
 
 
-def _write_list(d: Path, dims, batch: int, sm_count: int, row: Row) -> None:
+def _write_list(d: Path, dims: ModelDims, batch: int, sm_count: int, row: Row) -> None:
     from pipeline.megakernel import abi, builder
     from pipeline.megakernel.validate import validate
 
@@ -293,7 +301,7 @@ def _admitted(row: Row, spec: AbiGate, artifact_dir: Path) -> tuple[str, str]:
                         + (f", recoverable idle {shown:.1%}" if isinstance(shown, float) else ""))
 
 
-def _admission_metrics(artifact_dir: Path) -> dict:
+def _admission_metrics(artifact_dir: Path) -> dict[str, Any]:
     rec = read_json(artifact_dir / ADMISSION)
     m = rec.get("result", {}).get("metrics", {}) if rec.get("found") else {}
     return {"admission_gate_status": rec["result"]["status"] if rec.get("found") else None,
@@ -301,12 +309,13 @@ def _admission_metrics(artifact_dir: Path) -> dict:
             "capacity_verdict": m.get("capacity_verdict")}
 
 
-def _lists(row: Row, artifact_dir: Path) -> tuple[dict, list[str]]:
+def _lists(row: Row, artifact_dir: Path) -> tuple[dict[str, dict[str, Any]], list[str]]:
     from pipeline.megakernel import abi
     from pipeline.megakernel.abi import Opcode
     from pipeline.megakernel.validate import Buffer, validate
 
-    cells, problems = {}, []
+    cells: dict[str, dict[str, Any]] = {}
+    problems: list[str] = []
     first = row.workload.input_lens[0]
     for batch in row.workload.concurrency:
         d = artifact_dir / batch_dir(batch)
@@ -332,9 +341,9 @@ def _lists(row: Row, artifact_dir: Path) -> tuple[dict, list[str]]:
     return cells, problems
 
 
-def _proof_cells(doc: dict) -> dict[str, dict]:
+def _proof_cells(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Per cell, the proof's request counts by schedule (the report's per-cell table)."""
-    out: dict[str, dict] = {}
+    out: dict[str, dict[str, Any]] = {}
     for cell, by in doc.items():
         row = out.setdefault(cell, {"schedules_identical": by.get("schedules_identical", True)})
         for sched, r in by.items():
@@ -345,7 +354,8 @@ def _proof_cells(doc: dict) -> dict[str, dict]:
     return out
 
 
-def _proof(artifact_dir: Path, admitted: str) -> tuple[str, str, dict, dict]:
+def _proof(artifact_dir: Path, admitted: str
+           ) -> tuple[str, str, dict[str, Any], dict[str, dict[str, Any]]]:
     """("passed" | "mismatch" | "pending" | "not admitted", why, request counts, per-cell
     counts)."""
     dev = read_json(artifact_dir / DEVICE)

@@ -26,12 +26,12 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
 
 from pydantic import Field
 
 import pipeline.gates._arms as _arms
-from pipeline.engines.interface import Request, WorkloadPass
+from pipeline.engines.interface import PassResult, Request, WorkloadPass
 from pipeline.gates._artifacts import read_json, read_jsonl, write_json
 from pipeline.gates.interface import Derived, Gate, GateContext, GateError, gate_arch
 from pipeline.gates.registry import register
@@ -41,6 +41,8 @@ from pipeline.rowspec import GateSpec, Sampling
 from pipeline.train import PROMPT_FORMAT
 
 if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
     from pipeline.rows import Row
 
 META = "meta.json"
@@ -90,7 +92,7 @@ def weights_missing(spec: AccuracyGate) -> str | None:
     return None
 
 
-def load_questions(path: Path, limit: int) -> list[dict]:
+def load_questions(path: Path, limit: int) -> list[dict[str, Any]]:
     """The first `limit` {question, answer} records; one clear line per bad line."""
     out = []
     try:
@@ -150,7 +152,7 @@ class Accuracy(Gate[AccuracyGate]):
             return f"{missing}; {model}"
         return missing or model
 
-    def arch(self, row: Row, spec, ctx: GateContext) -> tuple[str, bool]:
+    def arch(self, row: Row, spec: AccuracyGate, ctx: GateContext) -> tuple[str, bool]:
         return gate_arch(row, ctx.gpu)
 
     # ------------------------------------------------------------- measure
@@ -161,13 +163,15 @@ class Accuracy(Gate[AccuracyGate]):
         pending = weights_missing(spec)
         model = _arms.resolve_model(row) if pending else model_info(Path(spec.weights))
         path = dataset_file(spec, ctx.repo)
+        if path is None:  # requirements() has made the gate PENDING already
+            raise GateError(f"dataset {spec.dataset}: the row names no local dataset_path")
         questions = load_questions(path, spec.num_questions)
         tokenizer = _tokenizer(model.path)
         work = _work(row, spec, questions, tokenizer)
         with _arms.started({"candidate": (row.arms.candidate, model)}, row,
                            ctx) as engines:
             ctx.progress.update(f"accuracy: {len(questions)} questions, candidate arm")
-            result = _arms.generate(engines["candidate"], "candidate", work)
+            result = cast(PassResult, _arms.generate(engines["candidate"], "candidate", work))
             engine = engines["candidate"].describe()
         with open(ctx.artifact_dir / OUTPUTS, "w") as f:
             for q, req, out in zip(questions, work.requests, result.outputs):
@@ -215,7 +219,7 @@ class Accuracy(Gate[AccuracyGate]):
                                     f"{metrics['accuracy']:.4f}; {text}", metrics)
 
 
-def health(outputs: list[dict], eos: int, max_tokens: int) -> dict:
+def health(outputs: list[dict[str, Any]], eos: int, max_tokens: int) -> dict[str, Any]:
     """Empty, runaway and EOS counts and rates over the outputs."""
     n = len(outputs)
     if n == 0:
@@ -232,7 +236,7 @@ def health(outputs: list[dict], eos: int, max_tokens: int) -> dict:
             "mean_output_tokens": round(sum(len(o["token_ids"]) for o in outputs) / n, 6)}
 
 
-def _tokenizer(model_dir: Path):
+def _tokenizer(model_dir: Path) -> Tokenizer:
     from tokenizers import Tokenizer
 
     try:
@@ -241,7 +245,8 @@ def _tokenizer(model_dir: Path):
         raise GateError(f"model {model_dir}: cannot load tokenizer.json ({exc})") from exc
 
 
-def _work(row: Row, spec: AccuracyGate, questions: list[dict], tokenizer) -> WorkloadPass:
+def _work(row: Row, spec: AccuracyGate, questions: list[dict[str, Any]],
+          tokenizer: Tokenizer) -> WorkloadPass:
     seed = row.workload.seeds[0] if row.workload.seeds else 0
     requests = []
     for i, q in enumerate(questions):

@@ -19,7 +19,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -29,7 +29,7 @@ from pipeline.gates.build import Built, build_into, build_problems, gate_arches,
 from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Progress
 from pipeline.gates.registry import register
 from pipeline.options import TOOLCHAIN_KEYS
-from pipeline.records.status import Status
+from pipeline.records.status import MetricValue, Status
 from pipeline.rowspec import ARCH_PATTERN, GateSpec
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ def measure_audit(repo: Path, arches: list[str], names: list[str], options: dict
     (out / AUDIT_INDEX).write_text(json.dumps(entries, indent=2) + "\n")
 
 
-def _tool(argv: list[str], log: Path, cwd: str | None = None, output: str | None = None) -> dict:
+def _tool(argv: list[str], log: Path, cwd: str | None = None, output: str | None = None) -> dict[str, Any]:
     """Run one binutil, keep its output in `log`; the record names it as `output`."""
     try:
         proc = subprocess.run(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -70,11 +70,11 @@ def _tool(argv: list[str], log: Path, cwd: str | None = None, output: str | None
     return {"argv": argv, "returncode": rc, "output": output or log.name}
 
 
-def _inspect(b: Built, out: Path, verify_embedded: bool) -> dict:
+def _inspect(b: Built, out: Path, verify_embedded: bool) -> dict[str, Any]:
     record = read_json(b.dir / "build.json")
-    entry: dict = {"arch": b.arch, "kernel": b.kernel, "dir": f"{b.arch}/{b.kernel}",
-                   "commands": [], "resource_usage": None, "sass": None, "sass_pending": "",
-                   "embedded": [], "embedded_checked": verify_embedded}
+    entry: dict[str, Any] = {"arch": b.arch, "kernel": b.kernel, "dir": f"{b.arch}/{b.kernel}",
+                             "commands": [], "resource_usage": None, "sass": None, "sass_pending": "",
+                             "embedded": [], "embedded_checked": verify_embedded}
     cubin = record.get("cubin")
     tc = b.toolchain
     if not cubin:  # the build failed: derive reports that first
@@ -98,7 +98,8 @@ def _inspect(b: Built, out: Path, verify_embedded: bool) -> dict:
     return entry
 
 
-def _extract(cuobjdump: str, build_dir: Path, container: str, entry: dict) -> list[dict]:
+def _extract(cuobjdump: str, build_dir: Path, container: str, entry: dict[str, Any]
+             ) -> list[dict[str, Any]]:
     """`cuobjdump -xelf all` into embedded/CONTAINER/; one record per image."""
     dest = build_dir / "embedded" / container
     dest.mkdir(parents=True)
@@ -120,7 +121,7 @@ def _extract(cuobjdump: str, build_dir: Path, container: str, entry: dict) -> li
 class AuditFindings:
     violations: list[resources.Violation] = field(default_factory=list)
     pending: list[str] = field(default_factory=list)
-    cells: dict[str, dict] = field(default_factory=dict)
+    cells: dict[str, dict[str, MetricValue]] = field(default_factory=dict)
     images_verified: int = 0
 
 
@@ -135,9 +136,9 @@ def derive_audit(artifact_dir: Path) -> Derived:
     for entry in entries:
         index_entry, record = records[(entry["arch"], entry["kernel"])]
         _judge(artifact_dir, manifest, entry, index_entry, record, found)
-    metrics = {"entry_points": len(found.cells), "violations": len(found.violations),
-               "embedded_images_verified": found.images_verified,
-               "sass_pending": len(found.pending)}
+    metrics: dict[str, MetricValue] = {"entry_points": len(found.cells), "violations": len(found.violations),
+                                       "embedded_images_verified": found.images_verified,
+                                       "sass_pending": len(found.pending)}
     if found.violations:
         shown = "; ".join(str(v) for v in found.violations[:6])
         more = f" (+{len(found.violations) - 6} more)" if len(found.violations) > 6 else ""
@@ -161,8 +162,8 @@ def _read(path: Path) -> str:
         raise GateError(f"{path}: unreadable: {exc.strerror}") from exc
 
 
-def _judge(root: Path, manifest: kernels.KernelManifest, entry: dict, index_entry: dict,
-           record: dict, found: AuditFindings) -> None:
+def _judge(root: Path, manifest: kernels.KernelManifest, entry: dict[str, Any],
+           index_entry: dict[str, Any], record: dict[str, Any], found: AuditFindings) -> None:
     name, arch = entry["kernel"], entry["arch"]
     kdir = root / entry["dir"]
     failed = build_problems(root, index_entry, record)
@@ -192,7 +193,7 @@ def _judge(root: Path, manifest: kernels.KernelManifest, entry: dict, index_entr
 
 
 def _cell(fn: resources.PtxasFunction | None, usage: dict[str, int], budget: kernels.Budget,
-          sass: resources.Sass | None, ep: str) -> dict:
+          sass: resources.Sass | None, ep: str) -> dict[str, MetricValue]:
     fn = fn or resources.PtxasFunction(ep, "")
     return {"registers": fn.registers, "max_registers": budget.max_registers,
             "spill_stores": fn.spill_stores, "spill_loads": fn.spill_loads,
@@ -203,14 +204,15 @@ def _cell(fn: resources.PtxasFunction | None, usage: dict[str, int], budget: ker
             "sass_instructions": sum(sass.opcodes.get(ep, {}).values()) if sass else None}
 
 
-def _check_images(root: Path, entry: dict, record: dict, found: AuditFindings) -> None:
+def _check_images(root: Path, entry: dict[str, Any], record: dict[str, Any],
+                  found: AuditFindings) -> None:
     """Each container must embed exactly one ELF, for the build's arch, byte-identical
     to the cubin the build recorded."""
     if not entry["embedded_checked"]:
         return
     want = record["outputs"][record["cubin"]]
     arch, name = entry["arch"], entry["kernel"]
-    by_container: dict[str, list[dict]] = {}
+    by_container: dict[str, list[dict[str, Any]]] = {}
     for image in entry["embedded"]:
         by_container.setdefault(image["container"], []).append(image)
     for container in (record.get("fatbin"), record.get("object")):
@@ -250,5 +252,5 @@ class Audit(Gate[AuditGate]):
     def derive(self, row: Row, spec: AuditGate, artifact_dir: Path) -> Derived:
         return derive_known_layout(derive_audit, artifact_dir, "audit")
 
-    def arch(self, row: Row, spec, ctx: GateContext) -> tuple[str, bool]:
+    def arch(self, row: Row, spec: AuditGate, ctx: GateContext) -> tuple[str, bool]:
         return row.target.arch, False

@@ -19,7 +19,7 @@ import tempfile
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -30,7 +30,7 @@ from pipeline.gates._artifacts import derive_known_layout, read_json
 from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Progress
 from pipeline.gates.registry import register
 from pipeline.options import TOOLCHAIN_KEYS
-from pipeline.records.status import Status
+from pipeline.records.status import MetricValue, Status
 from pipeline.rowspec import ARCH_PATTERN, GateSpec
 
 if TYPE_CHECKING:
@@ -102,7 +102,7 @@ def build_into(repo: Path, arches: list[str], names: list[str], options: dict[st
     return built
 
 
-def read_index(artifact_dir: Path) -> list[tuple[dict, dict]]:
+def read_index(artifact_dir: Path) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """[(index entry, build.json)] from a build's artifacts; GateError if unreadable."""
     try:
         index = read_json(artifact_dir / INDEX)
@@ -111,7 +111,7 @@ def read_index(artifact_dir: Path) -> list[tuple[dict, dict]]:
         raise GateError(f"build artifacts unreadable in {artifact_dir}: {exc}") from exc
 
 
-def build_problems(artifact_dir: Path, entry: dict, record: dict) -> list[str]:
+def build_problems(artifact_dir: Path, entry: dict[str, Any], record: dict[str, Any]) -> list[str]:
     """Why one build (copied under `artifact_dir/entry["dir"]`) failed, or []."""
     try:
         return cudabuild.problems(artifact_dir / entry["dir"], record)
@@ -122,8 +122,8 @@ def build_problems(artifact_dir: Path, entry: dict, record: dict) -> list[str]:
 def derive_builds(artifact_dir: Path) -> Derived:
     builds = read_index(artifact_dir)
     problems: list[str] = []
-    cells: dict[str, dict] = {}
-    metrics: dict = {"builds": len(builds)}
+    cells: dict[str, dict[str, MetricValue]] = {}
+    metrics: dict[str, MetricValue] = {"builds": len(builds)}
     for entry, record in builds:
         failed = build_problems(artifact_dir, entry, record)
         problems += failed
@@ -142,7 +142,7 @@ def derive_builds(artifact_dir: Path) -> Derived:
                                 f"({', '.join(arches)})" + aot, metrics, cells)
 
 
-def _toolchain_line(tc: dict) -> str:
+def _toolchain_line(tc: dict[str, Any]) -> str:
     parts = [f"{tc['name']} {tc['compiler']['version']}"]
     if tc.get("ptxas"):
         parts.append(f"ptxas {tc['ptxas']['version']}")
@@ -190,7 +190,8 @@ def _installed(dist: str) -> str | None:
         return None
 
 
-def _derive_aot(artifact_dir: Path, metrics: dict, cells: dict) -> str:
+def _derive_aot(artifact_dir: Path, metrics: dict[str, MetricValue],
+                cells: dict[str, dict[str, MetricValue]]) -> str:
     files = sorted((artifact_dir / AOT_DIR).glob("sm_*.json"))
     said = []
     for f in files:
@@ -227,5 +228,5 @@ class Build(Gate[BuildGate]):
     def derive(self, row: Row, spec: BuildGate, artifact_dir: Path) -> Derived:
         return derive_known_layout(derive_builds, artifact_dir, "build")
 
-    def arch(self, row: Row, spec, ctx: GateContext) -> tuple[str, bool]:
+    def arch(self, row: Row, spec: BuildGate, ctx: GateContext) -> tuple[str, bool]:
         return row.target.arch, False

@@ -8,7 +8,7 @@ import json
 import subprocess
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import git
 from pydantic import Field
@@ -17,7 +17,7 @@ from pipeline.gates._artifacts import read_json
 from pipeline.gates.interface import Derived, Gate, GateContext, GateError
 from pipeline.gates.registry import register
 from pipeline.gitrepo import SIGNED_OFF
-from pipeline.records.status import Status
+from pipeline.records.status import MetricValue, Status
 from pipeline.rowspec import GateSpec
 
 if TYPE_CHECKING:
@@ -68,7 +68,7 @@ class Host(Gate[HostGate]):
         records = [self._run(i, cmd, ctx) for i, cmd in enumerate(spec.commands)]
         (out / "commands.json").write_text(json.dumps(records, indent=2) + "\n")
 
-    def _run(self, i: int, argv: list[str], ctx: GateContext) -> dict:
+    def _run(self, i: int, argv: list[str], ctx: GateContext) -> dict[str, Any]:
         ctx.progress.update(f"host: {shown(argv)}")
         log = ctx.artifact_dir / f"command-{i}.log"
         start = time.monotonic()
@@ -99,7 +99,7 @@ class Host(Gate[HostGate]):
         dirty = [line for line in status.splitlines() if line.strip()]
         unsigned = [c for c in commits if not SIGNED_OFF.search(c["message"])]
         failed = [c for c in commands if c["returncode"] != 0]
-        metrics = {"dirty_paths": len(dirty), "commits_since_base": len(commits),
+        metrics: dict[str, MetricValue] = {"dirty_paths": len(dirty), "commits_since_base": len(commits),
                    "commits_without_signoff": len(unsigned), "commands": len(commands),
                    "commands_failed": len(failed)}
         if trees is not None:

@@ -22,11 +22,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
 
 from pydantic import Field
 
 import pipeline.gates._arms as _arms
+from pipeline.engines.interface import Engine, PassResult, WorkloadPass
 from pipeline.errors import Error
 from pipeline.gates._artifacts import read_json, read_jsonl, write_json
 from pipeline.gates.interface import Derived, Gate, GateContext, GateError, gate_arch
@@ -78,7 +79,7 @@ class Tokens(Gate[TokensGate]):
         return _arms.arms_requirement(row, arms if spec.oracle_record
                                       else {"oracle": row.arms.oracle, **arms})
 
-    def arch(self, row: Row, spec, ctx: GateContext) -> tuple[str, bool]:
+    def arch(self, row: Row, spec: TokensGate, ctx: GateContext) -> tuple[str, bool]:
         return gate_arch(row, ctx.gpu)
 
     # ------------------------------------------------------------- measure
@@ -89,8 +90,8 @@ class Tokens(Gate[TokensGate]):
             raise GateError(f"tokens: an oracle record covers one model; row {row.id} gates "
                             f"{len(runs)} (run the oracle live)")
         oracle = _record_side(spec, ctx) if spec.oracle_record else None
-        outputs: dict[str, list[dict]] = {}
-        engines_seen: dict[str, dict[str, dict]] = {}
+        outputs: dict[str, list[dict[str, Any]]] = {}
+        engines_seen: dict[str, dict[str, dict[str, Any]]] = {}
         for run in runs:  # every model of the row, its arms started for it
             arms = {"candidate": (row.arms.candidate, _arms.candidate_model(run.info, ctx))}
             if oracle is None:
@@ -155,15 +156,15 @@ class Tokens(Gate[TokensGate]):
 
 @dataclass(frozen=True)
 class _Side:
-    outputs: list[dict]
-    meta: dict
+    outputs: list[dict[str, Any]]
+    meta: dict[str, Any]
 
 
-def _run_side(role: str, engine, passes, ctx: GateContext) -> _Side:
-    outputs = []
+def _run_side(role: str, engine: Engine, passes: list[WorkloadPass], ctx: GateContext) -> _Side:
+    outputs: list[dict[str, Any]] = []
     for work in passes:
         ctx.progress.update(f"tokens: {role} cell {work.cell} ({len(work.requests)} requests)")
-        result = _arms.generate(engine, role, work)
+        result = cast(PassResult, _arms.generate(engine, role, work))
         outputs += [{"id": o.id, "cell": work.cell, "token_ids": list(o.token_ids),
                      "logprobs": list(o.logprobs), "alternatives": o.alternatives}
                     for o in result.outputs]
@@ -201,13 +202,13 @@ def _in_repo(path_text: str, ctx: GateContext) -> Path:
     return path if path.is_absolute() else ctx.repo / path
 
 
-def _source_text(meta: dict) -> str:
+def _source_text(meta: dict[str, Any]) -> str:
     if meta.get("source") == "record":
         return f"oracle record {meta['record']} (sha256 {meta['record_sha256'][:16]})"
     return "live oracle"
 
 
-def _write_outputs(path: Path, outputs: list[dict]) -> None:
+def _write_outputs(path: Path, outputs: list[dict[str, Any]]) -> None:
     path.write_text("".join(json.dumps(o, sort_keys=True) + "\n" for o in outputs))
 
 
@@ -230,7 +231,7 @@ class RequestDiff:
     """(oracle, candidate) id and logprob at the first divergence."""
 
 
-def compare_request(oracle: dict, candidate: dict) -> RequestDiff:
+def compare_request(oracle: dict[str, Any], candidate: dict[str, Any]) -> RequestDiff:
     o_ids, c_ids = oracle["token_ids"], candidate["token_ids"]
     o_lp, c_lp = oracle["logprobs"], candidate["logprobs"]
     first = next((i for i, (a, b) in enumerate(zip(o_ids, c_ids)) if a != b), None)
@@ -244,7 +245,7 @@ def compare_request(oracle: dict, candidate: dict) -> RequestDiff:
     if first is None:
         return diff
 
-    def at(seq: list, i: int):
+    def at(seq: list[Any], i: int) -> Any:
         return seq[i] if i < len(seq) else None
 
     return RequestDiff(**{**diff.__dict__,
@@ -252,7 +253,7 @@ def compare_request(oracle: dict, candidate: dict) -> RequestDiff:
                           "logprobs": (at(o_lp, first), at(c_lp, first))})
 
 
-def _summary(diffs: list[RequestDiff]) -> dict:
+def _summary(diffs: list[RequestDiff]) -> dict[str, Any]:
     total = sum(d.oracle_tokens for d in diffs)
     return {"requests": len(diffs),
             "mismatched_requests": sum(d.first_divergence is not None for d in diffs),
@@ -298,7 +299,7 @@ def _verdict(spec: TokensGate, diffs: list[RequestDiff], source: str) -> Derived
                                 f"{_describe(first)}", metrics, per_cell)
 
 
-def _tie_verdict(spec: TokensGate, oracle: list[dict], candidate: dict[str, dict],
+def _tie_verdict(spec: TokensGate, oracle: list[dict[str, Any]], candidate: dict[str, dict[str, Any]],
                  diffs: list[RequestDiff], source: str) -> Derived:
     """Exact, near-tie or mismatch per request (pipeline/divergence.py); PASS iff no
     mismatch. The position-wise agreement and logprob figures stay beside the counts."""
@@ -307,9 +308,9 @@ def _tie_verdict(spec: TokensGate, oracle: list[dict], candidate: dict[str, dict
     parted = {o["id"]: divergence(Out.from_json(o), Out.from_json(candidate[o["id"]]),
                                   spec.tie_margin, ("oracle", "candidate")) for o in oracle}
 
-    def counts(ids: list[str]) -> dict:
-        ties = sum(1 for i in ids if parted[i] and parted[i]["tie"])
-        bad = sum(1 for i in ids if parted[i] and not parted[i]["tie"])
+    def counts(ids: list[str]) -> dict[str, int]:
+        ties = sum(1 for i in ids if (p := parted[i]) and p["tie"])
+        bad = sum(1 for i in ids if (p := parted[i]) and not p["tie"])
         return {"exact_requests": len(ids) - ties - bad, "tie_requests": ties,
                 "mismatched_requests": bad}
 
@@ -319,7 +320,7 @@ def _tie_verdict(spec: TokensGate, oracle: list[dict], candidate: dict[str, dict
     per_cell = {cell: {**_summary(ds), **counts([d.id for d in ds])} for cell, ds in cells.items()}
     metrics = {**_summary(diffs), **counts([d.id for d in diffs]), "oracle_source": source,
                "tie_margin": spec.tie_margin}
-    first = next((d for d in diffs if parted[d.id] and not parted[d.id]["tie"]), None)
+    first = next((d for d in diffs if (p := parted[d.id]) and not p["tie"]), None)
     metrics.update(first_divergence_request=first.id if first else None,
                    first_divergence_position=first.first_divergence if first else None)
     text = (f"{metrics['exact_requests']} of {len(diffs)} requests token-identical to the "

@@ -22,6 +22,7 @@ from pipeline.records.review import Verdict
 from pipeline.records.status import Status
 
 if TYPE_CHECKING:
+    from pipeline.rows import LoadedRow
     from pipeline.signing import Verifier
 
 logger = logging.getLogger("rowgate")
@@ -109,7 +110,7 @@ def _gate(ns: argparse.Namespace) -> ExitCode:
     return STATUS_EXIT[run.status]
 
 
-def _plan(ns: argparse.Namespace, loaded) -> ExitCode:
+def _plan(ns: argparse.Namespace, loaded: LoadedRow) -> ExitCode:
     from pipeline import device, plan
 
     devices = plan.stand_in_gpus(ns.plan_gpu) if ns.plan_gpu else device.inventory()

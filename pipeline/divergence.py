@@ -93,7 +93,7 @@ def _head(o: Out, n: int) -> Out:
 
 
 def matched_windows(correct: Mapping[Hashable, Out], window: Mapping[Hashable, Out],
-                    margin: float = 0.0) -> dict:
+                    margin: float = 0.0) -> dict[str, Any]:
     """MLPerf TEST06's idea: the tokens a timed (throughput) or traced pass produced
     against the correctness (tokens gate) pass of the same requests.
 

@@ -23,6 +23,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pipeline import staging
 from pipeline.engines.interface import Alternatives, Request, WorkloadPass, alternatives_from_json
@@ -69,7 +70,7 @@ class OracleRecord:
     signer: SignerIdentity
 
 
-def canonical_record(doc: dict) -> bytes:
+def canonical_record(doc: dict[str, Any]) -> bytes:
     """record.json's bytes (its digest names the record; not the bundles' canonical form)."""
     return (json.dumps(doc, sort_keys=True, indent=1) + "\n").encode()
 
@@ -124,7 +125,7 @@ def load_record(path: Path, verifier: Verifier | None = None) -> OracleRecord:
     return _parse(directory, data, sha, identity)
 
 
-def _passes(docs: list[dict]) -> tuple[WorkloadPass, ...]:
+def _passes(docs: list[dict[str, Any]]) -> tuple[WorkloadPass, ...]:
     return tuple(WorkloadPass(**{**d, "requests": tuple(
         Request(**{**r, "prompt_ids": tuple(r["prompt_ids"])}) for r in d["requests"]),
         "dataset": tuple(tuple(kv) for kv in d.get("dataset", ()))})

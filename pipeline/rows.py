@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import re
 import tomllib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
@@ -60,7 +61,8 @@ def _gate_table(value: Any, handler: ValidatorFunctionWrapHandler) -> GateSpec:
     kind = value.get("kind") if isinstance(value, dict) else getattr(value, "kind", None)
     gate = registry.lookup(kind) if isinstance(kind, str) else None
     if gate is None:
-        return handler(value)
+        spec: GateSpec = handler(value)  # pydantic's handler is untyped (Any)
+        return spec
     if isinstance(value, gate.spec_model):  # a spec already validated (a row built in code)
         return value
     return gate.spec_model.model_validate(value)
@@ -109,8 +111,10 @@ class Row(BaseModel):
         matrix = set(self.cells())
         model_ids = [m.id for m in self.models]
         problems += self._arm_references()
-        for where, items in (("criteria", self.criteria), ("stop_conditions", self.stop_conditions),
-                             ("pending", self.pending)):
+        tables: tuple[tuple[str, Sequence[Criterion | StopCondition | Pending]], ...] = (
+            ("criteria", self.criteria), ("stop_conditions", self.stop_conditions),
+            ("pending", self.pending))
+        for where, items in tables:
             for i, item in enumerate(items):
                 unknown = [m for m in getattr(item, "models", []) if m not in model_ids]
                 if unknown:
@@ -174,7 +178,7 @@ class LoadedRow(BaseModel):
     sha256: str
 
 
-def _loc(loc: tuple) -> str:
+def _loc(loc: tuple[str | int, ...]) -> str:
     """Render a pydantic error location as `gates[0].commands`."""
     out = ""
     for part in loc:

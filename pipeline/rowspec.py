@@ -9,7 +9,7 @@ row's gate tables). Every table forbids unknown keys.
 from __future__ import annotations
 
 from enum import Enum
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -155,7 +155,9 @@ class Workload(_Model):
     requests_per_cell: Annotated[int, Field(gt=0)] = 8
     sampling: Sampling = Sampling()
     seeds: list[int] = [0]
-    dataset: Literal["random-token-ids"] | DatasetRef = RANDOM_DATASET
+    # cast: pipeline.datasets declares RANDOM a plain str (this literal is its value)
+    dataset: Literal["random-token-ids"] | DatasetRef = cast(Literal["random-token-ids"],
+                                                             RANDOM_DATASET)
     prefix_caching: bool = False
 
     def cells(self, models: list[str] | tuple[str, ...] = ()) -> list[str]:
@@ -179,6 +181,10 @@ class GateSpec(_Model):
     """What every [[gates]] table has; each kind's spec model (beside its gate, in
     `pipeline/gates/KIND.py`) adds its own keys and a `kind` literal."""
 
+    if TYPE_CHECKING:
+        # Each kind's model declares its own `kind` field (a Literal); declared here for
+        # the type checker alone, so pydantic's fields and the row schema stay the kinds'.
+        kind: str
 
     id: Annotated[str, Field(pattern=GATE_ID)]
     description: str = ""

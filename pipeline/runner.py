@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from pipeline import CHECKOUT, __version__, gates, oracle, provenance, signing, storage
 from pipeline.device import Inventory, inventory
@@ -129,7 +130,7 @@ def _gate_and_seal(loaded: LoadedRow, subject: Subject, prov: Provenance, device
 
 
 def _oracle_doc(loaded: LoadedRow, engine_info: dict[str, str], passes: list[WorkloadPass],
-                outputs: list[OracleOutput], model_digest: str) -> dict:
+                outputs: list[OracleOutput], model_digest: str) -> dict[str, Any]:
     from pipeline.workload import workload_digest
 
     arm = loaded.row.arms.oracle

@@ -17,13 +17,19 @@ import abc
 import base64
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline import keys
 from pipeline.errors import KeyFileError, SigningError, UsageError, VerificationError
 from pipeline.records.canonical import strict_loads
 from pipeline.records.identity import SignerIdentity
 from pipeline.storage import is_storage, write_atomic
+
+if TYPE_CHECKING:
+    from model_signing import hashing
+    from model_signing._signing import signing as ms_signing
 
 SIGNATURE_FILE = "signature.sigstore.json"
 KEY_ENV = "ROWGATE_SIGNING_KEY"
@@ -34,12 +40,13 @@ def config_dir() -> Path:
     return Path(base) / "rowgate"
 
 
-def _hashing_config(ignore: list[str]):
+def _hashing_config(ignore: list[str]) -> hashing.Config:
     from model_signing import hashing
 
     # max_workers=None lets model-signing hash files in parallel threads;
     # hashlib releases the GIL, so this scales with cores.
-    return hashing.Config().use_file_serialization(
+    config = hashing.Config()  # type: ignore[no-untyped-call]  # model-signing: untyped __init__
+    return config.use_file_serialization(
         hashing_algorithm="sha256", allow_symlinks=False,
         ignore_paths=[Path(p) for p in ignore])
 
@@ -89,7 +96,8 @@ class KeySigner(Signer):
         from model_signing import signing
 
         try:
-            (signing.Config().set_hashing_config(_hashing_config(ignore))
+            (signing.Config()  # type: ignore[no-untyped-call]  # model-signing: untyped __init__
+             .set_hashing_config(_hashing_config(ignore))
              .use_elliptic_key_signer(private_key=self.private_key)
              .sign(directory, signature))
         except (OSError, ValueError) as exc:
@@ -115,7 +123,8 @@ class SigstoreSigner(Signer):
         from model_signing import signing
 
         try:
-            (signing.Config().set_hashing_config(_hashing_config(ignore))
+            (signing.Config()  # type: ignore[no-untyped-call]  # model-signing: untyped __init__
+             .set_hashing_config(_hashing_config(ignore))
              .use_sigstore_signer(identity_token=str(self._token))
              .sign(directory, signature))
         except Exception as exc:  # network/transparency-log errors have no common base
@@ -134,7 +143,11 @@ def public_key_file(public_pem: bytes) -> Path:
     return out
 
 
-def ensure_local_key(announce=lambda msg: print(msg, file=sys.stderr)) -> Path:
+def _to_stderr(msg: str) -> None:
+    print(msg, file=sys.stderr)
+
+
+def ensure_local_key(announce: Callable[[str], None] = _to_stderr) -> Path:
     """The user's rowgate key, created on first use and announced."""
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -171,7 +184,7 @@ def _ambient_token() -> str | None:
         return None
 
 
-def default_signer(announce=lambda msg: print(msg, file=sys.stderr)) -> Signer:
+def default_signer(announce: Callable[[str], None] = _to_stderr) -> Signer:
     """Keyless when an ambient OIDC credential exists, else the configured key."""
     token = _ambient_token()
     if token:
@@ -206,7 +219,8 @@ class Verifier(abc.ABC):
         """
 
 
-def _signed_digests(verifier, signature_cls, signature: Path, who: str) -> dict[str, str]:
+def _signed_digests(verifier: ms_signing.Verifier, signature_cls: type[ms_signing.Signature],
+                    signature: Path, who: str) -> dict[str, str]:
     try:
         manifest = verifier.verify(signature_cls.read(signature))
     except Exception as exc:  # cryptography/sigstore raise unrelated exception types
@@ -250,7 +264,8 @@ class KeyVerifier(Verifier):
             raise VerificationError(f"{SIGNATURE_FILE}: signed by {claimed}, not by the "
                                     f"expected key {self.identity.id}")
         try:
-            (verifying.Config().use_elliptic_key_verifier(public_key=self.public_key)
+            (verifying.Config()  # type: ignore[no-untyped-call]  # model-signing: untyped __init__
+             .use_elliptic_key_verifier(public_key=self.public_key)
              .verify(directory, signature))
         except ValueError as exc:
             raise VerificationError(f"{SIGNATURE_FILE}: {_model_signing_diff(exc)}") from exc
@@ -278,8 +293,8 @@ class SigstoreVerifier(Verifier):
         from model_signing import verifying
 
         try:
-            (verifying.Config().use_sigstore_verifier(identity=self.identity.id,
-                                                      oidc_issuer=self.identity.issuer)
+            (verifying.Config()  # type: ignore[no-untyped-call]  # model-signing: untyped __init__
+             .use_sigstore_verifier(identity=self.identity.id, oidc_issuer=self.identity.issuer)
              .verify(directory, signature))
         except Exception as exc:  # sigstore raises several unrelated types
             raise VerificationError(f"{SIGNATURE_FILE}: {_model_signing_diff(exc)}") from exc

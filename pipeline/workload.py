@@ -16,6 +16,7 @@ import hashlib
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from pipeline.engines.interface import Request, WorkloadPass
 from pipeline.errors import Error, UsageError
@@ -105,7 +106,7 @@ def build_passes(workload: Workload, vocab_size: int, special_ids: Iterable[int]
     return passes
 
 
-def _canonical_pass(p: WorkloadPass) -> dict:
+def _canonical_pass(p: WorkloadPass) -> dict[str, Any]:
     doc = asdict(p)
     if not doc["dataset"]:
         # Random-id passes keep the form they had before datasets: their digests (and

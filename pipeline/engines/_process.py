@@ -57,7 +57,7 @@ def log_tail(path: Path, lines: int = 15) -> str:
 
 def spawn(argv: list[str], env: dict[str, str], log: Path, *,
           stdin: int | None = None, stdout: int | None = None,
-          cwd: Path | None = None) -> subprocess.Popen:
+          cwd: Path | None = None) -> subprocess.Popen[bytes]:
     """Start `argv` as the leader of a new process group, stderr to `log`, in `cwd`
     (a subject's checkout) or rowgate's."""
     try:
@@ -69,7 +69,7 @@ def spawn(argv: list[str], env: dict[str, str], log: Path, *,
         raise EngineError(f"cannot start {argv[0]}: {exc.strerror}") from exc
 
 
-def stop_pid(proc: subprocess.Popen | None, grace_s: float = 20.0) -> None:
+def stop_pid(proc: subprocess.Popen[bytes] | None, grace_s: float = 20.0) -> None:
     """Stop the process group led by `proc.pid`: SIGTERM, then SIGKILL. Never raises.
 
     The group takes the engine's own children (vLLM's EngineCore) with it.
@@ -117,4 +117,5 @@ def free_port() -> int:
     """A free loopback TCP port (the server binds it right after; a race is reported)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]  # (host, port) of an AF_INET socket
+        return port

@@ -25,9 +25,14 @@ import sys
 import time
 import traceback
 from collections import deque
+from collections.abc import Callable
+from typing import Any, TextIO
+
+Message = dict[str, Any]
+"""One JSON line of the protocol (a request, a reply, a pass, a request of a pass)."""
 
 
-def _channel():
+def _channel() -> TextIO:
     """The protocol channel: a private dup of stdout; fd 1 then points at stderr."""
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
@@ -40,7 +45,7 @@ ALTERNATIVES = 4
 (pipeline/divergence.py tells near-ties from mismatches with them)."""
 
 
-def _sampling(work: dict, request: dict):
+def _sampling(work: Message, request: Message) -> Any:  # vllm's SamplingParams
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
@@ -51,14 +56,14 @@ def _sampling(work: dict, request: dict):
         output_kind=RequestOutputKind.CUMULATIVE)
 
 
-def _generate(llm, work: dict) -> dict:
+def _generate(llm: Any, work: Message) -> Message:
     from vllm.inputs import TokensPrompt
 
     engine = llm.llm_engine
     waiting = deque(work["requests"])
-    ours: dict[str, dict] = {}
-    state: dict[str, dict] = {}
-    done: dict[str, dict] = {}
+    ours: dict[str, Message] = {}
+    state: dict[str, Message] = {}
+    done: dict[str, Message] = {}
     start = time.perf_counter()
     while waiting or len(done) < len(work["requests"]):
         while waiting and len(state) - len(done) < work["concurrency"]:
@@ -80,7 +85,7 @@ def _generate(llm, work: dict) -> dict:
     return {"ok": True, "wall_s": wall, "outputs": [done[r["id"]] for r in work["requests"]]}
 
 
-def _output(req: dict, comp, st: dict) -> dict:
+def _output(req: Message, comp: Any, st: Message) -> Message:
     ids = list(comp.token_ids)
     # logprobs=k returns the top-k entries plus the sampled token's; raw logprobs.
     steps = list(zip(ids, comp.logprobs or []))
@@ -94,20 +99,21 @@ def _output(req: dict, comp, st: dict) -> dict:
             "itl_s": [b - a for a, b in zip(times, times[1:])]}
 
 
-def _start_profile(llm, msg: dict) -> dict:
+def _start_profile(llm: Any, msg: Message) -> Message:
     # In-process engine core: the worker's profiler counts this process's iterations.
     llm.start_profile(delay_iterations=msg["delay_iterations"],
                       max_iterations=msg["max_iterations"])
     return {"ok": True}
 
 
-def _stop_profile(llm, msg: dict) -> dict:
+def _stop_profile(llm: Any, msg: Message) -> Message:
     llm.stop_profile()  # writes the trace before it returns
     return {"ok": True}
 
 
-_OPS = {"generate": lambda llm, msg: _generate(llm, msg["pass"]),
-        "start_profile": _start_profile, "stop_profile": _stop_profile}
+_OPS: dict[str, Callable[[Any, Message], Message]] = {
+    "generate": lambda llm, msg: _generate(llm, msg["pass"]),
+    "start_profile": _start_profile, "stop_profile": _stop_profile}
 
 
 def _distribution() -> str:

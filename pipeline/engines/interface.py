@@ -7,6 +7,7 @@ is 25-80 s on a CPU); `generate` runs one pass of the workload.
 from __future__ import annotations
 
 import abc
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,7 +70,7 @@ Alternatives = tuple[tuple[tuple[int, float], ...], ...]
 """Per generated token, (token id, log-probability) of the most likely other tokens."""
 
 
-def alternatives_from_json(raw) -> Alternatives:
+def alternatives_from_json(raw: Iterable[Iterable[Sequence[int | float]]]) -> Alternatives:
     """`RequestOutput.alternatives` from its JSON form (lists of [id, logprob] pairs), as a
     worker reply, a tokens artifact or an oracle record holds it."""
     return tuple(tuple((int(i), float(lp)) for i, lp in alt) for alt in raw)
@@ -130,5 +131,5 @@ class Engine(abc.ABC):
         self.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()

@@ -28,8 +28,10 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pipeline.engines._process as _process
+from pipeline import CHECKOUT
 from pipeline.engines.interface import (
     Engine,
     EngineError,
@@ -53,7 +55,7 @@ class OpenAIEngine(Engine):
     logprobs = 5
     """Log-probabilities asked per token: the sampled one and four alternatives
     (pipeline/divergence.py tells near-ties from mismatches with them)."""
-    extra_body: dict = {}
+    extra_body: dict[str, Any] = {}
     """Server-specific request fields (llama.cpp: its prompt cache off)."""
 
     def __init__(self, command: list[str], model_dir: Path, *, device: str = "cpu",
@@ -67,7 +69,7 @@ class OpenAIEngine(Engine):
         self.start_timeout_s = start_timeout_s
         self.version = version
         self.port = 0
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
         self.log: Path | None = None
         self.served_model = ""
         self._digest = ""
@@ -99,26 +101,26 @@ class OpenAIEngine(Engine):
         self.proc = _process.spawn(argv, _process.engine_env(self.device, self.extra_env),
                                    self.log, cwd=self.subject)
         try:
-            self.served_model = self._wait_ready()
+            self.served_model = self._wait_ready(self.proc, self.log)
         except BaseException:
             self.stop()
             raise
 
-    def _wait_ready(self) -> str:
+    def _wait_ready(self, proc: subprocess.Popen[bytes], log: Path) -> str:
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise EngineError(f"{self.name} server exited with {self.proc.returncode} "
-                                  f"before serving (log {self.log}: {_process.log_tail(self.log)})")
+            if proc.poll() is not None:
+                raise EngineError(f"{self.name} server exited with {proc.returncode} "
+                                  f"before serving (log {log}: {_process.log_tail(log)})")
             try:
                 status, body = self._get("/v1/models")
                 if status == 200:
-                    return json.loads(body)["data"][0]["id"]
+                    return str(json.loads(body)["data"][0]["id"])
             except (OSError, http.client.HTTPException, ValueError, KeyError, IndexError):
                 pass
             time.sleep(0.5)
         raise EngineError(f"{self.name} server not ready on {HOST}:{self.port} after "
-                          f"{self.start_timeout_s:.0f} s (log {self.log})")
+                          f"{self.start_timeout_s:.0f} s (log {log})")
 
     def stop(self) -> None:
         _process.stop_pid(self.proc)
@@ -128,7 +130,7 @@ class OpenAIEngine(Engine):
                 "command": " ".join(self.argv()), "endpoint": f"http://{HOST}:{self.port}/v1",
                 "served_model": self.served_model, "model_path": str(self.model_dir),
                 "model_digest": self._digest, "device": self.device,
-                "cwd": str(self.subject or _process.CHECKOUT), **getattr(self, "_binary", {})}
+                "cwd": str(self.subject or CHECKOUT), **getattr(self, "_binary", {})}
 
     # -- the server's own profiler: vLLM's HTTP convention
 
@@ -138,7 +140,7 @@ class OpenAIEngine(Engine):
     def enable_profiling(self, out_dir: Path) -> None:
         self.extra_env = {**self.extra_env, "VLLM_TORCH_PROFILER_DIR": str(out_dir)}
 
-    def _post(self, path: str, doc: dict, timeout: float = REQUEST_TIMEOUT_S) -> None:
+    def _post(self, path: str, doc: dict[str, Any], timeout: float = REQUEST_TIMEOUT_S) -> None:
         conn = http.client.HTTPConnection(HOST, self.port, timeout=timeout)
         try:
             conn.request("POST", path, body=json.dumps(doc),
@@ -175,8 +177,8 @@ class OpenAIEngine(Engine):
         finally:
             conn.close()
 
-    def _body(self, request: Request, work: WorkloadPass) -> dict:
-        body = {"model": self.served_model, "prompt": list(request.prompt_ids),
+    def _body(self, request: Request, work: WorkloadPass) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": self.served_model, "prompt": list(request.prompt_ids),
                 "max_tokens": request.max_tokens, "temperature": work.temperature,
                 "top_p": work.top_p, "seed": request.seed, "logprobs": self.logprobs,
                 "stream": True, "ignore_eos": work.ignore_eos,
@@ -271,7 +273,7 @@ def _token_id(tok: object, request_id: str) -> int:
     return int(tok.removeprefix("token_id:"))
 
 
-def _vllm_tokens(logprobs: dict, request_id: str) -> list[Token]:
+def _vllm_tokens(logprobs: dict[str, Any], request_id: str) -> list[Token]:
     """vLLM's legacy completions form: `tokens` ("token_id:N"), `token_logprobs`,
     `top_logprobs` (one {"token_id:N": logprob} per token)."""
     tops = logprobs.get("top_logprobs") or []
@@ -286,7 +288,7 @@ def _vllm_tokens(logprobs: dict, request_id: str) -> list[Token]:
     return out
 
 
-def _llamacpp_tokens(content: list) -> list[Token]:
+def _llamacpp_tokens(content: list[dict[str, Any]]) -> list[Token]:
     """llama.cpp's form: `content`, one {"id", "logprob", "top_logprobs": [{"id",
     "logprob"}]} per token."""
     out = []
@@ -300,7 +302,7 @@ def _llamacpp_tokens(content: list) -> list[Token]:
 ALTERNATIVES = 4
 
 
-def _chunk_tokens(chunk: dict, request_id: str) -> list[Token]:
+def _chunk_tokens(chunk: dict[str, Any], request_id: str) -> list[Token]:
     """(token id, logprob, alternatives) of one streamed completion chunk."""
     choices = chunk.get("choices") or []
     if not choices:

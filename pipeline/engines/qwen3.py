@@ -29,6 +29,9 @@ DecodeAttention = Callable[..., torch.Tensor]
 context_lens[B] int32, scale) -> out[B,H,D]`: one query token per sequence,
 attending to the first `context_lens[b]` cached tokens of its block table."""
 
+Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+"""`attend(layer, q, k, v) -> out`: one layer's attention in `Qwen3Model.forward`."""
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -125,7 +128,8 @@ class Qwen3Model:
         self.cos = freqs.cos().to(device=device, dtype=dtype)
         self.sin = freqs.sin().to(device=device, dtype=dtype)
 
-    def _qkv(self, i: int, x: torch.Tensor, positions: torch.Tensor):
+    def _qkv(self, i: int, x: torch.Tensor,
+             positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         c, p = self.cfg, f"model.layers.{i}.self_attn."
         t = x.shape[0]
         q = (x @ self.w[p + "q_proj.weight"].T).view(t, c.num_heads, c.head_dim)
@@ -143,7 +147,7 @@ class Qwen3Model:
         return (F.silu(gate) * up) @ self.w[p + "down_proj.weight"].T
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                cache: "PagedKVCache", attend: Callable) -> torch.Tensor:
+                cache: "PagedKVCache", attend: Attend) -> torch.Tensor:
         """Logits of each token; K/V written to `slots`; `attend(layer, q, k, v)` -> out."""
         c = self.cfg
         x = self.w["model.embed_tokens.weight"][ids]
@@ -159,12 +163,13 @@ class Qwen3Model:
         x = rms_norm(x, self.w["model.norm.weight"], c.rms_norm_eps)
         return (x @ self.w["lm_head.weight"].T).float()
 
-    def prefill(self, ids: torch.Tensor, slots: torch.Tensor, cache: "PagedKVCache"):
+    def prefill(self, ids: torch.Tensor, slots: torch.Tensor,
+                cache: "PagedKVCache") -> torch.Tensor:
         """One sequence's prompt, causal attention over itself; returns last-token logits."""
         positions = torch.arange(ids.shape[0], device=self.device)
         group = self.cfg.num_heads // self.cfg.num_kv_heads
 
-        def attend(_i, q, k, v):
+        def attend(_i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             out = F.scaled_dot_product_attention(
                 q.transpose(0, 1), k.repeat_interleave(group, 1).transpose(0, 1),
                 v.repeat_interleave(group, 1).transpose(0, 1), is_causal=True, scale=self.scale)
@@ -177,7 +182,7 @@ class Qwen3Model:
                cache: "PagedKVCache") -> torch.Tensor:
         """One new token per sequence, attending to its paged cache; returns logits [B, V]."""
 
-        def attend(i, q, _k, _v):
+        def attend(i: int, q: torch.Tensor, _k: torch.Tensor, _v: torch.Tensor) -> torch.Tensor:
             return self.decode_attention(q, cache.k[i], cache.v[i], block_tables, context_lens,
                                          self.scale)
 
@@ -211,38 +216,46 @@ class PagedKVCache:
         self.free.extend(blocks)
 
 
+Static = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+"""A captured decode step's inputs: ids, positions, slots, block tables, context lengths."""
+
+
 class DecodeGraphs:
     """CUDA graphs of the decode step, one per batch size, over fixed-width block tables."""
 
     def __init__(self, model: Qwen3Model):
         self.model = model
         self.width = math.ceil(model.cfg.max_position / PAGE_SIZE)
-        self.graphs: dict[int, tuple] = {}
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, Static, torch.Tensor]] = {}
         self.cache: PagedKVCache | None = None
 
     def reset(self, cache: PagedKVCache) -> None:
         self.cache, self.graphs = cache, {}
 
-    def _capture(self, batch: int):
-        dev = self.model.device
-        static = (torch.zeros(batch, dtype=torch.long, device=dev),
-                  torch.zeros(batch, dtype=torch.long, device=dev),
-                  torch.zeros(batch, dtype=torch.long, device=dev),
-                  torch.zeros(batch, self.width, dtype=torch.int32, device=dev),
-                  torch.ones(batch, dtype=torch.int32, device=dev))
+    def _capture(self, batch: int) -> tuple[torch.cuda.CUDAGraph, Static, torch.Tensor]:
+        dev, cache = self.model.device, self.cache
+        if cache is None:
+            raise EngineError("decode graphs: reset(cache) before run()")
+        static: Static = (torch.zeros(batch, dtype=torch.long, device=dev),
+                          torch.zeros(batch, dtype=torch.long, device=dev),
+                          torch.zeros(batch, dtype=torch.long, device=dev),
+                          torch.zeros(batch, self.width, dtype=torch.int32, device=dev),
+                          torch.ones(batch, dtype=torch.int32, device=dev))
         # Warm up on a side stream (allocator, lazy kernels) before capture.
         # Slot 0 is a scratch write: real slots are copied in before each replay.
-        stream = torch.cuda.Stream()
+        # torch's Stream.__new__ is unannotated (and torch is Any where it is not installed).
+        stream = torch.cuda.Stream()  # type: ignore[no-untyped-call,unused-ignore]
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            self.model.decode(*static, self.cache)
+            self.model.decode(*static, cache)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            out = self.model.decode(*static, self.cache)
+            out = self.model.decode(*static, cache)
         return graph, static, out
 
-    def run(self, ids, positions, slots, tables, context_lens) -> torch.Tensor:
+    def run(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+            tables: torch.Tensor, context_lens: torch.Tensor) -> torch.Tensor:
         batch = ids.shape[0]
         if batch not in self.graphs:
             self.graphs[batch] = self._capture(batch)

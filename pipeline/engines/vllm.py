@@ -20,6 +20,7 @@ import sys
 from dataclasses import asdict
 from importlib import metadata
 from pathlib import Path
+from typing import IO, Any, Literal
 
 import pipeline.engines._process as _process
 from pipeline.engines.interface import (
@@ -63,7 +64,7 @@ PROFILING_ENV = {"VLLM_CUSTOM_SCOPES_FOR_PROFILING": "1"}
 inside each iteration's `execute_context_…_generation_…` range: the forward is a seam."""
 
 
-def profiler_config(out_dir: Path | None) -> dict | None:
+def profiler_config(out_dir: Path | None) -> dict[str, Any] | None:
     """vLLM 0.32's profiler settings (its `profiler_config`; vLLM 0.32 reads no
     VLLM_TORCH_PROFILER_DIR): torch's profiler into `out_dir`, shapes recorded (the
     bandwidth analysis needs them), no Python stacks (their cost lands in the range),
@@ -94,7 +95,7 @@ class VllmEngine(Engine):
         self.dtype, self.seed, self.enforce_eager = dtype, seed, enforce_eager
         self.max_num_seqs = max_num_seqs
         self.extra_env = env or {}
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
         self.log: Path | None = None
         self.info: dict[str, str] = {}
         self._digest = ""
@@ -118,7 +119,7 @@ class VllmEngine(Engine):
     def stop_profile(self) -> None:
         self._call({"op": "stop_profile"})
 
-    def _call(self, msg: dict) -> None:
+    def _call(self, msg: dict[str, Any]) -> None:
         if self.proc is None:
             raise EngineError("vLLM engine: profiling before start()")
         self._send(msg)
@@ -154,21 +155,33 @@ class VllmEngine(Engine):
             self.stop()
             raise
 
-    def _read(self) -> dict:
-        line = self.proc.stdout.readline()
+    def _pipe(self, which: Literal["stdin", "stdout"]) -> tuple[
+            subprocess.Popen[bytes], IO[bytes], Path]:
+        """The worker, its stdin or stdout, and its log: what start() made."""
+        proc, log = self.proc, self.log
+        pipe = (proc.stdin if which == "stdin" else proc.stdout) if proc else None
+        if proc is None or pipe is None or log is None:
+            raise EngineError("vLLM engine: the worker is not started")
+        return proc, pipe, log
+
+    def _read(self) -> dict[str, Any]:
+        proc, stdout, log = self._pipe("stdout")
+        line = stdout.readline()
         if not line:
-            code = self.proc.poll()
+            code = proc.poll()
             raise EngineError(f"vLLM worker exited ({code}) "
-                              f"(log {self.log}: {_process.log_tail(self.log)})")
+                              f"(log {log}: {_process.log_tail(log)})")
         try:
-            return json.loads(line)
+            reply: dict[str, Any] = json.loads(line)
         except ValueError as exc:
             raise EngineError(f"vLLM worker wrote a non-protocol line: {line[:200]!r}") from exc
+        return reply
 
-    def _send(self, msg: dict) -> None:
+    def _send(self, msg: dict[str, Any]) -> None:
+        _, stdin, _ = self._pipe("stdin")
         try:
-            self.proc.stdin.write((json.dumps(msg) + "\n").encode())
-            self.proc.stdin.flush()
+            stdin.write((json.dumps(msg) + "\n").encode())
+            stdin.flush()
         except (OSError, ValueError) as exc:
             raise EngineError(f"vLLM worker is gone (log {self.log})") from exc
 

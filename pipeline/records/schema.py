@@ -27,7 +27,8 @@ M = TypeVar("M", bound=BaseModel)
 
 @cache
 def load(name: str) -> dict[str, Any]:
-    return json.loads((SCHEMAS_DIR / f"{name}.schema.json").read_text())
+    schema: dict[str, Any] = json.loads((SCHEMAS_DIR / f"{name}.schema.json").read_text())
+    return schema
 
 
 def load_checked(model: type[M], name: str, data: bytes, where: str) -> M:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 from functools import singledispatch
+from typing import TYPE_CHECKING
 
 from pipeline.errors import UsageError
 from pipeline.report.model import (
@@ -22,13 +23,16 @@ from pipeline.report.model import (
     TimelineFigure,
 )
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure as MplFigure
+
 DPI = 100
 WIDTH_IN = 9.0
 LEGEND_NAMES = 8
 """A timeline names its kernels in a legend when there are at most this many."""
 
 
-def _new(height_in: float):
+def _new(height_in: float) -> MplFigure:
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure as MplFigure
@@ -40,7 +44,7 @@ def _new(height_in: float):
     return fig
 
 
-def _png(fig) -> bytes:
+def _png(fig: MplFigure) -> bytes:
     buf = io.BytesIO()
     # No timestamps/software tag: the same report model gives the same bytes.
     fig.savefig(buf, format="png", metadata={"Software": None})
@@ -168,8 +172,8 @@ def _distribution(figure: DistributionFigure) -> bytes:
             median = xs[(len(xs) - 1) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1]
                                                                 + xs[len(xs) // 2]) / 2
             ax.axvline(median, color=color, linestyle="--", linewidth=0.8)
-        values = [v for _, vs in panel.series for v in vs if v > 0]
-        log = bool(values) and max(values) / min(values) > LOG_SPAN
+        positive = [v for _, vs in panel.series for v in vs if v > 0]
+        log = bool(positive) and max(positive) / min(positive) > LOG_SPAN
         if log:
             ax.set_xscale("log")
         ax.set_title(panel.title, fontsize=9)

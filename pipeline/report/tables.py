@@ -22,7 +22,7 @@ def is_wide(t: Table) -> bool:
     return len(t.rows) > WIDE_ROWS or len(t.columns) > WIDE_COLUMNS
 
 
-def natural_key(name: str) -> tuple:
+def natural_key(name: str) -> tuple[tuple[int, int, str], ...]:
     """`i16-c4` before `i1024-c1`: numbers compare as numbers (bundles store keys sorted)."""
     return tuple((0, int(p), "") if p.isdigit() else (1, 0, p)
                  for p in re.split(r"(\d+)", name) if p)
@@ -41,10 +41,10 @@ def fmt(value: MetricValue | object) -> str:
 
 def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[object]],
           status_column: int | None = None) -> Table:
-    rows = [tuple(fmt(v) for v in r) for r in rows]
-    shown = rows[:MAX_ROWS]
+    text = [tuple(fmt(v) for v in r) for r in rows]
+    shown = text[:MAX_ROWS]
     return Table(title=title, columns=tuple(columns), rows=tuple(shown),
-                 status_column=status_column, truncated=len(rows) - len(shown))
+                 status_column=status_column, truncated=len(text) - len(shown))
 
 
 def metric_columns(cells: Iterable[dict[str, MetricValue]]) -> list[str]:

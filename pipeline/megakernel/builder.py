@@ -246,14 +246,15 @@ def build_step(dims: ModelDims, batch: int, sm_count: int, *, num_blocks: int,
                    fine_deps=fine_deps, fuse_norm=fuse_norm, fuse_merge=fuse_merge)
     else:
         _emit(e, dims, batch, sm_count, splits, chunk, slots, regions, tile_scale)
-    options: dict[str, Any] = {"fused": fused, "fine_deps": fused and fine_deps,
-                               "tile_scale": tile_scale, "fuse_norm": fused and fuse_norm,
-                               "fuse_merge": fused and fuse_merge}
+    # The plan's build flags (not operator `--option`s, which tests/test_options.py audits).
+    flags: dict[str, Any] = {"fused": fused, "fine_deps": fused and fine_deps,
+                             "tile_scale": tile_scale, "fuse_norm": fused and fuse_norm,
+                             "fuse_merge": fused and fuse_merge}
     if blockers:
-        options["not_fused"] = blockers
+        flags["not_fused"] = blockers
     return StepPlan(dims=dims, batch=batch, sm_count=sm_count, tasks=e.tasks, shape=shape,
                     buffers=buffers, num_counters=e.counters, slots=slots, regions=regions,
-                    options=options)
+                    options=flags)
 
 
 def _workspace(dims: ModelDims, batch: int, splits: int, add: Callable[[str, int, bool], int],

@@ -188,7 +188,7 @@ SCENARIOS = (
 
 
 RUN_KEYS = ("verdict", "ratio", "ratio_ci_low", "ratio_ci_high", "rounds", "rounds_discarded",
-            "warmup_rounds", "sd_log_ratio", "elapsed_s", "stop")
+            "warmup_rounds", "passes_per_sample", "sd_log_ratio", "elapsed_s", "stop")
 """Per cell of every run, kept in calibration.json (raw artifacts only for a few runs)."""
 
 
@@ -482,11 +482,12 @@ CPU_PHASES = (Phase(TINY, 0.0, 2), Phase(TINY, 0.05, 2), Phase(TINY, 0.0, 1, two
 BUDGET_S = 520.0
 """Fits one 600 s device call: the loads (~25 s) count in it; leave `timeout 575` around
 the script and ~20 s for the wheel install and the tarball."""
-RUN_S_PRIOR = {TINY: 12.0, PROBE: 32.0}
-"""Seconds one gate run is expected to take before any has run (H200 run 1: tiny A/A
-2.4-11.7 s, probe 15-20 s at one pass per sample; the probe's ~90 ms c1 pass takes k = 2
-at min_sample_s 0.1): a run starts only when it fits the budget by this or by the
-longest measured so far of the same model."""
+RUN_S_PRIOR = {TINY: 12.0, PROBE: 22.0}
+"""Seconds one gate run is expected to take before any has run (H200 run 1, one pass per
+sample: tiny A/A 2.4-11.7 s, probe 15-20 s; at min_sample_s 0.1 the tiny model's 22 /
+34 / 64 ms passes (c1/c4/c8) take k = 5 / 3 / 2, the probe's 82 ms c1 pass k = 2, its
+170 / 250 ms c4/c8 passes k = 1): a run starts only when it fits the budget by this or
+by the longest measured so far of the same model."""
 
 
 def load(model: Model, device: str, mode: str, keys: dict, scratch: Path,

@@ -23,7 +23,7 @@ import contextlib
 import csv
 import json
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -140,8 +140,10 @@ def timed_window(requests: list[dict[str, Any]], correct: Mapping[str, Mapping[s
     kept, problems = _ab.timed_tokens(requests)
     compared = 0
     for arm, outputs in correct.items():
-        window = {rid: Out.from_json(dict(r)) for (a, rid), r in kept.items() if a == arm}
-        result = matched_windows(outputs, window, margin)
+        window: dict[Hashable, Out] = {rid: Out.from_json(dict(r))
+                                       for (a, rid), r in kept.items() if a == arm}
+        reference: dict[Hashable, Out] = {rid: out for rid, out in outputs.items()}
+        result = matched_windows(reference, window, margin)
         compared += result["compared"]
         if not result["matched"]:
             f = result["first_mismatch"] or {}

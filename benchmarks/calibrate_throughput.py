@@ -3,15 +3,20 @@ code, reporting how often it is wrong and what it can detect.
 
     python benchmarks/calibrate_throughput.py sim  [--trials 200] [--out DIR]
     python benchmarks/calibrate_throughput.py cpu  [--runs 2] [--out DIR]      (smoke)
-    python benchmarks/calibrate_throughput.py cuda [--runs 20] [--budget-s 360] --out DIR
+    python benchmarks/calibrate_throughput.py cuda [--runs 20] [--budget-s 520] [--phases KEY …] --out DIR
 
 Every run is one throughput gate run: `Throughput.measure_on` (warm-up until stable,
 interleaved rounds, clocks, looks, stop) on engines loaded once per process, then
 `Throughput.derive` on the artifacts it wrote — the code a row's gate runs, minus
-starting the engines. A planted slowdown is a candidate whose every token interval
-is stretched by a known fraction f: after each token the engine spins for f times
-the work since its previous token (a self-calibrating spin: drift in the machine
-scales the spin with it), so its speed is exactly 1 / (1 + f) of its own.
+starting the engines. An A/A is the reference engine against itself: ONE loaded engine
+object serves both arms (what "the reference engine graph vs itself" means: same
+weights in memory, same CUDA graph, same allocator). A planted slowdown is a view on
+that same object (`Planted`) whose calls alone stretch every token interval by a known
+fraction f: after each token the engine spins for f times the work since its previous
+token (a self-calibrating spin: drift in the machine scales the spin with it), so the
+candidate's speed is exactly 1 / (1 + f) of the baseline's and no difference between
+two loads confounds it. A short "two loads" A/A (two engine objects of the same model)
+measures that instance difference separately and reports it as such (not in the bars).
 
 Modes:
   sim   synthetic engines (implementing the Engine interface) on a virtual clock,
@@ -21,14 +26,17 @@ Modes:
   cpu   the reference engine (eager, tiny model) on this machine's CPU: a smoke run
         of the real path (honest verdicts under the machine's own load).
   cuda  the H200 calibration: reference engine, CUDA graph, tiny and probe models,
-        cells c1/c4/c8: A/A, planted 5 %, 2 % (and 1 % while --budget-s lasts),
-        and today's 9-repeat schedule timed on the same c1 cell for comparison.
+        cells c1/c4/c8, in this order while --budget-s lasts (`CUDA_PHASES`; --phases
+        picks some): A/A tiny, A/A probe, planted 5 % and 2 % tiny, planted 5 % and 2 %
+        probe, two loads tiny (5 runs), planted 1 %; and today's 9-repeat schedule
+        timed on the same c1 cell for comparison.
 
 Reported: false-difference rate (A/A called better or worse, per cell), false-fail
 rate (A/A runs not PASS), detection rate (planted runs whose cells are all called
 worse), rounds and wall time per cell, and the minimum detectable effect as a
 function of the round budget at the per-round spread the runs measured.
-Everything lands in OUT/calibration.json; a table is printed last.
+Everything lands in OUT/calibration.json (rewritten after every phase, so a run cut
+short keeps what it measured); a table is printed last.
 """
 
 from __future__ import annotations
@@ -39,7 +47,7 @@ import math
 import sys
 import time
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -55,7 +63,7 @@ from pipeline.engines.interface import (  # noqa: E402
 )
 
 EFFECTS = (0.0, 0.05, 0.02, 0.01)
-"""Planted slowdowns, in the order the cuda mode runs them (A/A first)."""
+"""Planted slowdowns of the sim mode (A/A first); the engine modes run `CUDA_PHASES`."""
 
 
 def log(*parts) -> None:
@@ -180,7 +188,7 @@ SCENARIOS = (
 
 
 RUN_KEYS = ("verdict", "ratio", "ratio_ci_low", "ratio_ci_high", "rounds", "rounds_discarded",
-            "warmup_rounds", "sd_log_ratio", "elapsed_s", "stop")
+            "warmup_rounds", "passes_per_sample", "sd_log_ratio", "elapsed_s", "stop")
 """Per cell of every run, kept in calibration.json (raw artifacts only for a few runs)."""
 
 
@@ -386,32 +394,105 @@ kind = "throughput"
 """
 
 
+class Planted(Engine):
+    """The candidate arm of an A/A or planted run: a view on the baseline's own engine
+    object (one load, one CUDA graph, one allocator), that spins `slowdown` x the work
+    per token during its own calls only. The two arms then differ by exactly the
+    planted fraction; no difference between two loads of the model can confound it."""
+
+    name = "planted"
+
+    def __init__(self, base, slowdown: float = 0.0):
+        self.base, self.slowdown = base, slowdown
+
+    def start(self) -> None:
+        pass  # the baseline's object, started once
+
+    def stop(self) -> None:
+        pass
+
+    def describe(self) -> dict[str, str]:
+        return {**self.base.describe(), "planted_slowdown": repr(self.slowdown),
+                "same_object_as_baseline": "true"}
+
+    def generate(self, work: WorkloadPass) -> PassResult:
+        self.base.slowdown = self.slowdown
+        try:
+            return self.base.generate(work)
+        finally:
+            self.base.slowdown = 0.0
+
+
 @dataclass
 class Loaded:
-    """One model's calibration row, its two engines (loaded once) and its cells."""
+    """One model's calibration row, its engine (loaded once) serving both arms, its
+    cells."""
 
     model: Model
     row: object
     spec: object
-    engines: dict
+    base: object
     passes: list
     ctx: object
+    second: object = None
+    """A second load of the model, for the two-loads A/A only."""
 
-    def run(self, out: Path) -> tuple[str, dict[str, dict]]:
+    def engines(self, effect: float, two_loads: bool = False) -> dict:
+        """A/A (effect 0) and planted runs: the reference engine against itself, the
+        candidate a `Planted` view on the same object; `two_loads`: the candidate is
+        another load of the same model (what the instance difference costs)."""
+        if two_loads:
+            return {"baseline": self.base, "candidate": self.second}
+        return {"baseline": self.base, "candidate": Planted(self.base, effect)}
+
+    def run(self, out: Path, engines: dict) -> tuple[str, dict[str, dict]]:
         """One throughput gate run: the gate's measure (on these engines) and derive."""
         from pipeline.gates.throughput import Throughput
 
         out.mkdir(parents=True)
         self.ctx.artifact_dir = out
         gate = Throughput()
-        gate.measure_on(self.row, self.spec, self.ctx, self.engines, self.passes)
+        gate.measure_on(self.row, self.spec, self.ctx, engines, self.passes)
         derived = gate.derive(self.row, self.spec, out)
         return derived.status.value, derived.cells
 
 
+@dataclass(frozen=True)
+class Phase:
+    """`runs` gate runs of one model at one planted effect (0: A/A)."""
+
+    model: str
+    effect: float
+    runs: int = 20
+    two_loads: bool = False
+    """A/A of two separately loaded engines: reported, not counted in the bars."""
+
+    @property
+    def key(self) -> str:
+        return f"{self.model}/{self.effect:g}" + ("/two-loads" if self.two_loads else "")
+
+
+TINY, PROBE = "tiny-qwen3", "probe-qwen3-h2048-l16"
+CUDA_PHASES = (Phase(TINY, 0.0), Phase(PROBE, 0.0), Phase(TINY, 0.05), Phase(TINY, 0.02),
+               Phase(PROBE, 0.05), Phase(PROBE, 0.02), Phase(TINY, 0.0, 5, two_loads=True),
+               Phase(TINY, 0.01), Phase(PROBE, 0.01))
+"""The cuda mode's order: what the bars need first, so a budget that ends early cuts
+the least important runs."""
+CPU_PHASES = (Phase(TINY, 0.0, 2), Phase(TINY, 0.05, 2), Phase(TINY, 0.0, 1, two_loads=True))
+BUDGET_S = 520.0
+"""Fits one 600 s device call: the loads (~25 s) count in it; leave `timeout 575` around
+the script and ~20 s for the wheel install and the tarball."""
+RUN_S_PRIOR = {TINY: 12.0, PROBE: 22.0}
+"""Seconds one gate run is expected to take before any has run (H200 run 1, one pass per
+sample: tiny A/A 2.4-11.7 s, probe 15-20 s; at min_sample_s 0.1 the tiny model's 22 /
+34 / 64 ms passes (c1/c4/c8) take k = 5 / 3 / 2, the probe's 82 ms c1 pass k = 2, its
+170 / 250 ms c4/c8 passes k = 1): a run starts only when it fits the budget by this or
+by the longest measured so far of the same model."""
+
+
 def load(model: Model, device: str, mode: str, keys: dict, scratch: Path,
          concurrency) -> Loaded:
-    """The model's row (the gate's defaults but `keys`), its engines started, its cells:
+    """The model's row (the gate's defaults but `keys`), its engine started, its cells:
     one wave of `c` requests per cell, so every pass decodes at full concurrency."""
     from pipeline import device as dev
     from pipeline.gates.interface import GateContext, gate_device
@@ -434,14 +515,23 @@ def load(model: Model, device: str, mode: str, keys: dict, scratch: Path,
     passes = [build_passes(Workload(input_lens=[model.input_len], concurrency=[c],
                                     output_len=model.output_len, requests_per_cell=c),
                            info.vocab_size, info.special_ids)[0] for c in concurrency]
-    cls = slowed_engine_class()
-    engines = {role: cls(info.path, device=device, mode=mode, dtype=model.dtype)
-               for role in ("baseline", "candidate")}
-    for e in engines.values():
-        e.start()
+    base = slowed_engine_class()(info.path, device=device, mode=mode, dtype=model.dtype)
+    base.start()
     ctx = GateContext(repo=REPO, artifact_dir=scratch, subject=None, provenance=None,
                       progress=_Quiet(), gpu=gate_device(row, spec, inv), devices=inv)
-    return Loaded(model, row, spec, engines, passes, ctx)
+    return Loaded(model, row, spec, base, passes, ctx)
+
+
+def second_load(m: Loaded, device: str, mode: str):
+    """Another engine object of the same model (the two-loads A/A)."""
+    from pipeline.megakernel import models
+
+    e = slowed_engine_class()(models.build(models.NAMED[m.model.name]).path, device=device,
+                              mode=mode, dtype=m.model.dtype)
+    e.start()
+    for work in m.passes:
+        e.generate(work)  # graph capture and first-pass costs out of the timings
+    return e
 
 
 def legacy_cell_s(engines, work: WorkloadPass, repeats: int = 9, warmup: int = 1) -> float:
@@ -455,60 +545,76 @@ def legacy_cell_s(engines, work: WorkloadPass, repeats: int = 9, warmup: int = 1
     return time.monotonic() - t0
 
 
-def engine_runs(models, device: str, mode: str, runs: int, effects, budget_s: float,
-                scratch: Path, concurrency, keys: dict, keep_raw: int = 2) -> dict:
-    """A/A and planted runs: every model's engines loaded once, then per effect (A/A
-    first) `runs` gate runs of each model in turn, so a budget that ends early cuts the
-    least important runs. No run starts past `budget_s` (what ran is reported). The
-    raw artifacts of the first `keep_raw` runs of each stay under `scratch`."""
+def write_doc(out: Path, doc: dict, min_effect: float) -> None:
+    """calibration.json and calibration.txt as they stand (after every phase, so a run
+    cut short still leaves what it measured)."""
+    doc["mde_vs_budget"] = mde_table(doc["results"], min_effect)
+    (out / "calibration.json").write_text(json.dumps(doc, indent=1) + "\n")
+    (out / "calibration.txt").write_text(table(doc["results"]) + "\n")
+
+
+def engine_runs(models, device: str, mode: str, phases, budget_s: float, scratch: Path,
+                concurrency, keys: dict, doc: dict, min_effect: float,
+                keep_raw: int = 2) -> dict:
+    """The phases in order, each model's engine loaded once (serving both arms). No run
+    starts unless it fits `budget_s` (counted from before the loads) by the longest run
+    of its model so far (`RUN_S_PRIOR` before any); what ran is reported. The raw
+    artifacts of the first `keep_raw` runs of each phase stay under `scratch`."""
     import shutil
 
     t_start = time.monotonic()
-    loaded = []
-    for model in models:
-        log(f"== loading {model.name} on {device} ({mode})")
-        loaded.append(load(model, device, mode, keys, scratch, concurrency))
+    by_name = {m.name: m for m in models}
+    loaded: dict[str, Loaded] = {}
+    for name in dict.fromkeys(ph.model for ph in phases):
+        log(f"== loading {name} on {device} ({mode})")
+        m = loaded[name] = load(by_name[name], device, mode, keys, scratch, concurrency)
+        for work in m.passes:  # graph capture and first-pass costs out of the timings
+            m.base.generate(work)
     log(f"   loaded in {time.monotonic() - t_start:.1f} s")
-    for m in loaded:  # graph capture and first-pass costs out of both timings
-        for work in m.passes:
-            for e in m.engines.values():
-                e.generate(work)
-    legacy = {m.model.name: legacy_cell_s(m.engines, m.passes[0]) for m in loaded}
-    results: dict = {}
-    durations: dict[tuple[str, float], list[float]] = {}
-    for effect in effects:
-        for m in loaded:
-            m.engines["candidate"].slowdown = effect
-            tally, key = Tally(), f"{m.model.name}/{effect:g}"
-            took = durations.setdefault((m.model.name, effect), [])
-            for i in range(runs):
-                guess = max(took or durations.get((m.model.name, 0.0)) or [0.0])
-                if time.monotonic() - t_start + guess > budget_s:
-                    log(f"   budget: {key} stops at {i} runs")
-                    break
-                t0 = time.monotonic()
-                raw = scratch / "runs" / f"{m.model.name}-{effect:g}-{i}"
-                status, cells = m.run(raw)
-                took.append(time.monotonic() - t0)
-                tally.add(status, cells)
-                if i >= keep_raw:
-                    shutil.rmtree(raw)
-                log(f"   {key} run {i + 1}: {status} {took[-1]:.1f} s " + ", ".join(
-                    f"{c} {v['verdict']} {v['ratio']} /{v['rounds']}r" for c, v in cells.items()))
-            results[key] = tally.summary(effect)
-            if effect == 0 and tally.elapsed:
-                c1 = tally.elapsed[0::len(m.passes)]
-                results[key].update(c1_cell_s_mean=round(float(np.mean(c1)), 3),
-                                    legacy_c1_cell_s=round(legacy[m.model.name], 3),
-                                    c1_vs_legacy=round(float(np.mean(c1)) / legacy[m.model.name],
-                                                       3))
-            log(f"   {key}: " + json.dumps({k: v for k, v in results[key].items()
-                                             if k != "per_run"}))
-    for m in loaded:
-        for e in m.engines.values():
-            e.stop()
+    legacy = {name: legacy_cell_s(m.engines(0.0), m.passes[0]) for name, m in loaded.items()}
+    results: dict = doc.setdefault("results", {})
+    took: dict[str, list[float]] = {name: [] for name in loaded}
+    for ph in phases:
+        m, tally = loaded[ph.model], Tally()
+        if ph.two_loads and m.second is None:
+            if time.monotonic() - t_start + 2 * RUN_S_PRIOR[ph.model] > budget_s:
+                log(f"   budget: {ph.key} not started")
+                continue
+            m.second = second_load(m, device, mode)
+        engines = m.engines(ph.effect, ph.two_loads)
+        for i in range(ph.runs):
+            guess = max(took[ph.model] or [RUN_S_PRIOR.get(ph.model, 30.0)])
+            if time.monotonic() - t_start + guess > budget_s:
+                log(f"   budget: {ph.key} stops at {i} runs")
+                break
+            t0 = time.monotonic()
+            raw = scratch / "runs" / ph.key.replace("/", "-")
+            status, cells = m.run(raw.with_name(f"{raw.name}-{i}"), engines)
+            took[ph.model].append(time.monotonic() - t0)
+            tally.add(status, cells)
+            if i >= keep_raw:
+                shutil.rmtree(raw.with_name(f"{raw.name}-{i}"))
+            log(f"   {ph.key} run {i + 1}: {status} {took[ph.model][-1]:.1f} s " + ", ".join(
+                f"{c} {v['verdict']} {v['ratio']} /{v['rounds']}r k={v['passes_per_sample']}"
+                for c, v in cells.items()))
+        results[ph.key] = tally.summary(ph.effect)
+        if ph.two_loads:
+            results[ph.key]["note"] = ("two separately loaded engines of the same model: "
+                                       "the instance difference, not counted in the bars")
+        elif ph.effect == 0 and tally.elapsed:
+            c1 = tally.elapsed[0::len(m.passes)]
+            results[ph.key].update(c1_cell_s_mean=round(float(np.mean(c1)), 3),
+                                   legacy_c1_cell_s=round(legacy[ph.model], 3),
+                                   c1_vs_legacy=round(float(np.mean(c1)) / legacy[ph.model], 3))
+        log(f"   {ph.key}: " + json.dumps({k: v for k, v in results[ph.key].items()
+                                            if k != "per_run"}))
+        doc["wall_s"] = round(time.monotonic() - t_start, 1)
+        write_doc(scratch, doc, min_effect)
+    for m in loaded.values():
+        for e in (m.base, m.second):
+            if e is not None:
+                e.stop()
     return results
-
 
 def mde_table(results: dict, min_effect: float, rounds=(8, 16, 24, 40, 80)) -> dict:
     """Minimum detectable slowdown (80 % power) vs budget at each A/A's median sd."""
@@ -537,9 +643,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("mode", choices=("sim", "cpu", "cuda"))
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--trials", type=int, default=100, help="sim: runs per scenario and effect")
-    p.add_argument("--runs", type=int, default=None, help="cpu/cuda: runs per model and effect")
-    p.add_argument("--budget-s", type=float, default=330.0,
-                   help="cpu/cuda: no new run starts past this many seconds")
+    p.add_argument("--runs", type=int, default=None,
+                   help="cpu/cuda: runs per phase (the two-loads phase keeps its own)")
+    p.add_argument("--budget-s", type=float, default=BUDGET_S,
+                   help="cpu/cuda: no run starts unless it fits this many seconds (from "
+                   "before the model loads)")
+    p.add_argument("--phases", nargs="*", default=None, help="cpu/cuda: the phases to run, "
+                   "in the default order (default all: "
+                   f"{', '.join(ph.key for ph in CUDA_PHASES)})")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--scenarios", nargs="*", default=None, help="sim: scenario names "
                    f"(default all: {', '.join(sc.name for sc in SCENARIOS)})")
@@ -553,19 +664,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.mode == "sim":
         chosen = [sc for sc in SCENARIOS if args.scenarios is None or sc.name in args.scenarios]
         doc["results"] = sim(args.trials, args.seed, Path(tempfile.mkdtemp()), chosen)
-    elif args.mode == "cpu":
-        doc["results"] = engine_runs(CPU_MODELS, "cpu", "eager", args.runs or 2, (0.0, 0.05),
-                                     args.budget_s, out, (1, 4), dict(CPU_PLAN))
     else:
-        doc["results"] = engine_runs(CUDA_MODELS, "cuda:0", "graph", args.runs or 20, EFFECTS,
-                                     args.budget_s, out, (1, 4, 8), {})
-    doc["mde_vs_budget"] = mde_table(doc["results"],
-                                     CPU_PLAN["min_effect"] if args.mode == "cpu" else 0.02)
+        cpu = args.mode == "cpu"
+        phases = [ph if args.runs is None or ph.two_loads else replace(ph, runs=args.runs)
+                  for ph in (CPU_PHASES if cpu else CUDA_PHASES)
+                  if args.phases is None or ph.key in args.phases]
+        unknown = set(args.phases or ()) - {ph.key for ph in CUDA_PHASES + CPU_PHASES}
+        if unknown:
+            p.error(f"unknown phases {sorted(unknown)}")
+        doc["phases"] = [ph.key for ph in phases]
+        engine_runs(CPU_MODELS if cpu else CUDA_MODELS, "cpu" if cpu else "cuda:0",
+                    "eager" if cpu else "graph", phases, args.budget_s, out,
+                    (1, 4) if cpu else (1, 4, 8), dict(CPU_PLAN) if cpu else {}, doc,
+                    CPU_PLAN["min_effect"] if cpu else 0.02)
     doc["wall_s"] = round(time.monotonic() - t0, 1)
-    (out / "calibration.json").write_text(json.dumps(doc, indent=1) + "\n")
-    text = table(doc["results"])
-    (out / "calibration.txt").write_text(text + "\n")
-    log(text)
+    write_doc(out, doc, CPU_PLAN["min_effect"] if args.mode == "cpu" else 0.02)
+    log(table(doc["results"]))
     log(f"mde vs budget (rounds -> slowdown detected at 80 % power): {doc['mde_vs_budget']}")
     log(f"wrote {out / 'calibration.json'} ({doc['wall_s']} s)")
     return 0

@@ -14,7 +14,9 @@ TPOT counts as 0 for a one-token request, as vLLM does).
 rounds: higher is faster. For a latency metric it is 1 / the pass's median of
 that metric (over every ITL gap of the pass for `itl`: hundreds of per-step
 samples, robust to a stray slow step); for `output_throughput` it is output
-tokens / wall time.
+tokens / wall time. `sample_speed` is the same over the k consecutive passes of one
+arm in one round (the gate's sample length): the median over all their samples, or
+their summed tokens over their summed wall time.
 """
 
 from __future__ import annotations
@@ -71,6 +73,13 @@ def pass_speed(metric: str, requests: Sequence[Mapping[str, Any]], wall_s: float
     if mid <= 0:
         raise LatencyError(f"median {metric} {mid} s is not positive")
     return 1.0 / mid
+
+
+def sample_speed(metric: str, requests: Sequence[Mapping[str, Any]],
+                 walls_s: Sequence[float], output_tokens: Sequence[int]) -> float:
+    """`pass_speed` over consecutive passes taken together (their requests, walls and
+    token counts): one pass is the case k = 1."""
+    return pass_speed(metric, requests, float(sum(walls_s)), int(sum(output_tokens)))
 
 
 def _summary(name: str, values: list[float]) -> dict[str, float]:

@@ -23,6 +23,9 @@ def test_the_sim_mode_reports_every_rate_per_scenario_and_effect(tmp_path):
     assert len(aa["per_run"]) == 2 and set(aa["per_run"][0]["cells"]) == {
         "i16-c1", "i16-c4", "i16-c8"}
     assert set(doc["mde_vs_budget"]["graph-quiet/0"]) == {"8", "16", "24", "40", "80"}
+    # ~20 ms synthetic passes: samples of 5 passes per arm (min_sample_s 0.1)
+    ks = {c["passes_per_sample"] for run in aa["per_run"] for c in run["cells"].values()}
+    assert min(ks) > 1, ks
     assert "graph-quiet/0.02" in (tmp_path / "calibration.txt").read_text()
 
 
@@ -35,3 +38,8 @@ def test_the_cpu_smoke_runs_the_gate_on_the_reference_engine(tmp_path):
     assert aa["legacy_c1_cell_s"] > 0 and aa["c1_vs_legacy"] > 0
     raw = tmp_path / "runs" / "tiny-qwen3-0-0"
     assert {p.name for p in raw.iterdir()} == {"meta.json", "passes.csv", "requests.jsonl"}
+    assert doc["phases"] == ["tiny-qwen3/0", "tiny-qwen3/0.05", "tiny-qwen3/0/two-loads"]
+    meta = json.loads((raw / "meta.json").read_text())
+    assert meta["candidate"]["engine"]["same_object_as_baseline"] == "true"
+    two = doc["results"].get("tiny-qwen3/0/two-loads")
+    assert two is None or "instance difference" in two["note"]

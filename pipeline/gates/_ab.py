@@ -1,5 +1,6 @@
-"""One throughput cell re-derived from its raw records: the warm-up, the discarded
-rounds, the looks and the stop are re-taken exactly as `_timed` took them (a record
+"""One throughput cell re-derived from its raw records: the warm-up, the sample length
+(k passes per arm per round), the discarded rounds, the looks and the stop are re-taken
+exactly as `_timed` took them (a record
 that does not follow the design is an error, not a verdict), then the verdict, the
 CI reached, what more rounds would need, the vLLM-bench metrics of both arms and the
 clocks.
@@ -14,33 +15,48 @@ from typing import Any
 import numpy as np
 
 from pipeline import latency, noise, stats
-from pipeline.gates._timed import ROLES, Plan, round_order, tokens_digest, warmup_order
+from pipeline.gates._timed import (
+    ROLES,
+    Plan,
+    round_order,
+    sample_passes,
+    tokens_digest,
+    warmup_order,
+)
 
 
 class RecordError(ValueError):
     """The raw records do not follow the design (or are incomplete)."""
 
 
+Round = dict[str, list[Mapping[str, Any]]]
+"""One round's passes per arm, in run order."""
+
+
 def _rounds(passes: Sequence[Mapping[str, Any]], phase: str, count: int,
-            order: Callable[[int], tuple[str, str]]) -> list[dict[str, Any]]:
-    """{arm: pass row} per round 0..count-1 of `phase`, checking the arm order."""
+            order: Callable[[int], tuple[str, str]], n: int = 1) -> list[Round]:
+    """{arm: its n pass rows} per round 0..count-1 of `phase`, checking the arm order
+    (n passes of the first arm, then n of the second; passes.csv sealed before the
+    sample length has no `pass` column: one pass each)."""
     mine = [p for p in passes if p["phase"] == phase]
     out = []
     for k in range(count):
         rows = [p for p in mine if int(p["round"]) == k]
-        want = order(k)
-        if [p["arm"] for p in rows] != list(want):
-            raise RecordError(f"{phase} round {k}: passes {[p['arm'] for p in rows]}, the "
-                              f"schedule says {list(want)}")
-        out.append({p["arm"]: p for p in rows})
-    if len(mine) != 2 * count:
-        raise RecordError(f"{len(mine)} {phase} passes recorded for {count} rounds")
+        want = [(arm, i) for arm in order(k) for i in range(n)]
+        got = [(p["arm"], int(p.get("pass") or 0)) for p in rows]
+        if got != want:
+            raise RecordError(f"{phase} round {k}: passes {got}, the schedule says {want}")
+        out.append({arm: [p for p in rows if p["arm"] == arm] for arm in ROLES})
+    if len(mine) != 2 * n * count:
+        raise RecordError(f"{len(mine)} {phase} passes recorded for {count} rounds of "
+                          f"{n} pass(es) per arm")
     return out
 
 
 class _Cell:
     def __init__(self, plan: Plan, record: Mapping[str, Any], passes: Sequence[Mapping[str, Any]],
-                 requests: Sequence[Mapping[str, Any]], clocks: Sequence[Mapping[str, Any]]):
+                 requests: Sequence[Mapping[str, Any]], clocks: Sequence[Mapping[str, Any]],
+                 sealed_sample: bool = True):
         self.plan, self.record = plan, record
         self.requests: dict[tuple[str, int, str], list[Mapping[str, Any]]] = {}
         for r in requests:
@@ -49,23 +65,40 @@ class _Cell:
         for c in clocks:
             self.clocks.setdefault((c["phase"], int(c["round"])), []).append(c)
         self.warm = _rounds(passes, "warmup", int(record["warmup_rounds"]), warmup_order)
+        self.n = self.sample_length(sealed_sample)
         self.timed = _rounds(passes, "timed", int(record["rounds"]),
-                             lambda k: round_order(plan.order, k, plan.seed))
+                             lambda k: round_order(plan.order, k, plan.seed), self.n)
+
+    def sample_length(self, sealed: bool) -> int:
+        """k re-derived from the last warm-up round's walls; it must be the record's.
+        Bundles sealed before the sample length (`sealed` False: their plan has no
+        `min_sample_s`) ran one pass per arm per round."""
+        if not sealed:
+            return 1
+        walls = [float(p["wall_s"]) for arm in ROLES for p in self.warm[-1][arm]] \
+            if self.warm else []
+        want = sample_passes(self.plan.min_sample_s, walls)
+        got = self.record.get("passes_per_sample")
+        if got != want:
+            raise RecordError(f"passes per sample: {got} recorded, the warm-up's walls "
+                              f"{walls} give {want} (min_sample_s {self.plan.min_sample_s})")
+        return want
 
     def reqs(self, phase: str, k: int, arm: str) -> list[Mapping[str, Any]]:
         return self.requests.get((phase, k, arm), [])
 
     def speed(self, phase: str, k: int, arm: str, metric: str | None = None) -> float:
-        p = (self.warm if phase == "warmup" else self.timed)[k][arm]
+        rows = (self.warm if phase == "warmup" else self.timed)[k][arm]
         try:
-            return latency.pass_speed(metric or self.plan.metric, self.reqs(phase, k, arm),
-                                      float(p["wall_s"]), int(p["output_tokens"]))
+            return latency.sample_speed(metric or self.plan.metric, self.reqs(phase, k, arm),
+                                        [float(p["wall_s"]) for p in rows],
+                                        [int(p["output_tokens"]) for p in rows])
         except latency.LatencyError as exc:
             raise RecordError(f"{phase} round {k}, {arm}: {exc}") from exc
 
     @staticmethod
-    def projected(rnd: Mapping[str, Mapping[str, Any]]) -> float:
-        rows = sorted(rnd.values(), key=lambda p: float(p["start_s"]))
+    def projected(rnd: Round) -> float:
+        rows = sorted((p for ps in rnd.values() for p in ps), key=lambda p: float(p["start_s"]))
         end = float(rows[-1]["end_s"])
         return end + (end - float(rows[0]["start_s"]))  # as _timed computes it
 
@@ -151,7 +184,7 @@ def _bench(cell: _Cell, valid: list[int], slo_ms: Mapping[str, float]) -> dict[s
     out: dict[str, Any] = {}
     for arm in ROLES:
         reqs = [r for k in valid for r in cell.reqs("timed", k, arm)]
-        wall = sum(float(cell.timed[k][arm]["wall_s"]) for k in valid)
+        wall = sum(float(p["wall_s"]) for k in valid for p in cell.timed[k][arm])
         if reqs and wall > 0:
             out.update({f"{arm}_{k}": _r(v) if isinstance(v, float) else v
                         for k, v in latency.bench_metrics(reqs, wall, slo_ms or None).items()})
@@ -196,10 +229,12 @@ def timed_tokens(requests: Sequence[Mapping[str, Any]]
 
 def analyse_cell(plan: Plan, record: Mapping[str, Any], passes: Sequence[Mapping[str, Any]],
                  requests: Sequence[Mapping[str, Any]], clocks: Sequence[Mapping[str, Any]],
-                 slo_ms: Mapping[str, float] | None = None) -> dict[str, Any]:
-    """Every metric of one cell (`record`: its entry in meta.json). RecordError when
-    the records do not follow the plan."""
-    cell = _Cell(plan, record, passes, requests, clocks)
+                 slo_ms: Mapping[str, float] | None = None,
+                 sealed_sample: bool = True) -> dict[str, Any]:
+    """Every metric of one cell (`record`: its entry in meta.json; `sealed_sample`
+    False for a bundle sealed before the sample length). RecordError when the records
+    do not follow the plan."""
+    cell = _Cell(plan, record, passes, requests, clocks, sealed_sample)
     settled = cell.check_warmup()
     valid, discards = cell.valid_rounds()
     budget = cell.check_stop(discards)
@@ -226,6 +261,7 @@ def analyse_cell(plan: Plan, record: Mapping[str, Any], passes: Sequence[Mapping
         "verdict": outcome.verdict.value, "metric": plan.metric, "stop": record["stop"],
         "rounds": len(valid), "rounds_run": len(cell.timed), "rounds_discarded": len(discards),
         "warmup_rounds": len(cell.warm), "warmup_settled": settled,
+        "passes_per_sample": cell.n,
         "looks": ",".join(map(str, outcome.looks)), "elapsed_s": record.get("elapsed_s"),
         "ratio": _r(lk.ratio) if lk else None, "ratio_ci_low": _r(lk.ci_low) if lk else None,
         "ratio_ci_high": _r(lk.ci_high) if lk else None,

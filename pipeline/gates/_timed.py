@@ -1,7 +1,8 @@
-"""The timed rounds of one throughput cell: warm-up until stable, interleaved rounds,
-clocks around every pass, a look every `min_rounds` valid rounds, stop at a verdict
-or at the budget. Everything is written raw as it happens (`Sink`); the decisions
-taken here are the ones `_ab.analyse_cell` re-takes from those records.
+"""The timed rounds of one throughput cell: warm-up until stable, interleaved rounds
+of k passes per arm (the sample length, `sample_passes`), clocks around every pass,
+a look every `min_rounds` valid rounds, stop at a verdict or at the budget.
+Everything is written raw as it happens (`Sink`); the decisions taken here are the
+ones `_ab.analyse_cell` re-takes from those records.
 
 The loop is engine-agnostic: it drives anything implementing `Engine.generate`,
 so the calibration benchmark runs this very code on engines it loaded once.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -26,10 +28,13 @@ from pipeline.engines.interface import Engine, PassResult, WorkloadPass
 from pipeline.gates.interface import GateError, Progress
 
 ROLES = ("baseline", "candidate")
-PASS_FIELDS = ["cell", "phase", "round", "arm", "start_s", "end_s", "wall_s",
+PASS_FIELDS = ["cell", "phase", "round", "arm", "pass", "start_s", "end_s", "wall_s",
                "output_tokens", "requests"]
 CLOCK_FIELDS = ["cell", "phase", "round", "arm", "when", "t", "sm_clock_mhz",
                 "mem_clock_mhz", "temperature_c"]
+MAX_SAMPLE_PASSES = 16
+"""The most passes per arm per round (a 1 ms pass still makes 16 ms samples; the round
+budget stays a budget of rounds, not of thousands of passes)."""
 STOPS = ("decided", "rounds", "time", "discards")
 """Why a cell stopped: a verdict at a look; max_rounds valid rounds; the time budget
 (`max_seconds`, warm-up included); more than `max_discarded` rounds discarded."""
@@ -49,6 +54,9 @@ class Plan:
     clock_tolerance: float = 0.02
     max_seconds: float = 600.0
     max_discarded: int = 8
+    min_sample_s: float = 0.1
+    """Each arm's sample in a timed round spans consecutive passes lasting at least this
+    long (`sample_passes`)."""
 
 
 def round_order(order: str, k: int, seed: int) -> tuple[str, str]:
@@ -64,6 +72,27 @@ def round_order(order: str, k: int, seed: int) -> tuple[str, str]:
 
 def warmup_order(w: int) -> tuple[str, str]:
     return (ROLES[1], ROLES[0]) if w % 2 else ROLES
+
+
+def sample_passes(min_sample_s: float, last_warmup_walls: Sequence[float]) -> int:
+    """k, the consecutive passes per arm in every timed round: the fewest whose summed
+    wall time reaches `min_sample_s`, judged by the last (settled) warm-up round's passes
+    (the faster arm's, so both arms' samples last that long), at most
+    MAX_SAMPLE_PASSES; 1 without warm-up passes or with `min_sample_s` 0.
+
+    pyperf does the same for the same reason: it calibrates the loops of a benchmark so
+    that each value lasts at least `--min-time`, 100 ms by default (pyperf docs, "Runner
+    CLI", https://pyperf.readthedocs.io/en/latest/runner.html): shorter values are
+    dominated by the timer's and the scheduler's noise. Here a 20 ms pass of a host-bound engine
+    slowed as a whole by the host (a preemption, a frequency step) moves one round's
+    ratio by several percent; k passes together dilute such a pass k-fold, and the
+    speed of the sample is the metric over all k passes' requests."""
+    walls = [w for w in last_warmup_walls if w > 0]
+    if min_sample_s <= 0 or not last_warmup_walls:
+        return 1
+    if len(walls) < len(last_warmup_walls):
+        return MAX_SAMPLE_PASSES
+    return max(1, min(MAX_SAMPLE_PASSES, math.ceil(min_sample_s / min(walls))))
 
 
 def tokens_digest(ids: Sequence[int]) -> str:
@@ -84,12 +113,13 @@ class Sink:
         self._kept: set[tuple[str, str, str]] = set()
 
     def request_rows(self, cell: str, phase: str, k: int, arm: str,
-                     result: PassResult) -> list[dict[str, Any]]:
+                     result: PassResult, index: int = 0) -> list[dict[str, Any]]:
         """Per-request records of a pass; token ids kept for the first timed pass of
         each request and arm, and again wherever they differ from it (a digest always)."""
         rows = []
         for o in result.outputs:
-            row: dict[str, Any] = {"cell": cell, "phase": phase, "round": k, "arm": arm, "id": o.id,
+            row: dict[str, Any] = {"cell": cell, "phase": phase, "round": k, "arm": arm,
+                                   "pass": index, "id": o.id,
                    "output_tokens": len(o.token_ids), "ttft_s": o.ttft_s,
                    "latency_s": o.latency_s, "itl_s": list(o.itl_s),
                    "tokens_sha256": tokens_digest(o.token_ids)}
@@ -128,6 +158,8 @@ class _Cell:
         self.engines, self.work, self.plan, self.sink = engines, work, plan, sink
         self.clocks, self.progress, self.now = clocks, progress, now
         self.t0 = now()
+        self.n = 1
+        """Passes per arm per timed round, fixed after the warm-up (`sample_passes`)."""
 
     def _clock(self, phase: str, k: int, arm: str, when: str) -> dict[str, Any] | None:
         if self.clocks is None:
@@ -139,32 +171,45 @@ class _Cell:
         self.sink.clock(row)
         return row
 
-    def _pass(self, phase: str, k: int, arm: str) -> tuple[dict[str, Any], float, list[dict[str, Any]]]:
-        """One pass of `arm`: (pass row, speed, clock rows)."""
+    def _pass(self, phase: str, k: int, arm: str, index: int = 0
+              ) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
+        """One pass of `arm` (the `index`th of its sample): (pass row, request rows,
+        clock rows)."""
         seen = [c for c in [self._clock(phase, k, arm, "before")] if c]
         start = self.now() - self.t0
         result = cast(PassResult, _arms.generate(self.engines[arm], arm, self.work))
         end = self.now() - self.t0
         seen += [c for c in [self._clock(phase, k, arm, "after")] if c]
-        row = {"cell": self.work.cell, "phase": phase, "round": k, "arm": arm,
+        row = {"cell": self.work.cell, "phase": phase, "round": k, "arm": arm, "pass": index,
                "start_s": start, "end_s": end, "wall_s": float(result.wall_s),
                "output_tokens": result.output_tokens, "requests": len(result.outputs)}
-        requests = self.sink.request_rows(self.work.cell, phase, k, arm, result)
+        requests = self.sink.request_rows(self.work.cell, phase, k, arm, result, index)
         self.sink.write(row, requests)
+        return row, requests, seen
+
+    def _sample(self, phase: str, k: int, arm: str, n: int
+                ) -> tuple[list[dict[str, Any]], float, list[dict[str, Any]]]:
+        """`n` consecutive passes of `arm`: (pass rows, their speed together, clocks)."""
+        out = [self._pass(phase, k, arm, i) for i in range(n)]
+        rows = [o[0] for o in out]
         try:
-            speed = latency.pass_speed(self.plan.metric, requests, float(result.wall_s),
-                                       result.output_tokens)
+            speed = latency.sample_speed(self.plan.metric, [r for o in out for r in o[1]],
+                                         [float(r["wall_s"]) for r in rows],
+                                         [int(r["output_tokens"]) for r in rows])
         except latency.LatencyError as exc:
             raise GateError(f"cell {self.work.cell}, {arm} arm: {exc}") from exc
-        return row, speed, seen
+        return rows, speed, [c for o in out for c in o[2]]
 
-    def _round(self, phase: str, k: int, order: tuple[str, str]
-               ) -> tuple[dict[str, float], list[dict[str, Any]], float]:
-        out = {arm: self._pass(phase, k, arm) for arm in order}
-        first, last = out[order[0]][0], out[order[1]][0]
+    def _round(self, phase: str, k: int, order: tuple[str, str], n: int = 1
+               ) -> tuple[dict[str, float], list[dict[str, Any]], float, dict[str, float]]:
+        """(speed per arm, clock rows, projected end of a next round, last pass's wall
+        per arm)."""
+        out = {arm: self._sample(phase, k, arm, n) for arm in order}
+        first, last = out[order[0]][0][0], out[order[1]][0][-1]
         return ({arm: v[1] for arm, v in out.items()},
                 [c for v in out.values() for c in v[2]],
-                last["end_s"] + (last["end_s"] - first["start_s"]))
+                last["end_s"] + (last["end_s"] - first["start_s"]),
+                {arm: float(v[0][-1]["wall_s"]) for arm, v in out.items()})
 
     def _out_of_time(self, projected_end: float) -> bool:
         return projected_end > self.plan.max_seconds
@@ -176,10 +221,11 @@ class _Cell:
         projected = 0.0
         while p.warmup > 0:  # warmup = 0: the row asks for none at all
             self.progress.update(f"throughput {cell}: warm-up {w + 1}")
-            speeds, _, projected = self._round("warmup", w, warmup_order(w))
+            speeds, _, projected, walls = self._round("warmup", w, warmup_order(w))
             for arm, v in speeds.items():
                 warm[arm].append(v)
             w += 1
+            self.n = sample_passes(p.min_sample_s, [walls[arm] for arm in ROLES])
             if noise.warmup_done(warm, p.warmup, p.max_warmup, p.warmup_tolerance):
                 break
             if self._out_of_time(projected):
@@ -193,7 +239,8 @@ class _Cell:
         while True:
             self.progress.update(f"throughput {cell}: round {k + 1} ({len(d)} valid, looks "
                                  f"at {', '.join(map(str, looks))})")
-            speeds, clocks, projected = self._round("timed", k, round_order(p.order, k, p.seed))
+            speeds, clocks, projected, _ = self._round("timed", k,
+                                                       round_order(p.order, k, p.seed), self.n)
             k += 1
             if clocks and noise.clock_move(clocks, p.clock_tolerance):
                 discarded += 1
@@ -213,7 +260,8 @@ class _Cell:
 
     def _record(self, stop: str, warmup: int, rounds: int, discarded: int) -> dict[str, Any]:
         return {"stop": stop, "warmup_rounds": warmup, "rounds": rounds,
-                "discarded": discarded, "elapsed_s": round(self.now() - self.t0, 6)}
+                "discarded": discarded, "passes_per_sample": self.n,
+                "elapsed_s": round(self.now() - self.t0, 6)}
 
 
 def run_cell(engines: Mapping[str, Engine], work: WorkloadPass, plan: Plan, sink: Sink,

@@ -1,12 +1,14 @@
 """The throughput gate's raw artifacts (format 2) and the gate-level verdict.
 
     meta.json       format, the plan each cell followed, each cell's record (stop,
-                    warm-up and timed round counts, discarded rounds, elapsed s),
+                    warm-up and timed round counts, discarded rounds, passes per
+                    sample k, elapsed s),
                     both engines, the workload digest, the device
     passes.csv      one row per pass, warm-up and timed, both arms, in run order:
-                    cell, phase, round, arm, start_s, end_s (from the cell's start),
+                    cell, phase, round, arm, pass (0..k-1 within the arm's sample of
+                    the round), start_s, end_s (from the cell's start),
                     wall_s, output_tokens, requests
-    requests.jsonl  one line per request per pass: output_tokens, ttft_s, latency_s,
+    requests.jsonl  one line per request per pass (its round, arm, pass): output_tokens, ttft_s, latency_s,
                     itl_s (every inter-token gap), tokens_sha256, and token_ids for
                     the first timed pass of each request and arm (and any that differ)
     clocks.csv      SM / memory clock and temperature before and after every pass
@@ -24,7 +26,7 @@ import time
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pipeline.gates._ab as _ab
 import pipeline.gates._timed as _timed
@@ -97,14 +99,20 @@ def derive_cells(plans: Mapping[str, _timed.Plan], meta: Mapping[str, Any], pass
     for cell in meta["cells"]:
         if cell not in plans:
             raise GateError(f"cell {cell}: measured, but not a cell of this gate")
-        if meta["plans"].get(cell) != json.loads(json.dumps(plan_json(plans[cell]))):
+        sealed, want = meta["plans"].get(cell), json.loads(json.dumps(plan_json(plans[cell])))
+        # sealed before the sample length: no min_sample_s, one pass per arm per round
+        sample = not isinstance(sealed, dict) or "min_sample_s" in sealed
+        if not sample:
+            want.pop("min_sample_s")
+        if sealed != want:
             raise GateError(f"cell {cell}: measured under another plan than the row's "
-                            f"({meta['plans'].get(cell)})")
+                            f"({sealed})")
         mine = [p for p in passes if p["cell"] == cell]
         try:
             out[cell] = _ab.analyse_cell(plans[cell], meta["records"][cell], mine,
                                          [r for r in requests if r["cell"] == cell],
-                                         [c for c in clocks if c["cell"] == cell], slo_ms)
+                                         [c for c in clocks if c["cell"] == cell], slo_ms,
+                                         sample)
         except _ab.RecordError as exc:
             raise GateError(f"cell {cell}: the records do not follow the plan: {exc}") from exc
     return out
@@ -134,8 +142,8 @@ def timed_window(requests: list[dict[str, Any]], correct: Mapping[str, Mapping[s
     for arm, outputs in correct.items():
         window: dict[Hashable, Out] = {rid: Out.from_json(dict(r))
                                        for (a, rid), r in kept.items() if a == arm}
-        # matched_windows takes any hashable keys; Mapping is invariant in its key type
-        result = matched_windows(cast(Mapping[Hashable, Out], outputs), window, margin)
+        reference: dict[Hashable, Out] = {rid: out for rid, out in outputs.items()}
+        result = matched_windows(reference, window, margin)
         compared += result["compared"]
         if not result["matched"]:
             f = result["first_mismatch"] or {}

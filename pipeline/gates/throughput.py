@@ -2,7 +2,8 @@
 paired design with known power.
 
 measure starts both arms once. Per cell (`_timed`): warm-up rounds until both arms'
-speeds settle, then interleaved rounds (one pass per arm, A B / B A), SM and memory
+speeds settle, then interleaved rounds (k consecutive passes per arm, A B / B A, k
+fixed from the warm-up so that an arm's sample lasts `min_sample_s`), SM and memory
 clocks before and after every pass, a look at the repeated confidence interval every
 `min_rounds` valid rounds, a stop at the first verdict or at the budget (rounds,
 seconds, discarded rounds). Every pass is sealed raw: per request its TTFT, every
@@ -78,6 +79,10 @@ class ThroughputGate(GateSpec):
     max_warmup: Annotated[int, Field(ge=1)] = 6
     warmup_tolerance: Annotated[float, Field(gt=0)] = 0.05
     """Settled: each arm's last two warm-up speeds within this fraction."""
+    min_sample_s: Annotated[float, Field(ge=0, le=10)] = 0.1
+    """Sample length: after the warm-up each cell fixes k, the consecutive passes per arm
+    per round, so that k passes last at least this long (pyperf's `--min-time`, 100 ms);
+    an arm's speed in a round is the metric over its k passes together (0: one pass)."""
     clock_tolerance: Annotated[float, Field(ge=0)] = 0.02
     """A round whose SM or memory clock samples spread more than this is discarded."""
     max_discarded: Annotated[int, Field(ge=0)] = 8
@@ -133,7 +138,7 @@ def plan(row: Row, spec: ThroughputGate, cell: str) -> _timed.Plan:
                        seed=cell_seed(row, spec, cell), warmup=spec.warmup,
                        max_warmup=spec.max_warmup, warmup_tolerance=spec.warmup_tolerance,
                        clock_tolerance=spec.clock_tolerance, max_seconds=spec.max_seconds,
-                       max_discarded=spec.max_discarded)
+                       max_discarded=spec.max_discarded, min_sample_s=spec.min_sample_s)
 
 
 @register

@@ -35,6 +35,8 @@ def _calibration():
 
 cal = _calibration()
 PASSES = cal.synthetic_passes((1, 4))
+ONE_PASS = cal.default_plans(PASSES, min_sample_s=0.0)
+"""k = 1: one pass per arm per round (the tamper tests edit single passes)."""
 
 
 def _engines(seed: int, slowdown: float = 0.0, **machine):
@@ -82,7 +84,12 @@ def test_raw_records_hold_every_pass_request_and_token_digest(tmp_path):
     meta = json.loads((out / art.META).read_text())
     for cell, rec in meta["records"].items():
         mine = [r for r in rows if r["cell"] == cell]
-        assert len(mine) == 2 * (rec["warmup_rounds"] + rec["rounds"])
+        k = rec["passes_per_sample"]
+        assert k == cells[cell]["passes_per_sample"] and k > 1  # ~20 ms passes: 100 ms samples
+        assert len(mine) == 2 * (rec["warmup_rounds"] + k * rec["rounds"])
+        timed = [(r["arm"], int(r["pass"])) for r in mine if r["phase"] == "timed"]
+        order = _timed.round_order("alternating", 0, 0)
+        assert timed[:2 * k] == [(a, i) for a in order for i in range(k)]
         assert cells[cell]["rounds"] == rec["rounds"] and rec["stop"] == "decided"
     requests = [json.loads(line) for line in (out / art.REQUESTS).read_text().splitlines()]
     timed = [r for r in requests if r["phase"] == "timed"]
@@ -101,7 +108,8 @@ def test_raw_records_hold_every_pass_request_and_token_digest(tmp_path):
 def test_alternating_order_cancels_a_linear_drift_that_a_fixed_order_would_not(tmp_path,
                                                                                 monkeypatch):
     # the machine slows by ~2 % per pass: a fixed order always puts the candidate later
-    drift = {"slope": 1.0, "drift": 0.0, "pass_noise": 0.001}
+    # (one pass per sample: the drift per round is then the drift of one pass)
+    drift = {"slope": 1.0, "drift": 0.0, "pass_noise": 0.001, "plans": ONE_PASS}
     for seed in range(3):
         status, cells, _, _ = _run(tmp_path, seed, **drift)
         assert {c["verdict"] for c in cells.values()} == {"equivalent"}, cells
@@ -137,8 +145,9 @@ def test_too_many_discards_end_the_cell_underpowered(tmp_path):
 
 
 def test_the_time_budget_ends_a_noisy_cell_underpowered_with_what_it_would_need(tmp_path):
-    plans = cal.default_plans(PASSES, max_seconds=0.5)
-    status, cells, out, _ = _run(tmp_path, 5, plans=plans, pass_noise=0.05)
+    # 2 s: ~10 rounds of 5 passes per arm (~20 ms each)
+    plans = cal.default_plans(PASSES, max_seconds=2.0)
+    status, cells, out, _ = _run(tmp_path, 5, plans=plans, pass_noise=0.08)
     assert status == "FAIL"
     for c in cells.values():
         assert c["stop"] == "time" and c["verdict"] == "underpowered"
@@ -186,14 +195,14 @@ def _tamper(out: Path, edit) -> None:
      "passes recorded|schedule says|yet"),
 ])
 def test_records_that_do_not_follow_the_design_are_an_error(tmp_path, edit, match):
-    _, _, out, plans = _run(tmp_path, 7)
+    _, _, out, plans = _run(tmp_path, 7, plans=ONE_PASS)
     _tamper(out, edit)
     with pytest.raises(GateError, match=match):
         _derive(out, plans)
 
 
 def test_an_extra_round_after_the_deciding_look_is_an_error(tmp_path):
-    _, _, out, plans = _run(tmp_path, 8)
+    _, _, out, plans = _run(tmp_path, 8, plans=ONE_PASS)
     meta = json.loads((out / art.META).read_text())
     cell = meta["cells"][-1]
     rec = meta["records"][cell]
@@ -254,3 +263,62 @@ def test_timed_tokens_must_agree_across_rounds_and_with_the_correctness_pass(tmp
                                art.timed_window(requests, correct, 0.0, {}))
     assert derived.status is Status.FAIL and derived.reason.startswith("timed window refused")
     assert derived.metrics["timed_window"] == "refused"
+
+
+def test_each_arms_sample_spans_k_passes_fixed_from_the_warmup(tmp_path):
+    _, cells, out, plans = _run(tmp_path, 11)
+    meta = json.loads((out / art.META).read_text())
+    with open(out / art.PASSES, newline="") as f:
+        rows = list(csv.DictReader(f))
+    for cell, rec in meta["records"].items():
+        warm = [r for r in rows if r["cell"] == cell and r["phase"] == "warmup"]
+        last = [float(r["wall_s"]) for r in warm[-2:]]
+        k = rec["passes_per_sample"]
+        assert k == _timed.sample_passes(0.1, last) and k * min(last) >= 0.1
+        assert (k - 1) * min(last) < 0.1
+        assert meta["plans"][cell]["min_sample_s"] == 0.1
+    one = _run(tmp_path, 11, plans=ONE_PASS)[1]
+    assert {c["passes_per_sample"] for c in one.values()} == {1}
+    # k passes dilute a pass slowed as a whole by the host: a tighter spread per round
+    assert np.median([c["sd_log_ratio"] for c in cells.values()]) < \
+        np.median([c["sd_log_ratio"] for c in one.values()])
+
+
+def test_sample_passes_rule():
+    assert _timed.sample_passes(0.1, [0.02, 0.021]) == 5
+    assert _timed.sample_passes(0.1, [0.2, 0.3]) == 1
+    assert _timed.sample_passes(0.1, [1e-5, 1e-5]) == _timed.MAX_SAMPLE_PASSES
+    assert _timed.sample_passes(0.0, [0.02, 0.02]) == 1
+    assert _timed.sample_passes(0.1, []) == 1  # warmup = 0: nothing to judge by
+
+
+def test_a_sample_length_other_than_the_warmups_is_an_error(tmp_path):
+    _, _, out, plans = _run(tmp_path, 12)
+    meta = json.loads((out / art.META).read_text())
+    cell = meta["cells"][0]
+    meta["records"][cell]["passes_per_sample"] -= 1
+    (out / art.META).write_text(json.dumps(meta))
+    with pytest.raises(GateError, match="passes per sample: .* recorded, the warm-up's walls"):
+        _derive(out, plans)
+
+
+def test_a_bundle_sealed_before_the_sample_length_derives_as_one_pass(tmp_path):
+    """Format 2 without min_sample_s: no `pass` column, no passes_per_sample, plans without
+    the key; it re-derives as k = 1 under today's row (min_sample_s 0.1)."""
+    status, cells, out, _ = _run(tmp_path, 13, plans=ONE_PASS)
+    meta = json.loads((out / art.META).read_text())
+    for cell in meta["cells"]:
+        del meta["plans"][cell]["min_sample_s"], meta["records"][cell]["passes_per_sample"]
+    (out / art.META).write_text(json.dumps(meta))
+    with open(out / art.PASSES, newline="") as f:
+        rows = [{k: v for k, v in r.items() if k != "pass"} for r in csv.DictReader(f)]
+    with open(out / art.PASSES, "w", newline="") as f:
+        w = csv.DictWriter(f, [k for k in _timed.PASS_FIELDS if k != "pass"])
+        w.writeheader()
+        w.writerows(rows)
+    today = cal.default_plans(PASSES)
+    assert _derive(out, today) == cells
+    meta["plans"][meta["cells"][0]]["min_effect_typo"] = 1
+    (out / art.META).write_text(json.dumps(meta))
+    with pytest.raises(GateError, match="another plan"):
+        _derive(out, today)

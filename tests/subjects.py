@@ -21,6 +21,7 @@ LAST_PAGE_BUG = ("  return len - ((n_pages - 1) << page_shift);\n",
 "simplification" that is 0 instead of a whole page when the length is a multiple
 of the page size (an off-by-one in the last page: boundary contexts catch it)."""
 BUG_BRANCH = "last-page"
+SIGNOFF_DEVICE = "\n\nSigned-off-by: rowgate-device <device@rowgate.dev>\n"
 
 
 def _commit(repo: git.Repo, message: str) -> git.Commit:
@@ -28,16 +29,25 @@ def _commit(repo: git.Repo, message: str) -> git.Commit:
     return repo.index.commit(message + SIGNOFF)
 
 
+KERNELS_BRANCH = "paged-decode"
+
+
 def paged_decode_subject(root: Path, *, planted_bug: bool = False) -> git.Repo:
-    """pagedmini as its own repository at `root` (which must not exist): `main` holds
-    its kernels in one signed-off commit. With `planted_bug`, branch `last-page`
-    adds one signed-off commit planting the last-page bug in the candidate, and is
-    checked out (the commit under gate; main is its base)."""
+    """pagedmini as its own repository at `root` (which must not exist), shaped like a
+    pull request: `main` holds the project's README, and branch `paged-decode` adds
+    its kernels in one signed-off commit and is checked out (the change under gate;
+    main is its base: a head with its base's tree is no change to gate). With
+    `planted_bug`, the kernels are on `main` instead and branch `last-page` adds one
+    signed-off commit planting the last-page bug in the candidate."""
     shutil.copytree(PAGED_DECODE, root)
     repo = git.Repo.init(root, initial_branch="main")
     with repo.config_writer() as cw:
         cw.set_value("user", "name", AUTHOR[0])
         cw.set_value("user", "email", AUTHOR[1])
+    repo.index.add(["README.md"])
+    repo.index.commit("pagedmini: the project" + SIGNOFF)
+    if not planted_bug:
+        repo.git.checkout("-b", KERNELS_BRANCH)
     _commit(repo, "pagedmini: paged decode attention kernels, operator and RMSNorm")
     if planted_bug:
         repo.git.checkout("-b", BUG_BRANCH)
@@ -78,6 +88,9 @@ def snapshot_of(tree: Path, dest: Path) -> Path:
     with repo.config_writer() as cw:
         cw.set_value("user", "name", "rowgate-device")
         cw.set_value("user", "email", "device@rowgate.dev")
+    # an empty base on main and the tree on a branch: the snapshot is the change gated
+    repo.git.commit("--allow-empty", "-m", "base of the device snapshot" + SIGNOFF_DEVICE)
+    repo.git.checkout("-b", "snapshot")
     repo.git.add(A=True)
     repo.index.commit("device snapshot of rowgate's tree\n\n"
                       "Signed-off-by: rowgate-device <device@rowgate.dev>\n")

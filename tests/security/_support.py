@@ -106,6 +106,15 @@ def rowgate(*args: object, cwd: Path | None = None, timeout: float = 300,
                proc.stderr.decode(errors="replace"))
 
 
+def own_key() -> tuple[str, Path]:
+    """`--key` and the public half of the user's own key (the test's config dir), which
+    every gate here signs with unless a test names another: `verify`, `review` and
+    `oracle verify` check against a signer the caller names (issue 18)."""
+    from pipeline import signing
+
+    return "--key", signing.local_public_key()
+
+
 def assert_one_line(run: Run, code: int, pattern: str) -> str:
     """Exit `code`, no traceback, and stderr is exactly one line matching `pattern`."""
     err = run.err.strip()

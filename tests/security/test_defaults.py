@@ -23,6 +23,7 @@ from tests.security._support import (
     git_commit_all,
     host_row,
     make_subject,
+    own_key,
     rowgate,
     subject_state,
     write_row,
@@ -46,7 +47,7 @@ def test_gate_twice_from_inside_the_subject_with_the_defaults(tmp_path):
     assert bundles[0] != bundles[1]
     for bundle in bundles:
         assert bundle.parent == _state_evidence() / "TEST-DEFAULTS"
-        assert rowgate("verify", bundle).code == 0
+        assert rowgate("verify", bundle, *own_key()).code == 0
 
 
 @pytest.mark.slow

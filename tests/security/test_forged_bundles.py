@@ -25,6 +25,7 @@ from tests.security._support import (
     duplicate_before,
     host_row,
     make_subject,
+    own_key,
     proc_env,
     reseal,
     rowgate,
@@ -100,7 +101,7 @@ def test_a_duplicated_key_anywhere_in_a_sealed_document_fails_verify(sealed, cap
     bundle, key = sealed
     forge, where, dup = DUPLICATES[case]
     forged = reseal(bundle, key, **forge(bundle))
-    run = cli(capsys, "verify", forged)
+    run = cli(capsys, "verify", forged, *own_key())
     assert_one_line(run, 1, rf"{re.escape(where)}: duplicate key '{dup}'.*")
     run = cli(capsys, "inspect", forged)
     assert_one_line(run, 1, rf"{re.escape(where)}: duplicate key '{dup}'.*")
@@ -201,7 +202,7 @@ def test_a_signature_file_saying_its_key_hint_twice_does_not_verify(sealed, caps
     raw = raw.replace(f'"hint{sep}{hint}"', f'"hint{sep}{"0" * 64}", "hint{sep}{hint}"')
     os.chmod(sig, 0o644)
     sig.write_text(raw)
-    run = cli(capsys, "verify", forged)
+    run = cli(capsys, "verify", forged, *own_key())
     assert_one_line(run, 1, r"signature\.sigstore\.json: duplicate key 'hint'.*")
 
 
@@ -263,7 +264,7 @@ def test_a_path_in_a_resigned_manifest_that_leaves_the_bundle_is_refused(sealed,
     bundle, key = sealed
     forge, pattern = PATH_FORGERIES[case]
     forged = reseal(bundle, key, **forge(bundle, sentinel.root))
-    assert_one_line(cli(capsys, "verify", forged), 1, pattern)
+    assert_one_line(cli(capsys, "verify", forged, *own_key()), 1, pattern)
     for command in (["inspect", forged], ["inspect", forged, "--json"],
                     ["report", forged, "--markdown", forged.parent.parent / "r.md"]):
         run = cli(capsys, *command)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.security._support import Run, host_row, make_subject, rowgate, tree_text
+from tests.security._support import Run, host_row, make_subject, own_key, rowgate, tree_text
 
 PLANT = r'''
 import json, os, socket, stat, sys
@@ -107,7 +107,7 @@ class Planted:
 
     def assert_verifies(self) -> None:
         assert self.bundle.is_dir(), ("no bundle", self.run.code, self.run.out, self.run.err)
-        verify = rowgate("verify", self.bundle, timeout=120)
+        verify = rowgate("verify", self.bundle, *own_key(), timeout=120)
         assert verify.code == 0, verify.err
         top = sorted(p.name for p in self.bundle.iterdir())
         assert top == ["artifacts", "gates", "manifest.json", "signature.sigstore.json"], top

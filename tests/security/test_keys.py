@@ -178,12 +178,11 @@ class Commands:
             "merge": (["merge", "--row", row, "--repo", world.repo_dir, "--reviews", world.reviews],
                       world.reviews / row.stem / "merges"),
             "oracle-record": (["oracle", "record", row, "--out", oracle_out], oracle_out),
-            "verify": (["verify", bundle], None),
         }
+        self.bundle = bundle
 
 
-@pytest.mark.parametrize("command", ["gate", "review", "attest-operator", "merge", "oracle-record",
-                                     "verify"])
+@pytest.mark.parametrize("command", ["gate", "review", "attest-operator", "merge", "oracle-record"])
 def test_a_bad_signing_key_is_a_configuration_error_everywhere(world, keys, tmp_path, monkeypatch,
                                                                capsys, command):
     """Case 11: exit 2 (not REJECT's or FAIL's 1), one line, nothing written."""
@@ -200,6 +199,21 @@ def test_a_bad_signing_key_is_a_configuration_error_everywhere(world, keys, tmp_
     run = rowgate(*argv, timeout=60, env=proc_env())
     assert_one_line(run, 2, rf"ROWGATE_SIGNING_KEY={re.escape(str(keys.fifo))}: .*not a regular file.*")
     assert world.repo.heads.main.commit.hexsha == main_before
+    assert private_key_text(keys.p384_private) not in _everything_written(tmp_path, keys.root)
+
+
+def test_verify_names_its_signer_and_never_reads_the_signing_key(world, keys, tmp_path,
+                                                                 monkeypatch, capsys):
+    """Case 11 for verify: it signs nothing, and since issue 18 it checks against the signer
+    its caller names, never a default; so a bad ROWGATE_SIGNING_KEY changes nothing, and
+    without --key (or --identity/--issuer) it is a usage error, exit 2, one line."""
+    bundle = Commands(world, keys, tmp_path).bundle
+    for which in ENV_VALUES:
+        value = _env_value(keys, which)
+        monkeypatch.setenv("ROWGATE_SIGNING_KEY", value)
+        run = cli(capsys, "verify", bundle, "--key", world.gate_pub)
+        assert run.code == 0 and "Traceback" not in run.err, (which, run.err)
+        assert_one_line(cli(capsys, "verify", bundle), 2, r"verify: pass --key PUB\.pem .*")
     assert private_key_text(keys.p384_private) not in _everything_written(tmp_path, keys.root)
 
 

@@ -19,6 +19,7 @@ from tests.security._support import (
     BUILD_GATE,
     cli,
     make_subject,
+    own_key,
     proc_env,
     rowgate_argv,
     subject_state,
@@ -68,7 +69,7 @@ def _state(out: Path, capsys) -> tuple[int, int]:
         if entry.name.startswith("."):
             staged += 1
             continue
-        run = cli(capsys, "verify", entry)
+        run = cli(capsys, "verify", entry, *own_key())
         assert run.code == 0, f"{entry.name}: {run.err}"
         whole += 1
     return whole, staged

@@ -21,6 +21,7 @@ from tests.security._support import (
     cli,
     host_row,
     make_subject,
+    own_key,
     proc_env,
     rowgate_argv,
     subject_state,
@@ -112,7 +113,7 @@ def test_eight_concurrent_gates_over_stale_stages(tmp_path):
     printed = {Path(stdout.decode().strip().splitlines()[-1]) for _, stdout, _ in results}
     assert len(printed) == 8 and printed <= set(_bundles(out))
     for bundle in printed:
-        assert subprocess.run(rowgate_argv("verify", bundle), env=proc_env(),
+        assert subprocess.run(rowgate_argv("verify", bundle, *own_key()), env=proc_env(),
                               capture_output=True, timeout=120).returncode == 0
     assert not [p for p in stale if os.path.lexists(p)], "stale stages were not swept"
     assert _hidden(out) == [], "staging left behind"
@@ -159,7 +160,7 @@ def _inner_then_outer(outer, out, subject, inner_row, flag, capsys) -> None:
     assert b"Traceback" not in stderr, stderr.decode()
     assert code == 0, stderr.decode()
     bundle = Path(stdout.decode().strip().splitlines()[-1])
-    assert cli(capsys, "verify", bundle).code == 0
+    assert cli(capsys, "verify", bundle, *own_key()).code == 0
     assert len(_bundles(out)) == 2 and _hidden(out) == []
 
 

@@ -28,6 +28,7 @@ from tests.security._support import (
     assert_one_line,
     cli,
     make_subject,
+    own_key,
     rowgate,
     snapshot,
     subject_state,
@@ -224,13 +225,16 @@ def test_build_without_kernels_toml_is_one_line_and_leaves_nothing(tmp_path, cap
 # ------------------------------------------------------------ the same through a gate
 
 
-def _gate_attack(tmp_path: Path, capsys, attack: Attack, key: str, phrase: str, out: Path):
+def _gate_attack(tmp_path: Path, capsys, attack: Attack, key: str, phrase: str, out: Path,
+                 signer: Path | None = None):
+    """`signer`: the public key the gate signs with, when a test sets ROWGATE_SIGNING_KEY."""
     row = write_row(tmp_path / "rows", "TEST-CONFINE", HOST_GATE_OK + BUILD_GATE)
     run = cli(capsys, "-q", "gate", row, "--repo", attack.subject, "--out", out)
     assert "Traceback" not in run.err, run.err
     assert run.code == 1, (run.out, run.err)
     bundle = Path(run.last)
-    assert cli(capsys, "verify", bundle).code == 0
+    verify_key = ("--key", signer) if signer is not None else own_key()
+    assert cli(capsys, "verify", bundle, *verify_key).code == 0
 
     build = json.loads((bundle / "gates" / "build.json").read_text())
     assert build["status"] == "ERROR"
@@ -252,7 +256,7 @@ def test_gate_kernel_name_cannot_replace_an_earlier_bundle(tmp_path, capsys, str
     attack = _attack(tmp_path, {}, _toml(name=name))
     _gate_attack(tmp_path, capsys, attack, r"kernels\..*", NAME, out)
     assert snapshot(earlier) == sealed_before
-    assert cli(capsys, "verify", earlier).code == 0
+    assert cli(capsys, "verify", earlier, *own_key()).code == 0
 
 
 @pytest.mark.slow
@@ -262,7 +266,7 @@ def test_gate_source_pointing_at_the_signing_key_never_reaches_the_bundle(tmp_pa
     monkeypatch.setenv("ROWGATE_SIGNING_KEY", str(keys.private))
     attack = _attack(tmp_path, {"kernels/key.cu": Link(str(keys.private))}, _toml(source="key.cu"))
     bundle = _gate_attack(tmp_path, capsys, attack, r"kernels\.k\.source", OUTSIDE,
-                          tmp_path / "evidence")
+                          tmp_path / "evidence", signer=keys.public)
     body = keys.private.read_text().splitlines()[1]
     assert body not in tree_text(tmp_path / "evidence")
     assert body not in tree_text(Path(os.environ["ROWGATE_CACHE_DIR"]))

@@ -128,9 +128,7 @@ def _name_in(result: GateResult, name: str) -> str:
     return other if name not in names and other is not None and other in names else name
 
 
-def _values(result: GateResult | None, name: str) -> dict[str, float | None]:
-    if result is None:
-        return {}
+def _values(result: GateResult, name: str) -> dict[str, float | None]:
     found: dict[str, float | None] = {}
     if name in result.metrics:
         found[GATE_LEVEL] = _float(result.metrics[name])
@@ -241,7 +239,7 @@ def collect(row: str, evidence: Path, *, metric: str | None = None,
         notes = _notes(followed, gate, name)
     for b, results in bundles:
         result = next((r for r in results if r.gate_id == gate), None)
-        values = _values(result, _name_in(result, name)) if metric and result else {}
+        values = {} if not metric or result is None else _values(result, _name_in(result, name))
         series.update(dict.fromkeys(values))
         review = read_review(review_path(reviews_dir, b)) if reviews_dir else None
         m = b.manifest

@@ -27,6 +27,11 @@ CELLS = ("i16-c1", "i16-c4")
 REPEATS = 9
 TOKENS = 16
 WORKLOAD = "sha256:" + "ab" * 32
+FALLBACK = '''
+    [[arms.fallbacks]]
+    engine = "reference"
+    mode = "eager"
+'''
 ROW_BODY = '''
     [[gates]]
     id = "throughput"
@@ -209,6 +214,24 @@ def test_bundles_that_cannot_be_compared_are_refused(world, capsys):
     assert code == 2 and err.startswith("compare: measured on different devices: A ")
     code, _, err = _compare(a, a, pub.with_name("nope.pem"), capsys)
     assert code == 2 and "--key" in err
+
+
+def test_bundles_measured_against_different_baseline_arms_are_refused(tmp_path, git_repo,
+                                                                     make_key, capsys):
+    key = make_key()
+    pub = signing.KeySigner(key).public_key_file()
+    repo = Path(git_repo.working_dir)
+    eager = ROW_BODY.replace('kind = "throughput"', 'kind = "throughput"\nbaseline = "eager"')
+    bundles = []
+    for name, body in (("oracle", ROW_BODY), ("eager", FALLBACK + eager)):
+        row = write_row(tmp_path / name, "COMPARE-ROW", body)
+        bundles.append(format2.seal(tmp_path / name / "evidence", row, repo, key,
+                                    {"oracle": 0.6, "candidate": 0.6}, 1,
+                                    cal.synthetic_passes((1, 4))))
+    code, _, err = _compare(*bundles, pub, capsys)
+    assert code == 2 and err.strip() == ("compare: gate throughput measured against different "
+                                         "baseline arms: A oracle; B eager (the baseline is "
+                                         "the control of the change)")
 
 
 def test_a_bundle_that_does_not_verify_is_exit_1(world, capsys, make_key):

@@ -2,18 +2,22 @@
 
 Both bundles are verified first. They must be comparable: the same row, the same
 device (the GPUs a bundle's provenance names, or the host's CPU where there are
-none) and, for every gate measured in both, the same workload digest (`meta.json`).
-Anything else is refused: a difference between two machines or two workloads is not
-a change of the subject.
+none) and, for every gate measured in both, the same workload digest and the same
+baseline arm (`meta.json`). Anything else is refused: a difference between two
+machines, two workloads or two controls is not a change of the subject.
 
 Per gate: its status in A and in B. Per throughput cell, metric and arm: the change
-from A to B computed from the sealed raw samples (`report.raw_throughput.read_samples`)
-with the throughput gate's statistics (`pipeline.stats.compare`: bootstrap CI of the
-ratio of medians, Mann-Whitney; `stats.verdict` against the row's `min_effect`).
-The unit is the timed pass (a request's latency is summarised by its pass's median):
+from A to B computed from the sealed raw samples (`report.raw_throughput.read_samples`,
+format 2 or 1, either side) with the unpaired statistics of `pipeline.unpaired`:
+bootstrap CI of the ratio of medians, Mann-Whitney, against the row's `min_effect`.
+Unpaired, because A and B are two independent runs: pass *i* of A and pass *i* of B
+share nothing (the gate itself pairs its two arms within a round; nothing pairs two
+bundles). The unit is the timed pass (a request's latency is summarised by its pass's
+median, which for the gate's own metric is exactly 1 / the speed the gate paired):
 requests of one pass share its batch, clocks and host state, so treating them as
 independent would understate the variance (Kalibera & Jones, ISMM 2013). Changes are
-said as asv / pyperf do: `1.31× faster [1.27, 1.35]`, `no significant change`.
+said as asv / pyperf do: `1.31× faster [1.27, 1.35]`, `no significant change`, with
+the power of the comparison: the smallest slowdown it would have found (80 % power).
 
 The baseline arm is the control: it ran the same pinned engine in both bundles, so
 when it moved significantly in a cell, that cell's candidate change is confounded
@@ -22,7 +26,6 @@ when it moved significantly in a cell, that cell's candidate change is confounde
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -30,10 +33,11 @@ from typing import Any
 
 from pipeline.errors import UsageError
 from pipeline.evidence import Bundle
+from pipeline.records.canonical import strict_loads
 from pipeline.records.gate_result import GateResult
 from pipeline.records.status import Status
 from pipeline.report.build import find_row
-from pipeline.report.raw_throughput import METRICS, read_samples
+from pipeline.report.raw_throughput import METRICS, Samples, read_samples
 from pipeline.signing import Verifier
 
 ALPHA = 0.05
@@ -41,6 +45,8 @@ DEFAULT_MIN_EFFECT = 0.02
 """Below this relative change a difference is negligible, when the row gives no
 `min_effect` for the gate (the throughput gate's own default)."""
 BOOTSTRAP = 10000
+SEED = 20240917
+"""The bootstrap's seed: the same two bundles give the same CI every time."""
 WORSE = {Status.PASS: {Status.FAIL, Status.ERROR, Status.PENDING},
          Status.PENDING: {Status.FAIL, Status.ERROR}}
 """Status moves from A to B that are a regression."""
@@ -87,6 +93,11 @@ class Change:
     ci_low: float
     ci_high: float
     p_value: float
+    detectable: float
+    """The smallest slowdown (fraction) this comparison would have found, with 80 % power
+    at the spread seen (`pipeline.unpaired.detectable`)."""
+    decides: bool
+    """Whether this is the metric B's gate decides on (format 2)."""
     outcome: str
     """`faster`, `slower`, `no significant change`, `inconclusive` (no significant change,
     but the CI is too wide to rule out one of the row's minimum effect) or `confounded`
@@ -95,6 +106,7 @@ class Change:
 
     def says(self) -> str:
         ci = f"[{self.ci_low:.3g}, {self.ci_high:.3g}]"
+        power = f"would find a slowdown of {self.detectable:.1%}"
         if self.outcome == "faster":
             return f"{self.speedup:.3g}× faster {ci}"
         if self.outcome == "slower":
@@ -103,8 +115,10 @@ class Change:
             return f"confounded: the baseline arm moved too ({self.speedup:.3g}× {ci})"
         if self.outcome == "inconclusive":
             return (f"no significant change, but {ci} does not rule out ±{self.min_effect:.0%} "
-                    f"({self.speedup:.3g}×, p={self.p_value:.2g}): more passes needed")
-        return f"no significant change ({self.speedup:.3g}× {ci}, p={self.p_value:.2g})"
+                    f"({self.speedup:.3g}×, p={self.p_value:.2g}; {power} only): more passes "
+                    f"needed")
+        return (f"no significant change ({self.speedup:.3g}× {ci}, p={self.p_value:.2g}; "
+                f"{power})")
 
 
 @dataclass(frozen=True)
@@ -149,11 +163,16 @@ def device_of(bundle: Bundle) -> str:
     return f"{p.host.cpu}, {p.host.cores} cores (no GPU)"
 
 
-def _workloads(bundle: Bundle, gate: str) -> set[str] | None:
-    """Every workload digest the gate's meta.json records, or None without one."""
+def _meta(bundle: Bundle, gate: str) -> dict[str, Any] | None:
     path = bundle.path / "artifacts" / gate / "meta.json"
     if not path.is_file():
         return None
+    doc = strict_loads(path.read_bytes(), f"artifacts/{gate}/meta.json")
+    return doc if isinstance(doc, dict) else None
+
+
+def _workloads(meta: dict[str, Any]) -> set[str]:
+    """Every workload digest the gate's meta.json records."""
     found: set[str] = set()
 
     def walk(node: object) -> None:
@@ -165,8 +184,14 @@ def _workloads(bundle: Bundle, gate: str) -> set[str] | None:
         elif isinstance(node, list):
             for v in node:
                 walk(v)
-    walk(json.loads(path.read_bytes()))
+    walk(meta)
     return found
+
+
+def _baseline_arm(meta: dict[str, Any]) -> str:
+    """The row's arm the gate measured the candidate against (format 1: the oracle)."""
+    arm = meta.get("baseline_arm", meta.get("baseline"))  # format 1: "baseline" names it
+    return arm if isinstance(arm, str) else "oracle"
 
 
 def check_comparable(a: Bundle, b: Bundle) -> None:
@@ -177,11 +202,19 @@ def check_comparable(a: Bundle, b: Bundle) -> None:
     if device_of(a) != device_of(b):
         raise UsageError(f"compare: measured on different devices: A {device_of(a)}; "
                          f"B {device_of(b)}")
-    for g in sorted({s.gate_id for s in ma.gates} & {s.gate_id for s in mb.gates}):
-        wa, wb = _workloads(a, g), _workloads(b, g)
-        if wa is not None and wb is not None and wa != wb:
+    kinds = {s.gate_id: s.kind for s in mb.gates}
+    for g in sorted({s.gate_id for s in ma.gates} & set(kinds)):
+        meta_a, meta_b = _meta(a, g), _meta(b, g)
+        if meta_a is None or meta_b is None:
+            continue
+        wa, wb = _workloads(meta_a), _workloads(meta_b)
+        if wa and wb and wa != wb:
             raise UsageError(f"compare: gate {g} ran different workloads: A "
                              f"{', '.join(sorted(wa))}; B {', '.join(sorted(wb))}")
+        ba, bb = _baseline_arm(meta_a), _baseline_arm(meta_b)
+        if kinds[g] == "throughput" and ba != bb:
+            raise UsageError(f"compare: gate {g} measured against different baseline arms: "
+                             f"A {ba}; B {bb} (the baseline is the control of the change)")
 
 
 def _per_pass(pairs: list[tuple[int, float]]) -> list[float]:
@@ -199,44 +232,54 @@ def _min_effect(bundle: Bundle, gate: str) -> float:
 
 
 def _change(gate: str, cell: str, name: str, arm: str, a: list[float], b: list[float],
-            min_effect: float) -> Change:
-    from pipeline import stats
+            min_effect: float, decides: bool) -> Change:
+    from pipeline import unpaired
 
     m = METRICS[name]
-    cmp = stats.compare(b, a, n_resamples=BOOTSTRAP)  # ratio B / A of medians, with its CI
-    higher = m.better == "higher"
-    verdict = stats.verdict(cmp, min_effect=min_effect, alpha=ALPHA, higher_is_better=higher)
-    ratio, low, high = cmp.ratio_median, cmp.ratio_ci_low, cmp.ratio_ci_high
-    speedup, lo, hi = (ratio, low, high) if higher else (1 / ratio, 1 / high, 1 / low)
-    outcome = {"better": "faster", "worse": "slower", "parity": "no significant change",
-               "equivalent": "no significant change"}.get(str(verdict.value), "inconclusive")
+    # ratio B / A of medians, with its CI: B is the later run
+    u = unpaired.compare(b, a, n_resamples=BOOTSTRAP, seed=SEED, names=("B", "A"))
+    d = unpaired.decide(u, min_effect=min_effect, alpha=ALPHA,
+                        higher_is_better=m.better == "higher")
     return Change(gate=gate, cell=cell, metric=name, arm=arm, unit=m.unit, better=m.better,
-                  n_a=len(a), n_b=len(b), median_a=cmp.median_oracle,
-                  median_b=cmp.median_candidate, speedup=speedup, ci_low=lo, ci_high=hi,
-                  p_value=cmp.p_value, outcome=outcome, min_effect=min_effect)
+                  n_a=len(a), n_b=len(b), median_a=u.median_y, median_b=u.median_x,
+                  speedup=d.speedup, ci_low=d.low, ci_high=d.high, p_value=u.p_value,
+                  detectable=d.detectable, decides=decides, outcome=d.change.value,
+                  min_effect=min_effect)
+
+
+def _cell_changes(gate: str, cell: str, name: str, sa: Samples, sb: Samples,
+                  min_effect: float, notes: list[str]) -> list[Change]:
+    """The candidate's and the baseline's change in one cell and metric; the candidate's
+    confounded when the baseline moved."""
+    got: dict[int, Change] = {}
+    for i in (1, 0):  # candidate, then baseline: arms as each bundle names them
+        va, vb = (_per_pass(s.values[name][cell][s.arms[i]]) for s in (sa, sb))
+        if va and vb:
+            got[i] = _change(gate, cell, name, sb.arms[i], va, vb, min_effect,
+                             name == sb.metric)
+    base, cand = got.get(0), got.get(1)
+    if base is not None and cand is not None and base.outcome in ("faster", "slower"):
+        notes.append(f"{gate} {cell} {name}: the baseline arm moved ({base.says()}): "
+                     f"the candidate's change there is confounded")
+        got[1] = _replace(cand, outcome="confounded")
+    return [got[i] for i in (1, 0) if i in got]
 
 
 def _sample_changes(gate: str, ra: GateResult, a: Bundle, rb: GateResult, b: Bundle,
                     notes: list[str]) -> list[Change]:
     sa, sb = read_samples(ra, a.path), read_samples(rb, b.path)
     notes += [f"A: {m}" for m in sa.missing] + [f"B: {m}" for m in sb.missing]
+    if sa.format != sb.format:
+        notes.append(f"{gate}: A is a format-{sa.format} bundle, B format-{sb.format}: the "
+                     f"passes of both are compared all the same (the same metrics per pass)")
     min_effect = _min_effect(b, gate)
     out: list[Change] = []
-    names = [n for n in METRICS if n in sa.values and n in sb.values]
+    names = sorted((n for n in METRICS if n in sa.values and n in sb.values),
+                   key=lambda n: n != sb.metric)  # the gate's own metric first
     cells = list(dict.fromkeys(c for n in names for c in sa.values[n] if c in sb.values[n]))
     for cell in cells:
         for name in [n for n in names if cell in sa.values[n] and cell in sb.values[n]]:
-            cell_changes = {}
-            for arm in ("candidate", "oracle"):
-                va, vb = (_per_pass(s.values[name][cell][arm]) for s in (sa, sb))
-                if va and vb:
-                    cell_changes[arm] = _change(gate, cell, name, arm, va, vb, min_effect)
-            base, cand = cell_changes.get("oracle"), cell_changes.get("candidate")
-            if base is not None and cand is not None and base.outcome in ("faster", "slower"):
-                notes.append(f"{gate} {cell} {name}: the baseline arm moved ({base.says()}): "
-                             f"the candidate's change there is confounded")
-                cell_changes["candidate"] = _replace(cand, outcome="confounded")
-            out += list(cell_changes.values())
+            out += _cell_changes(gate, cell, name, sa, sb, min_effect, notes)
     return out
 
 

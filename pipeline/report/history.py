@@ -6,6 +6,15 @@ caller gives a verifier: a listing does not guess whose key counts), each gate's
 status, and the value of one chosen metric — gate-level, or one series per cell
 when the gate measured cells. Pure reading: `collect` builds a `History`, the
 renderers (terminal table, JSON, CSV, PNG) only lay it out.
+
+A row's history spans the throughput gate's change of format (format 1: bootstrap
+ratio of medians per repeat; format 2: the sequential paired design,
+`pipeline/report/throughput.py`). Where the two name one quantity differently
+(`FORMAT_NAMES`: output tok/s ratio `ratio_median` / `output_throughput_ratio`, a
+latency's `ttft_ratio_median` / `ttft_ratio`, …), following either name reads the
+other in bundles of the other format, and the history's notes say so. Where one name
+means two things (`ratio_ci_low`: output tok/s in format 1, the gate's metric in
+format 2), the values are shown as sealed and a note says the series changes meaning.
 """
 
 from __future__ import annotations
@@ -27,6 +36,19 @@ from pipeline.signing import Verifier
 
 GATE_LEVEL = "(gate)"
 """The series name of a gate-level metric."""
+FORMAT_NAMES = {
+    "output_throughput_ratio": "ratio_median",
+    "output_throughput_ratio_ci_low": "ratio_ci_low",
+    "output_throughput_ratio_ci_high": "ratio_ci_high",
+    **{f"{lat}_ratio": f"{lat}_ratio_median" for lat in ("ttft", "tpot", "itl")}}
+"""A throughput quantity's format-2 name -> its format-1 name (candidate / baseline)."""
+TWO_MEANINGS = ("ratio_ci_low", "ratio_ci_high", "ratio_ci_low_min", "ratio_ci_high_max",
+                "verdict")
+"""Throughput names both formats write, for different quantities (output tok/s and
+parity/better/worse/inconclusive in format 1; the gate's metric and
+better/worse/equivalent/underpowered in format 2)."""
+FORMAT_ONE_NAMES = {v: k for k, v in FORMAT_NAMES.items() if v not in TWO_MEANINGS}
+"""Format-1 name -> format-2 name, where the format-1 name is not also a format-2 name."""
 
 
 @dataclass(frozen=True)
@@ -56,13 +78,17 @@ class History:
     entries: tuple[Entry, ...]
     unreadable: tuple[tuple[str, str], ...] = ()
     """(path, why) of bundle directories that could not be read."""
+    notes: tuple[str, ...] = ()
+    """What a reader of the series must know (a throughput metric read under its other
+    format's name, or one name meaning two things across the bundles)."""
 
     def doc(self) -> dict[str, Any]:
         return {"row": self.row_id, "evidence": self.evidence, "metric": self.metric or None,
                 "series": list(self.series),
                 "bundles": [{**asdict(e), "gates": dict(e.gates), "values": dict(e.values)}
                             for e in self.entries],
-                "unreadable": [{"path": p, "why": w} for p, w in self.unreadable]}
+                "unreadable": [{"path": p, "why": w} for p, w in self.unreadable],
+                "notes": list(self.notes)}
 
     def csv(self) -> str:
         out = io.StringIO()
@@ -85,10 +111,24 @@ def _row_id(ref: str) -> str:
     return ref
 
 
-def _values(results: list[GateResult], gate: str, name: str) -> dict[str, float | None]:
-    result = next((r for r in results if r.gate_id == gate), None)
-    if result is None:
-        return {}
+def _format(result: GateResult) -> int | None:
+    """A throughput result's format (1 or 2); None for any other kind."""
+    from pipeline.report.throughput import is_sequential
+
+    if result.kind != "throughput":
+        return None
+    return 2 if is_sequential(result) else 1
+
+
+def _name_in(result: GateResult, name: str) -> str:
+    """The name `name`'s quantity has in this result (its format's, for throughput)."""
+    fmt = _format(result)
+    other = FORMAT_NAMES.get(name) if fmt == 1 else FORMAT_ONE_NAMES.get(name) if fmt else None
+    names = set(result.metrics).union(*result.cells.values())
+    return other if name not in names and other is not None and other in names else name
+
+
+def _values(result: GateResult, name: str) -> dict[str, float | None]:
     found: dict[str, float | None] = {}
     if name in result.metrics:
         found[GATE_LEVEL] = _float(result.metrics[name])
@@ -96,6 +136,27 @@ def _values(results: list[GateResult], gate: str, name: str) -> dict[str, float 
         if name in metrics:
             found[cell] = _float(metrics[name])
     return found
+
+
+def _notes(results: list[GateResult], gate: str, name: str) -> list[str]:
+    formats = {f for r in results if (f := _format(r)) is not None}
+    notes = [f"{gate}.{name} is read as {gate}.{read} in {n} format-{f} bundle(s) (the "
+             f"same quantity under that format's name)"
+             for (f, read), n in _counts([(_format(r), _name_in(r, name)) for r in results
+                                          if _name_in(r, name) != name]).items()]
+    if formats == {1, 2} and name in TWO_MEANINGS:
+        same = next((k for k, v in FORMAT_NAMES.items() if v == name), None)
+        hint = f"; {gate}.{same} is the output tok/s one in both" if same else ""
+        notes.append(f"{gate}.{name} means different things across these bundles: output "
+                     f"tok/s (format 1) and the gate's own metric (format 2){hint}")
+    return notes
+
+
+def _counts(items: list[tuple[int | None, str]]) -> dict[tuple[int | None, str], int]:
+    out: dict[tuple[int | None, str], int] = {}
+    for item in items:
+        out[item] = out.get(item, 0) + 1
+    return out
 
 
 def _float(value: object) -> float | None:
@@ -112,6 +173,9 @@ def _known_metrics(results_by_bundle: list[list[GateResult]], gate: str) -> list
                 names.update(dict.fromkeys(r.metrics))
                 for metrics in r.cells.values():
                     names.update(dict.fromkeys(metrics))
+                if _format(r) is not None:  # a throughput quantity by either format's name
+                    aliases = {**FORMAT_NAMES, **FORMAT_ONE_NAMES}
+                    names.update(dict.fromkeys(k for k, v in aliases.items() if v in names))
     return list(names)
 
 
@@ -119,7 +183,7 @@ def _check_metric(metric: str, results_by_bundle: list[list[GateResult]], row_id
     gate, sep, name = metric.partition(".")
     if not sep or not name:
         raise UsageError(f"--metric {metric!r}: expected GATE.METRIC (e.g. "
-                         f"throughput.ratio_median)")
+                         f"throughput.ratio)")
     gates = {r.gate_id for results in results_by_bundle for r in results}
     if gate not in gates:
         close = difflib.get_close_matches(gate, sorted(gates), n=1)
@@ -169,8 +233,13 @@ def collect(row: str, evidence: Path, *, metric: str | None = None,
         _check_metric(metric, [r for _, r in bundles], row_id)
     gate, _, name = (metric or "").partition(".")
     entries, series = [], {}
+    notes: list[str] = []
+    if metric:
+        followed = [r for _, rs in bundles for r in rs if r.gate_id == gate]
+        notes = _notes(followed, gate, name)
     for b, results in bundles:
-        values = _values(results, gate, name) if metric else {}
+        result = next((r for r in results if r.gate_id == gate), None)
+        values = {} if not metric or result is None else _values(result, _name_in(result, name))
         series.update(dict.fromkeys(values))
         review = read_review(review_path(reviews_dir, b)) if reviews_dir else None
         m = b.manifest
@@ -182,7 +251,7 @@ def collect(row: str, evidence: Path, *, metric: str | None = None,
             values=tuple(values.items())))
     ordered = tuple(sorted(series, key=lambda s: (s != GATE_LEVEL, natural_key(s))))
     return History(row_id=row_id, evidence=str(evidence), metric=metric or "", series=ordered,
-                   entries=tuple(entries), unreadable=tuple(unreadable))
+                   entries=tuple(entries), unreadable=tuple(unreadable), notes=tuple(notes))
 
 
 def figure(history: History) -> SeriesFigure:

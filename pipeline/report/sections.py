@@ -12,10 +12,11 @@ otherwise, so a gate whose result shape is new still shows in full:
   one's cells carrying `<prefix>ratio_median`, `<prefix>ratio_ci_low` and
   `<prefix>ratio_ci_high` become a ratio-with-CI plot and a summary table per prefix;
 * any kind: PNG artifacts (plots the gate drew itself) are shown as sealed;
-* `throughput`: per cell, the distributions of both arms' raw samples (output
-  tok/s per timed pass, TTFT / TPOT / ITL / E2EL per request, ms), computed from
-  the sealed `samples.csv` / `requests.jsonl` (`raw_throughput`); a missing one is
-  said in red;
+* `throughput`: per cell, the distributions of both arms' raw samples (format 2:
+  each timed pass's speed on the gate's metric first; output tok/s per timed pass,
+  TTFT / TPOT / E2EL per request and ITL per gap, ms), computed from the sealed
+  `passes.csv` (format 1: `samples.csv`) and `requests.jsonl` (`raw_throughput`); a
+  missing one is said in red;
 * `trace`: the trace gate's captures (`ROLE-MODE/` with its `trace.json.gz`) are
   re-analysed from the sealed trace (`raw_trace`): per capture the range's first
   steps as a timeline and its idle breakdown; a missing trace is said in red.
@@ -152,7 +153,9 @@ def _ratio_prefixes(cells: dict[str, dict[str, MetricValue]]) -> list[str]:
 def throughput(result: GateResult, bundle_root: Path, spec: object | None) -> Extra:
     if throughput_view.is_sequential(result):  # format 2: pipeline/report/throughput.py
         tables, figures, notes = throughput_view.view(result, spec)
-        return Extra(tables=tables, figures=figures, notes=notes)
+        extra = Extra(tables=tables, figures=figures, notes=notes)
+        _distributions(extra, result, bundle_root)
+        return extra
     extra = Extra()
     band = None
     min_effect = _number(result.metrics.get("min_effect"))
@@ -181,11 +184,15 @@ def throughput(result: GateResult, bundle_root: Path, spec: object | None) -> Ex
         extra.tables.append(table(f"{name}: A/B per cell", ("cell", *wanted),
                                   ([c, *(metric(k, m.get(k)) for k in wanted)] for c, m in rows),
                                   verdict))
+    _distributions(extra, result, bundle_root)
+    return extra
+
+
+def _distributions(extra: Extra, result: GateResult, bundle_root: Path) -> None:
     if result.cells:  # a throughput run: its raw samples give the distributions
         figures, missing = distributions(result, bundle_root)
         extra.figures += figures
         extra.missing += missing
-    return extra
 
 
 def _ab_columns(prefix: str, longer: list[str], keys: list[str]) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -106,3 +107,68 @@ def test_usage_errors_name_what_is_wrong(two_bundles, capsys):
     code, _, err = _run(["history", "HIST", "--evidence", str(evidence), "--plot", "x.png"],
                         capsys)
     assert code == 2 and "--plot needs --metric" in err
+
+
+FIXTURE = Path(__file__).resolve().parents[1] / "data/bundles"
+FIXTURE_ROW = "FIXTURE-SEALED-B68C77E"
+
+
+@pytest.fixture
+def across_formats(tmp_path, git_repo, make_key) -> tuple[Path, Path, Path]:
+    """One row's history across the throughput gate's change of format: the bundle an
+    older rowgate sealed (format 1), then one the gate measures now (format 2: its own
+    measure and derive, on synthetic engines). (evidence dir, format-1, format-2 bundle)"""
+    from tests.gates.test_timed_rounds import cal
+    from tests.report import format2
+
+    evidence = tmp_path / "evidence"
+    old = evidence / FIXTURE_ROW / "9e0039fa90883e48"
+    shutil.copytree(FIXTURE / FIXTURE_ROW / old.name, old)
+    new = format2.seal(evidence, FIXTURE / f"{FIXTURE_ROW}.toml", Path(git_repo.working_dir),
+                       make_key(), {"oracle": 0.6, "candidate": 0.6}, 7,
+                       cal.synthetic_passes((1, 2)))
+    return evidence, old, new
+
+
+def _cells(bundle: Path) -> dict[str, dict]:
+    return json.loads((bundle / "gates/throughput.json").read_text())["cells"]
+
+
+@pytest.mark.parametrize("name,read_1,read_2", [
+    ("output_throughput_ratio", "ratio_median", "output_throughput_ratio"),
+    ("ratio_median", "ratio_median", "output_throughput_ratio"),
+    ("tpot_ratio", "tpot_ratio_median", "tpot_ratio")])
+def test_a_throughput_quantity_is_followed_across_formats(across_formats, capsys, name,
+                                                          read_1, read_2):
+    evidence, old, new = across_formats
+    code, out, _ = _run(["history", FIXTURE_ROW, "--evidence", str(evidence), "--metric",
+                         f"throughput.{name}", "--json"], capsys)
+    doc = json.loads(out)
+    assert code == 0 and [b["bundle_id"] for b in doc["bundles"]] == [old.name, new.name]
+    first, second = doc["bundles"]
+    assert doc["series"] == ["i16-c1", "i16-c2"]
+    assert first["values"] == {c: m[read_1] for c, m in _cells(old).items()}
+    assert second["values"] == {c: m[read_2] for c, m in _cells(new).items()}
+    assert all(v is not None for v in second["values"].values())
+    renamed, fmt = (read_1, 1) if read_1 != name else (read_2, 2)
+    assert doc["notes"] == [f"throughput.{name} is read as throughput.{renamed} in 1 "
+                            f"format-{fmt} bundle(s) (the same quantity under that "
+                            f"format's name)"]
+
+
+def test_a_name_that_changed_meaning_says_so(across_formats, capsys):
+    evidence, old, new = across_formats
+    code, out, _ = _run(["history", FIXTURE_ROW, "--evidence", str(evidence), "--metric",
+                         "throughput.ratio_ci_low", "--csv"], capsys)
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert code == 0 and [r["i16-c1"] for r in rows] == [
+        repr(_cells(b)["i16-c1"]["ratio_ci_low"]) for b in (old, new)]
+    _, out, _ = _run(["history", FIXTURE_ROW, "--evidence", str(evidence), "--metric",
+                      "throughput.ratio_ci_low", "--json"], capsys)
+    assert json.loads(out)["notes"] == [
+        "throughput.ratio_ci_low means different things across these bundles: output tok/s "
+        "(format 1) and the gate's own metric (format 2); "
+        "throughput.output_throughput_ratio_ci_low is the output tok/s one in both"]
+    code, _, err = _run(["history", FIXTURE_ROW, "--evidence", str(evidence), "--metric",
+                         "throughput.ratoi"], capsys)
+    assert code == 2 and "did you mean throughput.ratio?" in err

@@ -1,7 +1,9 @@
-"""Report plots computed from the sealed raw samples, on real data: the CPU demo's
-checked-in bundle (vLLM-cpu vs the reference engine) and a bundle sealed from the H200
-trace fixtures; missing artifacts said in red; wide tables collapsed; and the page
-rendered in headless Chromium."""
+"""Report plots computed from the sealed raw samples, on real data: a format-2
+throughput bundle the gate measured here (the reference engine on both arms of the
+tiny model), the CPU demo's checked-in format-1 bundle (vLLM-cpu vs the reference
+engine), synthetic engines whose clocks drop (rounds the gate discards) and a bundle
+sealed from the H200 trace fixtures; missing artifacts said in red; wide tables
+collapsed; and the page rendered in headless Chromium."""
 
 from __future__ import annotations
 
@@ -12,13 +14,17 @@ import shutil
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 
-from pipeline import provenance, report, rows, signing
+from pipeline import latency, provenance, report, rows, signing
 from pipeline.evidence import Bundle, Stage
 from pipeline.gates.interface import GateResult, Status
 from pipeline.report import html, markdown
 from pipeline.report.model import BACKGROUND, BarFigure, DistributionFigure, Table, TimelineFigure
+from pipeline.report.raw_throughput import read_samples
 from pipeline.report.sections import section_for
+from tests.gates.engine_rows import run_one, tiny_row
 from tests.report.test_report import _parse, _run_chromium
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,9 +71,123 @@ def _demo_page():
     return report.report_for(DEMO, key=DEMO_KEY, reviews_dir=ROOT / "docs/evidence/reviews")
 
 
-def test_throughput_distributions_are_the_sealed_samples(tmp_path):
-    from pipeline.gates.throughput import request_latencies
+TP_GATE = '''
+    [[gates]]
+    id = "tp"
+    kind = "throughput"
+    cells = ["i16-c1", "i16-c4"]
+    min_rounds = 3
+    max_rounds = 3
+    max_warmup = 2
+'''
 
+
+@pytest.fixture(scope="module")
+def tp2(tmp_path_factory):
+    """A format-2 bundle: the throughput gate run here, reference engine on both arms
+    (a short budget: the distributions, not the verdict, are under test)."""
+    from pipeline.gates.throughput import Throughput
+
+    tmp = tmp_path_factory.mktemp("tp2")
+    path = tiny_row(tmp, "TP-RAW", TP_GATE, oracle="reference", output_len=16)
+    loaded = rows.load_row(path)
+    stage = Stage(tmp / "evidence", loaded.row.id)
+    result = run_one(Throughput(), path, "tp", stage.root)
+    stage.add_result(result)
+    key = tmp / "key.pem"
+    key.write_bytes(ec.generate_private_key(ec.SECP256R1()).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()))
+    bundle = stage.seal(row=loaded, row_file=str(path), subject=provenance.subject(ROOT),
+                        provenance=provenance.collect(), signer=signing.KeySigner(key),
+                        order=["tp"])
+    return bundle, signing.KeySigner(key).public_key_file()
+
+
+def _raw(bundle: Path) -> tuple[list[dict], list[dict]]:
+    """The timed passes and their requests, as sealed."""
+    with open(bundle / "artifacts/tp/passes.csv", newline="") as f:
+        passes = [p for p in csv.DictReader(f) if p["phase"] == "timed"]
+    reqs = [json.loads(x) for x in (bundle / "artifacts/tp/requests.jsonl").read_text()
+            .splitlines()]
+    return passes, [r for r in reqs if r["phase"] == "timed"]
+
+
+def test_format2_distributions_are_the_gates_own_passes(tp2, tmp_path):
+    bundle, key = tp2
+    page = report.report_for(bundle, key=key, reviews_dir=tmp_path)
+    assert page.verification.verified
+    (tp,) = page.sections
+    assert not tp.missing, tp.missing
+    assert any("power per cell" in t.title for t in tp.tables)  # the sequential view stays
+    dists = [f for f in tp.figures if isinstance(f, DistributionFigure)]
+    assert len(dists) == 6 and len(tp.figures) > 6  # the ratio figures, then these
+    speed = dists[0]
+    assert speed.title == ("tp: speed per timed pass (1 / the pass's median ITL, what the "
+                           "gate pairs), both arms")
+    assert (speed.unit, speed.better) == ("1/s", "higher")
+    assert dists[1].title == ("tp: ITL (inter-token latency) per inter-token gap (the gate's "
+                              "metric), both arms")
+    passes, reqs = _raw(bundle)
+    cells = Bundle.open(bundle).gate_result("tp").cells
+    for panel in speed.panels:
+        assert [arm for arm, _ in panel.series] == ["baseline (oracle)", "candidate"]
+        for (_, values), arm in zip(panel.series, ("baseline", "candidate")):
+            mine = [p for p in passes if p["cell"] == panel.title and p["arm"] == arm]
+            want = [latency.pass_speed("itl", [r for r in reqs if (r["cell"], r["round"], r[
+                "arm"]) == (panel.title, int(p["round"]), arm)], float(p["wall_s"]),
+                int(p["output_tokens"])) for p in mine]
+            assert values == tuple(want) and len(want) == cells[panel.title]["rounds_run"]
+    tok = next(f for f in dists if f.unit == "tok/s")
+    for panel in tok.panels:
+        base = dict(panel.series)["baseline (oracle)"]
+        assert base == tuple(int(p["output_tokens"]) / float(p["wall_s"]) for p in passes
+                             if p["cell"] == panel.title and p["arm"] == "baseline")
+
+
+def test_format2_without_its_passes_says_so_in_red(tp2):
+    bundle, _ = tp2
+    result = Bundle.open(bundle).gate_result("tp")
+    kept = [a for a in result.artifacts if not a.endswith("passes.csv")]
+    section = section_for(result.model_copy(update={"artifacts": kept}), bundle)
+    assert section.missing == ("artifacts/tp/passes.csv is not sealed: no per-pass output "
+                               "tok/s or speeds",)
+    dists = [f for f in section.figures if isinstance(f, DistributionFigure)]
+    assert {f.unit for f in dists} == {"ms"} and len(dists) == 4  # the latencies remain
+
+
+def test_rounds_the_gate_discarded_are_left_out(tmp_path):
+    """Synthetic engines whose SM clock drops now and then, through the gate's rounds:
+    the kept passes are exactly the ones the gate paired."""
+    import math
+
+    import numpy as np
+
+    from pipeline.gates import _tp_artifacts as art
+    from tests.gates.test_timed_rounds import PASSES, cal
+
+    m = cal.Machine(np.random.default_rng(3), clock_drop_rate=0.15)
+    engines = {"baseline": cal.SyntheticEngine(m, 0.0006, 0.002),
+               "candidate": cal.SyntheticEngine(m, 0.0006, 0.002)}
+    out = tmp_path / "artifacts/tp"
+    _, cells = cal.gate_run(engines, PASSES, cal.default_plans(PASSES), out, m.clock,
+                            now=m.now)
+    d = art.gate_verdict(cells, "oracle", True, None)
+    result = GateResult(gate_id="tp", kind="throughput", status=d.status, reason=d.reason,
+                        metrics=d.metrics, cells=d.cells,
+                        artifacts=[f"artifacts/tp/{p.name}" for p in out.iterdir()])
+    got = read_samples(result, tmp_path)
+    assert not got.missing and got.format == 2 and got.metric == "itl"
+    assert got.discarded == sum(c["rounds_discarded"] for c in cells.values()) > 0
+    for cell, c in cells.items():
+        base, cand = (got.speeds[cell][arm] for arm in ("baseline", "candidate"))
+        assert len(base) == len(cand) == c["rounds"]
+        ratio = math.exp(sum(math.log(x / y) for (_, x), (_, y) in zip(cand, base))
+                         / len(base))
+        assert ratio == pytest.approx(c["ratio"], rel=1e-9)  # the gate's ratio, re-made
+
+
+def test_throughput_distributions_are_the_sealed_samples(tmp_path):
     page = _demo_page()
     assert page.verification.verified and page.verdict == "APPROVE"
     tp = next(s for s in page.sections if s.gate_id == "throughput")
@@ -89,7 +209,7 @@ def test_throughput_distributions_are_the_sealed_samples(tmp_path):
     reqs = [json.loads(x) for x in (DEMO / "artifacts/throughput/requests.jsonl").read_text()
             .splitlines()]
     want = [1e3 * v for r in reqs if r["cell"] == "i64-c4" and r["arm"] == "candidate"
-            for v in request_latencies(r)["tpot"]]
+            for v in latency.request_values(r)["tpot"]]
     assert dict(tpot.panels[3].series)["candidate"] == tuple(want) and len(want) == 36
     ratios = [f.ylabel for f in tp.figures if not isinstance(f, DistributionFigure)]
     assert ratios[0] == "candidate / oracle (higher is better)"  # output tok/s first
@@ -196,18 +316,23 @@ def test_wide_tables_collapse_in_markdown_and_html():
     assert html._table(narrow).startswith("<h3>small</h3>")
 
 
-def test_headless_chromium_draws_the_demo_and_trace_pages(traced, tmp_path):
+def test_headless_chromium_draws_the_demo_trace_and_format2_pages(traced, tp2, tmp_path):
     import matplotlib.image
 
     bundle, key = traced
+    format2 = report.report_for(tp2[0], key=tp2[1], reviews_dir=tmp_path)
     pages = {"demo": html.render(_demo_page()),
-             "trace": html.render(report.report_for(bundle, key=key, reviews_dir=tmp_path))}
+             "trace": html.render(report.report_for(bundle, key=key, reviews_dir=tmp_path)),
+             "format2": html.render(format2)}
+    images = {"demo": 9, "trace": 4,  # demo: 4 ratios + 5 distributions
+              "format2": sum(len(s.figures) for s in format2.sections)}
+    assert images["format2"] >= 7  # at least the decision ratio + 6 distributions
     for name, text in pages.items():
         page = tmp_path / f"{name}.html"
         page.write_text(text)
         dom = _run_chromium(page, tmp_path, "--dump-dom")
         assert dom.returncode == 0, dom.stderr[-2000:]
-        assert len(_parse(dom.stdout).images) == (9 if name == "demo" else 4)  # 4 ratios + 5 distributions
+        assert len(_parse(dom.stdout).images) == images[name]
         shot = tmp_path / f"{name}.png"
         run = _run_chromium(page, tmp_path, f"--screenshot={shot}", "--window-size=1200,3000")
         assert run.returncode == 0 and shot.is_file(), run.stderr[-2000:]

@@ -213,6 +213,8 @@ def _history(ns: argparse.Namespace) -> ExitCode:
         print(found.csv(), end="")
     else:
         report.console().print(report.history_table(found))
+        for note in found.notes:  # where a metric was read under its other format's name
+            print(f"note: {note}")
     return ExitCode.FAILED if found.unreadable else ExitCode.OK
 
 

@@ -215,18 +215,26 @@ def _kept_rounds(reader: _Reader, meta: Record) -> set[tuple[str, int]] | None:
 
 
 def _speeds(passes: list[Record], requests: list[Record], meta: Record) -> Values:
-    """Each pass's speed on its cell's metric, exactly as the gate computes it."""
-    from pipeline.latency import pass_speed
+    """Each sample's speed on its cell's metric, exactly as the gate computes it: a
+    sample is an arm's k consecutive passes of one round (`passes_per_sample`, k = 1 in
+    bundles sealed before the sample length), taken together (`latency.sample_speed`)."""
+    from pipeline.latency import sample_speed
 
     reqs: dict[tuple[str, int, str], list[Record]] = {}
     for r in requests:
         reqs.setdefault((r["cell"], int(r["round"]), r["arm"]), []).append(r)
+    grouped: dict[tuple[str, int, str], list[Record]] = {}
+    for p in passes:
+        grouped.setdefault((p["cell"], int(p["round"]), p["arm"]), []).append(p)
+    firsts = [p for p in passes if int(p.get("pass") or 0) == 0]  # one row per sample
 
     def speed(p: Record) -> list[float]:
+        key = (p["cell"], int(p["round"]), p["arm"])
         metric = meta["plans"][p["cell"]]["metric"]
-        return [pass_speed(metric, reqs.get((p["cell"], int(p["round"]), p["arm"]), []),
-                           float(p["wall_s"]), int(p["output_tokens"]))]
-    return _by_cell(passes, ARMS[2], "round", speed)
+        sample = grouped[key]
+        return [sample_speed(metric, reqs.get(key, []), [float(q["wall_s"]) for q in sample],
+                             [int(q["output_tokens"]) for q in sample])]
+    return _by_cell(firsts, ARMS[2], "round", speed)
 
 
 def _read_v2(reader: _Reader, meta: Record) -> None:

@@ -151,17 +151,20 @@ def test_the_changes_are_the_sealed_passes_compared_unpaired(world, capsys):
     itl = next(c for c in json.loads(out)["changes"]
                if (c["cell"], c["metric"], c["arm"]) == ("i16-c4", "itl", "candidate"))
 
-    def speeds(bundle: Path) -> list[float]:  # the gate's per-pass speed, from the raw files
+    def speeds(bundle: Path) -> list[float]:  # the gate's per-sample speed, from the raw files
         art = bundle / "artifacts/throughput"
         with open(art / "passes.csv", newline="") as f:
             passes = [p for p in csv.DictReader(f) if p["phase"] == "timed"
                       and p["cell"] == "i16-c4" and p["arm"] == "candidate"]
         reqs = [json.loads(x) for x in (art / "requests.jsonl").read_text().splitlines()]
-        return [latency.pass_speed("itl", [r for r in reqs if r["phase"] == "timed" and
-                                           r["cell"] == "i16-c4" and r["arm"] == "candidate"
-                                           and r["round"] == int(p["round"])],
-                                   float(p["wall_s"]), int(p["output_tokens"])) for p in passes]
-    # one value per pass: its median ITL (ms), 1 / the speed the gate paired
+        rounds = sorted({int(p["round"]) for p in passes})
+        return [latency.sample_speed(
+            "itl", [r for r in reqs if r["phase"] == "timed" and r["cell"] == "i16-c4"
+                    and r["arm"] == "candidate" and r["round"] == k],
+            [float(p["wall_s"]) for p in passes if int(p["round"]) == k],
+            [int(p["output_tokens"]) for p in passes if int(p["round"]) == k]) for k in rounds]
+    # one value per sample (an arm's k passes of a round): its median ITL (ms), 1 / the
+    # speed the gate paired
     u = unpaired.compare([1e3 / v for v in speeds(b)], [1e3 / v for v in speeds(a)],
                          seed=20240917, names=("B", "A"))
     assert itl["median_b"] == pytest.approx(u.median_x, rel=1e-12)

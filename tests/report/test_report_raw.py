@@ -166,7 +166,8 @@ def test_rounds_the_gate_discarded_are_left_out(tmp_path):
     from pipeline.gates import _tp_artifacts as art
     from tests.gates.test_timed_rounds import PASSES, cal
 
-    m = cal.Machine(np.random.default_rng(3), clock_drop_rate=0.15)
+    # a drop in any of a round's 2k passes discards it (k = 4-5 here: the sample length)
+    m = cal.Machine(np.random.default_rng(3), clock_drop_rate=0.03)
     engines = {"baseline": cal.SyntheticEngine(m, 0.0006, 0.002),
                "candidate": cal.SyntheticEngine(m, 0.0006, 0.002)}
     out = tmp_path / "artifacts/tp"

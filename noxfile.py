@@ -162,8 +162,11 @@ def gate_demo(session: nox.Session) -> None:
     signer = {"ROWGATE_SIGNER": "key"}  # the demo signs with the local key, even on a CI runner
     # A review must be fresh (another signer than the bundle's): a demo reviewer key,
     # and its records outside the subject tree so a rerun's host gate sees it clean.
-    reviewer = {"ROWGATE_SIGNER": "key", "ROWGATE_SIGNING_KEY": "",
-                "XDG_CONFIG_HOME": str(tmp / "reviewer")}
+    # An operator's ROWGATE_SIGNING_KEY would sign both (and an empty one is refused as a
+    # configuration error): the demo's two signers are the local key and the reviewer's.
+    if os.environ.pop("ROWGATE_SIGNING_KEY", None) is not None:
+        session.log("gate-demo: ROWGATE_SIGNING_KEY ignored (the demo uses local keys)")
+    reviewer = {"ROWGATE_SIGNER": "key", "XDG_CONFIG_HOME": str(tmp / "reviewer")}
     pub = session.run("python", "-c", "from pipeline import signing; "
                       "print(signing.default_signer().public_key_file())",
                       silent=True, env=signer).strip().splitlines()[-1]

@@ -83,7 +83,9 @@ def test_raw_records_hold_every_pass_and_request(aa):
     requests = (art / "requests.jsonl").read_text().splitlines()
     for cell, rec in meta["records"].items():
         mine = [p for p in passes if p["cell"] == cell]
-        assert len(mine) == 2 * (rec["warmup_rounds"] + rec["rounds"])
+        # one pass per arm per warm-up round; k (the sample length) per arm per timed round
+        k = rec["passes_per_sample"]
+        assert k >= 1 and len(mine) == 2 * (rec["warmup_rounds"] + k * rec["rounds"])
         assert result.cells[cell]["rounds_run"] == rec["rounds"]
     assert len(requests) == 4 * len(passes)
     assert {p["phase"] for p in passes} == {"warmup", "timed"}

@@ -299,11 +299,12 @@ def distributions(result: GateResult, bundle_root: Path) -> tuple[list[Figure], 
     found: list[DistributionFigure | None] = []
     if got.speeds and got.metric is not None:
         m = METRICS[got.metric]
-        what = m.label if m.better == "higher" else f"1 / the pass's median {m.name.upper()}"
+        what = m.label if m.better == "higher" else f"1 / the sample's median {m.name.upper()}"
         unit = m.unit if m.better == "higher" else "1/s"
         left = f"; {got.discarded} discarded round(s) left out" if got.discarded else ""
-        found.append(_figure(result, got, "", got.speeds, f"speed per timed pass ({what}, "
-                             f"what the gate pairs{left})", unit, "higher"))
+        found.append(_figure(result, got, "", got.speeds, f"speed per sample (an arm's "
+                             f"passes of a round; {what}, what the gate pairs{left})", unit,
+                             "higher"))
     order = sorted(got.values, key=lambda n: n != got.metric)
     for name in order:
         m = METRICS[name]

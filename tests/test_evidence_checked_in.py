@@ -8,6 +8,7 @@ and the key that signed it (`docs/evidence/keys/NAME-FP12.pub.pem`); anyone can 
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,15 @@ def test_each_bundle_verifies_with_its_checked_in_key(bundle, capsys):
         main(["verify", str(bundle), "--key", str(key)])
     out = capsys.readouterr().out
     assert done.value.code == 0 and out.startswith(f"OK {bundle}")
+
+
+def test_no_file_of_checked_in_evidence_is_ignored_by_git():
+    """A clone must get each bundle whole: an ignore pattern (`build/`) once dropped a
+    sealed bundle's artifacts/build/ from the commit, and the clone's verify failed."""
+    files = [str(p.relative_to(ROOT)) for p in EVIDENCE.rglob("*") if p.is_file()]
+    ignored = subprocess.run(["git", "check-ignore", "--no-index", "--stdin"], cwd=ROOT,
+                             input="\n".join(files), capture_output=True, text=True).stdout
+    assert not ignored.split(), f"ignored by .gitignore: {ignored.split()[:5]}"
 
 
 def test_evidence_stays_within_its_budget_and_traces_are_compressed():

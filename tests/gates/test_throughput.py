@@ -108,7 +108,7 @@ def test_each_arm_reports_vllm_bench_metrics_in_ms(aa):
             assert 0 < m[f"{arm}_median_{name}_ms"] <= m[f"{arm}_p99_{name}_ms"]
             assert m[f"{arm}_std_{name}_ms"] >= 0
         assert m[f"{arm}_output_throughput"] > 0 and m[f"{arm}_request_throughput"] > 0
-        assert m[f"{arm}_completed"] == 4 * m["rounds"]
+        assert m[f"{arm}_completed"] == 4 * m["passes_per_sample"] * m["rounds"]  # k passes a sample
     if m["rounds"] >= 3:
         assert m["itl_ratio_ci_low"] <= m["itl_ratio"] <= m["itl_ratio_ci_high"]
 

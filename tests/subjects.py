@@ -92,6 +92,5 @@ def snapshot_of(tree: Path, dest: Path) -> Path:
     repo.git.commit("--allow-empty", "-m", "base of the device snapshot" + SIGNOFF_DEVICE)
     repo.git.checkout("-b", "snapshot")
     repo.git.add(A=True)
-    repo.index.commit("device snapshot of rowgate's tree\n\n"
-                      "Signed-off-by: rowgate-device <device@rowgate.dev>\n")
+    repo.index.commit("device snapshot of rowgate's tree" + SIGNOFF_DEVICE)
     return dest

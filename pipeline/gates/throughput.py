@@ -121,6 +121,12 @@ class ThroughputGate(GateSpec):
                                   ("e2el", self.slo_e2el_ms)) if v is not None}
 
 
+def _clock_sampler(row: Row, ctx: GateContext) -> _timed.ClockFn | None:
+    """NVML clocks of the row's GPU around every pass; None without a GPU."""
+    gpu = _arms.gpu_index(row, ctx)
+    return None if gpu is None else (lambda: device.sample_clocks(gpu, time.time()))
+
+
 def cell_seed(row: Row, spec: ThroughputGate, cell: str) -> int:
     """A stable seed per (row, gate, cell): same schedule on every run and machine."""
     h = hashlib.sha256(f"{row.id}/{spec.id}/{cell}".encode()).digest()
@@ -167,8 +173,7 @@ class Throughput(Gate[ThroughputGate]):
         runs = _arms.model_runs(row, spec.cells)  # every model of the row, its own arms
         base = _arms.baseline_arm(row, spec.baseline)
         endpoint = {"endpoint": "true"} if spec.endpoint else {}
-        gpu = _arms.gpu_index(row, ctx)
-        clocks = None if gpu is None else (lambda: device.sample_clocks(gpu, time.time()))
+        clocks = _clock_sampler(row, ctx)
         passes = [p for run in runs for p in run.passes]
         plans = {p.cell: plan(row, spec, p.cell) for p in passes}
         records: dict[str, dict[str, Any]] = {}
@@ -182,7 +187,7 @@ class Throughput(Gate[ThroughputGate]):
                                                      ctx.progress, clocks))
                     for role in ROLES:
                         engines_seen.setdefault(role, engines[role].describe())
-        self._meta(row, spec, ctx, records, plans, passes, engines_seen, {
+        self._meta(spec, ctx, row, records, plans, passes, engines_seen, clocks is not None, {
             "model_digest": runs[0].info.digest,
             "models": {run.ref.id: run.info.digest for run in runs}})
 
@@ -191,20 +196,19 @@ class Throughput(Gate[ThroughputGate]):
                    extra: dict[str, Any] | None = None) -> None:
         """The cells on started engines ({'baseline', 'candidate'}): what `measure` does
         once its arms are up (the calibration benchmark calls it on engines it keeps)."""
-        gpu = _arms.gpu_index(row, ctx)
-        clocks = None if gpu is None else (lambda: device.sample_clocks(gpu, time.time()))
+        clocks = _clock_sampler(row, ctx)
         plans = {p.cell: plan(row, spec, p.cell) for p in passes}
         with art.open_sink(ctx.artifact_dir, clocks is not None) as sink:
             records = art.measure_cells(engines, passes, plans, sink, ctx.progress, clocks)
-        self._meta(row, spec, ctx, records, plans, passes,
-                   {role: engines[role].describe() for role in ROLES}, extra)
+        self._meta(spec, ctx, row, records, plans, passes,
+                   {role: engines[role].describe() for role in ROLES}, clocks is not None, extra)
 
-    def _meta(self, row: Row, spec: ThroughputGate, ctx: GateContext,
+    def _meta(self, spec: ThroughputGate, ctx: GateContext, row: Row,
               records: dict[str, dict[str, Any]], plans: dict[str, _timed.Plan],
               passes: list[WorkloadPass], described: dict[str, dict[str, str]],
-              extra: dict[str, Any] | None) -> None:
+              clocked: bool, extra: dict[str, Any] | None) -> None:
         digest = workload_digest(passes)
-        art.write_meta(ctx.artifact_dir, records, plans, _arms.gpu_index(row, ctx) is not None, {
+        art.write_meta(ctx.artifact_dir, records, plans, clocked, {
             **(extra or {}), "baseline_arm": spec.baseline,
             "device": _arms.device_name(row, ctx),
             **{role: {"engine": described[role], "workload_digest": digest}

@@ -92,8 +92,17 @@ class Machine:
     outlier_s: float = 0.002
     clock_drop_rate: float = 0.0
     """Probability that a pass runs at a dropped SM clock (slower, and seen by NVML)."""
+    slow_state: float = 0.0
+    """A two-state host (measured on the H200's, benchmarks/host_noise.py): in its slow
+    state every pass takes this fraction longer, unseen by any counter the guest has."""
+    enter_slow: float = 0.0
+    """Per pass, the probability that a fast host turns slow (H200: ~0.03)."""
+    leave_slow: float = 1.0
+    """Per pass, the probability that a slow host turns fast (H200: ~0.1: slow stretches
+    of ~9 passes on average, up to seconds)."""
     t: float = 0.0
     _dropped: bool = False
+    _slow: bool = False
 
     def now(self) -> float:
         return self.t
@@ -104,7 +113,10 @@ class Machine:
 
     def start_pass(self) -> float:
         self._dropped = bool(self.rng.random() < self.clock_drop_rate)
-        f = math.exp(self.rng.normal(0, self.pass_noise))
+        if self.slow_state:
+            self._slow = bool(self.rng.random() < (1 - self.leave_slow if self._slow
+                                                   else self.enter_slow))
+        f = math.exp(self.rng.normal(0, self.pass_noise)) * (1 + self.slow_state * self._slow)
         return f * (1980 / 1500 if self._dropped else 1.0)
 
     def clock(self):
@@ -177,6 +189,9 @@ class Scenario:
     clock_drop_rate: float = 0.0
     bias: float = 0.0
     """A systematic A/A difference between the two instances (two engine objects)."""
+    slow_state: float = 0.0
+    enter_slow: float = 0.0
+    leave_slow: float = 1.0
 
 
 SCENARIOS = (
@@ -184,7 +199,11 @@ SCENARIOS = (
     Scenario("graph-host-noise", 0.0006, 0.05, 0.006, 0.02, 0.002, 0.003, 0.02, 0.002),
     Scenario("noisy", 0.004, 0.10, 0.015, 0.03, 0.01, 0.02, 0.05),
     Scenario("cpu-loaded", 0.003, 0.25, 0.04, 0.05, 0.02, 0.03),
+    Scenario("host-states", 0.0006, 0.05, 0.006, 0.02, 0.002, 0.003, 0.0, 0.0,
+             slow_state=0.25, enter_slow=0.03, leave_slow=0.1),
 )
+"""`host-states` is the H200 host as benchmarks/host_noise.py measured it: passes 25 %
+slower in stretches (22 % of the passes, ~9 passes long on average, up to seconds)."""
 
 
 RUN_KEYS = ("verdict", "ratio", "ratio_ci_low", "ratio_ci_high", "rounds", "rounds_discarded",
@@ -288,12 +307,13 @@ def default_plans(passes: list[WorkloadPass], **overrides) -> dict:
             for i, p in enumerate(passes)}
 
 
-def sim(trials: int, seed: int, scratch: Path, scenarios=SCENARIOS) -> dict:
+def sim(trials: int, seed: int, scratch: Path, scenarios=SCENARIOS,
+        schedule: str = "interleaved") -> dict:
     """Every scenario x effect: `trials` synthetic gate runs over cells c1/c4/c8."""
     import shutil
 
     passes = synthetic_passes()
-    plans = default_plans(passes)
+    plans = default_plans(passes, schedule=schedule)
     results: dict = {}
     for sc in scenarios:
         for effect in EFFECTS:
@@ -301,7 +321,9 @@ def sim(trials: int, seed: int, scratch: Path, scenarios=SCENARIOS) -> dict:
             for i in range(trials):
                 m = Machine(np.random.default_rng([seed, i, int(effect * 1e4)]), sc.step_noise,
                             sc.pass_noise, sc.drift, outlier_rate=sc.outlier_rate,
-                            outlier_s=sc.outlier_s, clock_drop_rate=sc.clock_drop_rate)
+                            outlier_s=sc.outlier_s, clock_drop_rate=sc.clock_drop_rate,
+                            slow_state=sc.slow_state, enter_slow=sc.enter_slow,
+                            leave_slow=sc.leave_slow)
                 engines = {"baseline": SyntheticEngine(m, sc.step_s, sc.step_s * 4),
                            "candidate": SyntheticEngine(m, sc.step_s * (1 + sc.bias),
                                                         sc.step_s * 4, slowdown=effect)}
@@ -654,6 +676,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--scenarios", nargs="*", default=None, help="sim: scenario names "
                    f"(default all: {', '.join(sc.name for sc in SCENARIOS)})")
+    p.add_argument("--schedule", default="interleaved", choices=("interleaved", "blocked"),
+                   help="sim: the rounds' pass schedule (the gate's default: interleaved)")
     args = p.parse_args(argv)
     import tempfile
 
@@ -663,7 +687,8 @@ def main(argv: list[str] | None = None) -> int:
     doc: dict = {"mode": args.mode, "argv": sys.argv[1:]}
     if args.mode == "sim":
         chosen = [sc for sc in SCENARIOS if args.scenarios is None or sc.name in args.scenarios]
-        doc["results"] = sim(args.trials, args.seed, Path(tempfile.mkdtemp()), chosen)
+        doc["results"] = sim(args.trials, args.seed, Path(tempfile.mkdtemp()), chosen,
+                             args.schedule)
     else:
         cpu = args.mode == "cpu"
         phases = [ph if args.runs is None or ph.two_loads else replace(ph, runs=args.runs)

@@ -14,9 +14,11 @@ TPOT counts as 0 for a one-token request, as vLLM does).
 rounds: higher is faster. For a latency metric it is 1 / the pass's median of
 that metric (over every ITL gap of the pass for `itl`: hundreds of per-step
 samples, robust to a stray slow step); for `output_throughput` it is output
-tokens / wall time. `sample_speed` is the same over the k consecutive passes of one
-arm in one round (the gate's sample length): the median over all their samples, or
-their summed tokens over their summed wall time.
+tokens / wall time. `sample_speed` is one arm's value over its k passes of one round
+(the gate's sample length): with the interleaved schedule the mean of the k passes'
+speeds; in bundles sealed with the blocked schedule (k consecutive passes per arm) the
+metric over all k passes pooled: the median over all their samples, or their summed
+tokens over their summed wall time.
 """
 
 from __future__ import annotations
@@ -75,11 +77,36 @@ def pass_speed(metric: str, requests: Sequence[Mapping[str, Any]], wall_s: float
     return 1.0 / mid
 
 
+SAMPLE_STATISTICS = ("mean", "pooled")
+
+
+def schedule_statistic(schedule: str) -> str:
+    """The sample statistic of a throughput cell's schedule (interleaved: mean; blocked,
+    how bundles before the interleaved schedule were sealed: pooled)."""
+    return "mean" if schedule == "interleaved" else "pooled"
+
+
 def sample_speed(metric: str, requests: Sequence[Mapping[str, Any]],
-                 walls_s: Sequence[float], output_tokens: Sequence[int]) -> float:
-    """`pass_speed` over consecutive passes taken together (their requests, walls and
-    token counts): one pass is the case k = 1."""
-    return pass_speed(metric, requests, float(sum(walls_s)), int(sum(output_tokens)))
+                 walls_s: Sequence[float], output_tokens: Sequence[int],
+                 statistic: str = "pooled") -> float:
+    """One arm's speed over its k passes of a round (their requests, and walls and token
+    counts in pass order; one pass is the case k = 1). `mean`: the mean of the passes'
+    `pass_speed`s, requests taken by their `pass` index. Why the mean: a host that
+    switches between a fast and a slow state (measured on the H200's host, docs/perf.md)
+    makes the passes a two-mode mixture; the mean of k of them has 1/k of a pass's
+    variance whatever the mixture, while the median of the pooled samples jumps between
+    the modes. `pooled`: `pass_speed` over all k passes together (bundles sealed with
+    the blocked schedule)."""
+    if statistic == "pooled":
+        return pass_speed(metric, requests, float(sum(walls_s)), int(sum(output_tokens)))
+    if statistic != "mean":
+        raise LatencyError(f"sample statistic {statistic!r}: expected one of "
+                           f"{', '.join(SAMPLE_STATISTICS)}")
+    by_pass: dict[int, list[Mapping[str, Any]]] = {}
+    for r in requests:
+        by_pass.setdefault(int(r.get("pass") or 0), []).append(r)
+    return float(np.mean([pass_speed(metric, by_pass.get(i, []), float(w), int(t))
+                          for i, (w, t) in enumerate(zip(walls_s, output_tokens, strict=True))]))
 
 
 def _summary(name: str, values: list[float]) -> dict[str, float]:

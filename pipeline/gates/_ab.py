@@ -18,6 +18,7 @@ from pipeline import latency, noise, stats
 from pipeline.gates._timed import (
     ROLES,
     Plan,
+    pass_order,
     round_order,
     sample_passes,
     tokens_digest,
@@ -34,15 +35,16 @@ Round = dict[str, list[Mapping[str, Any]]]
 
 
 def _rounds(passes: Sequence[Mapping[str, Any]], phase: str, count: int,
-            order: Callable[[int], tuple[str, str]], n: int = 1) -> list[Round]:
-    """{arm: its n pass rows} per round 0..count-1 of `phase`, checking the arm order
-    (n passes of the first arm, then n of the second; passes.csv sealed before the
-    sample length has no `pass` column: one pass each)."""
+            order: Callable[[int], tuple[str, str]], n: int = 1,
+            schedule: str = "blocked") -> list[Round]:
+    """{arm: its n pass rows} per round 0..count-1 of `phase`, checking the passes ran
+    in `pass_order` (passes.csv sealed before the sample length has no `pass` column:
+    one pass each)."""
     mine = [p for p in passes if p["phase"] == phase]
     out = []
     for k in range(count):
         rows = [p for p in mine if int(p["round"]) == k]
-        want = [(arm, i) for arm in order(k) for i in range(n)]
+        want = pass_order(order(k), n, schedule)
         got = [(p["arm"], int(p.get("pass") or 0)) for p in rows]
         if got != want:
             raise RecordError(f"{phase} round {k}: passes {got}, the schedule says {want}")
@@ -67,7 +69,8 @@ class _Cell:
         self.warm = _rounds(passes, "warmup", int(record["warmup_rounds"]), warmup_order)
         self.n = self.sample_length(sealed_sample)
         self.timed = _rounds(passes, "timed", int(record["rounds"]),
-                             lambda k: round_order(plan.order, k, plan.seed), self.n)
+                             lambda k: round_order(plan.order, k, plan.seed), self.n,
+                             plan.schedule)
 
     def sample_length(self, sealed: bool) -> int:
         """k re-derived from the last warm-up round's walls; it must be the record's.
@@ -92,7 +95,8 @@ class _Cell:
         try:
             return latency.sample_speed(metric or self.plan.metric, self.reqs(phase, k, arm),
                                         [float(p["wall_s"]) for p in rows],
-                                        [int(p["output_tokens"]) for p in rows])
+                                        [int(p["output_tokens"]) for p in rows],
+                                        self.plan.sample_statistic)
         except latency.LatencyError as exc:
             raise RecordError(f"{phase} round {k}, {arm}: {exc}") from exc
 

@@ -55,8 +55,17 @@ class Plan:
     max_seconds: float = 600.0
     max_discarded: int = 8
     min_sample_s: float = 0.1
-    """Each arm's sample in a timed round spans consecutive passes lasting at least this
-    long (`sample_passes`)."""
+    """Each arm's sample in a timed round spans passes lasting at least this long
+    (`sample_passes`)."""
+    schedule: str = "interleaved"
+    """How a timed round's 2k passes are ordered (`pass_order`): `interleaved` (pairs
+    A B, B A, …) or `blocked` (k of one arm, then k of the other: bundles sealed before
+    the interleaved schedule)."""
+
+    @property
+    def sample_statistic(self) -> str:
+        """How an arm's k passes of a round make its sample (`latency.sample_speed`)."""
+        return latency.schedule_statistic(self.schedule)
 
 
 def round_order(order: str, k: int, seed: int) -> tuple[str, str]:
@@ -70,12 +79,31 @@ def round_order(order: str, k: int, seed: int) -> tuple[str, str]:
     return (ROLES[1], ROLES[0]) if flip else ROLES
 
 
+SCHEDULES = ("interleaved", "blocked")
+
+
+def pass_order(order: tuple[str, str], n: int, schedule: str) -> list[tuple[str, int]]:
+    """(arm, its pass index) of a timed round's 2n passes, in run order. `interleaved`
+    runs the arms' passes in pairs, each pair the reverse of the last (A B, B A, A B …:
+    an ABBA design inside the round). Measured on the H200's host (docs/perf.md, issue
+    17): a host-bound step switches between a fast and a ~25 % slower host state that
+    lasts from one pass to seconds; blocked samples (A A A A A, B B B B B) put a switch
+    inside one arm's sample and lift the per-round spread of the paired ratio to 4 %,
+    interleaved samples see each state on both arms (1.5 % on the same recorded passes).
+    `blocked`: n passes of the first arm, then n of the second."""
+    if schedule == "blocked":
+        return [(arm, i) for arm in order for i in range(n)]
+    if schedule != "interleaved":
+        raise ValueError(f"schedule {schedule!r}: expected one of {', '.join(SCHEDULES)}")
+    return [(arm, i) for i in range(n) for arm in (order if i % 2 == 0 else order[::-1])]
+
+
 def warmup_order(w: int) -> tuple[str, str]:
     return (ROLES[1], ROLES[0]) if w % 2 else ROLES
 
 
 def sample_passes(min_sample_s: float, last_warmup_walls: Sequence[float]) -> int:
-    """k, the consecutive passes per arm in every timed round: the fewest whose summed
+    """k, the passes per arm in every timed round: the fewest whose summed
     wall time reaches `min_sample_s`, judged by the last (settled) warm-up round's passes
     (the faster arm's, so both arms' samples last that long), at most
     MAX_SAMPLE_PASSES; 1 without warm-up passes or with `min_sample_s` 0.
@@ -85,8 +113,8 @@ def sample_passes(min_sample_s: float, last_warmup_walls: Sequence[float]) -> in
     CLI", https://pyperf.readthedocs.io/en/latest/runner.html): shorter values are
     dominated by the timer's and the scheduler's noise. Here a 20 ms pass of a host-bound engine
     slowed as a whole by the host (a preemption, a frequency step) moves one round's
-    ratio by several percent; k passes together dilute such a pass k-fold, and the
-    speed of the sample is the metric over all k passes' requests."""
+    ratio by several percent; k passes together dilute such a pass k-fold (the sample's
+    speed: `Plan.sample_statistic`)."""
     walls = [w for w in last_warmup_walls if w > 0]
     if min_sample_s <= 0 or not last_warmup_walls:
         return 1
@@ -187,29 +215,34 @@ class _Cell:
         self.sink.write(row, requests)
         return row, requests, seen
 
-    def _sample(self, phase: str, k: int, arm: str, n: int
-                ) -> tuple[list[dict[str, Any]], float, list[dict[str, Any]]]:
-        """`n` consecutive passes of `arm`: (pass rows, their speed together, clocks)."""
-        out = [self._pass(phase, k, arm, i) for i in range(n)]
-        rows = [o[0] for o in out]
+    def _speed(self, arm: str, rows: list[dict[str, Any]],
+               requests: list[dict[str, Any]]) -> float:
+        """The arm's sample: its passes of the round (`Plan.sample_statistic`)."""
         try:
-            speed = latency.sample_speed(self.plan.metric, [r for o in out for r in o[1]],
-                                         [float(r["wall_s"]) for r in rows],
-                                         [int(r["output_tokens"]) for r in rows])
+            return latency.sample_speed(self.plan.metric, requests,
+                                        [float(r["wall_s"]) for r in rows],
+                                        [int(r["output_tokens"]) for r in rows],
+                                        self.plan.sample_statistic)
         except latency.LatencyError as exc:
             raise GateError(f"cell {self.work.cell}, {arm} arm: {exc}") from exc
-        return rows, speed, [c for o in out for c in o[2]]
 
     def _round(self, phase: str, k: int, order: tuple[str, str], n: int = 1
                ) -> tuple[dict[str, float], list[dict[str, Any]], float, dict[str, float]]:
-        """(speed per arm, clock rows, projected end of a next round, last pass's wall
-        per arm)."""
-        out = {arm: self._sample(phase, k, arm, n) for arm in order}
-        first, last = out[order[0]][0][0], out[order[1]][0][-1]
-        return ({arm: v[1] for arm, v in out.items()},
-                [c for v in out.values() for c in v[2]],
-                last["end_s"] + (last["end_s"] - first["start_s"]),
-                {arm: float(v[0][-1]["wall_s"]) for arm, v in out.items()})
+        """The round's passes in `pass_order`: (speed per arm, clock rows, projected end
+        of a next round, last pass's wall per arm)."""
+        rows: dict[str, list[dict[str, Any]]] = {arm: [] for arm in order}
+        reqs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in order}
+        seen: list[dict[str, Any]] = []
+        runs = []
+        for arm, i in pass_order(order, n, self.plan.schedule):
+            row, requests, clocks = self._pass(phase, k, arm, i)
+            rows[arm].append(row)
+            reqs[arm] += requests
+            seen += clocks
+            runs.append(row)
+        return ({arm: self._speed(arm, rows[arm], reqs[arm]) for arm in order}, seen,
+                runs[-1]["end_s"] + (runs[-1]["end_s"] - runs[0]["start_s"]),
+                {arm: float(rows[arm][-1]["wall_s"]) for arm in order})
 
     def _out_of_time(self, projected_end: float) -> bool:
         return projected_end > self.plan.max_seconds

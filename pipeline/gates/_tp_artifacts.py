@@ -24,7 +24,7 @@ import csv
 import json
 import time
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -104,12 +104,17 @@ def derive_cells(plans: Mapping[str, _timed.Plan], meta: Mapping[str, Any], pass
         sample = not isinstance(sealed, dict) or "min_sample_s" in sealed
         if not sample:
             want.pop("min_sample_s")
+        # sealed before the interleaved schedule: its k passes per arm ran blocked
+        plan = plans[cell]
+        if isinstance(sealed, dict) and "schedule" not in sealed:
+            want.pop("schedule")
+            plan = replace(plan, schedule="blocked")
         if sealed != want:
             raise GateError(f"cell {cell}: measured under another plan than the row's "
                             f"({sealed})")
         mine = [p for p in passes if p["cell"] == cell]
         try:
-            out[cell] = _ab.analyse_cell(plans[cell], meta["records"][cell], mine,
+            out[cell] = _ab.analyse_cell(plan, meta["records"][cell], mine,
                                          [r for r in requests if r["cell"] == cell],
                                          [c for c in clocks if c["cell"] == cell], slo_ms,
                                          sample)

@@ -88,6 +88,13 @@ class ThroughputGate(GateSpec):
     max_discarded: Annotated[int, Field(ge=0)] = 8
     """More discarded rounds than this end the cell (underpowered unless decided)."""
     order: Literal["alternating", "random"] = "alternating"
+    """The arm order of each timed round (alternating: A first, then B first, …)."""
+    schedule: Literal["interleaved", "blocked"] = "interleaved"
+    """How an arm's k passes sit in a round: interleaved in pairs A B, B A, … (an arm's
+    sample is the mean of its k passes' speeds) or blocked, k of one arm then k of the
+    other (the sample: the metric over its k passes pooled). Interleaved is the default:
+    on the H200's host it cut the per-round spread of a host-bound A/A from 4 % to
+    1.5 % (docs/perf.md, issue 17); blocked is how bundles before it were sealed."""
     slo_ttft_ms: Annotated[float, Field(gt=0)] | None = None
     """Goodput SLOs (vLLM's `--goodput ttft:… tpot:… e2el:…`, ms): with any set, each arm
     reports `request_goodput`."""
@@ -144,7 +151,8 @@ def plan(row: Row, spec: ThroughputGate, cell: str) -> _timed.Plan:
                        seed=cell_seed(row, spec, cell), warmup=spec.warmup,
                        max_warmup=spec.max_warmup, warmup_tolerance=spec.warmup_tolerance,
                        clock_tolerance=spec.clock_tolerance, max_seconds=spec.max_seconds,
-                       max_discarded=spec.max_discarded, min_sample_s=spec.min_sample_s)
+                       max_discarded=spec.max_discarded, min_sample_s=spec.min_sample_s,
+                       schedule=spec.schedule)
 
 
 @register

@@ -216,9 +216,10 @@ def _kept_rounds(reader: _Reader, meta: Record) -> set[tuple[str, int]] | None:
 
 def _speeds(passes: list[Record], requests: list[Record], meta: Record) -> Values:
     """Each sample's speed on its cell's metric, exactly as the gate computes it: a
-    sample is an arm's k consecutive passes of one round (`passes_per_sample`, k = 1 in
-    bundles sealed before the sample length), taken together (`latency.sample_speed`)."""
-    from pipeline.latency import sample_speed
+    sample is an arm's k passes of one round (`passes_per_sample`, k = 1 in bundles
+    sealed before the sample length), as the cell's schedule takes them (the mean of
+    the passes' speeds when interleaved, pooled when blocked: `latency.sample_speed`)."""
+    from pipeline.latency import sample_speed, schedule_statistic
 
     reqs: dict[tuple[str, int, str], list[Record]] = {}
     for r in requests:
@@ -230,10 +231,12 @@ def _speeds(passes: list[Record], requests: list[Record], meta: Record) -> Value
 
     def speed(p: Record) -> list[float]:
         key = (p["cell"], int(p["round"]), p["arm"])
-        metric = meta["plans"][p["cell"]]["metric"]
-        sample = grouped[key]
-        return [sample_speed(metric, reqs.get(key, []), [float(q["wall_s"]) for q in sample],
-                             [int(q["output_tokens"]) for q in sample])]
+        plan = meta["plans"][p["cell"]]
+        sample = sorted(grouped[key], key=lambda q: int(q.get("pass") or 0))
+        return [sample_speed(plan["metric"], reqs.get(key, []),
+                             [float(q["wall_s"]) for q in sample],
+                             [int(q["output_tokens"]) for q in sample],
+                             schedule_statistic(plan.get("schedule", "blocked")))]
     return _by_cell(firsts, ARMS[2], "round", speed)
 
 
@@ -299,11 +302,12 @@ def distributions(result: GateResult, bundle_root: Path) -> tuple[list[Figure], 
     found: list[DistributionFigure | None] = []
     if got.speeds and got.metric is not None:
         m = METRICS[got.metric]
-        what = m.label if m.better == "higher" else f"1 / the sample's median {m.name.upper()}"
+        what = m.label if m.better == "higher" else f"1 / median {m.name.upper()}"
         unit = m.unit if m.better == "higher" else "1/s"
         left = f"; {got.discarded} discarded round(s) left out" if got.discarded else ""
         found.append(_figure(result, got, "", got.speeds, f"speed per sample (an arm's "
-                             f"passes of a round; {what}, what the gate pairs{left})", unit,
+                             f"passes of a round, as its schedule takes them; {what}, what "
+                             f"the gate pairs{left})", unit,
                              "higher"))
     order = sorted(got.values, key=lambda n: n != got.metric)
     for name in order:

@@ -88,8 +88,9 @@ def test_raw_records_hold_every_pass_request_and_token_digest(tmp_path):
         assert k == cells[cell]["passes_per_sample"] and k > 1  # ~20 ms passes: 100 ms samples
         assert len(mine) == 2 * (rec["warmup_rounds"] + k * rec["rounds"])
         timed = [(r["arm"], int(r["pass"])) for r in mine if r["phase"] == "timed"]
-        order = _timed.round_order("alternating", 0, 0)
-        assert timed[:2 * k] == [(a, i) for a in order for i in range(k)]
+        a, b = _timed.round_order("alternating", 0, 0)
+        assert timed[:4] == [(a, 0), (b, 0), (b, 1), (a, 1)]  # interleaved: A B, B A, …
+        assert sorted(timed[:2 * k]) == sorted((arm, i) for arm in (a, b) for i in range(k))
         assert cells[cell]["rounds"] == rec["rounds"] and rec["stop"] == "decided"
     requests = [json.loads(line) for line in (out / art.REQUESTS).read_text().splitlines()]
     timed = [r for r in requests if r["phase"] == "timed"]
@@ -309,6 +310,7 @@ def test_a_bundle_sealed_before_the_sample_length_derives_as_one_pass(tmp_path):
     meta = json.loads((out / art.META).read_text())
     for cell in meta["cells"]:
         del meta["plans"][cell]["min_sample_s"], meta["records"][cell]["passes_per_sample"]
+        del meta["plans"][cell]["schedule"]
     (out / art.META).write_text(json.dumps(meta))
     with open(out / art.PASSES, newline="") as f:
         rows = [{k: v for k, v in r.items() if k != "pass"} for r in csv.DictReader(f)]
@@ -322,3 +324,45 @@ def test_a_bundle_sealed_before_the_sample_length_derives_as_one_pass(tmp_path):
     (out / art.META).write_text(json.dumps(meta))
     with pytest.raises(GateError, match="another plan"):
         _derive(out, today)
+
+
+def test_pass_order_interleaves_in_abba_pairs_or_blocks():
+    a, b = _timed.ROLES
+    assert _timed.pass_order((a, b), 3, "interleaved") == [
+        (a, 0), (b, 0), (b, 1), (a, 1), (a, 2), (b, 2)]
+    assert _timed.pass_order((b, a), 2, "blocked") == [(b, 0), (b, 1), (a, 0), (a, 1)]
+    assert _timed.pass_order((a, b), 1, "interleaved") == _timed.pass_order((a, b), 1, "blocked")
+    with pytest.raises(ValueError, match="schedule 'zigzag'"):
+        _timed.pass_order((a, b), 2, "zigzag")
+
+
+HOST_STATES = {"slow_state": 0.25, "enter_slow": 0.03, "leave_slow": 0.1}
+"""The H200 host as benchmarks/host_noise.py measured it: 25 % slower stretches."""
+
+
+def test_interleaving_cancels_a_two_state_host_that_blocked_samples_do_not(tmp_path):
+    blocked = cal.default_plans(PASSES, schedule="blocked")
+    sd = {"interleaved": [], "blocked": []}
+    for seed in range(4):
+        for name, plans in (("interleaved", None), ("blocked", blocked)):
+            _, cells, out, used = _run(tmp_path / name, seed, plans=plans, **HOST_STATES)
+            assert {c["verdict"] for c in cells.values()} <= {"equivalent", "underpowered"}
+            assert _derive(out, used) == cells
+            sd[name] += [c["sd_log_ratio"] for c in cells.values()]
+    assert np.median(sd["interleaved"]) < 0.5 * np.median(sd["blocked"]), sd
+
+
+def test_a_bundle_sealed_with_blocked_samples_derives_as_blocked(tmp_path):
+    """Sealed before the interleaved schedule: no `schedule` in its plans; it re-derives
+    under today's row as blocked (k consecutive passes per arm, pooled)."""
+    blocked = cal.default_plans(PASSES, schedule="blocked")
+    _, cells, out, _ = _run(tmp_path, 14, plans=blocked, **HOST_STATES)
+    meta = json.loads((out / art.META).read_text())
+    for cell in meta["cells"]:
+        del meta["plans"][cell]["schedule"]
+    (out / art.META).write_text(json.dumps(meta))
+    assert _derive(out, cal.default_plans(PASSES)) == cells
+    with pytest.raises(GateError, match="another plan"):  # a sealed schedule is compared
+        meta["plans"][meta["cells"][0]]["schedule"] = "blocked"
+        (out / art.META).write_text(json.dumps(meta))
+        _derive(out, cal.default_plans(PASSES))

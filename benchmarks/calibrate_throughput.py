@@ -670,8 +670,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget-s", type=float, default=BUDGET_S,
                    help="cpu/cuda: no run starts unless it fits this many seconds (from "
                    "before the model loads)")
-    p.add_argument("--phases", nargs="*", default=None, help="cpu/cuda: the phases to run, "
-                   "in the default order (default all: "
+    p.add_argument("--phases", nargs="*", default=None, help="cpu/cuda: the phases to run "
+                   "(KEY or KEY:RUNS), in the default order (default all: "
                    f"{', '.join(ph.key for ph in CUDA_PHASES)})")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--scenarios", nargs="*", default=None, help="sim: scenario names "
@@ -691,10 +691,13 @@ def main(argv: list[str] | None = None) -> int:
                              args.schedule)
     else:
         cpu = args.mode == "cpu"
-        phases = [ph if args.runs is None or ph.two_loads else replace(ph, runs=args.runs)
+        # KEY:N runs N runs of that phase (e.g. to complete a phase a budget cut short)
+        asked = dict(a.split(":", 1) if ":" in a else (a, "") for a in args.phases or ())
+        phases = [replace(ph, runs=int(asked[ph.key])) if asked.get(ph.key) else
+                  ph if args.runs is None or ph.two_loads else replace(ph, runs=args.runs)
                   for ph in (CPU_PHASES if cpu else CUDA_PHASES)
-                  if args.phases is None or ph.key in args.phases]
-        unknown = set(args.phases or ()) - {ph.key for ph in CUDA_PHASES + CPU_PHASES}
+                  if args.phases is None or ph.key in asked]
+        unknown = set(asked) - {ph.key for ph in CUDA_PHASES + CPU_PHASES}
         if unknown:
             p.error(f"unknown phases {sorted(unknown)}")
         doc["phases"] = [ph.key for ph in phases]

@@ -81,6 +81,9 @@ def test_a_length_beyond_the_plan_is_refused_before_launching(cubin):
     assert unwritten(out) == 0
 
 
+# the refused run records nothing, so torch warns on leaving the capture that the graph
+# is empty: expected here, and an error under the suite's warnings-as-errors otherwise
+@pytest.mark.filterwarnings("ignore:The CUDA Graph is empty:UserWarning")
 def test_graph_capture_refuses_tensors_the_plan_has_not_validated(cubin):
     import torch
 

@@ -9,8 +9,9 @@ bundle that does not verify is never checked in), then copied byte for byte to
 (FP12 = the first 12 hex digits of the key's fingerprint, the signer id the manifest
 names). `--from-device DIR` first unpacks `DIR/evidence.tar.gz.part-*` (what
 `benchmarks/device_gate.sh` returns) into a temporary directory and takes the named
-bundles from there. Refuses to go over `docs/evidence`'s budget (30 MB in all): traces
-are sealed gzipped by the trace gate, so a bundle over budget is a bundle to leave out,
+bundles from there. Refuses to go over `docs/evidence`'s budget (30 MB in all): traces,
+SASS dumps, PTX, objects, fatbins and case records are sealed gzipped by their gates
+(pipeline/compressed.py), so a bundle over budget is a bundle to leave out,
 not to recompress (any change to a byte breaks its signature). `tests/test_evidence_checked_in.py`
 verifies every checked-in bundle with its key.
 """

@@ -7,7 +7,7 @@ Sections (each one's failure is recorded and the next still runs):
   build     split_kv.cu for the device's arch, plus the RG_PHASE timing variants
   ceiling   device-to-device copy bandwidth (bytes read + written), this run
   operator  the row's operator gate cases (randomized pages, poison, bitwise A/B,
-            fp64 reference) -> DIR/operator/{cases.json,cases.csv,timing.json},
+            fp64 reference) -> DIR/operator/{cases.json.gz,cases.csv.gz,timing.json},
             the same raw artifacts the operator gate writes (--candidate picks the
             operator: e5m2_bulk runs kernels.toml's split_kv_bulk, `_bulk` against
             `_base`; else split_kv); operator_bf16 the same matrix on bf16 KV,

@@ -12,6 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline import compressed
 from pipeline.build.kernels import Budget, Kernel
 
 _COMPILING = re.compile(r"^ptxas info\s*: Compiling entry function '([^']+)' for '(sm_\w+)'")
@@ -134,7 +135,8 @@ def parse_sass(text: str) -> Sass:
 
 
 def sha256_file(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    """sha256 of a file's content (decompressed when it is sealed as `.gz`)."""
+    return hashlib.sha256(compressed.read_bytes(path)).hexdigest()
 
 
 @dataclass(frozen=True)

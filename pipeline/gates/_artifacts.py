@@ -1,5 +1,6 @@
 """Reading and writing a gate's raw artifacts; an unreadable one is a GateError
-naming the file (the gate broke or the artifacts were tampered with: ERROR)."""
+naming the file (the gate broke or the artifacts were tampered with: ERROR). A name
+ending `.gz` is read decompressed (`pipeline.compressed`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from pipeline import compressed
 from pipeline.errors import VerificationError
 from pipeline.gates.interface import GateError
 from pipeline.records.canonical import strict_loads
@@ -23,17 +25,17 @@ def read_json(path: Path) -> Any:
     """A JSON artifact, read strictly (a key said twice is refused: the sealed bytes must
     mean one thing to every reader, the review's re-derivation included)."""
     try:
-        return strict_loads(path.read_bytes(), path.name)
-    except (OSError, VerificationError) as exc:
+        return strict_loads(compressed.read_bytes(path), path.name)
+    except (OSError, EOFError, VerificationError) as exc:
         raise GateError(f"artifact {path.name} unreadable in {path.parent}: {exc}") from exc
 
 
 def read_jsonl(path: Path) -> list[Any]:
     """One JSON document per non-blank line, each read strictly."""
     try:
-        return [strict_loads(line, path.name) for line in path.read_text().splitlines()
+        return [strict_loads(line, path.name) for line in compressed.read_text(path).splitlines()
                 if line.strip()]
-    except (OSError, ValueError, VerificationError) as exc:
+    except (OSError, EOFError, ValueError, VerificationError) as exc:
         raise GateError(f"artifact {path.name} unreadable in {path.parent}: {exc}") from exc
 
 

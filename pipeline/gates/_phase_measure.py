@@ -3,7 +3,8 @@ build gate's recipe, and collect the row's counters with ncu on one exact shape.
 
 Builds use `cudabuild.build` with the kernel's kernels.toml entry and the variant's
 defines added (so each variant has its own cache key, and the same flags, warnings as
-errors, as the build gate); their directories are copied under `builds/VARIANT/`.
+errors, as the build gate); their directories are sealed under `builds/VARIANT/` as the
+build gate seals its own (`seal_build`).
 Counters: ncu profiles `python -m pipeline.ops.profile_launch` (one entry point of the
 full variant on the shape), once per role; its raw CSV is kept as it wrote it.
 """
@@ -13,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +22,7 @@ from typing import Any
 from pipeline import CHECKOUT
 from pipeline.build import cudabuild, kernels, resources, toolchains
 from pipeline.errors import Error
+from pipeline.gates.build import seal_build
 from pipeline.gates.interface import GateError, Progress
 
 NCU_TIMEOUT_S = 600
@@ -47,9 +48,7 @@ def build_variants(repo: Path, kernel: str, arch: str, variants: dict[str, list[
         patched = manifest.model_copy(update={"kernels": {**manifest.kernels, kernel: entry}})
         built = cudabuild.build(repo, patched, kernel, arch, chain)
         dest = out / "builds" / variant
-        if dest.exists():
-            shutil.rmtree(dest)
-        shutil.copytree(built.path, dest)
+        seal_build(built, dest)  # the cubin plain (timed and hashed), the rest gzipped
         rec = built.record
         problems = cudabuild.problems(dest, rec)
         cubin = rec.get("cubin")

@@ -3,18 +3,19 @@ entry point per arch (ptxas report and cuobjdump resource usage), SASS rules, an
 the images embedded in each fatbin/object checked against what the build recorded.
 
 measure builds (from the same cache as the build gate: instant when it already
-ran), then writes under the artifact dir per `ARCH/KERNEL/`: the build, the
-`cuobjdump --dump-resource-usage` text, the SASS dump, and `embedded/` with the
-ELF images `cuobjdump -xelf` extracted; `audit.json` indexes them with the exact
+ran), then writes under the artifact dir per `ARCH/KERNEL/`: the build (sealed as the
+build gate seals it), the `cuobjdump --dump-resource-usage` text, the SASS dump
+(`sass.txt.gz`: 10x the cubin's size as text) and `embedded/` with the ELF images
+`cuobjdump -xelf` extracted (gzipped); `audit.json` indexes them with the exact
 commands; `kernels.toml` is copied so that derive judges against the budgets
-that were in force, reading nothing outside the artifacts.
+that were in force, reading nothing outside the artifacts. Derive reads what
+audit.json names, so bundles sealed with a plain `sass.txt` read as before.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
@@ -23,9 +24,10 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
 
+from pipeline import compressed
 from pipeline.build import kernels, resources
 from pipeline.gates._artifacts import derive_known_layout, read_json
-from pipeline.gates.build import Built, build_into, build_problems, gate_arches, read_index
+from pipeline.gates.build import Built, build_into, build_problems, gate_arches, read_index, sealed_output
 from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Progress
 from pipeline.gates.registry import register
 from pipeline.options import TOOLCHAIN_KEYS
@@ -37,8 +39,9 @@ if TYPE_CHECKING:
 
 AUDIT_INDEX = "audit.json"
 BUDGETS = "kernels.toml"
+SASS = "sass.txt.gz"
 TOOL_TIMEOUT_S = 300
-_EXTRACTED = re.compile(r"\.(sm_\w+)\.cubin$")
+_EXTRACTED = re.compile(r"\.(sm_\w+)\.cubin(\.gz)?$")
 
 
 class AuditGate(GateSpec):
@@ -59,14 +62,15 @@ def measure_audit(repo: Path, arches: list[str], names: list[str], options: dict
 
 
 def _tool(argv: list[str], log: Path, cwd: str | None = None, output: str | None = None) -> dict[str, Any]:
-    """Run one binutil, keep its output in `log`; the record names it as `output`."""
+    """Run one binutil, keep its output in `log` (gzipped when it is named `.gz`); the
+    record names it as `output`."""
     try:
         proc = subprocess.run(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               timeout=TOOL_TIMEOUT_S, check=False)
         rc, text = proc.returncode, proc.stdout
     except (OSError, subprocess.TimeoutExpired) as exc:
         rc, text = 127, f"{argv[0]}: {exc}\n".encode()
-    log.write_bytes(text)
+    compressed.write_bytes(log, text)
     return {"argv": argv, "returncode": rc, "output": output or log.name}
 
 
@@ -89,8 +93,8 @@ def _inspect(b: Built, out: Path, verify_embedded: bool) -> dict[str, Any]:
         entry["sass_pending"] = tc.sass_missing
     else:
         entry["commands"].append(_tool([tc.cuobjdump.path, "-sass", str(b.dir / cubin)],
-                                       b.dir / "sass.txt"))
-        entry["sass"] = "sass.txt"
+                                       b.dir / SASS))
+        entry["sass"] = SASS
     if verify_embedded:
         for container in (record.get("fatbin"), record.get("object")):
             if container:
@@ -100,17 +104,23 @@ def _inspect(b: Built, out: Path, verify_embedded: bool) -> dict[str, Any]:
 
 def _extract(cuobjdump: str, build_dir: Path, container: str, entry: dict[str, Any]
              ) -> list[dict[str, Any]]:
-    """`cuobjdump -xelf all` into embedded/CONTAINER/; one record per image."""
+    """`cuobjdump -xelf all` into embedded/CONTAINER/ (each image gzipped); one record
+    per image. The container is sealed gzipped: cuobjdump reads its bytes unpacked
+    into a temporary directory (the argv names that copy), the images land in another."""
     dest = build_dir / "embedded" / container
     dest.mkdir(parents=True)
-    with tempfile.TemporaryDirectory(prefix="rowgate-xelf-") as tmp:
-        argv = [cuobjdump, "-xelf", "all", str(build_dir / container)]
+    with (tempfile.TemporaryDirectory(prefix="rowgate-xelf-in-") as tmp_in,
+          tempfile.TemporaryDirectory(prefix="rowgate-xelf-") as tmp):
+        unpacked = Path(tmp_in) / container
+        unpacked.write_bytes(compressed.read_bytes(sealed_output(build_dir, container)))
+        argv = [cuobjdump, "-xelf", "all", str(unpacked)]
         entry["commands"].append(_tool(argv, dest.parent / f"{container}.xelf.log", cwd=tmp,
                                        output=f"embedded/{container}.xelf.log"))
         images = []
         for f in sorted(Path(tmp).iterdir()):
-            shutil.copyfile(f, dest / f.name)
-            images.append({"container": container, "file": f"embedded/{container}/{f.name}"})
+            compressed.write_bytes(compressed.gzipped(dest / f.name), f.read_bytes())
+            images.append({"container": container,
+                           "file": f"embedded/{container}/{f.name}{compressed.SUFFIX}"})
     return images
 
 
@@ -156,10 +166,11 @@ def derive_audit(artifact_dir: Path) -> Derived:
 
 
 def _read(path: Path) -> str:
+    """A text artifact (gzipped when named `.gz`)."""
     try:
-        return path.read_text(errors="replace")
-    except OSError as exc:
-        raise GateError(f"{path}: unreadable: {exc.strerror}") from exc
+        return compressed.read_text(path, errors="replace")
+    except (OSError, EOFError) as exc:
+        raise GateError(f"{path}: unreadable: {exc}") from exc
 
 
 def _judge(root: Path, manifest: kernels.KernelManifest, entry: dict[str, Any],
@@ -226,7 +237,10 @@ def _check_images(root: Path, entry: dict[str, Any], record: dict[str, Any],
             continue
         m = _EXTRACTED.search(images[0]["file"])
         got_arch = m.group(1) if m else "unknown"
-        digest = resources.sha256_file(root / entry["dir"] / images[0]["file"])
+        try:
+            digest = resources.sha256_file(root / entry["dir"] / images[0]["file"])
+        except (OSError, EOFError) as exc:
+            raise GateError(f"{entry['dir']}/{images[0]['file']}: unreadable: {exc}") from exc
         if got_arch != arch:
             found.violations.append(resources.Violation(
                 name, "*", arch, f"{container} embedded image arch", got_arch, arch))

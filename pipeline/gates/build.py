@@ -4,12 +4,14 @@ the pinned Triton compiles ahead of time for each arch.
 
 Raw artifacts (per arch and kernel, `ARCH/KERNEL/`): `build.json` (command lines,
 return codes, toolchain with exact versions, output digests), each tool's log,
-the PTX, cubin, fatbin and object. `builds.json` indexes them. With
-`aot_reachability`, `triton-aot/ARCH.json` holds Triton's answer per arch.
+the PTX, cubin, fatbin and object (all but the cubin sealed gzipped: `NAME.ptx.gz`,
+`NAME.o.gz`, `NAME.fatbin.gz`). `builds.json` indexes them. With `aot_reachability`,
+`triton-aot/ARCH.json` holds Triton's answer per arch.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -23,7 +25,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
 
-from pipeline import CHECKOUT
+from pipeline import CHECKOUT, compressed
 from pipeline.build import cudabuild, kernels, toolchains
 from pipeline.errors import Error
 from pipeline.gates._artifacts import derive_known_layout, read_json
@@ -92,14 +94,55 @@ def build_into(repo: Path, arches: list[str], names: list[str], options: dict[st
         progress.update(f"build {name} for {arch} ({chains[arch].short()})")
         b = cudabuild.build(repo, manifest, name, arch, chains[arch])
         dest = out / arch / name
-        if dest.exists():
-            shutil.rmtree(dest)
-        shutil.copytree(b.path, dest)
+        seal_build(b, dest)
         built.append(Built(arch, name, dest, chains[arch]))
     (out / INDEX).write_text(json.dumps(
         [{"arch": b.arch, "kernel": b.kernel, "dir": f"{b.arch}/{b.kernel}"} for b in built],
         indent=2) + "\n")
     return built
+
+
+def seal_build(b: cudabuild.BuildDir, dest: Path) -> None:
+    """Copy a cached build to `dest` as gates seal it: logs and build.json as written,
+    the cubin plain, every other output (PTX, object, fatbin) gzipped.
+
+    Why gzip rather than leave them out of gates that only repeat the build gate's
+    copy (the audit, the phase gate's full variant): each gate's artifacts then stand
+    alone, every byte its derive or a reviewer needs is in them under the manifest,
+    and `rowgate build` (no build gate) seals the same layout. Gzip takes these
+    3-6x down; the cubin stays plain because later gates load it and tools read it as
+    is (operator, phase, AOT; `cuobjdump -sass`). Their digests in build.json are of
+    the content, checked at derive (`output_problems`)."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(b.path, dest)
+    for name in b.record["outputs"]:
+        if name != b.record.get("cubin") and (dest / name).is_file():
+            compressed.compress_in_place(dest / name)
+
+
+def sealed_output(build_dir: Path, name: str) -> Path:
+    """Where output `name` of a sealed build lies: `NAME.gz`, or `NAME` in a bundle
+    sealed before outputs were compressed (and always for the cubin)."""
+    return compressed.either(build_dir / name)
+
+
+def output_problems(build_dir: Path, record: dict[str, Any]) -> list[str]:
+    """Each output the build recorded, read back (decompressed) from the sealed copy
+    and hashed against the digest build.json names: one line per one missing or not
+    the bytes built."""
+    out = []
+    for name, digest in record["outputs"].items():
+        path = sealed_output(build_dir, name)
+        try:
+            actual = hashlib.sha256(compressed.read_bytes(path)).hexdigest()
+        except (OSError, EOFError) as exc:
+            out.append(f"{record['kernel']} {record['arch']}: output {path.name} unreadable: {exc}")
+            continue
+        if actual != digest:
+            out.append(f"{record['kernel']} {record['arch']}: output {path.name} has sha256 "
+                       f"{actual[:16]}, not the {digest[:16]} its build recorded")
+    return out
 
 
 def read_index(artifact_dir: Path) -> list[tuple[dict[str, Any], dict[str, Any]]]:
@@ -112,9 +155,11 @@ def read_index(artifact_dir: Path) -> list[tuple[dict[str, Any], dict[str, Any]]
 
 
 def build_problems(artifact_dir: Path, entry: dict[str, Any], record: dict[str, Any]) -> list[str]:
-    """Why one build (copied under `artifact_dir/entry["dir"]`) failed, or []."""
+    """Why one build (copied under `artifact_dir/entry["dir"]`) failed or is not the
+    build recorded, or []."""
+    build_dir = artifact_dir / entry["dir"]
     try:
-        return cudabuild.problems(artifact_dir / entry["dir"], record)
+        return cudabuild.problems(build_dir, record) + output_problems(build_dir, record)
     except OSError as exc:
         raise GateError(f"{entry['dir']}: build log unreadable: {exc}") from exc
 

@@ -8,7 +8,7 @@ recorded and checked, never a rebuild) and drives its entry points through the
 contract. measure: refuse, in one line, shapes the operator does not declare and entry
 points the build lacks; run every case of the spec (seeds recorded, outputs poisoned
 and guarded, workspace poisoned, roles alternating per case); write `cubin.json`, the
-per-case records (`cases.json`, `cases.csv`) and the interleaved timing samples
+per-case records (`cases.json.gz`, `cases.csv.gz`) and the interleaved timing samples
 (`timing.json`). derive: pure arithmetic over those files, the cubin re-hashed where
 the bundle holds it.
 """
@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
 
+from pipeline import compressed
 from pipeline.errors import Error
 from pipeline.gates._artifacts import read_json
 from pipeline.gates._built import (
@@ -141,7 +142,8 @@ class Operator(Gate[OperatorGate]):
 
     def derive(self, row: Row, spec: OperatorGate, artifact_dir: Path) -> Derived:
         try:
-            records = read_json(artifact_dir / CASES)
+            # cases.json.gz; a plain cases.json in a bundle sealed before it was gzipped
+            records = read_json(compressed.either(artifact_dir / CASES))
             timing = read_json(artifact_dir / TIMING)
             cubin = read_json(artifact_dir / CUBIN)
         except GateError as exc:

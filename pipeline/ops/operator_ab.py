@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import functools
+import io
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 
 import torch
 
+from pipeline import compressed
 from pipeline.ops import decode_attention as op
 from pipeline.ops import timing
 from pipeline.ops.contract import ContractError, Operator
@@ -32,7 +34,9 @@ from pipeline.ops.reference import decode_attention_fp64
 __all__ = ["CASES", "TIMING", "cases", "check_expressible", "run_case", "time_variants",
            "write_records"]
 
-CASES = "cases.json"
+CASES = "cases.json.gz"
+"""Sealed gzipped (`pipeline.compressed`): one record per case, ~1 KB each as JSON."""
+CASES_CSV = "cases.csv.gz"
 TIMING = "timing.json"
 GUARD = 256
 """Sentinel elements before and after the output: a write there is out of bounds."""
@@ -146,9 +150,9 @@ def time_variants(spec: Any, cubin: Path, dev: torch.device, operator: Operator 
 
 
 def write_records(out: Path, records: list[dict[str, Any]], timing_record: dict[str, Any]) -> None:
-    """The gate's raw artifacts: cases.json (full records), cases.csv (one row
+    """The gate's raw artifacts: cases.json.gz (full records), cases.csv.gz (one row
     per case and variant) and timing.json."""
-    (out / CASES).write_text(json.dumps(records, indent=1) + "\n")
+    compressed.write_text(out / CASES, json.dumps(records, indent=1) + "\n")
     (out / TIMING).write_text(json.dumps(timing_record, indent=1) + "\n")
     rows = [{"case": r["case"]["name"], "variant": v, "seed": r["case"]["seed"],
              "lens": " ".join(map(str, r["case"]["lens"])),
@@ -158,8 +162,9 @@ def write_records(out: Path, records: list[dict[str, Any]], timing_record: dict[
              "bitwise_mismatches": r["bitwise"]["mismatches"],
              "bitwise_first_index": r["bitwise"]["first_index"]}
             for r in records for v in r["variants"]]
-    with (out / "cases.csv").open("w", newline="") as fh:
-        if rows:
-            writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
+    table = io.StringIO(newline="")
+    if rows:
+        writer = csv.DictWriter(table, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    compressed.write_text(out / CASES_CSV, table.getvalue())

@@ -35,7 +35,6 @@ otherwise, so a gate whose result shape is new still shows in full:
 
 from __future__ import annotations
 
-import gzip
 import json
 import re
 from collections.abc import Callable
@@ -44,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import pipeline.report.throughput as throughput_view
+from pipeline import compressed
 from pipeline.errors import VerificationError
 from pipeline.records.canonical import strict_loads
 from pipeline.records.gate_result import GateResult
@@ -230,11 +230,7 @@ def _json_artifact(bundle_root: Path, rel: str) -> object | None:
     try:
         if path.stat().st_size > MAX_ARTIFACT_BYTES:
             return None
-        if rel.endswith(".gz"):  # Kineto traces are saved gzipped
-            with gzip.open(path) as f:
-                data = f.read(MAX_ARTIFACT_BYTES + 1)
-        else:
-            data = path.read_bytes()
+        data = compressed.read_bytes(path, limit=MAX_ARTIFACT_BYTES)  # traces are gzipped
         return strict_loads(data, rel) if len(data) <= MAX_ARTIFACT_BYTES else None
     except (OSError, ValueError, EOFError, VerificationError):  # BadGzipFile is an OSError
         return None

@@ -10,13 +10,13 @@ which is the clock the NVML sampler records.
 
 from __future__ import annotations
 
-import gzip
 import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline import compressed
 from pipeline.errors import Error
 
 RANGE_MARKER = "rowgate.range"
@@ -146,10 +146,7 @@ def from_dict(doc: dict[str, Any], path: str = "<memory>") -> Trace:
 def read_doc(path: Path) -> dict[str, Any]:
     """The JSON document of a `.json` or `.json.gz` trace."""
     try:
-        data = path.read_bytes()
-        if path.suffix == ".gz":
-            data = gzip.decompress(data)
-        doc: dict[str, Any] = json.loads(data)
+        doc: dict[str, Any] = json.loads(compressed.read_bytes(path))
     except (OSError, ValueError, EOFError) as exc:
         raise TraceError(f"{path}: cannot read the trace") from exc
     return doc
@@ -162,4 +159,4 @@ def load(path: Path) -> Trace:
 def write_doc(doc: dict[str, Any], path: Path) -> None:
     """Write a trace document gzip-compressed, byte-stable (mtime 0) for sealing."""
     raw = json.dumps(doc, separators=(",", ":")).encode()
-    path.write_bytes(gzip.compress(raw, compresslevel=9, mtime=0))
+    path.write_bytes(compressed.pack(raw))

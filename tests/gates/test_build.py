@@ -17,6 +17,7 @@ from pathlib import Path
 import git
 import pytest
 
+from pipeline import compressed
 from pipeline.build import cudabuild, kernels, toolchains
 from pipeline.gates import audit, build
 from pipeline.progress import PlainProgress
@@ -85,7 +86,8 @@ def test_audit_of_kernels_passes_with_resources_per_entry_point(audited):
     cell = derived.cells["decode_attention/decode_attention_e5m2_hd128@sm_70"]
     assert 0 < cell["registers"] <= cell["max_registers"]
     assert cell["spill_stores"] == cell["spill_loads"] == cell["stack_frame"] == 0
-    assert (audited / "sm_70" / "decode_attention" / "sass.txt").read_text().count("code for sm_70")
+    sass = compressed.read_text(audited / "sm_70" / "decode_attention" / audit.SASS)
+    assert sass.count("code for sm_70")
 
 
 def test_unchanged_rebuild_is_served_from_the_cache(kernels_repo, audited):
@@ -107,8 +109,8 @@ def test_tampered_embedded_image_fails_the_audit(audited, tmp_path):
     copy = tmp_path / "audit"
     shutil.copytree(audited, copy)
     image = next((copy / "sm_90" / "decode_attention" / "embedded" / "decode_attention.fatbin")
-                 .glob("*.cubin"))
-    image.write_bytes(image.read_bytes() + b"\0")
+                 .glob("*.cubin.gz"))
+    compressed.write_bytes(image, compressed.read_bytes(image) + b"\0")
     derived = audit.derive_audit(copy)
     assert derived.status is Status.FAIL
     assert "decode_attention.fatbin embedded image sha256" in derived.reason
@@ -217,7 +219,7 @@ def test_row_build_and_audit_pass_in_a_sealed_bundle(tmp_path, kernels_repo):
     files = set(bundle.manifest.files)
     for arch, log in (("sm_70", "ptxas.log"), ("sm_110", "nvcc.log")):
         assert f"artifacts/build/{arch}/decode_attention/{log}" in files
-        assert f"artifacts/audit/{arch}/decode_attention/sass.txt" in files
+        assert f"artifacts/audit/{arch}/decode_attention/sass.txt.gz" in files
     # derive is pure: re-running it on the sealed artifacts gives the recorded result.
     again = audit.Audit().derive(None, None, run.bundle / "artifacts" / "audit")
     assert (again.status, again.reason) == (results["audit"].status, results["audit"].reason)

@@ -185,6 +185,30 @@ def _bundle_layout(root: Path) -> Path:
     return gate_dir
 
 
+def test_case_records_are_sealed_gzipped_and_derive_reads_them(tmp_path):
+    """write_records seals cases.json.gz / cases.csv.gz byte-stable; derive reads the .gz
+    (a mismatch planted in the records is found through it)."""
+    import gzip
+
+    from pipeline.ops import operator_ab
+
+    spec = _spec()
+    cases = pi.cases(spec)
+    records = [_record(c, spec) for c in cases[:3]] + [_record(cases[3], spec, perturb=2)]
+    gate_dir = _bundle_layout(tmp_path)
+    operator_ab.write_records(gate_dir, records, {"shapes": {}})
+    assert not (gate_dir / "cases.json").exists() and not (gate_dir / "cases.csv").exists()
+    packed = (gate_dir / "cases.json.gz").read_bytes()
+    assert packed[:2] == b"\x1f\x8b" and packed[4:8] == b"\0\0\0\0"  # mtime 0
+    assert json.loads(gzip.decompress(packed)) == json.loads(json.dumps(records))
+    table = gzip.decompress((gate_dir / "cases.csv.gz").read_bytes()).decode()
+    assert table.startswith("case,variant,") and cases[3].name in table
+    row = resolve_row("SM70-XQA-E5M2-DECODE").row
+    derived = Operator().derive(row, row.gate("operator"), gate_dir)
+    assert derived.status is Status.FAIL and derived.metrics["cases"] == 4
+    assert cases[3].name in derived.reason and "element 2" in derived.reason
+
+
 def test_the_cubin_measured_is_the_one_built(tmp_path):
     """derive re-hashes the build gate's cubin where the bundle holds it."""
     spec = _spec()

@@ -31,6 +31,7 @@ from typing import Any
 
 from pipeline.records.canonical import strict_loads
 from pipeline.records.gate_result import GateResult
+from pipeline.records.status import Status
 from pipeline.report.model import DistributionFigure, Figure, Panel
 from pipeline.report.tables import natural_key
 
@@ -266,6 +267,10 @@ def _read_v2(reader: _Reader, meta: Record) -> None:
                                f"({exc})")
 
 
+_NOT_MEASURED = (Status.PENDING,)
+"""Statuses a gate may seal without having measured anything."""
+
+
 def read_samples(result: GateResult, bundle_root: Path) -> Samples:
     """The gate's raw samples; what is not sealed or does not parse, in `missing`."""
     meta, broken = _meta(result, bundle_root)
@@ -273,7 +278,12 @@ def read_samples(result: GateResult, bundle_root: Path) -> Samples:
         meta = {}  # format 1 needs no meta.json to read its samples
     got = Samples(format=2 if meta is None or meta.get("format") == FORMAT else 1)
     reader = _Reader(result, bundle_root, got)
-    if meta is None:
+    if meta is None and broken is None and result.status in _NOT_MEASURED:
+        # a gate that never measured (e.g. PENDING: an arm cannot run here) has no
+        # samples by design; saying its meta.json "is not sealed" read like a lost file
+        got.missing.append(f"{result.gate_id} was not measured ({result.status.value}: "
+                           f"{result.reason}): no samples")
+    elif meta is None:
         got.missing.append(f"{reader.where}{META} {broken or 'is not sealed'}: no format, "
                            f"plan or baseline arm, no samples read")
     elif got.format == 1:

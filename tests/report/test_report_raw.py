@@ -349,3 +349,14 @@ def test_headless_chromium_draws_the_demo_trace_and_format2_pages(traced, tp2, t
         keep = os.environ.get("ROWGATE_KEEP_SCREENSHOT")
         if keep:  # for a person to look at: ROWGATE_KEEP_SCREENSHOT=/tmp/shot (-demo.png, …)
             shutil.copyfile(shot, f"{keep}-{name}.png")
+
+
+def test_a_gate_that_never_measured_says_so_not_that_a_file_is_lost():
+    # the H200's DEMO-GPU-DECODE bundle: its throughput gate is PENDING (no vLLM there)
+    bundle = ROOT / "docs/evidence/DEMO-GPU-DECODE/dbeeeb2e07f03d92"
+    result = Bundle.open(bundle).gate_result("throughput")
+    assert result.status is Status.PENDING
+    got = read_samples(result, bundle)
+    assert got.missing == [f"throughput was not measured (PENDING: {result.reason}): "
+                           f"no samples"]
+    assert not got.speeds and not got.values

@@ -2,8 +2,9 @@
 paired design with known power.
 
 measure starts both arms once. Per cell (`_timed`): warm-up rounds until both arms'
-speeds settle, then interleaved rounds (k consecutive passes per arm, A B / B A, k
-fixed from the warm-up so that an arm's sample lasts `min_sample_s`), SM and memory
+speeds settle, then rounds whose arm order alternates, each of k passes per arm run in
+A B, B A pairs (`schedule`; k fixed from the warm-up so that an arm's sample lasts
+`min_sample_s`), SM and memory
 clocks before and after every pass, a look at the repeated confidence interval every
 `min_rounds` valid rounds, a stop at the first verdict or at the budget (rounds,
 seconds, discarded rounds). Every pass is sealed raw: per request its TTFT, every
@@ -80,9 +81,9 @@ class ThroughputGate(GateSpec):
     warmup_tolerance: Annotated[float, Field(gt=0)] = 0.05
     """Settled: each arm's last two warm-up speeds within this fraction."""
     min_sample_s: Annotated[float, Field(ge=0, le=10)] = 0.1
-    """Sample length: after the warm-up each cell fixes k, the consecutive passes per arm
-    per round, so that k passes last at least this long (pyperf's `--min-time`, 100 ms);
-    an arm's speed in a round is the metric over its k passes together (0: one pass)."""
+    """Sample length: after the warm-up each cell fixes k, the passes per arm per round,
+    so that k passes last at least this long (pyperf's `--min-time`, 100 ms); how they
+    make the arm's speed in the round: `schedule` (0: one pass)."""
     clock_tolerance: Annotated[float, Field(ge=0)] = 0.02
     """A round whose SM or memory clock samples spread more than this is discarded."""
     max_discarded: Annotated[int, Field(ge=0)] = 8

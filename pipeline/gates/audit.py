@@ -10,12 +10,18 @@ build gate seals it), the `cuobjdump --dump-resource-usage` text, the SASS dump
 commands; `kernels.toml` is copied so that derive judges against the budgets
 that were in force, reading nothing outside the artifacts. Derive reads what
 audit.json names, so bundles sealed with a plain `sass.txt` read as before.
+
+In a row whose build gate ran before it, the audit seals no second copy of the
+builds: it inspects the build gate's (`_audit_ref`), each entry naming the files it
+read there with their digests, and keeps only its own tool outputs under
+`ARCH/KERNEL/`. Bundles whose audit holds its own copy derive as they always did.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
@@ -25,9 +31,19 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import Field
 
 from pipeline import compressed
-from pipeline.build import kernels, resources
+from pipeline.build import cudabuild, kernels, resources
+from pipeline.gates import _audit_ref
 from pipeline.gates._artifacts import derive_known_layout, read_json
-from pipeline.gates.build import Built, build_into, build_problems, gate_arches, read_index, sealed_output
+from pipeline.gates._built import build_gate_id
+from pipeline.gates.build import (
+    MANIFEST_COPY,
+    Built,
+    build_into,
+    build_problems,
+    gate_arches,
+    read_index,
+    sealed_output,
+)
 from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Progress
 from pipeline.gates.registry import register
 from pipeline.options import TOOLCHAIN_KEYS
@@ -52,12 +68,23 @@ class AuditGate(GateSpec):
 
 
 def measure_audit(repo: Path, arches: list[str], names: list[str], options: dict[str, str],
-                  out: Path, progress: Progress, verify_embedded: bool = True) -> None:
-    built = build_into(repo, arches, names, options, out, progress)  # copies kernels.toml
+                  out: Path, progress: Progress, verify_embedded: bool = True,
+                  build_root: Path | None = None) -> None:
+    """Audit each build. With `build_root` (the row's build gate's artifacts, sealed
+    earlier in this run) holding every build the audit covers, inspect those by
+    reference (`_audit_ref`); otherwise build (the same cache) and seal a copy."""
+    ref = _audit_ref.find(build_root, arches, names, options)
+    out.mkdir(parents=True, exist_ok=True)
+    if ref is None:
+        built = build_into(repo, arches, names, options, out, progress)  # copies kernels.toml
+    else:
+        shutil.copyfile(ref.root / MANIFEST_COPY, out / BUDGETS)  # the declarations built
+        built = list(ref.builds.values())
     entries = []
     for b in built:
         progress.update(f"audit {b.kernel} for {b.arch}")
-        entries.append(_inspect(b, out, verify_embedded))
+        dest = b.dir if ref is None else out / b.arch / b.kernel
+        entries.append(_inspect(b, dest, verify_embedded, ref))
     (out / AUDIT_INDEX).write_text(json.dumps(entries, indent=2) + "\n")
 
 
@@ -74,11 +101,17 @@ def _tool(argv: list[str], log: Path, cwd: str | None = None, output: str | None
     return {"argv": argv, "returncode": rc, "output": output or log.name}
 
 
-def _inspect(b: Built, out: Path, verify_embedded: bool) -> dict[str, Any]:
+def _inspect(b: Built, dest: Path, verify_embedded: bool,
+             ref: _audit_ref.Reference | None) -> dict[str, Any]:
+    """Run the binutils on the build in `b.dir`; their output goes to `dest` (the same
+    directory for a copied build, the audit's own `ARCH/KERNEL/` for a referenced one)."""
     record = read_json(b.dir / "build.json")
+    dest.mkdir(parents=True, exist_ok=True)
     entry: dict[str, Any] = {"arch": b.arch, "kernel": b.kernel, "dir": f"{b.arch}/{b.kernel}",
                              "commands": [], "resource_usage": None, "sass": None, "sass_pending": "",
                              "embedded": [], "embedded_checked": verify_embedded}
+    if ref is not None:
+        entry[_audit_ref.KEY] = _audit_ref.record(ref, b, record)
     cubin = record.get("cubin")
     tc = b.toolchain
     if not cubin:  # the build failed: derive reports that first
@@ -87,27 +120,27 @@ def _inspect(b: Built, out: Path, verify_embedded: bool) -> dict[str, Any]:
         entry["sass_pending"] = tc.sass_missing
         return entry
     entry["commands"].append(_tool([tc.cuobjdump.path, "--dump-resource-usage",
-                                    str(b.dir / cubin)], b.dir / "resource-usage.txt"))
+                                    str(b.dir / cubin)], dest / "resource-usage.txt"))
     entry["resource_usage"] = "resource-usage.txt"
     if tc.sass_missing:
         entry["sass_pending"] = tc.sass_missing
     else:
         entry["commands"].append(_tool([tc.cuobjdump.path, "-sass", str(b.dir / cubin)],
-                                       b.dir / SASS))
+                                       dest / SASS))
         entry["sass"] = SASS
     if verify_embedded:
         for container in (record.get("fatbin"), record.get("object")):
             if container:
-                entry["embedded"] += _extract(tc.cuobjdump.path, b.dir, container, entry)
+                entry["embedded"] += _extract(tc.cuobjdump.path, b.dir, dest, container, entry)
     return entry
 
 
-def _extract(cuobjdump: str, build_dir: Path, container: str, entry: dict[str, Any]
-             ) -> list[dict[str, Any]]:
+def _extract(cuobjdump: str, build_dir: Path, out_dir: Path, container: str,
+             entry: dict[str, Any]) -> list[dict[str, Any]]:
     """`cuobjdump -xelf all` into embedded/CONTAINER/ (each image gzipped); one record
     per image. The container is sealed gzipped: cuobjdump reads its bytes unpacked
     into a temporary directory (the argv names that copy), the images land in another."""
-    dest = build_dir / "embedded" / container
+    dest = out_dir / "embedded" / container
     dest.mkdir(parents=True)
     with (tempfile.TemporaryDirectory(prefix="rowgate-xelf-in-") as tmp_in,
           tempfile.TemporaryDirectory(prefix="rowgate-xelf-") as tmp):
@@ -135,17 +168,21 @@ class AuditFindings:
     images_verified: int = 0
 
 
-def derive_audit(artifact_dir: Path) -> Derived:
+def derive_audit(artifact_dir: Path, build_gates: frozenset[str] = frozenset()) -> Derived:
+    """`build_gates`: the row's build gate ids, the only gates an entry may reference
+    (an entry with `build_ref` reads its build from `artifacts/GATE-ID/` beside this)."""
     try:
         manifest = kernels.parse((artifact_dir / BUDGETS).read_text(), BUDGETS)
         entries = read_json(artifact_dir / AUDIT_INDEX)
     except (OSError, GateError, ValueError) as exc:
         raise GateError(f"audit artifacts unreadable in {artifact_dir}: {exc}") from exc
-    records = {(e["arch"], e["kernel"]): (e, r) for e, r in read_index(artifact_dir)}
+    copied = any(_audit_ref.KEY not in e for e in entries)
+    records = {(e["arch"], e["kernel"]): (e, r) for e, r in read_index(artifact_dir)} if copied else {}
     found = AuditFindings()
     for entry in entries:
-        index_entry, record = records[(entry["arch"], entry["kernel"])]
-        _judge(artifact_dir, manifest, entry, index_entry, record, found)
+        build_root, index_entry, record = _source(artifact_dir, entry, records, build_gates, found)
+        if record is not None:
+            _judge(artifact_dir, build_root, manifest, entry, index_entry, record, found)
     metrics: dict[str, MetricValue] = {"entry_points": len(found.cells), "violations": len(found.violations),
                                        "embedded_images_verified": found.images_verified,
                                        "sass_pending": len(found.pending)}
@@ -173,18 +210,47 @@ def _read(path: Path) -> str:
         raise GateError(f"{path}: unreadable: {exc}") from exc
 
 
-def _judge(root: Path, manifest: kernels.KernelManifest, entry: dict[str, Any],
+def _source(root: Path, entry: dict[str, Any], copied: dict[tuple[str, str], Any],
+            build_gates: frozenset[str], found: AuditFindings
+            ) -> tuple[Path, dict[str, Any], dict[str, Any] | None]:
+    """(the artifacts dir holding the entry's build, its index entry, its build.json):
+    the audit's own copy, or the build gate's files it references, each checked
+    against the digest the audit recorded (a mismatch is a violation, record None)."""
+    ref = entry.get(_audit_ref.KEY)
+    if ref is None:
+        index_entry, record = copied[(entry["arch"], entry["kernel"])]
+        return root, index_entry, record
+    build_root, rel = _audit_ref.resolve(root.parent, ref, build_gates)
+    problems = _audit_ref.file_problems(build_root, rel, ref["files"])
+    if cudabuild.BUILD_RECORD not in ref["files"]:
+        problems.append(f"{build_root.name}/{rel}/{cudabuild.BUILD_RECORD} is not pinned")
+    record = None if problems else read_json(build_root / rel / cudabuild.BUILD_RECORD)
+    if record is not None:
+        problems = _audit_ref.unpinned(rel, ref["files"], record)
+        if (record["arch"], record["kernel"]) != (entry["arch"], entry["kernel"]):
+            problems.append(f"{build_root.name}/{rel} is the build of {record['kernel']} "
+                            f"for {record['arch']}")
+    for problem in problems:
+        found.violations.append(resources.Violation(entry["kernel"], "*", entry["arch"],
+                                                    "referenced build", problem,
+                                                    "the bytes the audit inspected"))
+    return build_root, {"dir": rel}, None if problems else record
+
+
+def _judge(root: Path, build_root: Path, manifest: kernels.KernelManifest, entry: dict[str, Any],
            index_entry: dict[str, Any], record: dict[str, Any], found: AuditFindings) -> None:
+    """One entry judged: its build read from `build_root` (the audit's own artifacts
+    for a copied build), the audit's tool outputs from `root`."""
     name, arch = entry["kernel"], entry["arch"]
     kdir = root / entry["dir"]
-    failed = build_problems(root, index_entry, record)
+    failed = build_problems(build_root, index_entry, record)
     if failed:
         found.violations.append(resources.Violation(name, "*", arch, "build", failed[0],
                                                     "a clean build"))
         return
     kernel = manifest.kernels[name]
     ptxas_log = next(s["log"] for s in record["steps"] if s["tool"] in ("ptxas", "nvcc"))
-    report = resources.parse_ptxas(_read(kdir / ptxas_log))
+    report = resources.parse_ptxas(_read(build_root / index_entry["dir"] / ptxas_log))
     usage = (resources.parse_resource_usage(_read(kdir / entry["resource_usage"]))
              if entry["resource_usage"] else {})
     sass = resources.parse_sass(_read(kdir / entry["sass"])) if entry["sass"] else None
@@ -252,6 +318,15 @@ def _check_images(root: Path, entry: dict[str, Any], record: dict[str, Any],
             found.images_verified += 1
 
 
+def _build_root(row: Row, spec: AuditGate, artifacts_root: Path) -> Path | None:
+    """The artifacts of the row's one build gate before the audit, or None (none, or
+    several: the audit then seals its own copy)."""
+    try:
+        return artifacts_root / build_gate_id(row, spec, "")
+    except GateError:
+        return None
+
+
 @register
 class Audit(Gate[AuditGate]):
     kind = "audit"
@@ -261,10 +336,14 @@ class Audit(Gate[AuditGate]):
 
     def measure(self, row: Row, spec: AuditGate, ctx: GateContext) -> None:
         measure_audit(ctx.repo, gate_arches(row, spec.arches), spec.kernels, ctx.options,
-                      ctx.artifact_dir, ctx.progress, spec.verify_embedded_images)
+                      ctx.artifact_dir, ctx.progress, spec.verify_embedded_images,
+                      _build_root(row, spec, ctx.artifact_dir.parent))
 
     def derive(self, row: Row, spec: AuditGate, artifact_dir: Path) -> Derived:
-        return derive_known_layout(derive_audit, artifact_dir, "audit")
+        # Without a row (a bare artifact directory) no reference is honoured.
+        build_gates = frozenset(g.id for g in getattr(row, "gates", [])
+                                if getattr(g, "kind", "") == "build")
+        return derive_known_layout(lambda d: derive_audit(d, build_gates), artifact_dir, "audit")
 
     def arch(self, row: Row, spec: AuditGate, ctx: GateContext) -> tuple[str, bool]:
         return row.target.arch, False

@@ -29,6 +29,7 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 PAGEDMINI = next((REPO / "docs" / "evidence" / "SUBJECT-PAGEDMINI-SM90").iterdir())
 QUIET = PlainProgress(quiet=True)
+BUILD_GATES = frozenset({"build"})
 KERNEL = "decode_attention"
 ROW = '''
     [[gates]]
@@ -66,6 +67,17 @@ def sealed(tmp_path_factory) -> tuple[Path, dict[str, GateResult], rows.LoadedRo
     return run.bundle, {r.gate_id: r for r in run.results}, loaded, signer
 
 
+@pytest.fixture(scope="module")
+def copied(sealed, tmp_path_factory) -> Path:
+    """The audit of the same subject measured with no build gate beside it: it builds
+    (the session's cache) and seals its own copy of every build, as before."""
+    path, _, _, _ = sealed
+    out = tmp_path_factory.mktemp("copied") / "audit"
+    audit.measure_audit(path.parents[2] / "subject", ["sm_70", "sm_90"], [KERNEL], {}, out, QUIET)
+    assert (out / "builds.json").is_file() and (out / "sm_90" / KERNEL / f"{KERNEL}.o.gz").is_file()
+    return out
+
+
 def _is_stable_gzip(data: bytes) -> bool:
     """gzip magic, no FNAME flag (no temp path leaks in), mtime 0."""
     return data[:3] == b"\x1f\x8b\x08" and not data[3] & 0x08 and data[4:8] == b"\0\0\0\0"
@@ -79,17 +91,20 @@ def test_sass_ptx_object_fatbin_and_images_are_sealed_gzipped(sealed):
     bundle.verify(signer.verifier())  # the manifest covers the .gz bytes
     files = set(bundle.manifest.files)
     art = path / "artifacts"
-    for gate in ("build", "audit"):
-        d = f"artifacts/{gate}/sm_90/{KERNEL}"
-        assert {f"{d}/{KERNEL}.ptx.gz", f"{d}/{KERNEL}.o.gz", f"{d}/{KERNEL}.fatbin.gz",
-                f"{d}/{KERNEL}.sm_90.cubin"} <= files
-        assert not {f"{d}/{KERNEL}.ptx", f"{d}/{KERNEL}.o", f"{d}/{KERNEL}.fatbin"} & files
-        # each sealed output is the content its build.json digests
-        record = json.loads((art / gate / "sm_90" / KERNEL / "build.json").read_text())
-        for name, digest in record["outputs"].items():
-            sealed_file = build.sealed_output(art / gate / "sm_90" / KERNEL, name)
-            content = compressed.read_bytes(sealed_file)
-            assert hashlib.sha256(content).hexdigest() == digest, name
+    d = f"artifacts/build/sm_90/{KERNEL}"
+    assert {f"{d}/{KERNEL}.ptx.gz", f"{d}/{KERNEL}.o.gz", f"{d}/{KERNEL}.fatbin.gz",
+            f"{d}/{KERNEL}.sm_90.cubin"} <= files
+    assert not {f"{d}/{KERNEL}.ptx", f"{d}/{KERNEL}.o", f"{d}/{KERNEL}.fatbin"} & files
+    # each sealed output is the content its build.json digests
+    record = json.loads((art / "build" / "sm_90" / KERNEL / "build.json").read_text())
+    for name, digest in record["outputs"].items():
+        sealed_file = build.sealed_output(art / "build" / "sm_90" / KERNEL, name)
+        content = compressed.read_bytes(sealed_file)
+        assert hashlib.sha256(content).hexdigest() == digest, name
+    # the audit references the build gate's outputs instead of sealing a copy
+    # (tests/gates/test_audit_ref.py); the copying audit is checked on `copied` below
+    assert not {f for f in files if f.startswith("artifacts/audit/") and
+                (f.endswith((".cubin", ".o.gz", ".fatbin.gz", ".ptx.gz")) or "build.json" in f)}
     for arch in ("sm_70", "sm_90"):
         sass = art / "audit" / arch / KERNEL / "sass.txt.gz"
         assert _is_stable_gzip(sass.read_bytes())
@@ -106,7 +121,7 @@ def test_the_sealed_bundle_rederives_at_review_and_reads_in_inspect_and_report(
     checks = {g.gate_id: g for g in ev.gates}
     for gate in ("build", "audit"):
         assert checks[gate].rederived == "consistent", (gate, checks[gate])
-    again = audit.Audit().derive(None, None, path / "artifacts" / "audit")
+    again = audit.Audit().derive(loaded.row, None, path / "artifacts" / "audit")
     assert (again.status, again.reason, again.cells) == (
         results["audit"].status, results["audit"].reason, results["audit"].cells)
     assert again.cells[f"{KERNEL}/decode_attention_e5m2_hd128@sm_90"]["sass_instructions"] > 0
@@ -151,23 +166,27 @@ def test_a_gzipped_sass_that_was_changed_fails_the_audit(sealed, tmp_path):
     text = compressed.read_text(sass)
     assert "Function : decode_attention_e5m2_hd128" in text
     compressed.write_text(sass, text.replace("code for sm_90", "code for sm_80", 1))
-    derived = audit.derive_audit(copy / "audit")
+    derived = audit.derive_audit(copy / "audit", BUILD_GATES)
     assert derived.status is Status.FAIL
     assert f"{KERNEL}/* sm_90: SASS arch: sm_80" in derived.reason
 
 
-def test_a_sealed_output_that_is_not_the_one_built_fails_build_and_audit(sealed, tmp_path):
+def test_a_sealed_output_that_is_not_the_one_built_fails_build_and_audit(sealed, copied, tmp_path):
     path, _, _, _ = sealed
     copy = tmp_path / "artifacts"
     shutil.copytree(path / "artifacts", copy)
-    for gate in ("build", "audit"):
+    shutil.copytree(copied, copy / "audit-copy")  # an audit with its own copy, as before
+    for gate in ("build", "audit-copy"):
         ptx = copy / gate / "sm_90" / KERNEL / f"{KERNEL}.ptx.gz"
         compressed.write_bytes(ptx, compressed.read_bytes(ptx) + b"// edited\n")
     derived = build.derive_builds(copy / "build")
     assert derived.status is Status.FAIL
     assert f"{KERNEL} sm_90: output {KERNEL}.ptx.gz has sha256 " in derived.reason
     assert "not the " in derived.reason and "its build recorded" in derived.reason
-    assert audit.derive_audit(copy / "audit").status is Status.FAIL
+    assert audit.derive_audit(copy / "audit-copy").status is Status.FAIL
+    referencing = audit.derive_audit(copy / "audit", BUILD_GATES)
+    assert referencing.status is Status.FAIL
+    assert f"build/sm_90/{KERNEL}/{KERNEL}.ptx.gz has sha256" in referencing.reason
 
 
 def _unpack_to_old_layout(audit_dir: Path) -> None:
@@ -185,10 +204,10 @@ def _unpack_to_old_layout(audit_dir: Path) -> None:
     (audit_dir / "audit.json").write_text(json.dumps(entries, indent=2))
 
 
-def test_plain_sass_txt_artifacts_read_as_before(sealed, tmp_path):
+def test_plain_sass_txt_artifacts_read_as_before(sealed, copied, tmp_path):
     path, results, _, _ = sealed
     old = tmp_path / "audit"
-    shutil.copytree(path / "artifacts" / "audit", old)
+    shutil.copytree(copied, old)
     _unpack_to_old_layout(old)
     assert (old / "sm_90" / KERNEL / "sass.txt").is_file()
     assert not list(old.rglob("*.gz"))

@@ -210,7 +210,8 @@ def test_row_build_and_audit_pass_in_a_sealed_bundle(tmp_path, kernels_repo):
                          kind="kernel-pr", target_extra='build_arches = ["sm_70", "sm_110"]')
 
     signer = signing.default_signer(announce=lambda msg: None)
-    run = runner.run_row(rows.load_row(row_path), root, tmp_path / "evidence", signer, QUIET)
+    loaded = rows.load_row(row_path)
+    run = runner.run_row(loaded, root, tmp_path / "evidence", signer, QUIET)
     results = {r.gate_id: r for r in run.results}
     assert results["build"].status is Status.PASS, results["build"].reason
     assert results["audit"].status is Status.PASS, results["audit"].reason
@@ -220,8 +221,9 @@ def test_row_build_and_audit_pass_in_a_sealed_bundle(tmp_path, kernels_repo):
     for arch, log in (("sm_70", "ptxas.log"), ("sm_110", "nvcc.log")):
         assert f"artifacts/build/{arch}/decode_attention/{log}" in files
         assert f"artifacts/audit/{arch}/decode_attention/sass.txt.gz" in files
-    # derive is pure: re-running it on the sealed artifacts gives the recorded result.
-    again = audit.Audit().derive(None, None, run.bundle / "artifacts" / "audit")
+    # derive is pure: re-running it on the sealed artifacts gives the recorded result
+    # (with the row: the audit references its build gate's builds).
+    again = audit.Audit().derive(loaded.row, None, run.bundle / "artifacts" / "audit")
     assert (again.status, again.reason) == (results["audit"].status, results["audit"].reason)
 
 

@@ -218,7 +218,8 @@ def check_comparable(a: Bundle, b: Bundle) -> None:
 
 
 def _per_pass(pairs: list[tuple[int, float]]) -> list[float]:
-    """One value per timed pass: the median of the pass's values (requests, gaps)."""
+    """One value per timed sample (an arm's passes of a round): the median of its
+    values pooled (requests, gaps)."""
     by_pass: dict[int, list[float]] = {}
     for n, v in pairs:
         by_pass.setdefault(n, []).append(v)

@@ -14,15 +14,14 @@ absolute) and resolved without following a link, so it cannot leave the bundle.
 
 from __future__ import annotations
 
-import hashlib
 import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline import compressed
 from pipeline.build import cudabuild, kernels, toolchains
+from pipeline.build.resources import sha256_file
 from pipeline.errors import Error
 from pipeline.gates.build import INDEX, MANIFEST_COPY, Built, read_index, sealed_output
 from pipeline.gates.interface import GateError
@@ -63,16 +62,12 @@ def find(build_root: Path | None, arches: list[str], names: list[str],
 
 def record(ref: Reference, b: Built, build_record: dict[str, Any]) -> dict[str, Any]:
     """The entry's `build_ref`: gate, directory and {sealed file name: content sha256}."""
-    files = {cudabuild.BUILD_RECORD: _digest(b.dir / cudabuild.BUILD_RECORD)}
+    files = {cudabuild.BUILD_RECORD: sha256_file(b.dir / cudabuild.BUILD_RECORD)}
     for step in build_record["steps"]:
-        files[step["log"]] = _digest(b.dir / step["log"])
+        files[step["log"]] = sha256_file(b.dir / step["log"])
     for name, digest in build_record["outputs"].items():
         files[sealed_output(b.dir, name).name] = digest
     return {"gate": ref.gate, "dir": b.dir.relative_to(ref.root).as_posix(), "files": files}
-
-
-def _digest(path: Path) -> str:
-    return hashlib.sha256(compressed.read_bytes(path)).hexdigest()
 
 
 # --------------------------------------------------------------------------- derive
@@ -120,7 +115,8 @@ def _no_links(root: Path, parts: list[str]) -> None:
 
 def file_problems(build_root: Path, rel: str, files: dict[str, Any]) -> list[str]:
     """Each referenced file, read where the bundle holds it (a link refused) and hashed
-    against the digest the audit recorded: one line per file missing or altered."""
+    against the digest the audit recorded: one line per file missing or altered; and
+    build.json unpinned (derive reads it before anything else)."""
     out = []
     for name, want in sorted(files.items()):
         path = build_root / rel / name
@@ -129,7 +125,7 @@ def file_problems(build_root: Path, rel: str, files: dict[str, Any]) -> list[str
             if not stat.S_ISREG(path.lstat().st_mode):
                 out.append(f"referenced build file {shown} is a link or not a regular file")
                 continue
-            got = hashlib.sha256(compressed.read_bytes(path)).hexdigest()
+            got = sha256_file(path)
         except (OSError, EOFError) as exc:
             out.append(f"referenced build file {shown} missing or unreadable "
                        f"({getattr(exc, 'strerror', None) or exc})")
@@ -137,6 +133,8 @@ def file_problems(build_root: Path, rel: str, files: dict[str, Any]) -> list[str
         if got != want:
             out.append(f"referenced build file {shown} has sha256 {got[:16]}, not the "
                        f"{str(want)[:16]} the audit inspected")
+    if cudabuild.BUILD_RECORD not in files:
+        out.append(f"{build_root.name}/{rel}/{cudabuild.BUILD_RECORD} is not pinned")
     return out
 
 

@@ -82,6 +82,12 @@ def round_order(order: str, k: int, seed: int) -> tuple[str, str]:
 SCHEDULES = ("interleaved", "blocked")
 
 
+def sealed_schedule(sealed_plan: Mapping[str, Any]) -> str:
+    """The schedule a cell's sealed plan ran: its `schedule`, or `blocked` for a plan
+    sealed before the key existed (the k passes per arm then ran back to back)."""
+    return str(sealed_plan.get("schedule", "blocked"))
+
+
 def pass_order(order: tuple[str, str], n: int, schedule: str) -> list[tuple[str, int]]:
     """(arm, its pass index) of a timed round's 2n passes, in run order. `interleaved`
     runs the arms' passes in pairs, each pair the reverse of the last (A B, B A, A B …:

@@ -108,7 +108,7 @@ def derive_cells(plans: Mapping[str, _timed.Plan], meta: Mapping[str, Any], pass
         plan = plans[cell]
         if isinstance(sealed, dict) and "schedule" not in sealed:
             want.pop("schedule")
-            plan = replace(plan, schedule="blocked")
+            plan = replace(plan, schedule=_timed.sealed_schedule(sealed))
         if sealed != want:
             raise GateError(f"cell {cell}: measured under another plan than the row's "
                             f"({sealed})")

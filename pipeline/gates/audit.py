@@ -222,8 +222,6 @@ def _source(root: Path, entry: dict[str, Any], copied: dict[tuple[str, str], Any
         return root, index_entry, record
     build_root, rel = _audit_ref.resolve(root.parent, ref, build_gates)
     problems = _audit_ref.file_problems(build_root, rel, ref["files"])
-    if cudabuild.BUILD_RECORD not in ref["files"]:
-        problems.append(f"{build_root.name}/{rel}/{cudabuild.BUILD_RECORD} is not pinned")
     record = None if problems else read_json(build_root / rel / cudabuild.BUILD_RECORD)
     if record is not None:
         problems = _audit_ref.unpinned(rel, ref["files"], record)

@@ -11,7 +11,6 @@ the PTX, cubin, fatbin and object (all but the cubin sealed gzipped: `NAME.ptx.g
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -27,6 +26,7 @@ from pydantic import Field
 
 from pipeline import CHECKOUT, compressed
 from pipeline.build import cudabuild, kernels, toolchains
+from pipeline.build.resources import sha256_file
 from pipeline.errors import Error
 from pipeline.gates._artifacts import derive_known_layout, read_json
 from pipeline.gates.interface import Derived, Gate, GateContext, GateError, Progress
@@ -135,7 +135,7 @@ def output_problems(build_dir: Path, record: dict[str, Any]) -> list[str]:
     for name, digest in record["outputs"].items():
         path = sealed_output(build_dir, name)
         try:
-            actual = hashlib.sha256(compressed.read_bytes(path)).hexdigest()
+            actual = sha256_file(path)
         except (OSError, EOFError) as exc:
             out.append(f"{record['kernel']} {record['arch']}: output {path.name} unreadable: {exc}")
             continue

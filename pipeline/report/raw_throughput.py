@@ -220,6 +220,7 @@ def _speeds(passes: list[Record], requests: list[Record], meta: Record) -> Value
     sample is an arm's k passes of one round (`passes_per_sample`, k = 1 in bundles
     sealed before the sample length), as the cell's schedule takes them (the mean of
     the passes' speeds when interleaved, pooled when blocked: `latency.sample_speed`)."""
+    from pipeline.gates._timed import sealed_schedule
     from pipeline.latency import sample_speed, schedule_statistic
 
     reqs: dict[tuple[str, int, str], list[Record]] = {}
@@ -237,7 +238,7 @@ def _speeds(passes: list[Record], requests: list[Record], meta: Record) -> Value
         return [sample_speed(plan["metric"], reqs.get(key, []),
                              [float(q["wall_s"]) for q in sample],
                              [int(q["output_tokens"]) for q in sample],
-                             schedule_statistic(plan.get("schedule", "blocked")))]
+                             schedule_statistic(sealed_schedule(plan)))]
     return _by_cell(firsts, ARMS[2], "round", speed)
 
 

@@ -151,7 +151,7 @@ def test_the_changes_are_the_sealed_passes_compared_unpaired(world, capsys):
     itl = next(c for c in json.loads(out)["changes"]
                if (c["cell"], c["metric"], c["arm"]) == ("i16-c4", "itl", "candidate"))
 
-    def speeds(bundle: Path) -> list[float]:  # the gate's per-sample speed, from the raw files
+    def speeds(bundle: Path) -> list[float]:  # per sample (round), pooled, from the raw files
         art = bundle / "artifacts/throughput"
         with open(art / "passes.csv", newline="") as f:
             passes = [p for p in csv.DictReader(f) if p["phase"] == "timed"

@@ -26,7 +26,7 @@ if [[ $PARTS == *" attn "* ]]; then
 fi
 if [[ $PARTS == *" mk "* ]]; then
   cub=()
-  for n in v2 ring0 claim next mma; do [ -f "$C/mk_$n.cubin" ] && cub+=("$n=$C/mk_$n.cubin"); done
+  for n in v2 ring0 claim next mma mmal2 mmanext; do [ -f "$C/mk_$n.cubin" ] && cub+=("$n=$C/mk_$n.cubin"); done
   t0=$(date +%s)
   timeout "${MK_TIMEOUT:-180}" python3 benchmarks/megakernel_ab.py --out "$R/mk" \
     --cubins "${cub[@]}" --split-kv-cubin "$SPLIT" --variants "${MK_VARIANTS:-mma}" \

@@ -70,6 +70,7 @@ MMA_VARIANTS = [  # name, cubin, builder options, schedules
 list), each with its unfused list as the bitwise reference; `mma-fused` has every fusion
 flag (the prologues may pay now that the GEMV is cheaper)."""
 GREEDY = {"mma": [("mk-default", "v2", STAGED), ("mk-mma", "mma", STAGED)],
+          "l2": [("mk-mma", "mma", STAGED), ("mk-mma-tile-l2", "mmal2", STAGED)],
           "issue19": [("mk-+ring", "v2", {"fine_deps": False})]}
 """Persistent paths run 32 greedy steps against eager (name, cubin, options)."""
 VARIANTS = [  # name, cubin, builder options, schedules
@@ -87,7 +88,21 @@ VARIANTS = [  # name, cubin, builder options, schedules
 ]
 """Run 1 (benchmarks/results/h200-2026-12-01/run1) also had +tiles2 (tile_scale 2):
 slower everywhere (half the SMs per stage), dropped."""
-VARIANT_SETS = {"mma": MMA_VARIANTS, "issue19": VARIANTS}
+L2_VARIANTS = [  # name, cubin, builder options, schedules
+    ("mma-stages", "mma", {"fuse": False}, (DYN,)),
+    ("mma", "mma", STAGED, (DYN, STATIC)),
+    ("mma-tile-l2", "mmal2", STAGED, (DYN, STATIC)),
+    ("mma-next-l2", "mmanext", STAGED, (STATIC,)),
+    ("mma-fine", "mma", {**STAGED, "fine_deps": True}, (DYN,)),
+    ("mma-tile-l2-fine", "mmal2", {**STAGED, "fine_deps": True}, (DYN,)),
+]
+"""Run 4: the stage waits (44 % of the b1 span with the tensor-core GEMV) overlapped with
+the weight stream. `mmal2` (RG_MK_MMA=1 RG_MK_TILE_L2=1): before its counter wait a GEMV
+task asks L2 for its whole tile, not only the ring's first groups; `mmanext` (RG_MK_MMA=1
+RG_MK_NEXT_L2=1): the static schedule asks L2 for its next task's tile; `-fine`: attention
+splits wait only for their kv head's q|k|v tiles. All of the `mma` family: bit for bit the
+unfused list's logits."""
+VARIANT_SETS = {"mma": MMA_VARIANTS, "issue19": VARIANTS, "l2": L2_VARIANTS}
 COMPILE = ["none", "max-autotune-no-cudagraphs"]
 """(`--compile default` adds torch.compile's default mode.)"""
 GREEDY_STEPS = 32
@@ -250,12 +265,12 @@ def bitwise(variants: list, logits: dict) -> dict:
     variant with its cubin family): {path: {"ref": name, "equal": bool}}."""
     family = {}
     for name, cub, options, _ in variants:
-        fam = "mma" if cub == "mma" else "fma"
+        fam = "mma" if cub.startswith("mma") else "fma"
         if options.get("fuse") is False and f"mk-{name}" in logits:
             family.setdefault(fam, f"mk-{name}")
     out = {}
     for name, cub, _, schedules in variants:
-        ref = family.get("mma" if cub == "mma" else "fma")
+        ref = family.get("mma" if cub.startswith("mma") else "fma")
         for sched in schedules:
             n = f"mk-{name}" + (":static" if sched == STATIC else "")
             if n in logits and ref is not None:

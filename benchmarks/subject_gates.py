@@ -4,15 +4,17 @@ subject with a planted last-page bug in its candidate, and on rowgate's own tree
 split_kv and split_kv_bulk operators, issue 19's bulk candidate): the same rows, the same
 gates, the same path. Then what each run must show is checked.
 
-    PYTHONPATH=. python3 benchmarks/subject_gates.py --out DIR [--nvcc PATH] [--smoke]
+    PYTHONPATH=. python3 benchmarks/subject_gates.py --out DIR [--nvcc PATH] [--smoke] \
+        [--only NAME ...]
 
 Writes DIR/summary.json (per run: each gate's status and reason, the expectation and
 whether it held), DIR/gate-log-NAME.txt, and the sealed evidence under DIR/evidence/.
 The planted-bug run uses the row without its phase and AOT gates (the operator gate is
 what must catch it).
 `--smoke` runs the same on a machine without a GPU: every execution gate must then be
-PENDING with its reason (a CPU check of this script). Exit 0 when every expectation
-holds.
+PENDING with its reason (a CPU check of this script). `--only pagedmini` runs one of
+the three (pagedmini, pagedmini-bug, rowgate), e.g. to re-seal the checked-in bundle.
+Exit 0 when every expectation holds.
 """
 
 from __future__ import annotations
@@ -96,36 +98,48 @@ def expect(run: dict, gate_id: str, status: str, *, reason: re.Pattern | None = 
             "reason": got and got["reason"], "ok": ok, "why": why}
 
 
+SUBJECTS = ("pagedmini", "pagedmini-bug", "rowgate")
+
+
+def expectations(name: str, run: dict, device: str | None) -> list[dict]:
+    """What the run of subject `name` must show (`device` "PENDING" on a machine
+    without a GPU, where every execution gate is PENDING)."""
+    if name == "pagedmini":
+        return [expect(run, g, "PASS") for g in ("host", "build", "audit")] + [
+            expect(run, "operator", device or "PASS"),
+            expect(run, "phase", device or "PASS",
+                   metrics=[] if device else ["counter_baseline_", "v_load_us_baseline"]),
+            expect(run, "triton-aot", "PASS")]
+    if name == "pagedmini-bug":
+        return [expect(run, "operator", device or "FAIL", reason=None if device else BUG_CASE)]
+    return [expect(run, g, "PASS") for g in ("host", "build", "audit")] + [
+        expect(run, g, device or "PASS") for g in ("operator", "operator-bulk")]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--nvcc", default=shutil.which("nvcc"))
     ap.add_argument("--smoke", action="store_true", help="no GPU: execution gates PENDING")
+    ap.add_argument("--only", action="append", choices=SUBJECTS, default=[],
+                    help="run only this subject (repeatable; default: all three)")
     ns = ap.parse_args(argv)
     from tests.subjects import paged_decode_subject, snapshot_of
 
     ns.out.mkdir(parents=True, exist_ok=True)
     work = ns.out / "subjects"
-    subjects = {"pagedmini": paged_decode_subject(work / "pagedmini").working_dir,
-                "pagedmini-bug": paged_decode_subject(work / "pagedmini-bug",
-                                                      planted_bug=True).working_dir,
-                "rowgate": str(snapshot_of(REPO, work / "rowgate"))}
-    rows_for = {"pagedmini": PAGEDMINI_ROW, "pagedmini-bug": operator_only(PAGEDMINI_ROW, ns.out),
-                "rowgate": ROWGATE_ROW}
-    runs = {name: gate(name, rows_for[name], Path(path), ns.out, ns.nvcc)
-            for name, path in subjects.items()}
+    makers = {"pagedmini": lambda: paged_decode_subject(work / "pagedmini").working_dir,
+              "pagedmini-bug": lambda: paged_decode_subject(work / "pagedmini-bug",
+                                                            planted_bug=True).working_dir,
+              "rowgate": lambda: str(snapshot_of(REPO, work / "rowgate"))}
+    rows_for = {"pagedmini": lambda: PAGEDMINI_ROW,
+                "pagedmini-bug": lambda: operator_only(PAGEDMINI_ROW, ns.out),
+                "rowgate": lambda: ROWGATE_ROW}
+    chosen = ns.only or list(SUBJECTS)
+    runs = {name: gate(name, rows_for[name](), Path(makers[name]()), ns.out, ns.nvcc)
+            for name in chosen}
     device = "PENDING" if ns.smoke else None
-    checks = {
-        "pagedmini": [expect(runs["pagedmini"], g, "PASS") for g in ("host", "build", "audit")]
-        + [expect(runs["pagedmini"], "operator", device or "PASS"),
-           expect(runs["pagedmini"], "phase", device or "PASS",
-                  metrics=[] if device else ["counter_baseline_", "v_load_us_baseline"]),
-           expect(runs["pagedmini"], "triton-aot", "PASS")],
-        "pagedmini-bug": [expect(runs["pagedmini-bug"], "operator", device or "FAIL",
-                                 reason=None if device else BUG_CASE)],
-        "rowgate": [expect(runs["rowgate"], g, "PASS") for g in ("host", "build", "audit")]
-        + [expect(runs["rowgate"], g, device or "PASS") for g in ("operator", "operator-bulk")],
-    }
+    checks = {name: expectations(name, runs[name], device) for name in chosen}
     ok = all(c["ok"] for cs in checks.values() for c in cs)
     (ns.out / "summary.json").write_text(json.dumps({"ok": ok, "runs": runs, "checks": checks},
                                                     indent=1) + "\n")

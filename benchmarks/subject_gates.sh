@@ -7,6 +7,7 @@
 # with `.whl` carried (the Python packages the device image lacks, docs/operators.md):
 #   bash benchmarks/subject_gates.sh                  # the gates (about 5 minutes)
 #   SKIP_GATES=1 GPU_TESTS=1 bash benchmarks/subject_gates.sh   # the gpu-marked tests
+#   ONLY=pagedmini bash benchmarks/subject_gates.sh   # one subject (re-seal its bundle)
 # Writes $OUT/summary.txt (one line per expectation, ok/FAIL), $OUT/results.tar.gz (the
 # summary JSON, every gate log, the device's public key), the sealed evidence bundles
 # with their raw artifacts (cases.json, timing.json, phase.json, ncu-*.csv, aot.json) as
@@ -25,7 +26,7 @@ NVCC="$(command -v nvcc)"
 status=0
 if [ -z "${SKIP_GATES:-}" ]; then
   timeout "${SCRIPT_TIMEOUT:-480}" python3 benchmarks/subject_gates.py --out "$R" --nvcc "$NVCC" \
-    2>&1 | tee "$OUT/summary.txt"
+    ${ONLY:+--only "$ONLY"} 2>&1 | tee "$OUT/summary.txt"
   status=${PIPESTATUS[0]}
 fi
 if [ -n "${GPU_TESTS:-}" ]; then

@@ -35,6 +35,11 @@
 //   RG_MK_NEXT_L2=1      the static schedule asks L2 for the block's next GEMV task's
 //                        weights once the current task's wait is over, so the weight
 //                        stream runs across the stage barrier (off by default)
+//   RG_MK_TILE_L2=1      before the counter wait a GEMV task also asks L2 for the rest of
+//                        its weight rows (Hopper's bulk prefetch), so the whole tile streams
+//                        from DRAM while the block waits for the previous stage, not only
+//                        the ring's first groups (issue 19: waits are 44 % of the b1 span
+//                        with the tensor-core GEMV; off by default until timed)
 //   RG_MK_MMA=1          GEMV tiles on the tensor cores (mma.sync m16n8k16, the batch as
 //                        N = 8; kernels/persistent/gemv_mma.cuh) where K % 1024 == 0 and
 //                        the input is staged, the weights through the same ring (needs
@@ -58,6 +63,9 @@
 #endif
 #ifndef RG_MK_MMA
 #define RG_MK_MMA 0
+#endif
+#ifndef RG_MK_TILE_L2
+#define RG_MK_TILE_L2 0
 #endif
 #if RG_MK_MMA && !RG_MK_RING
 #error "RG_MK_MMA streams its weights through the ring: it needs RG_MK_RING=1"
@@ -340,6 +348,25 @@ static_assert(mma::kPartialBytes <= task::kScratchBytes,
               "a round's partials live in the scratch (free once the input is staged)");
 #endif
 
+#if RG_MK_TILE_L2
+// The task's whole weight tile asked of L2 in 16 KB pieces (one lane per warp, the warps'
+// pieces interleaved), issued after the ring's first groups so those go first. Read-only
+// weights: a prefetch cannot change a result; the ring's later copies then hit L2 (or a
+// miss already in flight).
+__device__ __forceinline__ void prefetch_tile_l2(const TaskDesc& t, const u64* buffers,
+                                                 int warp, int lane) {
+  constexpr u64 kPiece = 16384;
+  if (lane != 0) return;
+  const char* w = reinterpret_cast<const char*>(operand<const bf16_bits>(t, buffers, 0)) +
+                  static_cast<u64>(t.tile[0]) * t.tile[2] * sizeof(bf16_bits);
+  const u64 bytes = static_cast<u64>(t.tile[1]) * t.tile[2] * sizeof(bf16_bits);
+  for (u64 at = static_cast<u64>(warp) * kPiece; at < bytes; at += kWarps * kPiece) {
+    const u32 n = static_cast<u32>(min(kPiece, bytes - at));
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(w + at), "r"(n) : "memory");
+  }
+}
+#endif
+
 // Before the counter wait: the first groups of a GEMV task's weights (which depend on
 // no counter) are already on their way while the block waits for the previous stage.
 __device__ __forceinline__ void prefetch_weights(const TaskDesc& t, const Ctx& c) {
@@ -349,12 +376,18 @@ __device__ __forceinline__ void prefetch_weights(const TaskDesc& t, const Ctx& c
 #if RG_MK_MMA
   if (mma::usable(t, c.s.batch)) {
     mma::prefetch(t, c.buffers, c.ring, warp, lane);
+#if RG_MK_TILE_L2
+    prefetch_tile_l2(t, c.buffers, warp, lane);
+#endif
     return;
   }
 #endif
   const Stream st(t, c.buffers, warp);
 #pragma unroll
   for (int g = 0; g < kRingGroups - 1; ++g) ring_issue(st, g, c.ring, warp, lane);
+#if RG_MK_TILE_L2
+  prefetch_tile_l2(t, c.buffers, warp, lane);
+#endif
 #else
   // v1: ask L2 for the task's rows before waiting (Hopper's bulk prefetch, a slice
   // per warp).

@@ -255,6 +255,19 @@ def test_a_plan_rechecks_contents_it_has_not_validated():
         inp.block_table, inp.seq_lens)
 
 
+def test_inference_tensors_are_rechecked_outside_capture():
+    # made under inference_mode they keep no version counter (reading it raises): a plan
+    # made there must not fail, and must not trust them again unseen (the graph-fused
+    # engine's plans are made under inference_mode on the H200: docs/perf.md, run 4)
+    with torch.inference_mode():
+        inp = _inputs([5, 9])
+        checked = arguments.Checked(inp.block_table, inp.seq_lens)
+        assert not checked.same(inp.block_table, inp.seq_lens)
+    plain = _inputs([5, 9])
+    assert arguments.Checked(plain.block_table, plain.seq_lens).same(plain.block_table,
+                                                                     plain.seq_lens)
+
+
 def test_gpu_launcher_refuses_cpu_tensors():
     inp = _inputs(seq_lengths("uniform", 9, 2, 0))
     with pytest.raises(ValueError, match="^q: expected a CUDA tensor, got cpu"):

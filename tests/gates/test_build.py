@@ -20,6 +20,7 @@ import pytest
 from pipeline import compressed
 from pipeline.build import cudabuild, kernels, toolchains
 from pipeline.gates import audit, build
+from pipeline.gates.interface import GateError
 from pipeline.progress import PlainProgress
 from pipeline.records.status import Status
 from tests.support import write_row
@@ -124,6 +125,25 @@ def test_device_code_warning_fails_with_its_text(tmp_path, arch):
     assert derived.status is Status.FAIL
     assert 'variable "unused_in_device_code" was declared but never referenced' in derived.reason
     assert ("nvrtc exited 0" if arch == "sm_70" else "nvcc exited") in derived.reason
+
+
+def test_an_arch_without_its_toolchain_errors_and_the_others_are_still_built(tmp_path,
+                                                                              monkeypatch):
+    # the H200 runner has no CUDA 12.8 NVRTC: the SM70 row's sm_70 build cannot run there,
+    # and its operator A/B on the sm_90 stand-in measures the build gate's sm_90 cubin
+    def absent() -> toolchains.Toolchain:
+        raise toolchains.ToolchainError("nvidia-cuda-nvrtc-cu12 is not installed: "
+                                        "pip install 'rowgate[cuda12]'")
+
+    monkeypatch.setattr(toolchains, "_cuda12", absent)
+    repo = _fixture_repo(tmp_path, "clean.cu", ["sm_70", "sm_90"])
+    with pytest.raises(GateError, match=r"^sm_70: nvidia-cuda-nvrtc-cu12 is not installed: "
+                                        r".* \(built for sm_90\)$"):
+        build.build_into(repo, ["sm_70", "sm_90"], [], {}, tmp_path / "out", QUIET)
+    index = json.loads((tmp_path / "out" / build.INDEX).read_text())
+    assert [(e["arch"], e["kernel"]) for e in index] == [("sm_90", "k")]
+    assert (tmp_path / "out" / build.MANIFEST_COPY).is_file()
+    assert build.derive_builds(tmp_path / "out").status is Status.PASS  # what was built
 
 
 def test_host_code_warning_fails_with_its_text(tmp_path):

@@ -67,10 +67,15 @@ MMA_VARIANTS = [  # name, cubin, builder options, schedules
     ("mma-fused", "mma", {"fine_deps": False}, (DYN,)),
 ]
 """The tensor-core GEMV (cubin `mma`) beside the current default (`v2`, the same task
-list), each with its unfused list as the bitwise reference; `mma-fused` has every fusion
-flag (the prologues may pay now that the GEMV is cheaper)."""
+list), each with its unfused list as the bitwise reference; `mma-fused` was meant to have
+every fusion flag but sets only fine_deps False: the builder's defaults keep norms and
+merges as stages, so it is `mma`'s list (run 3 timed both at 1,192 us; the flags are
+timed by the `fuse` set)."""
 GREEDY = {"mma": [("mk-default", "v2", STAGED), ("mk-mma", "mma", STAGED)],
           "l2": [("mk-mma", "mma", STAGED), ("mk-mma-tile-l2", "mmal2", STAGED)],
+          "fuse": [("mk-mma", "mma", STAGED),
+                   ("mk-mma-all-in", "mma", {"fine_deps": True, "fuse_norm": True,
+                                             "fuse_merge": True})],
           "issue19": [("mk-+ring", "v2", {"fine_deps": False})]}
 """Persistent paths run 32 greedy steps against eager (name, cubin, options)."""
 VARIANTS = [  # name, cubin, builder options, schedules
@@ -102,7 +107,21 @@ task asks L2 for its whole tile, not only the ring's first groups; `mmanext` (RG
 RG_MK_NEXT_L2=1): the static schedule asks L2 for its next task's tile; `-fine`: attention
 splits wait only for their kv head's q|k|v tiles. All of the `mma` family: bit for bit the
 unfused list's logits."""
-VARIANT_SETS = {"mma": MMA_VARIANTS, "issue19": VARIANTS, "l2": L2_VARIANTS}
+FUSE_VARIANTS = [  # name, cubin, builder options, schedules
+    ("mma-stages", "mma", {"fuse": False}, (DYN,)),
+    ("mma", "mma", STAGED, (DYN,)),
+    ("mma-norm-in", "mma", {**STAGED, "fuse_norm": True}, (DYN,)),
+    ("mma-merge-in", "mma", {**STAGED, "fuse_merge": True}, (DYN,)),
+    ("mma-all-in", "mma", {"fine_deps": True, "fuse_norm": True, "fuse_merge": True}, (DYN,)),
+]
+"""Run 5: the serial single-block stages out of the critical path. Run 4's breakdown at b1:
+each RMS norm is one task on one SM (6.3 us) that all 128 tiles of the next GEMV wait for,
+twice a layer; NORM_IN / MERGE_IN (ABI v2 flags) renormalise / merge in every consumer
+tile's prologue instead. Measured with the FMA GEMV only so far (slower there: the
+prologue every tile redoes cost more than the stage); `mma-fused` of the `mma` set never
+set them (the builder's defaults keep norms and merges as stages)."""
+VARIANT_SETS = {"mma": MMA_VARIANTS, "issue19": VARIANTS, "l2": L2_VARIANTS,
+                "fuse": FUSE_VARIANTS}
 COMPILE = ["none", "max-autotune-no-cudagraphs"]
 """(`--compile default` adds torch.compile's default mode.)"""
 GREEDY_STEPS = 32

@@ -196,17 +196,22 @@ def fusion_blockers(dims: ModelDims, batch: int, splits: int,
 
 def build_step(dims: ModelDims, batch: int, sm_count: int, *, num_blocks: int,
                max_context: int | None = None, page_size: int = PAGE_SIZE, fuse: bool = True,
-               fine_deps: bool = False, tile_scale: int = 1, fuse_norm: bool = False,
+               fine_deps: bool = False, tile_scale: int = 1, fuse_norm: bool | None = None,
                fuse_merge: bool = False) -> StepPlan:
     """Task list, step shape and buffer table for one decode step at `batch`: fused
     (ABI v2 flags) where the shape allows, else the unfused stages. By default the
-    norms and the attention merge stay stages of their own (`fuse_norm` / `fuse_merge`
-    True move them into every consumer tile's prologue, which redoes them per tile) and
-    splits wait for the whole q|k|v stage (`fine_deps` True: only for their kv head's
-    tiles): the fastest combination measured on the H200 (docs/perf.md, issue 19)."""
+    attention merge stays a stage of its own and so do the norms at batch > 1
+    (`fuse_norm` / `fuse_merge` True move them into every consumer tile's prologue,
+    which redoes them per tile), and splits wait for the whole q|k|v stage (`fine_deps`
+    True: only for their kv head's tiles): the fastest combination measured on the H200
+    (docs/perf.md, issue 19, run 5). At batch 1 a norm stage is one task on one SM that
+    every tile of the next GEMV waits for, twice a layer: moving it into the prologues
+    made the b1 step 5 % faster there (1,183 -> 1,121 us), and 5-20 % slower at b4/b8,
+    where a norm stage is already one task per sequence."""
     if batch < 1 or sm_count < 1 or num_blocks < 1 or tile_scale < 1:
         raise UsageError(f"build_step: batch {batch}, sm_count {sm_count}, num_blocks "
                          f"{num_blocks}, tile_scale {tile_scale} must all be positive")
+    fuse_norm = batch == 1 if fuse_norm is None else fuse_norm
     max_context = max_context or dims.max_position
     splits, chunk = attention_splits(batch, dims.kv_heads, max_context, sm_count, page_size)
     table_width = math.ceil(max_context / page_size)

@@ -209,6 +209,16 @@ def test_dims_from_a_model_directory(tmp_path):
         builder.ModelDims.load(tmp_path)
 
 
+def test_at_batch_1_the_norms_move_into_their_consumers_by_default():
+    # one norm task on one SM that a whole GEMV stage waits for, twice a layer (run 5)
+    plan = builder.build_step(TINY, 1, 16, num_blocks=8)
+    assert "RMS_NORM" not in plan.summary()["ops"]
+    assert any(t.flags & Flag.NORM_IN for t in plan.tasks)
+    assert plan.options["fuse_norm"] is True and plan.options["fuse_merge"] is False
+    staged = builder.build_step(TINY, 1, 16, num_blocks=8, fuse_norm=False)
+    assert staged.summary()["ops"]["RMS_NORM"] == 2 * TINY.layers + 1
+
+
 def test_by_default_norms_and_merges_are_stages_of_a_fused_list():
     plan = builder.build_step(TINY, 2, 16, num_blocks=8, fine_deps=True)
     counts = plan.summary()["ops"]

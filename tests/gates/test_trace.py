@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import device, gates, provenance, runner
+from pipeline import compressed, device, gates, provenance, runner
 from pipeline.gates.trace import Trace
 from pipeline.records.status import Status
 from pipeline.rows import load_row
@@ -60,12 +60,12 @@ def test_cpu_row_captures_a_valid_range_and_gives_a_verdict(passed):
 def test_artifacts_for_reviewers(passed):
     _, result, art = passed
     names = {p.split("/", 2)[2] for p in result.artifacts}
-    for f in ("trace.json.gz", "clocks.json", "capture.json", "analysis.json", "kernels.csv",
-              "timeline.png", "hta.json"):
+    for f in ("trace.json.gz", "clocks.json", "capture.json", "analysis.json.gz",
+              "kernels.csv.gz", "timeline.png", "hta.json"):
         assert f"candidate-eager/{f}" in names
     assert "idle-breakdown.png" in names
     assert (art / "idle-breakdown.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    header = (art / "candidate-eager/kernels.csv").read_text().splitlines()[0]
+    header = compressed.read_text(art / "candidate-eager/kernels.csv.gz").splitlines()[0]
     assert header.startswith("step,index,name,kind,ts,dur,grid,block")
 
 

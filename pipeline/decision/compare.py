@@ -12,9 +12,11 @@ format 2 or 1, either side) with the unpaired statistics of `pipeline.unpaired`:
 bootstrap CI of the ratio of medians, Mann-Whitney, against the row's `min_effect`.
 Unpaired, because A and B are two independent runs: pass *i* of A and pass *i* of B
 share nothing (the gate itself pairs its two arms within a round; nothing pairs two
-bundles). The unit is the timed pass (a request's latency is summarised by its pass's
-median, which for the gate's own metric is exactly 1 / the speed the gate paired):
-requests of one pass share its batch, clocks and host state, so treating them as
+bundles). The unit is the gate's timed sample (an arm's k passes of a round): on the
+gate's own metric it is the sample the gate paired (`latency.sample_speed` under the
+sealed schedule: an interleaved round is the mean of its passes' speeds), as ms or
+tok/s; on the other metrics the median of the round's values pooled. Requests of one
+sample share its batch, clocks and host state, so treating them as
 independent would understate the variance (Kalibera & Jones, ISMM 2013). Changes are
 said as asv / pyperf do: `1.31× faster [1.27, 1.35]`, `no significant change`, with
 the power of the comparison: the smallest slowdown it would have found (80 % power).
@@ -226,6 +228,17 @@ def _per_pass(pairs: list[tuple[int, float]]) -> list[float]:
     return [statistics.median(vs) for _, vs in sorted(by_pass.items())]
 
 
+def _per_sample(s: Samples, name: str, cell: str, arm: str) -> list[float]:
+    """One value per timed sample. On the gate's own metric (format 2) it is the gate's
+    sample itself, `latency.sample_speed` under the sealed schedule (an interleaved
+    round: the mean of its passes' speeds), as ms (1 / the speed) or tok/s: so compare
+    and the gate judge the same numbers. Other metrics: `_per_pass`."""
+    speeds = s.speeds.get(cell, {}).get(arm) if name == s.metric else None
+    if not speeds:
+        return _per_pass(s.values[name][cell][arm])
+    return [v if name == "tok_s" else 1e3 / v for _, v in speeds]
+
+
 def _min_effect(bundle: Bundle, gate: str) -> float:
     row, _ = find_row(bundle)
     value = getattr(row.gate(gate), "min_effect", None) if row is not None else None
@@ -254,7 +267,7 @@ def _cell_changes(gate: str, cell: str, name: str, sa: Samples, sb: Samples,
     confounded when the baseline moved."""
     got: dict[int, Change] = {}
     for i in (1, 0):  # candidate, then baseline: arms as each bundle names them
-        va, vb = (_per_pass(s.values[name][cell][s.arms[i]]) for s in (sa, sb))
+        va, vb = (_per_sample(s, name, cell, s.arms[i]) for s in (sa, sb))
         if va and vb:
             got[i] = _change(gate, cell, name, sb.arms[i], va, vb, min_effect,
                              name == sb.metric)

@@ -144,6 +144,7 @@ def test_a_planted_speedup_is_found_with_its_ci(world, capsys):
 
 def test_the_changes_are_the_sealed_passes_compared_unpaired(world, capsys):
     from pipeline import latency, unpaired
+    from pipeline.gates._timed import sealed_schedule
 
     seal, pub = world
     a, b = seal("before", 0.6), seal("after", 0.66)
@@ -151,20 +152,24 @@ def test_the_changes_are_the_sealed_passes_compared_unpaired(world, capsys):
     itl = next(c for c in json.loads(out)["changes"]
                if (c["cell"], c["metric"], c["arm"]) == ("i16-c4", "itl", "candidate"))
 
-    def speeds(bundle: Path) -> list[float]:  # per sample (round), pooled, from the raw files
+    def speeds(bundle: Path) -> list[float]:  # per sample (round), from the raw files
         art = bundle / "artifacts/throughput"
         with open(art / "passes.csv", newline="") as f:
-            passes = [p for p in csv.DictReader(f) if p["phase"] == "timed"
-                      and p["cell"] == "i16-c4" and p["arm"] == "candidate"]
+            passes = sorted((p for p in csv.DictReader(f) if p["phase"] == "timed"
+                             and p["cell"] == "i16-c4" and p["arm"] == "candidate"),
+                            key=lambda p: (int(p["round"]), int(p.get("pass") or 0)))
         reqs = [json.loads(x) for x in (art / "requests.jsonl").read_text().splitlines()]
+        plan = json.loads((art / "meta.json").read_text())["plans"]["i16-c4"]
+        statistic = latency.schedule_statistic(sealed_schedule(plan))
         rounds = sorted({int(p["round"]) for p in passes})
         return [latency.sample_speed(
             "itl", [r for r in reqs if r["phase"] == "timed" and r["cell"] == "i16-c4"
                     and r["arm"] == "candidate" and r["round"] == k],
             [float(p["wall_s"]) for p in passes if int(p["round"]) == k],
-            [int(p["output_tokens"]) for p in passes if int(p["round"]) == k]) for k in rounds]
-    # one value per sample (an arm's k passes of a round): its median ITL (ms), 1 / the
-    # speed the gate paired
+            [int(p["output_tokens"]) for p in passes if int(p["round"]) == k], statistic)
+            for k in rounds]
+    # one value per sample (an arm's k passes of a round): 1 / the speed the gate paired,
+    # in ms, under the schedule the bundle sealed (interleaved: the mean of the passes)
     u = unpaired.compare([1e3 / v for v in speeds(b)], [1e3 / v for v in speeds(a)],
                          seed=20240917, names=("B", "A"))
     assert itl["median_b"] == pytest.approx(u.median_x, rel=1e-12)

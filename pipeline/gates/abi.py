@@ -2,7 +2,8 @@
 proof, run only where the trace admitted it and an sm_90 device is present.
 
 `measure` writes, per workload concurrency, the decode step's task list as the
-kernel reads it (`bN/tasks.bin`), as JSON (`bN/tasks.json`), the shape and buffer
+kernel reads it (`bN/tasks.bin`), as JSON for reviewers (`bN/tasks.json.gz`, sealed
+gzipped: 1.7 MB of text a list on the probe model, ~0.1 MB gzipped), the shape and buffer
 table it was validated against (`bN/plan.json`) and the validator's report
 (`bN/validation.json`); the admitting gate's result, copied from this bundle's
 stage (`admission.json`); the device found (`device.json`); and, when it runs,
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import Field
 
 import pipeline.gates._arms as _arms
+from pipeline import compressed
 from pipeline.device import Inventory
 from pipeline.errors import Error, VerificationError
 from pipeline.gates._artifacts import read_json, write_json
@@ -254,7 +256,7 @@ def _write_list(d: Path, dims: ModelDims, batch: int, sm_count: int, row: Row) -
     d.mkdir(parents=True, exist_ok=True)
     (d / "tasks.bin").write_bytes(abi.pack(plan.tasks))
     # One task per line, compact: ~20k tasks per list (indented JSON is 10x slower).
-    (d / "tasks.json").write_text("[\n" + ",\n".join(
+    compressed.write_text(d / "tasks.json.gz", "[\n" + ",\n".join(
         json.dumps(abi.to_json(t), separators=(",", ":")) for t in plan.tasks) + "\n]\n")
     shape = {k: v for k, v in asdict(plan.shape).items() if k != "extra"}
     write_json(d / "plan.json", {

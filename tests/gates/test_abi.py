@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline import compressed
 from pipeline.gates.abi import Abi
 from pipeline.gates.interface import GateContext, run_gate
 from pipeline.megakernel import abi, proof
@@ -61,7 +62,7 @@ def test_lists_are_built_and_valid_and_the_gpu_part_is_pending(admitted):
     assert r.metrics == {} and r.cells == {}
     art = root / "artifacts" / "abi"
     for b in (1, 4, 8):
-        tasks = json.loads((art / f"b{b}" / "tasks.json").read_text())
+        tasks = json.loads(compressed.read_text(art / f"b{b}" / "tasks.json.gz"))
         assert len(tasks) == (art / f"b{b}" / "tasks.bin").stat().st_size // abi.TASK_BYTES
         assert tasks[0]["op"] == "EMBED" and tasks[-1]["op"] == "LOGITS"
         assert json.loads((art / f"b{b}" / "validation.json").read_text())["ok"] is True

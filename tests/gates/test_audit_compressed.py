@@ -231,13 +231,17 @@ def test_measuring_twice_seals_the_same_bytes(tmp_path):
         assert (outs[0] / rel).read_bytes() == (outs[1] / rel).read_bytes(), rel
 
 
-def test_the_checked_in_plain_bundle_still_rederives_build_and_audit(tmp_path, capsys):
-    """docs/evidence's pagedmini bundle was sealed with plain sass.txt, .ptx, .o, .fatbin:
-    the gates' derive on its artifacts gives what was sealed."""
+def test_the_checked_in_compact_bundle_rederives_build_and_audit(tmp_path, capsys):
+    """docs/evidence's pagedmini bundle (re-sealed on the H200 in the compact format: build
+    outputs gzipped, the audit inspecting them by reference): the gates' derive on its
+    artifacts, with its row's build gate as a review takes it, gives what was sealed. (Old
+    plain bundles: test_plain_sass_txt_artifacts_read_as_before.)"""
+    row = rows.load_row(REPO / "tests" / "data" / "rows" / "SUBJECT-PAGEDMINI-SM90.toml").row
     for gate, derive in (("build", build.Build().derive), ("audit", audit.Audit().derive)):
         sealed_result = json.loads((PAGEDMINI / "gates" / f"{gate}.json").read_text())
-        again = derive(None, None, PAGEDMINI / "artifacts" / gate)
+        again = derive(row, row.gate(gate), PAGEDMINI / "artifacts" / gate)
         assert (again.status.value, again.reason) == (sealed_result["status"],
                                                       sealed_result["reason"]), gate
-    assert (PAGEDMINI / "artifacts" / "audit" / "sm_90" / "pm_decode" / "sass.txt").is_file()
+    own = PAGEDMINI / "artifacts" / "audit" / "sm_90" / "pm_decode"
+    assert (own / "sass.txt.gz").is_file() and not list(own.glob("pm_decode.*"))  # referenced
     _cli_reads(PAGEDMINI, tmp_path, capsys)

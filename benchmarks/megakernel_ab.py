@@ -58,7 +58,9 @@ import megakernel as mk  # noqa: E402  (benchmarks/megakernel.py: probe, prefill
 
 DYN, STATIC = "dynamic", "static"
 STAGED = {"fine_deps": False, "fuse_norm": False, "fuse_merge": False}
-"""The builder's default list: norms and merges kept as stages (docs/perf.md)."""
+"""Norms and merges kept as stages: the builder's default list at batch > 1 (at batch 1 it
+fuses the norms since run 5, docs/perf.md); the variants name their flags, so a default
+that moves does not move them."""
 MMA_VARIANTS = [  # name, cubin, builder options, schedules
     ("stages", "v2", {"fuse": False}, (DYN,)),
     ("default", "v2", STAGED, (DYN,)),

@@ -47,14 +47,13 @@ METRICS = [
     "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active",
     "smsp__inst_executed.sum",
 ]
-STAGED = {"fine_deps": False, "fuse_norm": False, "fuse_merge": False}
-"""The builder's default list (benchmarks/megakernel_ab.py's STAGED)."""
-
 
 def target(cubins: list[tuple[str, Path]], batch: int) -> None:
-    """What ncu profiles: LAUNCHES steps per cubin from one prefilled state."""
+    """What ncu profiles: LAUNCHES steps per cubin from one prefilled state, the task list
+    of the A/B's `mk-mma` (norms and merges as stages)."""
     import megakernel as mk  # benchmarks/megakernel.py: probe, prefill
     import torch
+    from megakernel_ab import STAGED
 
     from pipeline.engines.qwen3 import Qwen3Model, torch_paged_decode_attention
     from pipeline.megakernel.abi import Schedule

@@ -101,6 +101,18 @@ def expect(run: dict, gate_id: str, status: str, *, reason: re.Pattern | None = 
 SUBJECTS = ("pagedmini", "pagedmini-bug", "rowgate")
 
 
+def subject(name: str, out: Path) -> tuple[Path, Path]:
+    """The row and the subject repository (made under out/subjects/) of subject `name`."""
+    from tests.subjects import paged_decode_subject, snapshot_of
+
+    work = out / "subjects"
+    if name == "rowgate":
+        return ROWGATE_ROW, snapshot_of(REPO, work / "rowgate")
+    bug = name == "pagedmini-bug"
+    repo = Path(paged_decode_subject(work / name, planted_bug=bug).working_dir)
+    return (operator_only(PAGEDMINI_ROW, out) if bug else PAGEDMINI_ROW), repo
+
+
 def expectations(name: str, run: dict, device: str | None) -> list[dict]:
     """What the run of subject `name` must show (`device` "PENDING" on a machine
     without a GPU, where every execution gate is PENDING)."""
@@ -124,20 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", action="append", choices=SUBJECTS, default=[],
                     help="run only this subject (repeatable; default: all three)")
     ns = ap.parse_args(argv)
-    from tests.subjects import paged_decode_subject, snapshot_of
-
     ns.out.mkdir(parents=True, exist_ok=True)
-    work = ns.out / "subjects"
-    makers = {"pagedmini": lambda: paged_decode_subject(work / "pagedmini").working_dir,
-              "pagedmini-bug": lambda: paged_decode_subject(work / "pagedmini-bug",
-                                                            planted_bug=True).working_dir,
-              "rowgate": lambda: str(snapshot_of(REPO, work / "rowgate"))}
-    rows_for = {"pagedmini": lambda: PAGEDMINI_ROW,
-                "pagedmini-bug": lambda: operator_only(PAGEDMINI_ROW, ns.out),
-                "rowgate": lambda: ROWGATE_ROW}
     chosen = ns.only or list(SUBJECTS)
-    runs = {name: gate(name, rows_for[name](), Path(makers[name]()), ns.out, ns.nvcc)
-            for name in chosen}
+    runs = {name: gate(name, *subject(name, ns.out), ns.out, ns.nvcc) for name in chosen}
     device = "PENDING" if ns.smoke else None
     checks = {name: expectations(name, runs[name], device) for name in chosen}
     ok = all(c["ok"] for cs in checks.values() for c in cs)

@@ -348,11 +348,11 @@ static_assert(mma::kPartialBytes <= task::kScratchBytes,
               "a round's partials live in the scratch (free once the input is staged)");
 #endif
 
-#if RG_MK_TILE_L2
+#if RG_MK_TILE_L2 || !RG_MK_RING
 // The task's whole weight tile asked of L2 in 16 KB pieces (one lane per warp, the warps'
-// pieces interleaved), issued after the ring's first groups so those go first. Read-only
-// weights: a prefetch cannot change a result; the ring's later copies then hit L2 (or a
-// miss already in flight).
+// pieces interleaved): v1's prefetch (RG_MK_RING=0), and with RG_MK_TILE_L2 issued after
+// the ring's first groups so those go first. Read-only weights: a prefetch cannot change
+// a result; the later loads then hit L2 (or a miss already in flight).
 __device__ __forceinline__ void prefetch_tile_l2(const TaskDesc& t, const u64* buffers,
                                                  int warp, int lane) {
   constexpr u64 kPiece = 16384;
@@ -389,19 +389,9 @@ __device__ __forceinline__ void prefetch_weights(const TaskDesc& t, const Ctx& c
   prefetch_tile_l2(t, c.buffers, warp, lane);
 #endif
 #else
-  // v1: ask L2 for the task's rows before waiting (Hopper's bulk prefetch, a slice
-  // per warp).
-  constexpr u32 kPrefetchSlice = 16384;
+  // v1: ask L2 for the task's rows before waiting (Hopper's bulk prefetch).
   if (t.opcode != task::kGemv && t.opcode != task::kLogits) return;
-  const char* w = reinterpret_cast<const char*>(operand<const bf16_bits>(t, c.buffers, 0)) +
-                  static_cast<u64>(t.tile[0]) * t.tile[2] * sizeof(bf16_bits);
-  const u64 bytes = static_cast<u64>(t.tile[1]) * t.tile[2] * sizeof(bf16_bits);
-  if (threadIdx.x % 32 != 0) return;
-  for (u64 at = static_cast<u64>(threadIdx.x / 32) * kPrefetchSlice; at < bytes;
-       at += static_cast<u64>(kWarps) * kPrefetchSlice) {
-    const u32 n = static_cast<u32>(min(static_cast<u64>(kPrefetchSlice), bytes - at));
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(w + at), "r"(n) : "memory");
-  }
+  prefetch_tile_l2(t, c.buffers, threadIdx.x / 32, threadIdx.x % 32);
 #endif
 }
 

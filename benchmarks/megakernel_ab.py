@@ -61,6 +61,8 @@ STAGED = {"fine_deps": False, "fuse_norm": False, "fuse_merge": False}
 """Norms and merges kept as stages: the builder's default list at batch > 1 (at batch 1 it
 fuses the norms since run 5, docs/perf.md); the variants name their flags, so a default
 that moves does not move them."""
+NORM_IN = {**STAGED, "fuse_norm": True}
+"""The norms in their consumers' prologues, the merges as stages: the b1 default (run 5)."""
 MMA_VARIANTS = [  # name, cubin, builder options, schedules
     ("stages", "v2", {"fuse": False}, (DYN,)),
     ("default", "v2", STAGED, (DYN,)),
@@ -78,6 +80,15 @@ GREEDY = {"mma": [("mk-default", "v2", STAGED), ("mk-mma", "mma", STAGED)],
           "fuse": [("mk-mma", "mma", STAGED),
                    ("mk-mma-all-in", "mma", {"fine_deps": True, "fuse_norm": True,
                                              "fuse_merge": True})],
+          "merge": [("mk-mma6-norm-in", "mma6", {**STAGED, "fuse_norm": True}),
+                    ("mk-mma6-norm-merge-in", "mma6", {**STAGED, "fuse_norm": True,
+                                                        "fuse_merge": True}),
+                    ("mk-mma6", "mma6", STAGED)],
+          "diag": [("mk-mma7-norm-in", "mma7", {**STAGED, "fuse_norm": True}),
+                   ("mk-nv-norm-in", "nv", {**STAGED, "fuse_norm": True})],
+          "ahead": [("mk-mma8-norm-in", "mma8", NORM_IN),
+                    ("mk-mma8-norm-in-l2a5", "mma8", {**NORM_IN, "l2_ahead": 5}),
+                    ("mk-mma8", "mma8", STAGED)],
           "issue19": [("mk-+ring", "v2", {"fine_deps": False})]}
 """Persistent paths run 32 greedy steps against eager (name, cubin, options)."""
 VARIANTS = [  # name, cubin, builder options, schedules
@@ -122,8 +133,63 @@ twice a layer; NORM_IN / MERGE_IN (ABI v2 flags) renormalise / merge in every co
 tile's prologue instead. Measured with the FMA GEMV only so far (slower there: the
 prologue every tile redoes cost more than the stage); `mma-fused` of the `mma` set never
 set them (the builder's defaults keep norms and merges as stages)."""
+MERGE_VARIANTS = [  # name, cubin, builder options, schedules
+    ("mma-stages", "mma", {"fuse": False}, (DYN,)),
+    ("mma-norm-in", "mma", {**STAGED, "fuse_norm": True}, (DYN,)),
+    ("mma6-stages", "mma6", {"fuse": False}, (DYN,)),
+    ("mma6", "mma6", STAGED, (DYN,)),
+    ("mma6-norm-in", "mma6", {**STAGED, "fuse_norm": True}, (DYN,)),
+    ("mma6-merge-in", "mma6", {**STAGED, "fuse_merge": True}, (DYN,)),
+    ("mma6-norm-merge-in", "mma6", {**STAGED, "fuse_norm": True, "fuse_merge": True}, (DYN,)),
+    ("mma6-all-in", "mma6", {"fine_deps": True, "fuse_norm": True, "fuse_merge": True}, (DYN,)),
+]
+"""Run 6: the latency of the small serial steps. Run 5's breakdown at b1: a merge task
+(one per sequence and kv head, on the critical path of every layer) ran 4.8 us for 2 heads
+x 128 values, because each of its threads loaded the splits' m, then l and acc, one
+dependent L2 round trip after the other (2 x 22 splits); MERGE_IN's prologue the same per
+o_proj tile, and a norm one round trip per element. `mma6` (the tree's kernel now) loads
+every split's m, then every l, at once, skips the zero-weight splits and issues the loads
+8 at a time before their sums (kernels/persistent/attention_split.cuh, split_weights and
+merged), and the norms load 8 elements ahead: the same arithmetic in the same order, so
+`mma6` must give `mma`'s logits bit for bit (the family check compares every variant with
+`mma-stages`, built from the previous kernel)."""
+DIAG_VARIANTS = [  # name, cubin, builder options, schedules
+    ("mma7-stages", "mma7", {"fuse": False}, (DYN,)),
+    ("mma7", "mma7", STAGED, (DYN,)),
+    ("mma7-norm-in", "mma7", {**STAGED, "fuse_norm": True}, (DYN,)),
+    ("nv-stages", "nv", {"fuse": False}, (DYN,)),
+    ("nv", "nv", STAGED, (DYN,)),
+    ("nv-norm-in", "nv", {**STAGED, "fuse_norm": True}, (DYN,)),
+]
+"""Run 7: where a GEMV task's run goes at b1 (run 6's traced stages: a q|k|v tile ran 16 us
+with the norm in its prologue, 6 us without; a down tile 29 us for 192 KB of weights). The
+trace now splits a GEMV's run at its staged input (`prologue_us` per stage); `mma7` is the
+tree's kernel (run 6's `mma6` plus that timestamp), `nv` the same with RG_MK_NORM_VEC=1 (a
+norm reads 16 bytes a load: another summation order, so its own family, bitwise against
+`nv-stages`)."""
+AHEAD_VARIANTS = [  # name, cubin, builder options, schedules
+    ("mma-stages", "mma", {"fuse": False}, (DYN,)),
+    ("mma8-stages", "mma8", {"fuse": False}, (DYN,)),
+    ("mma8", "mma8", STAGED, (DYN,)),
+    ("mma8-norm-in", "mma8", NORM_IN, (DYN,)),
+    ("mma8-norm-in-l2a3", "mma8", {**NORM_IN, "l2_ahead": 3}, (DYN,)),
+    ("mma8-norm-in-l2a5", "mma8", {**NORM_IN, "l2_ahead": 5}, (DYN,)),
+    ("mma8-norm-in-l2a8", "mma8", {**NORM_IN, "l2_ahead": 8}, (DYN,)),
+    ("mma8-l2a5", "mma8", {**STAGED, "l2_ahead": 5}, (DYN,)),
+]
+"""Run 8. Run 7's traced stages at b1 (66 us a layer): q|k|v 9.1 us, splits 13.1, merge 7.1,
+o 3.4, gate|up 19.4, down 12.4 -- the windows add up to the layer, each stage waits for the
+one before; a task's run holds ~2.5 us besides its work (the queue claim's round trip before
+its signal, 19 of 22 splits an empty-state task of 3 us). `mma8` (the tree's kernel)
+signals before it claims, writes an empty split's m and l only (a merge never reads the acc
+of a zero-weight split), and requests 2 granules of SILU_IN's gate and up at a time;
+bit for bit `mma`'s logits (the family check against `mma-stages`, the previous kernel).
+`l2aN`: PREFETCH_L2 tasks after each layer's attention ask L2 for N eighths of every
+gate|up tile (the blocks done with their splits issue them while DRAM idles: the
+attention phase is ~20 us of the layer); a hint, so the same logits."""
 VARIANT_SETS = {"mma": MMA_VARIANTS, "issue19": VARIANTS, "l2": L2_VARIANTS,
-                "fuse": FUSE_VARIANTS}
+                "fuse": FUSE_VARIANTS, "merge": MERGE_VARIANTS, "diag": DIAG_VARIANTS,
+                "ahead": AHEAD_VARIANTS}
 COMPILE = ["none", "max-autotune-no-cudagraphs"]
 """(`--compile default` adds torch.compile's default mode.)"""
 GREEDY_STEPS = 32
@@ -145,18 +211,39 @@ def timed(results: dict, name: str, fn, out: Path):
     return results[name]
 
 
-def fused_engines(info, split_kv_cubin: str, modes: list[str]) -> dict:
-    """One started graph-fused engine per compile mode (weights loaded and fused; each
-    mode compiles at its first graph capture, in the batch sections)."""
+def fused_engines(info, split_kv_cubin: str, modes: list[str], chunks: list[int]) -> dict:
+    """One started graph-fused engine per compile mode and split_kv chunk (0: the
+    contract's plan; named `<mode>` or `<mode>-c<chunk>`): weights loaded and fused; each
+    compiles at its first graph capture, in the batch sections."""
     from pipeline.engines.fused import FusedEngine
 
     out = {}
     for mode in modes:
-        eng = FusedEngine(info.path, device="cuda", dtype="bfloat16", compile_mode=mode,
-                          cubin=split_kv_cubin)
-        eng.start()
-        out[mode] = eng
+        for chunk in chunks:
+            eng = FusedEngine(info.path, device="cuda", dtype="bfloat16", compile_mode=mode,
+                              cubin=split_kv_cubin, chunk=chunk or None)
+            eng.start()
+            out[mode + (f"-c{chunk}" if chunk else "")] = eng
     return out
+
+
+def kernel_profile(fn, steps: int = 5, top: int = 12) -> dict:
+    """Where one path's step goes by kernel: torch.profiler (CUPTI) over `steps` steps,
+    the device time and launches per step of its `top` kernels, and the total."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            fn()
+        torch.cuda.synchronize()
+    rows = [(e.key, e.device_time_total / steps, e.count / steps)
+            for e in prof.key_averages() if e.device_time_total > 0]
+    rows.sort(key=lambda r: -r[1])
+    return {"step_device_us": sum(r[1] for r in rows),
+            "kernels": [{"name": k[:120], "us": round(us, 2), "per_step": n}
+                        for k, us, n in rows[:top]]}
 
 
 def fused_state(eng, batch: int):
@@ -378,6 +465,10 @@ def batch_section(model, fused: dict, cubins: dict, batch: int, ns, ceiling: flo
                                      options=options)
             rec["greedy_vs_eager"][name] = against_eager(
                 eager_tokens, greedy(fresh, a1, GREEDY_STEPS), margin, name)
+        rec["profile"] = {}
+        for n in [n for n in fns if n.startswith("fused-")] + ns.profile:
+            if n in fns:
+                rec["profile"][n] = kernel_profile(fns[n])
         for mode, eng in fused.items():
             if f"fused-{mode}" in fns:
                 g, fa = fused_state(eng, batch)
@@ -398,8 +489,9 @@ def table(results: dict) -> None:
     for key, rec in results.items():
         if not key.startswith("b") or not isinstance(rec, dict) or "modes" not in rec:
             continue
-        strong = rec["modes"].get("fused-max-autotune-no-cudagraphs", {}).get("median_us")
-        log(f"--- {key} (x: the strong baseline's median / this path's; > 1 is faster)")
+        strong = min((v["median_us"] for n, v in rec["modes"].items()
+                      if n.startswith("fused-max-autotune")), default=None)
+        log(f"--- {key} (x: the strongest baseline's median / this path's; > 1 is faster)")
         for n, v in sorted(rec["modes"].items(), key=lambda kv: kv[1]["median_us"]):
             vs = f"x{strong / v['median_us']:.3f}" if strong else "x-"
             log(f"  {n:28s} {v['median_us']:8.1f} us  [{v['min_us']:.1f}..{v['max_us']:.1f}]  "
@@ -418,6 +510,12 @@ def table(results: dict) -> None:
                     f"{100 * b['wait_fraction']:.1f} %, GEMV {100 * b['gemv_fraction']:.1f} %, "
                     f"other ops {100 * (b['run_fraction'] - b['gemv_fraction']):.1f} %, idle "
                     f"{100 * b['other_fraction']:.1f} %")
+                log("    stage windows per layer (us; run/prologue a task): " + ", ".join(
+                    f"{k} {s['window_us']:.1f} ({s['run_us']:.1f}/{s['prologue_us']:.1f})"
+                    for k, s in b.get("stages", {}).items() if s["layers"] > 1))
+        for n, p in rec.get("profile", {}).items():
+            log(f"  profile {n}: {p['step_device_us']:.0f} us of kernels a step; top: " +
+                "; ".join(f"{k['name'][:40]} {k['us']:.0f}" for k in p["kernels"][:5]))
 
 
 def main() -> int:
@@ -432,6 +530,11 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--compile", nargs="+", default=COMPILE)
+    ap.add_argument("--fused-chunks", type=int, nargs="+", default=[0],
+                    help="split_kv chunks of the graph-fused baselines (0: the contract's "
+                         "plan); one engine per compile mode and chunk")
+    ap.add_argument("--profile", nargs="*", default=[],
+                    help="paths profiled by kernel beside the graph-fused ones")
     ap.add_argument("--budget-s", type=float, default=115.0,
                     help="no max-autotune baseline is compiled after this many seconds "
                          "(30-48 s per batch size on the H200, runs 1-2; nothing to cache "
@@ -454,7 +557,7 @@ def main() -> int:
     info = mk.probe()
     model = Qwen3Model(info.path, "cuda", torch.bfloat16, torch_paged_decode_attention)
     engines = timed(results, "fused_engines", lambda: fused_engines(
-        info, ns.split_kv_cubin, ns.compile), ns.out)
+        info, ns.split_kv_cubin, ns.compile, ns.fused_chunks), ns.out)
     engines = engines if "error" not in engines else {}
     results["fused_engines"] = {m: e.describe() for m, e in engines.items()}
     for batch in ns.batches:

@@ -23,6 +23,7 @@ TOOLCHAIN_KEYS = ("nvcc",)
 """Read by the CUDA toolchains (pipeline/build/toolchains.py)."""
 ENGINE_KEYS = ("seed", "endpoint", "vllm_enforce_eager", "vllm_max_num_seqs",
                "persistent_schedule", "persistent_cubin", "fused_compile", "fused_cubin",
+               "fused_chunk",
                "llamacpp_parallel", "llamacpp_threads", *TOOLCHAIN_KEYS)
 """Read by the engines a gate starts (pipeline/engines/__init__.py)."""
 
@@ -40,6 +41,8 @@ SAYS = {
     "llamacpp_parallel": "the llama.cpp server's parallel slots (default 16)",
     "llamacpp_threads": "the llama.cpp server's CPU threads (default 2)",
     "fused_cubin": "a prebuilt cubin of the graph-fused engine's decode attention",
+    "fused_chunk": "tokens per split of the graph-fused engine's split_kv attention (a "
+                   "multiple of 64 up to 512; default: the operator contract's plan)",
     "candidate_model": "the candidate arm loads this model directory instead of the row's "
                        "(its digest is recorded)",
     "oracle_record_key": "public key PEM the oracle record must be signed with",

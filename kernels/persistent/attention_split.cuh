@@ -42,6 +42,21 @@ __device__ __forceinline__ void attention_split(const SplitArgs& a, float* smem)
   const int start = a.split * a.chunk;
   const int end = min(a.len, start + a.chunk);
   const float q_scale = a.softmax_scale * kLog2e;
+  constexpr int kRow = D + 2;
+  float* out = a.partials +
+               ((static_cast<long long>(a.seq) * a.kv_heads + a.kv_head) * a.max_splits + a.split) *
+                   a.group * kRow;
+  if (start >= end) {
+    // No token here: the empty state m = -inf, l = 0 and nothing else. A merge weighs a
+    // split with l == 0 by 0 and never reads its acc (split_weights, merged), so the acc
+    // the full path would write as 0 is left as it is (at b1, 19 of the probe model's 22
+    // splits per kv head hold no token: they were 3 us tasks).
+    for (int j = threadIdx.x; j < a.group; j += kThreads) {
+      out[j * kRow + D] = neg_inf();
+      out[j * kRow + D + 1] = 0.0f;
+    }
+    return;
+  }
 
   float qv[kMaxGroup][kPer], acc[kMaxGroup][kPer], m[kMaxGroup], l[kMaxGroup];
 #pragma unroll
@@ -118,7 +133,6 @@ __device__ __forceinline__ void attention_split(const SplitArgs& a, float* smem)
   }
 
   // Warp states to shared memory: [warp][j][D + 2] (acc, m, l).
-  constexpr int kRow = D + 2;
 #pragma unroll
   for (int j = 0; j < kMaxGroup; ++j) {
     if (j >= a.group) break;
@@ -131,9 +145,6 @@ __device__ __forceinline__ void attention_split(const SplitArgs& a, float* smem)
     }
   }
   __syncthreads();
-  float* out = a.partials +
-               ((static_cast<long long>(a.seq) * a.kv_heads + a.kv_head) * a.max_splits + a.split) *
-                   a.group * kRow;
   for (int idx = threadIdx.x; idx < a.group * kRow; idx += kThreads) {
     const int j = idx / kRow, d = idx % kRow;
     float m_all = neg_inf();
@@ -149,26 +160,81 @@ __device__ __forceinline__ void attention_split(const SplitArgs& a, float* smem)
   }
 }
 
-// One (sequence, kv head): out[seq, kv_head * group + j, :] for every j.
+// The split weights of `rows` (sequence, query head) rows, into `scratch` (rows x
+// (splits + 1) floats): w[r][s] = exp2(m_s - max m), 0 for a split without tokens
+// (l == 0) -- the merge's arithmetic. The block loads every m at once, then every l (two
+// L2 round trips for all rows; a row's own loop over the splits was 2 x splits dependent
+// ones: the 4.8 us merge task of issue 19's run 5). Row r's split s state is at
+// parts + row_at(r) + s * stride. Called by every thread of the block.
+template <int D, typename RowAt>
+__device__ __forceinline__ void split_weights(const float* parts, int rows, int splits,
+                                              int stride, RowAt row_at, float* scratch) {
+  float* w = scratch;                     // m, then the weights: [rows][splits]
+  float* m_all = scratch + rows * splits; // [rows]
+  for (int i = threadIdx.x; i < rows * splits; i += kThreads) {
+    w[i] = __ldcg(parts + row_at(i / splits) + (i % splits) * stride + D);
+  }
+  __syncthreads();
+  for (int r = threadIdx.x; r < rows; r += kThreads) {
+    float m = neg_inf();
+    for (int s = 0; s < splits; ++s) m = fmaxf(m, w[r * splits + s]);
+    m_all[r] = m;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < rows * splits; i += kThreads) {
+    const float l = __ldcg(parts + row_at(i / splits) + (i % splits) * stride + D + 1);
+    w[i] = l > 0.0f ? exp2f(w[i] - m_all[i / splits]) : 0.0f;
+  }
+  __syncthreads();
+}
+
+// One output element of a merge: the acc values p[s * stride] and the sums l of the splits
+// with a nonzero weight w[s], weighted and summed in split order (o and the row's l sum,
+// as the merge sums them), o / l. The loads go out 8 splits at a time before the sums. A
+// zero weight adds exactly nothing (fmaf(x, 0, y) == y for a split's finite acc and l; a
+// split without tokens holds acc == 0, l == 0), so its split is not read: the same bits as
+// summing every split. p: the element's acc in split 0; l at p - d + D + 1.
+template <int D>
+__device__ __forceinline__ float merged(const float* p, int d, int stride, const float* w,
+                                        int splits) {
+  constexpr int kAhead = 8;
+  float o = 0.0f, l_all = 0.0f;
+  for (int s0 = 0; s0 < splits; s0 += kAhead) {
+    float v[kAhead], l[kAhead];
+#pragma unroll
+    for (int k = 0; k < kAhead; ++k) {
+      const int s = s0 + k;
+      const bool used = s < splits && w[s] != 0.0f;
+      v[k] = used ? __ldcg(p + s * stride) : 0.0f;
+      l[k] = used ? __ldcg(p + s * stride - d + D + 1) : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < kAhead; ++k) {
+      const int s = s0 + k;
+      if (s < splits && w[s] != 0.0f) {
+        l_all = fmaf(l[k], w[s], l_all);
+        o = fmaf(v[k], w[s], o);
+      }
+    }
+  }
+  return l_all > 0.0f ? __fdividef(o, l_all) : 0.0f;
+}
+
+// One (sequence, kv head): out[seq, kv_head * group + j, :] for every j. `scratch`:
+// group x (splits + 1) floats of shared memory (the validator's merge_floats).
 template <int D>
 __device__ __forceinline__ void attention_merge(const float* partials, bf16_bits* out, int seq,
                                                 int kv_head, int splits, int heads,
-                                                int kv_heads, int group, int max_splits) {
+                                                int kv_heads, int group, int max_splits,
+                                                float* scratch) {
   constexpr int kRow = D + 2;
   const float* base =
       partials + (static_cast<long long>(seq) * kv_heads + kv_head) * max_splits * group * kRow;
+  split_weights<D>(base, group, splits, group * kRow, [&](int j) { return j * kRow; }, scratch);
   for (int idx = threadIdx.x; idx < group * D; idx += kThreads) {
     const int j = idx / D, d = idx % D;
-    float m_all = neg_inf();
-    for (int s = 0; s < splits; ++s) m_all = fmaxf(m_all, base[(s * group + j) * kRow + D]);
-    float l_all = 0.0f, o = 0.0f;
-    for (int s = 0; s < splits; ++s) {
-      const float* p = base + (s * group + j) * kRow;
-      const float weight = p[D + 1] > 0.0f ? exp2f(p[D] - m_all) : 0.0f;
-      l_all = fmaf(p[D + 1], weight, l_all);
-      o = fmaf(p[d], weight, o);
-    }
-    const float value = l_all > 0.0f ? __fdividef(o, l_all) : 0.0f;
+    const float value = merged<D>(base + j * kRow + d, d, group * kRow, scratch + j * splits,
+                                  splits);
     out[(static_cast<long long>(seq) * heads + kv_head * group + j) * D + d] =
         float_to_bf16(value);
   }

@@ -40,6 +40,10 @@
 //                        from DRAM while the block waits for the previous stage, not only
 //                        the ring's first groups (issue 19: waits are 44 % of the b1 span
 //                        with the tensor-core GEMV; off by default until timed)
+//   RG_MK_NORM_VEC=1     a norm reads its rows 16 bytes a load (8 elements a thread, its
+//                        sum over them in order): 8x fewer L2 requests than 2-byte loads,
+//                        another summation order (a diagnostic of issue 19's run 7: the
+//                        norm prologue of a b1 tile ran ~10 us; off by default)
 //   RG_MK_MMA=1          GEMV tiles on the tensor cores (mma.sync m16n8k16, the batch as
 //                        N = 8; kernels/persistent/gemv_mma.cuh) where K % 1024 == 0 and
 //                        the input is staged, the weights through the same ring (needs
@@ -67,6 +71,9 @@
 #ifndef RG_MK_TILE_L2
 #define RG_MK_TILE_L2 0
 #endif
+#ifndef RG_MK_NORM_VEC
+#define RG_MK_NORM_VEC 0
+#endif
 #if RG_MK_MMA && !RG_MK_RING
 #error "RG_MK_MMA streams its weights through the ring: it needs RG_MK_RING=1"
 #endif
@@ -91,12 +98,16 @@ constexpr int kRingGroups = 3;    // groups of 8 16-byte loads in flight per lan
 constexpr int kGroupChunks = 8;
 constexpr u32 kRingBytes = kWarps * 32 * kRingGroups * kGroupChunks * 16;  // 96 KB
 // Dynamic shared memory: the staging buffer (a GEMV's input; an attention split's
-// warp states and query heads), the scratch (MERGE_IN's split weights), the ring.
+// warp states and query heads), the scratch (the merges' split weights), the ring.
 constexpr u32 kDynamicSmemBytes = task::kStageBytes + task::kScratchBytes + kRingBytes;
 static_assert(kAttnFloats * 4 + rowgate::persistent::kMaxGroup * 128 * 2 <= task::kStageBytes,
               "attention splits keep their warp states and query heads in the staging buffer");
 
 __device__ __forceinline__ float round_bf16(float x) { return bf16_to_float(float_to_bf16(x)); }
+
+// The SM clock when a GEMV task's input was staged (0: not a staged GEMV), for the
+// optional trace: it splits a task's run into its prologue and its weight stream.
+__shared__ long long s_staged_at;
 
 __device__ __forceinline__ void unpack8(const uint4& v, float (&f)[8]) {
   const u32 w[4] = {v.x, v.y, v.z, v.w};
@@ -166,7 +177,48 @@ __device__ void op_embed(const TaskDesc& t, const Ctx& c) {
 }
 
 // out[r] = bf16(x[r] * rsqrt(mean(x[r]^2) + eps) * w) for rows r0 .. r0 + rows; the
-// RMS_NORM op and a GEMV's NORM_IN staging (x_stride: the source row stride).
+// RMS_NORM op and a GEMV's NORM_IN staging (x_stride: the source row stride). A thread
+// takes elements i = tid, tid + kThreads, ... of a row, in that order; their loads go out
+// kNormAhead at a time before the sums (a norm is on the critical path of every GEMV
+// stage that waits for it: one L2 round trip per kNormAhead elements, not per element).
+#if RG_MK_NORM_VEC
+__device__ __forceinline__ void norm_rows(const bf16_bits* x, u32 x_stride, const bf16_bits* w,
+                                          bf16_bits* out, u32 out_stride, u32 r0, u32 rows,
+                                          u32 n, const Ctx& c) {
+  float ss[kMaxBatch];
+  const u32 n8 = n / 8;  // rows are whole 16-byte granules (operands are)
+#pragma unroll
+  for (int r = 0; r < kMaxBatch; ++r) {
+    ss[r] = 0.0f;
+    if (r >= static_cast<int>(rows)) continue;
+    const uint4* xr = reinterpret_cast<const uint4*>(x + (r0 + r) * x_stride);
+    for (u32 i = threadIdx.x; i < n8; i += kThreads) {
+      float v[8];
+      unpack8(__ldcg(xr + i), v);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) ss[r] = fmaf(v[k], v[k], ss[r]);
+    }
+  }
+  block_sums<kMaxBatch>(ss, static_cast<int>(rows), c.red);
+#pragma unroll
+  for (int r = 0; r < kMaxBatch; ++r) {
+    if (r >= static_cast<int>(rows)) break;
+    const float inv = rsqrtf(ss[r] / n + c.s.rms_eps);
+    const uint4* xr = reinterpret_cast<const uint4*>(x + (r0 + r) * x_stride);
+    uint4* o = reinterpret_cast<uint4*>(out + (r0 + r) * out_stride);
+    for (u32 i = threadIdx.x; i < n8; i += kThreads) {
+      float v[8], g[8];
+      unpack8(__ldcg(xr + i), v);
+      unpack8(__ldg(reinterpret_cast<const uint4*>(w) + i), g);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) v[k] = v[k] * inv * g[k];
+      o[i] = pack8(v);
+    }
+  }
+}
+#else
+constexpr int kNormAhead = 8;
+
 __device__ __forceinline__ void norm_rows(const bf16_bits* x, u32 x_stride, const bf16_bits* w,
                                           bf16_bits* out, u32 out_stride, u32 r0, u32 rows,
                                           u32 n, const Ctx& c) {
@@ -175,9 +227,18 @@ __device__ __forceinline__ void norm_rows(const bf16_bits* x, u32 x_stride, cons
   for (int r = 0; r < kMaxBatch; ++r) {
     ss[r] = 0.0f;
     if (r >= static_cast<int>(rows)) continue;
-    for (u32 i = threadIdx.x; i < n; i += kThreads) {
-      const float v = bf16_to_float(x[(r0 + r) * x_stride + i]);
-      ss[r] = fmaf(v, v, ss[r]);
+    const bf16_bits* xr = x + (r0 + r) * x_stride;
+    for (u32 i0 = threadIdx.x; i0 < n; i0 += kThreads * kNormAhead) {
+      float v[kNormAhead];
+#pragma unroll
+      for (int k = 0; k < kNormAhead; ++k) {
+        const u32 i = i0 + k * kThreads;
+        v[k] = i < n ? bf16_to_float(xr[i]) : 0.0f;
+      }
+#pragma unroll
+      for (int k = 0; k < kNormAhead; ++k) {
+        if (i0 + k * kThreads < n) ss[r] = fmaf(v[k], v[k], ss[r]);
+      }
     }
   }
   block_sums<kMaxBatch>(ss, static_cast<int>(rows), c.red);
@@ -185,12 +246,24 @@ __device__ __forceinline__ void norm_rows(const bf16_bits* x, u32 x_stride, cons
   for (int r = 0; r < kMaxBatch; ++r) {
     if (r >= static_cast<int>(rows)) break;
     const float inv = rsqrtf(ss[r] / n + c.s.rms_eps);
-    for (u32 i = threadIdx.x; i < n; i += kThreads) {
-      const float v = bf16_to_float(x[(r0 + r) * x_stride + i]) * inv;
-      out[(r0 + r) * out_stride + i] = float_to_bf16(v * bf16_to_float(__ldg(w + i)));
+    const bf16_bits* xr = x + (r0 + r) * x_stride;
+    for (u32 i0 = threadIdx.x; i0 < n; i0 += kThreads * kNormAhead) {
+      float v[kNormAhead], g[kNormAhead];
+#pragma unroll
+      for (int k = 0; k < kNormAhead; ++k) {
+        const u32 i = i0 + k * kThreads;
+        v[k] = i < n ? bf16_to_float(xr[i]) : 0.0f;
+        g[k] = i < n ? bf16_to_float(__ldg(w + i)) : 0.0f;
+      }
+#pragma unroll
+      for (int k = 0; k < kNormAhead; ++k) {
+        const u32 i = i0 + k * kThreads;
+        if (i < n) out[(r0 + r) * out_stride + i] = float_to_bf16(v[k] * inv * g[k]);
+      }
     }
   }
 }
+#endif
 
 __device__ void op_rms_norm(const TaskDesc& t, const Ctx& c) {
   const u32 n = t.tile[2];
@@ -206,41 +279,28 @@ __device__ __forceinline__ float silu_mul(float g, float up) {
 }
 
 // MERGE_IN: stage[b][h * D + d] = bf16 of the merged splits of (b, h / group), the
-// ATTN_MERGE arithmetic: weights exp2(m_s - max m) (0 for a split without tokens), the
-// sums in split order. The weights go to the scratch first (every d shares them); a
-// zero weight adds exactly nothing (fmaf(acc, 0, o) == o for the finite acc of a split),
-// so its split is not read.
+// ATTN_MERGE arithmetic and its helpers (attention_split.cuh): the split weights of every
+// (b, h) into the scratch at once, then one element per thread.
 __device__ void stage_merge(const TaskDesc& t, const Ctx& c, bf16_bits* xs) {
   const float* parts = operand<const float>(t, c.buffers, 1);
   const int H = c.s.num_heads, KV = c.s.num_kv_heads, G = H / KV, D = c.s.head_dim;
   const int S = c.s.max_splits, row = D + 2, batch = c.s.batch;
-  float* weights = c.scratch;                  // [batch * H][S]
-  float* lsum = c.scratch + batch * H * S;     // [batch * H]
-  for (int idx = threadIdx.x; idx < batch * H; idx += kThreads) {
+  // (b, h)'s split 0 state: partials[b][h / G][s][h % G][row]
+  auto row_at = [&](int idx) {
     const int b = idx / H, h = idx % H;
-    const float* p = parts + ((static_cast<long long>(b) * KV + h / G) * S * G + h % G) * row;
-    float m_all = rowgate::persistent::neg_inf();
-    for (int s = 0; s < S; ++s) m_all = fmaxf(m_all, __ldcg(p + s * G * row + D));
-    float l_all = 0.0f;
-    for (int s = 0; s < S; ++s) {
-      const float l = __ldcg(p + s * G * row + D + 1);
-      const float w = l > 0.0f ? exp2f(__ldcg(p + s * G * row + D) - m_all) : 0.0f;
-      l_all = fmaf(l, w, l_all);
-      weights[idx * S + s] = w;
-    }
-    lsum[idx] = l_all;
+    return ((static_cast<long long>(b) * KV + h / G) * S * G + h % G) * row;
+  };
+  if (D == 128) {
+    rowgate::persistent::split_weights<128>(parts, batch * H, S, G * row, row_at, c.scratch);
+  } else {
+    rowgate::persistent::split_weights<64>(parts, batch * H, S, G * row, row_at, c.scratch);
   }
-  __syncthreads();
   for (int e = threadIdx.x; e < batch * H * D; e += kThreads) {
-    const int idx = e / D, d = e % D, b = idx / H, h = idx % H;
-    const float* p = parts + ((static_cast<long long>(b) * KV + h / G) * S * G + h % G) * row + d;
-    float o = 0.0f;
-    for (int s = 0; s < S; ++s) {
-      const float w = weights[idx * S + s];
-      if (w != 0.0f) o = fmaf(__ldcg(p + s * G * row), w, o);
-    }
-    const float l = lsum[idx];
-    xs[e] = float_to_bf16(l > 0.0f ? __fdividef(o, l) : 0.0f);
+    const int idx = e / D, d = e % D;
+    const float* p = parts + row_at(idx) + d;
+    const float* w = c.scratch + idx * S;
+    xs[e] = float_to_bf16(D == 128 ? rowgate::persistent::merged<128>(p, d, G * row, w, S)
+                                   : rowgate::persistent::merged<64>(p, d, G * row, w, S));
   }
 }
 
@@ -254,16 +314,33 @@ __device__ void stage_input(const TaskDesc& t, const Ctx& c, u32 K, u32 x_stride
     norm_rows(operand<const bf16_bits>(t, c.buffers, 1), x_stride,
               operand<const bf16_bits>(t, c.buffers, 3), xs, K, 0, batch, K, c);
   } else if (t.flags & task::kFlagSiluIn) {
+    // kSiluAhead granules of gate and of up requested before their sums: at b1 a
+    // thread's 3 granules are 2 L2 round trips, not 3 (run 7: a down tile's prologue
+    // 3.2 us); each more costs 8 registers of the kernel's budget
+    constexpr int kSiluAhead = 2;
     const uint4* gate = operand<const uint4>(t, c.buffers, 1);
     const uint4* up = operand<const uint4>(t, c.buffers, 3);
-    for (u32 i = threadIdx.x; i < batch * K8; i += kThreads) {
-      const u32 b = i / K8, k8 = i % K8;
-      float g[8], u[8], a[8];
-      unpack8(__ldcg(gate + b * s8 + k8), g);
-      unpack8(__ldcg(up + b * s8 + k8), u);
+    for (u32 i0 = threadIdx.x; i0 < batch * K8; i0 += kThreads * kSiluAhead) {
+      uint4 gv[kSiluAhead], uv[kSiluAhead];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) a[j] = silu_mul(g[j], u[j]);
-      reinterpret_cast<uint4*>(xs)[i] = pack8(a);
+      for (int k = 0; k < kSiluAhead; ++k) {
+        const u32 i = i0 + k * kThreads, b = i / K8, k8 = i % K8;
+        if (i < batch * K8) {
+          gv[k] = __ldcg(gate + b * s8 + k8);
+          uv[k] = __ldcg(up + b * s8 + k8);
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kSiluAhead; ++k) {
+        const u32 i = i0 + k * kThreads;
+        if (i >= batch * K8) break;
+        float g[8], u[8], a[8];
+        unpack8(gv[k], g);
+        unpack8(uv[k], u);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) a[j] = silu_mul(g[j], u[j]);
+        reinterpret_cast<uint4*>(xs)[i] = pack8(a);
+      }
     }
   } else {
     // Activations come from other blocks of this launch: read them at L2
@@ -410,7 +487,10 @@ __device__ void op_gemv(const TaskDesc& t, const Ctx& c) {
   const uint4* xg = operand<const uint4>(t, c.buffers, 1);
   const uint4* xs = reinterpret_cast<const uint4*>(c.stage);
   const bool staged = static_cast<u32>(batch) * K * sizeof(bf16_bits) <= task::kStageBytes;
-  if (staged) stage_input(t, c, K, x_stride);
+  if (staged) {
+    stage_input(t, c, K, x_stride);
+    if (threadIdx.x == 0) s_staged_at = clock64();
+  }
   auto x_at = [&](int b, u32 k8) { return staged ? xs[b * K8 + k8] : __ldcg(xg + b * s8 + k8); };
 #if RG_MK_MMA
   if (mma::usable(t, c.s.batch)) {  // staged (the same test)
@@ -630,7 +710,7 @@ __device__ void op_attn_merge(const TaskDesc& t, const Ctx& c) {
   rowgate::persistent::attention_merge<D>(
       operand<const float>(t, c.buffers, 0), operand<bf16_bits>(t, c.buffers, 1), t.tile[0],
       t.tile[1], t.tile[2], c.s.num_heads, c.s.num_kv_heads, c.s.num_heads / c.s.num_kv_heads,
-      c.s.max_splits);
+      c.s.max_splits, c.scratch);
 }
 
 __device__ void op_silu_mul(const TaskDesc& t, const Ctx& c) {
@@ -657,6 +737,19 @@ __device__ void op_residual_add(const TaskDesc& t, const Ctx& c) {
   }
 }
 
+// PREFETCH_L2: every thread asks L2 for one 16 KB piece of the t0 bytes at operand a at a
+// time (Hopper's bulk prefetch; the validator keeps t0 a multiple of 16). A hint without
+// a result: the blocks idle in a latency-bound phase pull a later stage's weights in.
+__device__ void op_prefetch_l2(const TaskDesc& t, const Ctx& c) {
+  constexpr u32 kPiece = 16384;
+  const char* p = operand<const char>(t, c.buffers, 0);
+  const u32 bytes = t.tile[0];
+  for (u64 at = threadIdx.x * kPiece; at < bytes; at += kThreads * kPiece) {
+    const u32 n = static_cast<u32>(min(static_cast<u64>(kPiece), bytes - at));
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + at), "r"(n) : "memory");
+  }
+}
+
 __device__ void run_task(const TaskDesc& t, const Ctx& c) {
   const bool d128 = c.s.head_dim == 128;
   switch (t.opcode) {
@@ -670,6 +763,7 @@ __device__ void run_task(const TaskDesc& t, const Ctx& c) {
     case task::kAttnMerge: d128 ? op_attn_merge<128>(t, c) : op_attn_merge<64>(t, c); break;
     case task::kSiluMul: op_silu_mul(t, c); break;
     case task::kResidualAdd: op_residual_add(t, c); break;
+    case task::kPrefetchL2: op_prefetch_l2(t, c); break;
     default: break;  // kNop; unknown opcodes never pass the host validator
   }
 }
@@ -708,8 +802,10 @@ __device__ __forceinline__ u32 dynamic_smem_size() {
 }
 
 // Optional per-task timing (trace != nullptr): kTraceWords u64 per task index, written by
-// thread 0: block, globaltimer at claim (ns), cycles waiting on counters, cycles running
-// (until the signal). Cycles are the SM's clock64: differences on one SM only.
+// thread 0: the block (low 32 bits) and the cycles from the end of the wait to the staged
+// input of a GEMV (high 32 bits; 0 for other tasks), globaltimer at claim (ns), cycles
+// waiting on counters, cycles running (until the signal). Cycles are the SM's clock64:
+// differences on one SM only.
 constexpr int kTraceWords = 4;
 
 template <bool kDynamic>
@@ -742,6 +838,7 @@ __device__ __forceinline__ void persistent_decode(const TaskDesc* tasks, u32 num
     if (timed) {
       claimed_ns = global_ns();
       c0 = clock64();
+      s_staged_at = 0;
     }
     __syncthreads();
     prefetch_weights(s_task, c);
@@ -756,17 +853,22 @@ __device__ __forceinline__ void persistent_decode(const TaskDesc* tasks, u32 num
     }
 #endif
     run_task(s_task, c);
-    if (kDynamic && threadIdx.x == 0) {
-      // claimed during the task (its latency hidden), or now
-      s_index = RG_MK_CLAIM_AHEAD ? next : atomicAdd(queue_head, 1u);
-    }
-    task::signal_counter(s_task, counters);  // its barrier also publishes s_index
+    // Signal first, then claim: the consumers of this task wait for the signal, only this
+    // block's next task for the claim (an L2 round trip on the queue head, which issue
+    // 19's run 7 measured in every task's run before the signal).
+    task::signal_counter(s_task, counters);
     if (timed) {
       u64* r = trace + static_cast<u64>(index) * kTraceWords;
-      r[0] = blockIdx.x;
+      const u64 staged = s_staged_at ? static_cast<u64>(s_staged_at) - c1 : 0;
+      r[0] = blockIdx.x | (min(staged, static_cast<u64>(0xffffffffu)) << 32);
       r[1] = claimed_ns;
       r[2] = c1 - c0;
       r[3] = clock64() - c1;
+    }
+    if (kDynamic) {
+      // claimed during the task (its latency hidden), or now
+      if (threadIdx.x == 0) s_index = RG_MK_CLAIM_AHEAD ? next : atomicAdd(queue_head, 1u);
+      __syncthreads();  // publishes s_index
     }
     index = kDynamic ? s_index : index + gridDim.x;
   }

@@ -34,7 +34,8 @@ constexpr int kWaits = 3;
 constexpr int kTileWords = 8;
 // Shared memory a fused task relies on (the validator checks a list against these):
 // a GEMV with an input flag stages batch x K bf16 in kStageBytes; MERGE_IN keeps the
-// split weights, batch x heads x (max_splits + 1) floats, in kScratchBytes.
+// split weights, batch x heads x (max_splits + 1) floats, in kScratchBytes (ATTN_MERGE
+// group x (splits + 1)).
 constexpr u32 kStageBytes = 96 * 1024;
 constexpr u32 kScratchBytes = 16 * 1024;
 
@@ -53,7 +54,8 @@ enum Opcode : u16 {
   kSiluMul = 8,      // out = bf16(bf16(silu(gate)) * up)
   kResidualAdd = 9,  // x = bf16(x + y)
   kLogits = 10,      // GEMV with fp32 output (the bf16-rounded dot products)
-  kOpcodeCount = 11,
+  kPrefetchL2 = 11,  // ask L2 for bytes of a read-only buffer (no result: a hint)
+  kOpcodeCount = 12,
 };
 
 enum Flag : u16 {

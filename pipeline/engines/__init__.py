@@ -16,7 +16,7 @@ Options (strings, from `rowgate gate --option KEY=VALUE` / the gate):
 `endpoint` (true/false), `vllm_max_num_seqs`, `vllm_enforce_eager`, `seed`,
 `llamacpp_parallel`, `llamacpp_threads`; for the reference engine
 `persistent_schedule`, `persistent_cubin`, `fused_compile` (mode `graph-fused`: a
-torch.compile mode or `none`), `fused_cubin`, `nvcc`.
+torch.compile mode or `none`), `fused_cubin`, `fused_chunk`, `nvcc`.
 """
 
 from __future__ import annotations
@@ -90,7 +90,8 @@ def _reference(arm: Arm, model_dir: Path, device: str, options: dict[str, str],
 
         return FusedEngine(model_dir, device=device, dtype=arm.dtype,
                            compile_mode=options.get("fused_compile", COMPILE_MODES[0]),
-                           cubin=options.get("fused_cubin"), nvcc=options.get("nvcc"))
+                           cubin=options.get("fused_cubin"), nvcc=options.get("nvcc"),
+                           chunk=_int(options, "fused_chunk", 0) or None)
     if arm.mode == "persistent":
         from pipeline.engines.persistent import PersistentEngine
 

@@ -185,7 +185,7 @@ class FusedEngine(ReferenceEngine):
 
     def __init__(self, model_dir: Path, *, device: str = "cpu", dtype: str = "bfloat16",
                  compile_mode: str = COMPILE_MODES[0], cubin: str | None = None,
-                 nvcc: str | None = None, max_blocks: int = 0):
+                 nvcc: str | None = None, max_blocks: int = 0, chunk: int | None = None):
         if compile_mode not in COMPILE_MODES:
             raise EngineError(f"graph-fused engine: fused_compile {compile_mode!r} is not one "
                               f"of {', '.join(COMPILE_MODES)}")
@@ -193,6 +193,9 @@ class FusedEngine(ReferenceEngine):
                          max_blocks=max_blocks)
         self.mode = MODE
         self.compile_mode, self.cubin, self.nvcc = compile_mode, cubin, nvcc
+        self.chunk = chunk
+        """split_kv's tokens per split (None: the contract's plan, sized for max_position
+        and the batch; at batch 1 that is 128-token splits, 8 per kv head)."""
         self.attention = "torch (fused cache layout)"
         self.route = "graph" if device.startswith("cuda") else "eager: no CUDA device, " \
             "so no CUDA graph and no torch.compile"
@@ -253,7 +256,8 @@ class FusedEngine(ReferenceEngine):
         from pipeline.ops.decode_attention import DecodeAttention
 
         plans: dict[tuple[int, ...], DecodeAttention] = {}
-        self.attention = f"split_kv bf16 baseline ({Path(cubin).name})"
+        self.attention = f"split_kv bf16 baseline ({Path(cubin).name}" + (
+            f", {self.chunk}-token splits)" if self.chunk else ")")
 
         def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                    block_tables: torch.Tensor, context_lens: torch.Tensor,
@@ -263,9 +267,14 @@ class FusedEngine(ReferenceEngine):
             # which validates and admits the graph's static block tables and lengths
             key = (q.shape[0], *k_cache.shape)
             if key not in plans:
-                plans[key] = DecodeAttention(q, k_cache, v_cache, block_tables, context_lens,
-                                             max_seq_len=c.max_position, cubin=Path(cubin),
-                                             softmax_scale=scale)
+                try:
+                    plans[key] = DecodeAttention(q, k_cache, v_cache, block_tables,
+                                                 context_lens, max_seq_len=c.max_position,
+                                                 cubin=Path(cubin), softmax_scale=scale,
+                                                 chunk=self.chunk)
+                except ValueError as exc:  # a fused_chunk the contract refuses
+                    raise EngineError(f"graph-fused engine: fused_chunk {self.chunk}: "
+                                      f"{exc}") from None
             return plans[key].run(q, k_cache, v_cache, block_tables, context_lens)
 
         return lambda batch: attend

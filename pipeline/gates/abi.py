@@ -336,8 +336,8 @@ def _lists(row: Row, artifact_dir: Path) -> tuple[dict[str, dict[str, Any]], lis
         cells[f"i{first}-c{batch}"] = {
             "tasks": len(tasks), "counters": plan["num_counters"],
             "problems": len(report.problems), "max_splits": shape.max_splits,
-            "ops_missing": len(set(Opcode) - {Opcode.NOP} - ops)}
-        missing = sorted(o.name for o in set(Opcode) - {Opcode.NOP} - ops)
+            "ops_missing": len(set(Opcode) - abi.OPTIONAL - ops)}
+        missing = sorted(o.name for o in set(Opcode) - abi.OPTIONAL - ops)
         if missing:
             problems.append(f"batch {batch}: the step has no {', '.join(missing)} task")
     return cells, problems

@@ -46,6 +46,9 @@ class Opcode(IntEnum):
     SILU_MUL = 8
     RESIDUAL_ADD = 9
     LOGITS = 10
+    PREFETCH_L2 = 11
+    """Ask L2 for t0 bytes of operand a (read-only weights): no result, a hint that lets
+    blocks idle during the attention phase pull a later stage's weights in."""
 
 
 class Flag(IntFlag):
@@ -78,6 +81,11 @@ FUSED_BY = {Opcode.RMS_NORM: Flag.NORM_IN, Opcode.ROPE: Flag.ROPE_IN,
 """The flag that does an op's work inside another task in a fused list."""
 
 
+OPTIONAL = frozenset({Opcode.NOP, Opcode.PREFETCH_L2})
+"""Opcodes a decode step may leave out: they compute nothing (every other op must run, as
+a task or as a flag of one: the abi gate's coverage)."""
+
+
 def covered(tasks: "list[Task]") -> set[Opcode]:
     """The ops a list runs: its opcodes, and each op a flag of its tasks fuses in."""
     ops = {Opcode(t.opcode) for t in tasks if t.opcode in Opcode._value2member_map_}
@@ -91,8 +99,16 @@ STAGE_BYTES = 96 * 1024
 """The kernel's shared staging buffer for a GEMV's input (kStageBytes): a GEMV with an
 input flag stages batch x K bf16 there, so it must fit."""
 SCRATCH_BYTES = 16 * 1024
-"""The kernel's shared scratch (kScratchBytes): MERGE_IN keeps each (sequence, head)'s
-split weights and sum there, batch x heads x (max_splits + 1) floats."""
+"""The kernel's shared scratch (kScratchBytes): the merges keep each (sequence, head)'s
+split weights and maximum there -- MERGE_IN batch x heads x (max_splits + 1) floats,
+ATTN_MERGE group x (splits + 1) (`merge_floats`)."""
+
+
+def merge_floats(rows: int, splits: int) -> int:
+    """Scratch floats a merge of `rows` (sequence, head) rows over `splits` splits keeps:
+    each split's weight and each row's maximum (`split_weights` in
+    kernels/persistent/attention_split.cuh)."""
+    return rows * (splits + 1)
 INPUT_FLAGS = Flag.NORM_IN | Flag.SILU_IN | Flag.MERGE_IN
 """At most one of these per GEMV: each says where its staged input comes from."""
 

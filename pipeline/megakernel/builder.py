@@ -42,6 +42,7 @@ from pipeline.megakernel.abi import (
     Operand,
     StepShape,
     Task,
+    merge_floats,
 )
 from pipeline.megakernel.tiling import gemv_rows, up
 from pipeline.megakernel.validate import Buffer
@@ -189,7 +190,7 @@ def fusion_blockers(dims: ModelDims, batch: int, splits: int,
     k = max(dims.hidden, dims.intermediate, dims.heads * dims.head_dim)
     if batch * k * 2 > STAGE_BYTES:
         out.append(f"batch {batch} x K {k} bf16 exceeds the {STAGE_BYTES}-byte staging buffer")
-    if fuse_merge and batch * dims.heads * (splits + 1) * 4 > SCRATCH_BYTES:
+    if fuse_merge and merge_floats(batch * dims.heads, splits) * 4 > SCRATCH_BYTES:
         out.append(f"{splits} splits' merge weights exceed the {SCRATCH_BYTES}-byte scratch")
     return out
 
@@ -197,7 +198,7 @@ def fusion_blockers(dims: ModelDims, batch: int, splits: int,
 def build_step(dims: ModelDims, batch: int, sm_count: int, *, num_blocks: int,
                max_context: int | None = None, page_size: int = PAGE_SIZE, fuse: bool = True,
                fine_deps: bool = False, tile_scale: int = 1, fuse_norm: bool | None = None,
-               fuse_merge: bool = False) -> StepPlan:
+               fuse_merge: bool = False, l2_ahead: int = 0) -> StepPlan:
     """Task list, step shape and buffer table for one decode step at `batch`: fused
     (ABI v2 flags) where the shape allows, else the unfused stages. By default the
     attention merge stays a stage of its own and so do the norms at batch > 1
@@ -207,10 +208,14 @@ def build_step(dims: ModelDims, batch: int, sm_count: int, *, num_blocks: int,
     (docs/perf.md, issue 19, run 5). At batch 1 a norm stage is one task on one SM that
     every tile of the next GEMV waits for, twice a layer: moving it into the prologues
     made the b1 step 5 % faster there (1,183 -> 1,121 us), and 5-20 % slower at b4/b8,
-    where a norm stage is already one task per sequence."""
+    where a norm stage is already one task per sequence. `l2_ahead` (0-8, fused lists): after
+    each layer's attention, PREFETCH_L2 tasks ask L2 for that many eighths of every gate|up
+    tile's weights, which the blocks idle in the attention phase issue while DRAM is idle."""
     if batch < 1 or sm_count < 1 or num_blocks < 1 or tile_scale < 1:
         raise UsageError(f"build_step: batch {batch}, sm_count {sm_count}, num_blocks "
                          f"{num_blocks}, tile_scale {tile_scale} must all be positive")
+    if not 0 <= l2_ahead <= 8:
+        raise UsageError(f"build_step: l2_ahead {l2_ahead}: expected eighths of a tile, 0..8")
     fuse_norm = batch == 1 if fuse_norm is None else fuse_norm
     max_context = max_context or dims.max_position
     splits, chunk = attention_splits(batch, dims.kv_heads, max_context, sm_count, page_size)
@@ -248,13 +253,15 @@ def build_step(dims: ModelDims, batch: int, sm_count: int, *, num_blocks: int,
         from pipeline.megakernel.fused_list import Layout, emit_fused
 
         emit_fused(e, Layout(dims, batch, sm_count, splits, chunk, slots, regions, tile_scale),
-                   fine_deps=fine_deps, fuse_norm=fuse_norm, fuse_merge=fuse_merge)
+                   fine_deps=fine_deps, fuse_norm=fuse_norm, fuse_merge=fuse_merge,
+                   l2_ahead=l2_ahead)
     else:
         _emit(e, dims, batch, sm_count, splits, chunk, slots, regions, tile_scale)
     # The plan's build flags (not operator `--option`s, which tests/test_options.py audits).
     flags: dict[str, Any] = {"fused": fused, "fine_deps": fused and fine_deps,
                              "tile_scale": tile_scale, "fuse_norm": fused and fuse_norm,
-                             "fuse_merge": fused and fuse_merge}
+                             "fuse_merge": fused and fuse_merge,
+                             "l2_ahead": l2_ahead if fused else 0}
     if blockers:
         flags["not_fused"] = blockers
     return StepPlan(dims=dims, batch=batch, sm_count=sm_count, tasks=e.tasks, shape=shape,

@@ -129,8 +129,24 @@ def _attention(e: Emitter, lay: Layout, i: int, split_waits: list[Waits],
     return (lay.ws("attn"),), 0, ((mc, len(merges)),)
 
 
+def _ahead(lay: Layout, i: int, rows: int, eighths: int) -> list[Task]:
+    """PREFETCH_L2 tasks for the first `eighths` / 8 of each gate | up tile's rows (whole
+    16-row rounds: the order a tensor-core tile reads its rows in), no waits, no signal."""
+    d = lay.d
+    ahead = max(16, rows * eighths // 8 // 16 * 16)
+    out = []
+    for name in ("gate_proj", "up_proj"):
+        w = lay.w(f"model.layers.{i}.mlp.{name}.weight")
+        for r in range(0, d.intermediate, rows):
+            n = min(ahead, d.intermediate - r)
+            out.append(Task(Opcode.PREFETCH_L2, (n * d.hidden * 2,),
+                            (Operand(w.buffer, r * d.hidden * 2 // GRANULE),),
+                            label=f"L{i}.l2_{name.split('_')[0]}[{r}]"))
+    return out
+
+
 def emit_fused(e: Emitter, lay: Layout, *, fine_deps: bool, fuse_norm: bool,
-               fuse_merge: bool) -> None:
+               fuse_merge: bool, l2_ahead: int = 0) -> None:
     d, batch = lay.d, lay.batch
     qn, gu_n = d.heads * d.head_dim, 2 * d.intermediate
     c, n = e.stage([Task(Opcode.EMBED, (b, 1, d.hidden, d.vocab),
@@ -141,6 +157,8 @@ def emit_fused(e: Emitter, lay: Layout, *, fine_deps: bool, fuse_norm: bool,
         p = f"model.layers.{i}."
         split_waits = _qkv(e, lay, i, waits, fine_deps, fuse_norm)
         src, flags, waits = _attention(e, lay, i, split_waits, fuse_merge)
+        if l2_ahead:  # claimed by blocks done with their splits, while DRAM idles
+            e.tasks.extend(_ahead(lay, i, gemv_rows(gu_n, lay.sm, lay.scale), l2_ahead))
         # o_proj: (merge while staging,) add into the residual stream
         c, n = e.stage(_tiles(Opcode.GEMV, d.hidden, gemv_rows(d.hidden, lay.sm, lay.scale),
                               (qn, d.hidden, 0),

@@ -245,4 +245,5 @@ OPS = {Opcode.NOP: lambda *a: None, Opcode.EMBED: _embed, Opcode.RMS_NORM: _rms_
        Opcode.GEMV: _gemv, Opcode.LOGITS: lambda t, s, m, meta: _gemv(t, s, m, meta, True),
        Opcode.ROPE: _rope, Opcode.KV_APPEND: _kv_append, Opcode.ATTN_SPLIT: _attn_split,
        Opcode.ATTN_MERGE: _attn_merge, Opcode.SILU_MUL: _silu_mul,
-       Opcode.RESIDUAL_ADD: _residual_add}
+       Opcode.RESIDUAL_ADD: _residual_add,
+       Opcode.PREFETCH_L2: lambda *a: None}  # a cache hint: nothing to compute

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pipeline.megakernel.abi import INPUT_FLAGS, Flag, Opcode, StepShape, Task
+from pipeline.megakernel.abi import INPUT_FLAGS, NO_COUNTER, Flag, Opcode, StepShape, Task
 
 BF16 = 2
 F32 = 4
@@ -136,6 +136,14 @@ def _merge_checks(t: Task, s: StepShape) -> list[str]:
     return out
 
 
+def _prefetch_checks(t: Task, s: StepShape) -> list[str]:
+    out = [] if t.tile[0] and t.tile[0] % 16 == 0 else [
+        f"{t.tile[0]} bytes to prefetch: expected a positive multiple of 16"]
+    if t.signal != NO_COUNTER or t.waits:
+        out.append("a prefetch waits for nothing and signals nothing (it has no result)")
+    return out
+
+
 def _cols_checks(t: Task, s: StepShape) -> list[str]:
     col0, cols, n = t.tile[:3]
     if cols == 0 or col0 + cols > n:
@@ -243,4 +251,7 @@ OPS: dict[Opcode, OpSpec] = {
         OperandSpec("x", "rw", lambda t, s: s.batch * t.tile[2] * BF16),
         OperandSpec("y", "r", lambda t, s: s.batch * t.tile[2] * BF16),
     ), ("col0", "cols", "width", "-", "-", "-", "-", "-"), _cols_checks),
+    Opcode.PREFETCH_L2: OpSpec((
+        OperandSpec("weights", "r", lambda t, s: t.tile[0]),
+    ), ("bytes", "-", "-", "-", "-", "-", "-", "-"), _prefetch_checks),
 }

@@ -33,6 +33,7 @@ from pipeline.megakernel.abi import (
     Opcode,
     StepShape,
     Task,
+    merge_floats,
 )
 from pipeline.megakernel.operands import OPS
 
@@ -138,9 +139,14 @@ def _smem_problems(t: Task, shape: StepShape) -> Iterator[str]:
             yield (f"staged input of {need} bytes (batch x K bf16) exceeds the kernel's "
                    f"{STAGE_BYTES}-byte staging buffer")
     if t.opcode == Opcode.GEMV and t.flags & Flag.MERGE_IN:
-        need = shape.batch * shape.num_heads * (shape.max_splits + 1) * 4
+        need = merge_floats(shape.batch * shape.num_heads, shape.max_splits) * 4
         if need > SCRATCH_BYTES:
             yield (f"MERGE_IN: {need} bytes of split weights exceed the kernel's "
+                   f"{SCRATCH_BYTES}-byte scratch")
+    if t.opcode == Opcode.ATTN_MERGE and shape.num_kv_heads:
+        need = merge_floats(shape.num_heads // shape.num_kv_heads, t.tile[2]) * 4
+        if need > SCRATCH_BYTES:
+            yield (f"ATTN_MERGE: {need} bytes of split weights exceed the kernel's "
                    f"{SCRATCH_BYTES}-byte scratch")
 
 

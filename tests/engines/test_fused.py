@@ -105,3 +105,12 @@ def test_an_unknown_compile_mode_is_refused(tiny_model):
     with pytest.raises(EngineError, match="fused_compile 'fast' is not one of "
                                           "max-autotune-no-cudagraphs, "):
         engines.create(arm, tiny_model.path, options={"fused_compile": "fast"})
+
+
+def test_a_split_chunk_is_an_engine_option(tiny_model):
+    arm = Arm(engine="reference", mode="graph-fused", dtype="bfloat16")
+    eng = engines.create(arm, tiny_model.path, options={"fused_chunk": "64"})
+    assert eng.chunk == 64
+    assert engines.create(arm, tiny_model.path, options={}).chunk is None
+    with pytest.raises(EngineError, match="--option fused_chunk=many: not an integer"):
+        engines.create(arm, tiny_model.path, options={"fused_chunk": "many"})

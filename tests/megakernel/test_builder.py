@@ -9,14 +9,14 @@ import json
 import pytest
 
 from pipeline.megakernel import builder, operands
-from pipeline.megakernel.abi import GRANULE, Flag, Opcode
+from pipeline.megakernel.abi import GRANULE, OPTIONAL, Flag, Opcode
 from pipeline.megakernel.validate import validate
 
 TINY = builder.ModelDims(vocab=1024, hidden=128, intermediate=256, layers=2, heads=4,
                          kv_heads=2, head_dim=64, rms_eps=1e-6, max_position=2048)
 PROBE = builder.ModelDims(vocab=32768, hidden=2048, intermediate=6144, layers=16, heads=16,
                           kv_heads=8, head_dim=128, rms_eps=1e-6, max_position=4096)
-EVERY_OP = set(Opcode) - {Opcode.NOP}
+EVERY_OP = set(Opcode) - OPTIONAL
 
 
 def _ancestors(tasks) -> list[int]:
@@ -99,7 +99,7 @@ def test_every_op_of_the_step_is_covered(batch):
 @pytest.mark.parametrize("batch", [1, 4, 8])
 def test_the_fully_fused_step_has_five_stages_a_layer_and_every_flag(batch):
     plan = builder.build_step(TINY, batch, 132, num_blocks=batch * 8, **FULL)
-    assert plan.options == {"fused": True, "tile_scale": 1, **FULL}
+    assert plan.options == {"fused": True, "tile_scale": 1, "l2_ahead": 0, **FULL}
     assert {Opcode(t.opcode) for t in plan.tasks} == {Opcode.EMBED, Opcode.GEMV,
                                                       Opcode.ATTN_SPLIT, Opcode.LOGITS}
     flags = {(Opcode(t.opcode), t.flags) for t in plan.tasks}
@@ -227,4 +227,4 @@ def test_by_default_norms_and_merges_are_stages_of_a_fused_list():
     assert not any(t.flags & (Flag.NORM_IN | Flag.MERGE_IN) for t in plan.tasks)
     assert {t.flags for t in plan.tasks if t.opcode == Opcode.ATTN_SPLIT} == {Flag.ROPE_IN}
     assert plan.options == {"fused": True, "fine_deps": True, "tile_scale": 1,
-                            "fuse_norm": False, "fuse_merge": False}
+                            "fuse_norm": False, "fuse_merge": False, "l2_ahead": 0}

@@ -53,8 +53,10 @@ def _prefilled(model, lengths: list[int], seed: int):
 FULL = {"fuse_norm": True, "fuse_merge": True, "fine_deps": True}
 
 
-@pytest.mark.parametrize("options", [{"fuse": False}, {}, FULL, {**FULL, "tile_scale": 2}],
-                         ids=["unfused", "fused (default)", "fully-fused", "fully-fused-x2"])
+@pytest.mark.parametrize("options", [{"fuse": False}, {}, FULL, {**FULL, "tile_scale": 2},
+                                     {"l2_ahead": 4}],
+                         ids=["unfused", "fused (default)", "fully-fused", "fully-fused-x2",
+                              "fused-l2-ahead"])
 @pytest.mark.parametrize("lengths,sms,splits", [([37], 132, 3), ([5, 16, 33, 70], 1024, 5),
                                                 ([1, 2, 15, 16, 17, 31, 32, 100], 132, 1)])
 def test_the_task_list_computes_the_reference_decode_step(model, lengths, sms, splits, options):

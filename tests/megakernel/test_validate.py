@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from pipeline.megakernel import builder
-from pipeline.megakernel.abi import Flag, Opcode, Operand, Task
+from pipeline.megakernel.abi import NO_COUNTER, Flag, Opcode, Operand, Task
 from pipeline.megakernel.validate import TaskListError, validate
 
 DIMS = builder.ModelDims(vocab=512, hidden=128, intermediate=256, layers=2, heads=4, kv_heads=2,
@@ -120,7 +120,7 @@ def test_a_write_into_weights_is_refused(plan):
 def test_an_unknown_opcode_is_refused(plan):
     i = _first(plan, Opcode.SILU_MUL)
     report = _check(plan, _replace(plan.tasks, i, opcode=42, label=""))
-    assert report.problems == [f"task {i} (opcode 42): unknown opcode 42 (ABI 2 knows 0..10)"]
+    assert report.problems == [f"task {i} (opcode 42): unknown opcode 42 (ABI 2 knows 0..11)"]
 
 
 def test_unknown_flags_and_counters_are_refused(plan):
@@ -199,3 +199,58 @@ def test_rope_in_columns_outside_the_rows_are_refused(fused):
     report = _check(fused, _replace(fused.tasks, i, tile=tuple(tile)))
     assert any(p.startswith(f"task {i} (ATTN_SPLIT {t.label}): ROPE_IN: v columns")
                for p in report.problems)
+
+
+def test_a_merge_whose_split_states_overflow_the_scratch_is_refused(plan, fused):
+    # a merge keeps every split's weight and each row's maximum in the 16 KB scratch:
+    # group x (splits + 1) floats for ATTN_MERGE, batch x heads x (max_splits + 1) for
+    # MERGE_IN
+    group = DIMS.heads // DIMS.kv_heads
+    splits = 16384 // 4 // group  # one past what fits
+    shape = dataclasses.replace(plan.shape, max_splits=splits)
+    i = _first(plan, Opcode.ATTN_MERGE)
+    t = plan.tasks[i]
+    report = validate(_replace(plan.tasks, i, tile=(t.tile[0], t.tile[1], splits, *t.tile[3:])),
+                      shape, plan.buffers, plan.num_counters)
+    need = group * (splits + 1) * 4
+    assert (f"task {i} (ATTN_MERGE {t.label}): ATTN_MERGE: {need} bytes of split weights "
+            f"exceed the kernel's 16384-byte scratch") in report.problems
+    ok = dataclasses.replace(plan.shape, max_splits=splits - 1)
+    fits = validate(_replace(plan.tasks, i, tile=(t.tile[0], t.tile[1], splits - 1,
+                                                  *t.tile[3:])), ok, plan.buffers,
+                    plan.num_counters)
+    assert not any("ATTN_MERGE: " in p and "scratch" in p for p in fits.problems)
+    rows = fused.shape.batch * DIMS.heads
+    s = 16384 // 4 // rows
+    j = _first_flagged(fused, Opcode.GEMV, Flag.MERGE_IN)
+    report = validate(fused.tasks, dataclasses.replace(fused.shape, max_splits=s),
+                      fused.buffers, fused.num_counters)
+    assert any(p.startswith(f"task {j} (GEMV ") and
+               f"MERGE_IN: {rows * (s + 1) * 4} bytes of split weights" in p
+               for p in report.problems)
+    assert builder.fusion_blockers(DIMS, fused.shape.batch, s) == [
+        f"{s} splits' merge weights exceed the 16384-byte scratch"]
+    assert builder.fusion_blockers(DIMS, fused.shape.batch, s - 1) == []
+
+
+def test_l2_prefetch_tasks_lie_in_the_mlp_weights_and_wait_for_nothing():
+    plan = builder.build_step(DIMS, 2, 16, num_blocks=8, l2_ahead=4)
+    assert _check(plan, plan.tasks).ok
+    ahead = [(i, t) for i, t in enumerate(plan.tasks) if t.opcode == Opcode.PREFETCH_L2]
+    gate_up = {plan.slots[f"model.layers.{i}.mlp.{n}_proj.weight"]
+               for i in range(DIMS.layers) for n in ("gate", "up")}
+    assert ahead and {t.operands[0].buffer for _, t in ahead} == gate_up
+    assert all(not t.waits and t.signal == NO_COUNTER for _, t in ahead)
+    assert builder.build_step(DIMS, 2, 16, num_blocks=8).summary()["ops"].get("PREFETCH_L2") is None
+    i, t = ahead[0]
+    report = _check(plan, _replace(plan.tasks, i, tile=(t.tile[0] + 8,)))
+    assert report.problems == [f"task {i} (PREFETCH_L2 {t.label}): {t.tile[0] + 8} bytes to "
+                               f"prefetch: expected a positive multiple of 16"]
+    report = _check(plan, _replace(plan.tasks, i, tile=(1 << 30,)))
+    assert any(p.startswith(f"task {i} (PREFETCH_L2 {t.label}): operand weights out of bounds")
+               for p in report.problems)
+    report = _check(plan, _replace(plan.tasks, i, waits=((0, 1),)))
+    assert f"task {i} (PREFETCH_L2 {t.label}): a prefetch waits for nothing and signals " \
+           f"nothing (it has no result)" in report.problems
+    with pytest.raises(builder.UsageError, match="l2_ahead 9: expected eighths of a tile"):
+        builder.build_step(DIMS, 2, 16, num_blocks=8, l2_ahead=9)

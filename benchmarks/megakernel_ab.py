@@ -89,6 +89,9 @@ GREEDY = {"mma": [("mk-default", "v2", STAGED), ("mk-mma", "mma", STAGED)],
           "ahead": [("mk-mma8-norm-in", "mma8", NORM_IN),
                     ("mk-mma8-norm-in-l2a5", "mma8", {**NORM_IN, "l2_ahead": 5}),
                     ("mk-mma8", "mma8", STAGED)],
+          "wave": [("mk-mma8-1w-norm-in", "mma8", {**NORM_IN, "one_wave": True}),
+                   ("mk-mma8-1w", "mma8", {**STAGED, "one_wave": True}),
+                   ("mk-mma8-norm-in", "mma8", NORM_IN)],
           "issue19": [("mk-+ring", "v2", {"fine_deps": False})]}
 """Persistent paths run 32 greedy steps against eager (name, cubin, options)."""
 VARIANTS = [  # name, cubin, builder options, schedules
@@ -187,9 +190,26 @@ bit for bit `mma`'s logits (the family check against `mma-stages`, the previous 
 `l2aN`: PREFETCH_L2 tasks after each layer's attention ask L2 for N eighths of every
 gate|up tile (the blocks done with their splits issue them while DRAM idles: the
 attention phase is ~20 us of the layer); a hint, so the same logits."""
+WAVE = {"one_wave": True}
+WAVE_VARIANTS = [  # name, cubin, builder options, schedules
+    ("mma-stages", "mma", {"fuse": False}, (DYN,)),
+    ("mma8-norm-in", "mma8", NORM_IN, (DYN,)),
+    ("mma8", "mma8", STAGED, (DYN,)),
+    ("mma8-1w-stages", "mma8", {"fuse": False, **WAVE}, (DYN,)),
+    ("mma8-1w-norm-in", "mma8", {**NORM_IN, **WAVE}, (DYN,)),
+    ("mma8-1w", "mma8", {**STAGED, **WAVE}, (DYN,)),
+    ("mma8-1w-fine-norm-in", "mma8", {**NORM_IN, **WAVE, "fine_deps": True}, (DYN,)),
+]
+"""Run 9: the attention phase (run 8 at b1: splits 12.5 us, merge 6 us of a 65 us layer;
+split_kv does both in 6.5 us in the baseline's graph). Split tasks are now emitted
+split-major (every kv head's token-bearing first splits in the first wave; the same
+logits, so `mma8-norm-in` is bitwise `mma-stages` still); `1w`: at most one split task per
+SM (`one_wave`: b1 16 splits of 64 tokens instead of 22 of 48, b4 4 x 256 instead of
+6 x 192, b8 2 x 512 instead of 4 x 336): another chunking, so its own bitwise family
+(`mma8-1w-stages`)."""
 VARIANT_SETS = {"mma": MMA_VARIANTS, "issue19": VARIANTS, "l2": L2_VARIANTS,
                 "fuse": FUSE_VARIANTS, "merge": MERGE_VARIANTS, "diag": DIAG_VARIANTS,
-                "ahead": AHEAD_VARIANTS}
+                "ahead": AHEAD_VARIANTS, "wave": WAVE_VARIANTS}
 COMPILE = ["none", "max-autotune-no-cudagraphs"]
 """(`--compile default` adds torch.compile's default mode.)"""
 GREEDY_STEPS = 32
@@ -368,17 +388,22 @@ def row_tie_margin() -> float:
     return float(next(g for g in row["gates"] if g["kind"] == "abi").get("tie_margin", 0.0))
 
 
+def family_of(cub: str, options: dict) -> tuple[str, bool]:
+    """What fixes a path's bits: its GEMV family (the summation order) and its split plan
+    (`one_wave` chunks the attention differently)."""
+    return ("mma" if cub.startswith("mma") else "fma", bool(options.get("one_wave")))
+
+
 def bitwise(variants: list, logits: dict) -> dict:
-    """Each persistent path against its GEMV family's unfused list (the first `fuse: False`
-    variant with its cubin family): {path: {"ref": name, "equal": bool}}."""
+    """Each persistent path against its family's unfused list (the first `fuse: False`
+    variant of its family_of): {path: {"ref": name, "equal": bool}}."""
     family = {}
     for name, cub, options, _ in variants:
-        fam = "mma" if cub.startswith("mma") else "fma"
         if options.get("fuse") is False and f"mk-{name}" in logits:
-            family.setdefault(fam, f"mk-{name}")
+            family.setdefault(family_of(cub, options), f"mk-{name}")
     out = {}
-    for name, cub, _, schedules in variants:
-        ref = family.get("mma" if cub.startswith("mma") else "fma")
+    for name, cub, options, schedules in variants:
+        ref = family.get(family_of(cub, options))
         for sched in schedules:
             n = f"mk-{name}" + (":static" if sched == STATIC else "")
             if n in logits and ref is not None:

@@ -156,10 +156,15 @@ def col_chunk(n: int, sm_count: int) -> int:
 
 
 def attention_splits(batch: int, kv_heads: int, max_context: int, sm_count: int,
-                     page_size: int = PAGE_SIZE) -> tuple[int, int]:
+                     page_size: int = PAGE_SIZE, one_wave: bool = False) -> tuple[int, int]:
     """(splits per (sequence, kv head), tokens per split): at least one split task
-    per SM, chunks a whole number of pages."""
+    per SM, chunks a whole number of pages; `one_wave`: at most one per SM (so the
+    split stage is one wave of tasks, not up to two)."""
     pages = math.ceil(max_context / page_size)
+    if one_wave:
+        splits = max(1, min(pages, sm_count // (batch * kv_heads)))
+        chunk = math.ceil(pages / splits) * page_size  # round up: at most `splits` chunks
+        return math.ceil(max_context / chunk), chunk
     splits = max(1, min(pages, math.ceil(sm_count / (batch * kv_heads))))
     chunk = max(1, pages // splits) * page_size  # round down: at least `splits` chunks
     return math.ceil(max_context / chunk), chunk
@@ -198,7 +203,7 @@ def fusion_blockers(dims: ModelDims, batch: int, splits: int,
 def build_step(dims: ModelDims, batch: int, sm_count: int, *, num_blocks: int,
                max_context: int | None = None, page_size: int = PAGE_SIZE, fuse: bool = True,
                fine_deps: bool = False, tile_scale: int = 1, fuse_norm: bool | None = None,
-               fuse_merge: bool = False, l2_ahead: int = 0) -> StepPlan:
+               fuse_merge: bool = False, l2_ahead: int = 0, one_wave: bool = False) -> StepPlan:
     """Task list, step shape and buffer table for one decode step at `batch`: fused
     (ABI v2 flags) where the shape allows, else the unfused stages. By default the
     attention merge stays a stage of its own and so do the norms at batch > 1
@@ -210,7 +215,8 @@ def build_step(dims: ModelDims, batch: int, sm_count: int, *, num_blocks: int,
     made the b1 step 5 % faster there (1,183 -> 1,121 us), and 5-20 % slower at b4/b8,
     where a norm stage is already one task per sequence. `l2_ahead` (0-8, fused lists): after
     each layer's attention, PREFETCH_L2 tasks ask L2 for that many eighths of every gate|up
-    tile's weights, which the blocks idle in the attention phase issue while DRAM is idle."""
+    tile's weights, which the blocks idle in the attention phase issue while DRAM is idle.
+    `one_wave`: at most one attention split task per SM (`attention_splits`)."""
     if batch < 1 or sm_count < 1 or num_blocks < 1 or tile_scale < 1:
         raise UsageError(f"build_step: batch {batch}, sm_count {sm_count}, num_blocks "
                          f"{num_blocks}, tile_scale {tile_scale} must all be positive")
@@ -218,7 +224,8 @@ def build_step(dims: ModelDims, batch: int, sm_count: int, *, num_blocks: int,
         raise UsageError(f"build_step: l2_ahead {l2_ahead}: expected eighths of a tile, 0..8")
     fuse_norm = batch == 1 if fuse_norm is None else fuse_norm
     max_context = max_context or dims.max_position
-    splits, chunk = attention_splits(batch, dims.kv_heads, max_context, sm_count, page_size)
+    splits, chunk = attention_splits(batch, dims.kv_heads, max_context, sm_count, page_size,
+                                     one_wave)
     table_width = math.ceil(max_context / page_size)
     buffers: list[Buffer] = []
     slots: dict[str, int] = {}
@@ -261,7 +268,7 @@ def build_step(dims: ModelDims, batch: int, sm_count: int, *, num_blocks: int,
     flags: dict[str, Any] = {"fused": fused, "fine_deps": fused and fine_deps,
                              "tile_scale": tile_scale, "fuse_norm": fused and fuse_norm,
                              "fuse_merge": fused and fuse_merge,
-                             "l2_ahead": l2_ahead if fused else 0}
+                             "l2_ahead": l2_ahead if fused else 0, "one_wave": one_wave}
     if blockers:
         flags["not_fused"] = blockers
     return StepPlan(dims=dims, batch=batch, sm_count=sm_count, tasks=e.tasks, shape=shape,

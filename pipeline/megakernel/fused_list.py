@@ -107,18 +107,20 @@ def _attention(e: Emitter, lay: Layout, i: int, split_waits: list[Waits],
     qn, kvn = d.heads * d.head_dim, d.kv_heads * d.head_dim
     p = f"model.layers.{i}."
     shared = e.counter() if fuse_merge else None
-    merges = []
-    for b in range(lay.batch):
-        for g in range(d.kv_heads):
-            c = shared if shared is not None else e.counter()
-            for s in range(lay.splits):
-                e.tasks.append(Task(
-                    Opcode.ATTN_SPLIT, (b, g, s, lay.chunk, qn + 2 * kvn, qn, qn + kvn, 0),
-                    (lay.ws("qkv"), lay.w(f"k_cache.{i}"), lay.w(f"v_cache.{i}"),
-                     lay.ws("partials"), lay.w("rope.cos_sin"),
-                     lay.w(p + "self_attn.q_norm.weight"), lay.w(p + "self_attn.k_norm.weight")),
-                    split_waits[g], c, int(Flag.ROPE_IN), f"L{i}.split[{b},{g},{s}]"))
-            merges.append((c, b, g))
+    merges = [(shared if shared is not None else e.counter(), b, g)
+              for b in range(lay.batch) for g in range(d.kv_heads)]
+    # split-major: blocks claim in list order, so every (sequence, kv head)'s first splits
+    # -- the ones holding tokens when contexts are short of the planned maximum -- start
+    # in the first wave; the empty ones go last (a kv head's splits in a row had put the
+    # last heads' token-bearing splits behind the other heads' empty ones)
+    for s in range(lay.splits):
+        for c, b, g in merges:
+            e.tasks.append(Task(
+                Opcode.ATTN_SPLIT, (b, g, s, lay.chunk, qn + 2 * kvn, qn, qn + kvn, 0),
+                (lay.ws("qkv"), lay.w(f"k_cache.{i}"), lay.w(f"v_cache.{i}"),
+                 lay.ws("partials"), lay.w("rope.cos_sin"),
+                 lay.w(p + "self_attn.q_norm.weight"), lay.w(p + "self_attn.k_norm.weight")),
+                split_waits[g], c, int(Flag.ROPE_IN), f"L{i}.split[{b},{g},{s}]"))
     if shared is not None:  # fuse_merge
         return (lay.ws("partials"),), int(Flag.MERGE_IN), ((shared, len(merges) * lay.splits),)
     mc = e.counter()

@@ -99,7 +99,8 @@ def test_every_op_of_the_step_is_covered(batch):
 @pytest.mark.parametrize("batch", [1, 4, 8])
 def test_the_fully_fused_step_has_five_stages_a_layer_and_every_flag(batch):
     plan = builder.build_step(TINY, batch, 132, num_blocks=batch * 8, **FULL)
-    assert plan.options == {"fused": True, "tile_scale": 1, "l2_ahead": 0, **FULL}
+    assert plan.options == {"fused": True, "tile_scale": 1, "l2_ahead": 0, "one_wave": False,
+                            **FULL}
     assert {Opcode(t.opcode) for t in plan.tasks} == {Opcode.EMBED, Opcode.GEMV,
                                                       Opcode.ATTN_SPLIT, Opcode.LOGITS}
     flags = {(Opcode(t.opcode), t.flags) for t in plan.tasks}
@@ -227,4 +228,25 @@ def test_by_default_norms_and_merges_are_stages_of_a_fused_list():
     assert not any(t.flags & (Flag.NORM_IN | Flag.MERGE_IN) for t in plan.tasks)
     assert {t.flags for t in plan.tasks if t.opcode == Opcode.ATTN_SPLIT} == {Flag.ROPE_IN}
     assert plan.options == {"fused": True, "fine_deps": True, "tile_scale": 1,
-                            "fuse_norm": False, "fuse_merge": False, "l2_ahead": 0}
+                            "fuse_norm": False, "fuse_merge": False, "l2_ahead": 0,
+                            "one_wave": False}
+
+
+@pytest.mark.parametrize("batch,default,one_wave", [(1, (22, 48), (16, 64)),
+                                                    (4, (6, 192), (4, 256)),
+                                                    (8, (4, 336), (2, 512))])
+def test_split_plans_of_the_probe_model(batch, default, one_wave):
+    # the probe model's shape on the H200: 8 kv heads, 1024 positions, 132 SMs, 16-token
+    # pages; by default at least one split task per SM (up to two waves of them), with
+    # one_wave at most one
+    assert builder.attention_splits(batch, 8, 1024, 132) == default
+    assert builder.attention_splits(batch, 8, 1024, 132, one_wave=True) == one_wave
+    assert batch * 8 * one_wave[0] <= 132 < batch * 8 * default[0]
+
+
+def test_splits_are_emitted_split_major():
+    plan = builder.build_step(TINY, 2, 132, num_blocks=16)
+    first = [t.tile[:3] for t in plan.tasks
+             if t.opcode == Opcode.ATTN_SPLIT and t.label.startswith("L0.")]
+    assert [s for _, _, s in first] == sorted(s for _, _, s in first)  # every head's split 0 first
+    assert len({(b, g) for b, g, s in first if s == 0}) == 2 * TINY.kv_heads

@@ -10,6 +10,8 @@
 #   mk_mma.cubin           RG_MK_MMA=1 (tensor-core GEMV tiles, kernels/persistent/gemv_mma.cuh)
 #   mk_mmal2.cubin         RG_MK_MMA=1 RG_MK_TILE_L2=1 (a task's whole tile into L2 before its wait)
 #   mk_mmanext.cubin       RG_MK_MMA=1 RG_MK_NEXT_L2=1 (static: the next task's tile into L2)
+#   mk_mmadeep.cubin       RG_MK_MMA=1 RG_MK_DEEP=1 (a 5-group ring where the input fits 32 KB)
+#   mk_mmanv.cubin         RG_MK_MMA=1 RG_MK_NORM_VEC=1 (16-byte norm loads)
 # Each NAME.log keeps ptxas -v (registers, spills); mk_mma.sass the SASS where cuobjdump
 # is found (CUOBJDUMP=path, else PATH, else a venv's nvidia-cu13 wheel).
 # Usage: bash benchmarks/issue19_build.sh [DIR] (NVCC=path to pick the compiler).
@@ -34,6 +36,8 @@ build mk_next.cubin kernels/persistent/megakernel.cu -DRG_MK_NEXT_L2=1 & pids+=(
 build mk_mma.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 & pids+=($!)
 build mk_mmal2.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_TILE_L2=1 & pids+=($!)
 build mk_mmanext.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_NEXT_L2=1 & pids+=($!)
+build mk_mmadeep.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_DEEP=1 & pids+=($!)
+build mk_mmanv.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_NORM_VEC=1 & pids+=($!)
 for p in "${pids[@]}"; do wait "$p" || exit 1; done
 CUOBJDUMP=${CUOBJDUMP:-$(command -v cuobjdump ||
   ls .nox/tests/lib/python3*/site-packages/nvidia/cu13/bin/cuobjdump 2>/dev/null | head -1 || true)}

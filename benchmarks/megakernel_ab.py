@@ -92,6 +92,9 @@ GREEDY = {"mma": [("mk-default", "v2", STAGED), ("mk-mma", "mma", STAGED)],
           "wave": [("mk-mma8-1w-norm-in", "mma8", {**NORM_IN, "one_wave": True}),
                    ("mk-mma8-1w", "mma8", {**STAGED, "one_wave": True}),
                    ("mk-mma8-norm-in", "mma8", NORM_IN)],
+          "deep": [("mk-deep-norm-in", "mmadeep", NORM_IN), ("mk-deep", "mmadeep", STAGED),
+                   ("mk-mma9-norm-in", "mma9", NORM_IN)],
+          "deepsmoke": [("mk-deep-norm-in", "mmadeep", NORM_IN)],
           "issue19": [("mk-+ring", "v2", {"fine_deps": False})]}
 """Persistent paths run 32 greedy steps against eager (name, cubin, options)."""
 VARIANTS = [  # name, cubin, builder options, schedules
@@ -207,9 +210,28 @@ logits, so `mma8-norm-in` is bitwise `mma-stages` still); `1w`: at most one spli
 SM (`one_wave`: b1 16 splits of 64 tokens instead of 22 of 48, b4 4 x 256 instead of
 6 x 192, b8 2 x 512 instead of 4 x 336): another chunking, so its own bitwise family
 (`mma8-1w-stages`)."""
+DEEP_VARIANTS = [  # name, cubin, builder options, schedules
+    ("mma-stages", "mma", {"fuse": False}, (DYN,)),
+    ("mma9-norm-in", "mma9", NORM_IN, (DYN,)),
+    ("mma9", "mma9", STAGED, (DYN,)),
+    ("deep-stages", "mmadeep", {"fuse": False}, (DYN,)),
+    ("deep-norm-in", "mmadeep", NORM_IN, (DYN,)),
+    ("deep", "mmadeep", STAGED, (DYN,)),
+]
+"""Run 10: more of a tile in flight while its block waits. Run 9 at b1: a gate|up tile runs
+15 us for 384 KB, a down tile 9.8 us for 192 KB, and their blocks wait ~3 us for the stage
+before with only the ring's 2 prefetched groups (64 KB) in flight. `mmadeep`
+(RG_MK_DEEP=1): where the staged input fits 32 KB a tensor-core tile streams through a
+5-group ring (160 KB, over the ring and the staging buffer's start), 4 groups (128 KB)
+before the wait; `mma9` is the tree's default layout (the ring first in shared memory now).
+The same loads in the same order: every list bitwise `mma-stages` (the previous kernel)."""
+DEEP_SMOKE = [DEEP_VARIANTS[0], DEEP_VARIANTS[4]]
+"""The deep ring once at each batch before the timed run (a fault there would take the
+call's CUDA context with it)."""
 VARIANT_SETS = {"mma": MMA_VARIANTS, "issue19": VARIANTS, "l2": L2_VARIANTS,
                 "fuse": FUSE_VARIANTS, "merge": MERGE_VARIANTS, "diag": DIAG_VARIANTS,
-                "ahead": AHEAD_VARIANTS, "wave": WAVE_VARIANTS}
+                "ahead": AHEAD_VARIANTS, "wave": WAVE_VARIANTS, "deep": DEEP_VARIANTS,
+                "deepsmoke": DEEP_SMOKE}
 COMPILE = ["none", "max-autotune-no-cudagraphs"]
 """(`--compile default` adds torch.compile's default mode.)"""
 GREEDY_STEPS = 32

@@ -48,12 +48,13 @@ METRICS = [
     "smsp__inst_executed.sum",
 ]
 
-def target(cubins: list[tuple[str, Path]], batch: int) -> None:
+def target(cubins: list[tuple[str, Path]], batch: int, norm_in: bool = False) -> None:
     """What ncu profiles: LAUNCHES steps per cubin from one prefilled state, the task list
-    of the A/B's `mk-mma` (norms and merges as stages)."""
+    of the A/B's `mk-mma` (norms and merges as stages), or with `norm_in` its
+    `mk-mma-norm-in` (the norms in the consumers: the b1 default)."""
     import megakernel as mk  # benchmarks/megakernel.py: probe, prefill
     import torch
-    from megakernel_ab import STAGED
+    from megakernel_ab import NORM_IN, STAGED
 
     from pipeline.engines.qwen3 import Qwen3Model, torch_paged_decode_attention
     from pipeline.megakernel.abi import Schedule
@@ -64,7 +65,7 @@ def target(cubins: list[tuple[str, Path]], batch: int) -> None:
     with torch.inference_mode():
         for _, path in cubins:
             pd = PersistentDecode(model, cache, batch, Schedule.DYNAMIC_QUEUE, path,
-                                  options=STAGED)
+                                  options=NORM_IN if norm_in else STAGED)
             for _ in range(LAUNCHES):
                 pd(*args)
             torch.cuda.synchronize()
@@ -90,24 +91,29 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--cubin", action="append", default=[], metavar="NAME=PATH")
     ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--norm-in", action="store_true",
+                    help="the list with the norms in their consumers (the b1 default)")
     ap.add_argument("--target", action="store_true", help=argparse.SUPPRESS)
     ns = ap.parse_args()
     cubins = [(n, Path(p)) for n, _, p in (c.partition("=") for c in ns.cubin)]
     if ns.target:
-        target(cubins, ns.batch)
+        target(cubins, ns.batch, ns.norm_in)
         return 0
     ns.out.mkdir(parents=True, exist_ok=True)
     ncu = shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
     cmd = [ncu, "--clock-control", "none", "--kernel-name", "regex:persistent_decode",
            "--metrics", ",".join(METRICS), "--csv", "--page", "raw", sys.executable, __file__,
            "--target", "--out", str(ns.out), "--batch", str(ns.batch),
+           *(["--norm-in"] if ns.norm_in else []),
            *[f"--cubin={c}" for c in ns.cubin]]
     env = {**os.environ, "PYTHONPATH": f"{REPO}:{os.environ.get('PYTHONPATH', '')}"}
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env, check=False)
+    got_note = {"norm_in": ns.norm_in}
     (ns.out / "ncu.csv").write_text(p.stdout + "\n# stderr\n" + p.stderr[-4000:])
     got = parse(p.stdout, [n for n, _ in cubins])
     (ns.out / "ncu.json").write_text(json.dumps({"returncode": p.returncode, "command": cmd,
-                                                 "batch": ns.batch, "cubins": got}, indent=1))
+                                                 "batch": ns.batch, **got_note,
+                                                 "cubins": got}, indent=1))
     for name, m in got.items():
         print(name, " ".join(f"{k.split('.')[0].split('__')[-1]}={v}" for k, v in m.items()
                              if k != "Kernel Name"))

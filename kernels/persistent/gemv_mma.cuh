@@ -66,6 +66,7 @@ struct Stream {
 
 // Where a lane's next ring group comes from (group g = round r, K-blocks kb0 + 4 q ..)
 // and goes to (its slot's shared address, ring slot g % kRingGroups).
+template <int kDepth>
 struct Cursor {
   u32 r, q, dst, slot;
   const uint4* lo;   // row r * 16 + lane / 4, k chunk 4 (kb0 + 4 q) + lane % 4 (a valid
@@ -73,7 +74,7 @@ struct Cursor {
   bool lo_ok, hi_ok;
   __device__ __forceinline__ Cursor(const Stream& st, u32 g0, u32 ring_at, int lane)
       : r(g0 / st.groups_per_round), q(g0 % st.groups_per_round), dst(ring_at),
-        slot(g0 % kRingGroups) {
+        slot(g0 % kDepth) {
     round(st, lane);
   }
   __device__ __forceinline__ void round(const Stream& st, int lane) {
@@ -85,7 +86,7 @@ struct Cursor {
     hi = at + static_cast<u64>(st.row0 + (hi_ok ? row + 8 : 0)) * st.K8;
   }
   __device__ __forceinline__ void next(const Stream& st, int lane) {
-    if (++slot == kRingGroups) slot = 0;
+    if (++slot == kDepth) slot = 0;
     if (++q < st.groups_per_round) {
       lo += 4 * kGroupBlocks;
       hi += 4 * kGroupBlocks;
@@ -109,7 +110,8 @@ constexpr u32 kGroupBytes = kGroupChunks * kSlotBytes;      // one ring group of
 // The copies of the cursor's group into its ring slot (rows past the tile zero-filled,
 // no global read), then the cursor moves on; past the stream's end a group copies nothing
 // but still commits, keeping the group count uniform.
-__device__ __forceinline__ void issue(const Stream& st, Cursor& cur, int lane) {
+template <int kDepth>
+__device__ __forceinline__ void issue(const Stream& st, Cursor<kDepth>& cur, int lane) {
   if (cur.r < st.rounds) {
     const u32 base = cur.dst + cur.slot * kGroupBytes;
 #pragma unroll
@@ -136,28 +138,35 @@ __device__ __forceinline__ void hmma(float (&d)[4], const u32 (&a)[4], u32 b0, u
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Before the task's counter wait: its first kRingGroups - 1 groups.
-// The warp's ring (slot 0, e 0) plus the lane's swizzled chunk position.
-__device__ __forceinline__ u32 ring_at(uint4* ring, int warp, int lane) {
-  return static_cast<u32>(__cvta_generic_to_shared(ring_slot(ring, warp, 0, 0, 0))) +
-         swz(static_cast<u32>(lane)) * 16;
+// A warp's ring of kDepth groups: its slot 0 (e 0) in shared memory.
+template <int kDepth>
+__device__ __forceinline__ u32 warp_ring(uint4* ring, int warp) {
+  return static_cast<u32>(__cvta_generic_to_shared(ring)) + warp * kDepth * kGroupBytes;
 }
 
+// The warp's ring plus the lane's swizzled chunk position.
+template <int kDepth>
+__device__ __forceinline__ u32 ring_at(uint4* ring, int warp, int lane) {
+  return warp_ring<kDepth>(ring, warp) + swz(static_cast<u32>(lane)) * 16;
+}
+
+// Before the task's counter wait: its first kDepth - 1 groups.
+template <int kDepth>
 __device__ __forceinline__ void prefetch(const TaskDesc& t, const u64* buffers, uint4* ring,
                                          int warp, int lane) {
   const Stream st(t, buffers, warp);
-  Cursor cur(st, 0, ring_at(ring, warp, lane), lane);
+  Cursor<kDepth> cur(st, 0, ring_at<kDepth>(ring, warp, lane), lane);
 #pragma unroll
-  for (int g = 0; g < kRingGroups - 1; ++g) issue(st, cur, lane);
+  for (int g = 0; g < kDepth - 1; ++g) issue(st, cur, lane);
 }
 
 // xs: the staged input [batch][K] bf16; store(b, row, v): output (b, weight row)'s epilogue.
-template <typename Store>
+template <int kDepth, typename Store>
 __device__ __forceinline__ void gemv(const TaskDesc& t, const u64* buffers, uint4* ring,
                                      float* partials, const uint4* xs, int batch, Store store) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const Stream st(t, buffers, warp);
-  Cursor cur(st, kRingGroups - 1, ring_at(ring, warp, lane), lane);  // after prefetch()'s
+  Cursor<kDepth> cur(st, kDepth - 1, ring_at<kDepth>(ring, warp, lane), lane);  // after prefetch()'s
   // ldmatrix rows: lane i addresses matrix i / 8, row i % 8. x: k chunk i / 8 of the
   // K-block, batch row i % 8 (row 0 again past the batch). A (the ring): matrix m = i / 8
   // is rows (m & 1) * 8 .., k chunk m >> 1 (+ 2 for the K-block's second HMMA).
@@ -167,17 +176,17 @@ __device__ __forceinline__ void gemv(const TaskDesc& t, const u64* buffers, uint
   const u32 m = static_cast<u32>(lane) / 8, row8 = static_cast<u32>(lane) % 8;
   const u32 a_off0 = ((m & 1) * kSlotChunks + swz(4 * row8 + (m >> 1))) * 16;
   const u32 a_off1 = ((m & 1) * kSlotChunks + swz(4 * row8 + (m >> 1) + 2)) * 16;
-  const u32 ring0 = static_cast<u32>(__cvta_generic_to_shared(ring_slot(ring, warp, 0, 0, 0)));
+  const u32 ring0 = warp_ring<kDepth>(ring, warp);
   u32 use = 0;  // the ring slot consumed
   for (u32 r = 0; r < st.rounds; ++r) {
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (u32 q = 0; q < st.groups_per_round; ++q) {
       __syncwarp();  // every lane's ldmatrix of the slot issue() refills is done (WAR)
       issue(st, cur, lane);
-      asm volatile("cp.async.wait_group %0;\n" ::"n"(kRingGroups - 1) : "memory");
+      asm volatile("cp.async.wait_group %0;\n" ::"n"(kDepth - 1) : "memory");
       __syncwarp();  // ldmatrix reads chunks other lanes copied: their copies are visible
       const u32 slot = ring0 + use * kGroupBytes;
-      if (++use == kRingGroups) use = 0;
+      if (++use == kDepth) use = 0;
 #pragma unroll
       for (int i = 0; i < kGroupBlocks; ++i) {
         u32 x[4], a0[4], a1[4];

@@ -44,6 +44,13 @@
 //                        sum over them in order): 8x fewer L2 requests than 2-byte loads,
 //                        another summation order (a diagnostic of issue 19's run 7: the
 //                        norm prologue of a b1 tile ran ~10 us; off by default)
+//   RG_MK_DEEP=1         a tensor-core GEMV whose staged input fits kDeepStage (b1, b2; b4
+//                        for K = 2048) streams through a ring of kDeepGroups groups a warp
+//                        (160 KB, over the ring and the staging buffer's first 64 KB; its
+//                        input staged after them), kDeepGroups - 1 of them before the
+//                        counter wait: more of its tile arrives while the block waits
+//                        (issue 19, run 9: a b1 gate|up tile's run is 15 us, its
+//                        prefetch covers 64 KB of 384); the same loads in the same order
 //   RG_MK_MMA=1          GEMV tiles on the tensor cores (mma.sync m16n8k16, the batch as
 //                        N = 8; kernels/persistent/gemv_mma.cuh) where K % 1024 == 0 and
 //                        the input is staged, the weights through the same ring (needs
@@ -74,6 +81,12 @@
 #ifndef RG_MK_NORM_VEC
 #define RG_MK_NORM_VEC 0
 #endif
+#ifndef RG_MK_DEEP
+#define RG_MK_DEEP 0
+#endif
+#if RG_MK_DEEP && !RG_MK_MMA
+#error "RG_MK_DEEP deepens the tensor-core GEMV's ring: it needs RG_MK_MMA=1"
+#endif
 #if RG_MK_MMA && !RG_MK_RING
 #error "RG_MK_MMA streams its weights through the ring: it needs RG_MK_RING=1"
 #endif
@@ -97,9 +110,14 @@ constexpr u32 kAttnFloats = kWarps * rowgate::persistent::kMaxGroup * (128 + 2);
 constexpr int kRingGroups = 3;    // groups of 8 16-byte loads in flight per lane
 constexpr int kGroupChunks = 8;
 constexpr u32 kRingBytes = kWarps * 32 * kRingGroups * kGroupChunks * 16;  // 96 KB
-// Dynamic shared memory: the staging buffer (a GEMV's input; an attention split's
-// warp states and query heads), the scratch (the merges' split weights), the ring.
+// Dynamic shared memory: the ring, the staging buffer (a GEMV's input; an attention
+// split's warp states and query heads), the scratch (the merges' split weights). The ring
+// comes first so a deep ring (RG_MK_DEEP) runs on into the staging buffer.
 constexpr u32 kDynamicSmemBytes = task::kStageBytes + task::kScratchBytes + kRingBytes;
+constexpr int kDeepGroups = 5;
+constexpr u32 kDeepRingBytes = kWarps * kDeepGroups * kGroupChunks * 32 * 16;  // 160 KB
+static_assert(kDeepRingBytes > kRingBytes && kDeepRingBytes < kRingBytes + task::kStageBytes,
+              "a deep ring spans the ring and part of the staging buffer");
 static_assert(kAttnFloats * 4 + rowgate::persistent::kMaxGroup * 128 * 2 <= task::kStageBytes,
               "attention splits keep their warp states and query heads in the staging buffer");
 
@@ -134,7 +152,7 @@ struct Ctx {
   const int* meta;
   unsigned char* stage;   // kStageBytes
   float* scratch;         // kScratchBytes
-  uint4* ring;            // kRingBytes
+  uint4* ring;            // kRingBytes (a deep ring: kDeepRingBytes, into the stage)
   float* red;             // kMaxBatch x kWarps floats (static shared)
 };
 
@@ -304,9 +322,10 @@ __device__ void stage_merge(const TaskDesc& t, const Ctx& c, bf16_bits* xs) {
   }
 }
 
-// What a GEMV stages as its input x[batch][K] (bf16) in shared memory, by its flags.
-__device__ void stage_input(const TaskDesc& t, const Ctx& c, u32 K, u32 x_stride) {
-  bf16_bits* xs = reinterpret_cast<bf16_bits*>(c.stage);
+// What a GEMV stages as its input x[batch][K] (bf16) at `xs` in shared memory, by its
+// flags.
+__device__ void stage_input(const TaskDesc& t, const Ctx& c, u32 K, u32 x_stride,
+                            bf16_bits* xs) {
   const u32 batch = c.s.batch, K8 = K / 8, s8 = x_stride / 8;
   if (t.flags & task::kFlagMergeIn) {
     stage_merge(t, c, xs);
@@ -444,6 +463,15 @@ __device__ __forceinline__ void prefetch_tile_l2(const TaskDesc& t, const u64* b
 }
 #endif
 
+#if RG_MK_MMA
+constexpr u32 kDeepStage = kRingBytes + task::kStageBytes - kDeepRingBytes;  // 32 KB
+
+// Whether a tensor-core GEMV streams through the deep ring (its input then staged after it).
+__device__ __forceinline__ bool deep_ring(const TaskDesc& t, u32 batch) {
+  return RG_MK_DEEP && batch * t.tile[2] * sizeof(bf16_bits) <= kDeepStage;
+}
+#endif
+
 // Before the counter wait: the first groups of a GEMV task's weights (which depend on
 // no counter) are already on their way while the block waits for the previous stage.
 __device__ __forceinline__ void prefetch_weights(const TaskDesc& t, const Ctx& c) {
@@ -452,7 +480,11 @@ __device__ __forceinline__ void prefetch_weights(const TaskDesc& t, const Ctx& c
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 #if RG_MK_MMA
   if (mma::usable(t, c.s.batch)) {
-    mma::prefetch(t, c.buffers, c.ring, warp, lane);
+    if (deep_ring(t, c.s.batch)) {
+      mma::prefetch<kDeepGroups>(t, c.buffers, c.ring, warp, lane);
+    } else {
+      mma::prefetch<kRingGroups>(t, c.buffers, c.ring, warp, lane);
+    }
 #if RG_MK_TILE_L2
     prefetch_tile_l2(t, c.buffers, warp, lane);
 #endif
@@ -485,18 +517,28 @@ __device__ void op_gemv(const TaskDesc& t, const Ctx& c) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   void* y = operand<void>(t, c.buffers, 2);
   const uint4* xg = operand<const uint4>(t, c.buffers, 1);
-  const uint4* xs = reinterpret_cast<const uint4*>(c.stage);
+#if RG_MK_MMA
+  const bool deep = mma::usable(t, c.s.batch) && deep_ring(t, c.s.batch);
+#else
+  constexpr bool deep = false;
+#endif
+  // a deep ring holds the staging buffer's first bytes: the input goes after them
+  unsigned char* stage = deep ? reinterpret_cast<unsigned char*>(c.ring) + kDeepRingBytes : c.stage;
+  const uint4* xs = reinterpret_cast<const uint4*>(stage);
   const bool staged = static_cast<u32>(batch) * K * sizeof(bf16_bits) <= task::kStageBytes;
   if (staged) {
-    stage_input(t, c, K, x_stride);
+    stage_input(t, c, K, x_stride, reinterpret_cast<bf16_bits*>(stage));
     if (threadIdx.x == 0) s_staged_at = clock64();
   }
   auto x_at = [&](int b, u32 k8) { return staged ? xs[b * K8 + k8] : __ldcg(xg + b * s8 + k8); };
 #if RG_MK_MMA
   if (mma::usable(t, c.s.batch)) {  // staged (the same test)
-    mma::gemv(t, c.buffers, c.ring, c.scratch, xs, batch, [&](int b, u32 row, float v) {
-      gemv_store<kF32Out>(t, y, b * N + col + row, v);
-    });
+    auto store = [&](int b, u32 row, float v) { gemv_store<kF32Out>(t, y, b * N + col + row, v); };
+    if (deep) {
+      mma::gemv<kDeepGroups>(t, c.buffers, c.ring, c.scratch, xs, batch, store);
+    } else {
+      mma::gemv<kRingGroups>(t, c.buffers, c.ring, c.scratch, xs, batch, store);
+    }
     return;
   }
 #endif
@@ -825,8 +867,8 @@ __device__ __forceinline__ void persistent_decode(const TaskDesc* tasks, u32 num
   if (kDynamic && threadIdx.x == 0) s_index = atomicAdd(queue_head, 1u);
   __syncthreads();
   const Ctx c{s_shape, buffers, reinterpret_cast<const int*>(buffers[s_shape.meta_buffer]),
-              dsmem, reinterpret_cast<float*>(dsmem + task::kStageBytes),
-              reinterpret_cast<uint4*>(dsmem + task::kStageBytes + task::kScratchBytes), s_red};
+              dsmem + kRingBytes, reinterpret_cast<float*>(dsmem + kRingBytes + task::kStageBytes),
+              reinterpret_cast<uint4*>(dsmem), s_red};
   u32 index = kDynamic ? s_index : blockIdx.x;
   while (index < num_tasks) {
     if (threadIdx.x < task::kTaskBytes / 16) {

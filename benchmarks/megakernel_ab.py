@@ -63,6 +63,8 @@ fuses the norms since run 5, docs/perf.md); the variants name their flags, so a 
 that moves does not move them."""
 NORM_IN = {**STAGED, "fuse_norm": True}
 """The norms in their consumers' prologues, the merges as stages: the b1 default (run 5)."""
+WAVE = {"one_wave": True}
+"""At most one attention split task per SM (builder `one_wave`, run 9)."""
 MMA_VARIANTS = [  # name, cubin, builder options, schedules
     ("stages", "v2", {"fuse": False}, (DYN,)),
     ("default", "v2", STAGED, (DYN,)),
@@ -80,17 +82,15 @@ GREEDY = {"mma": [("mk-default", "v2", STAGED), ("mk-mma", "mma", STAGED)],
           "fuse": [("mk-mma", "mma", STAGED),
                    ("mk-mma-all-in", "mma", {"fine_deps": True, "fuse_norm": True,
                                              "fuse_merge": True})],
-          "merge": [("mk-mma6-norm-in", "mma6", {**STAGED, "fuse_norm": True}),
-                    ("mk-mma6-norm-merge-in", "mma6", {**STAGED, "fuse_norm": True,
-                                                        "fuse_merge": True}),
+          "merge": [("mk-mma6-norm-in", "mma6", NORM_IN),
+                    ("mk-mma6-norm-merge-in", "mma6", {**NORM_IN, "fuse_merge": True}),
                     ("mk-mma6", "mma6", STAGED)],
-          "diag": [("mk-mma7-norm-in", "mma7", {**STAGED, "fuse_norm": True}),
-                   ("mk-nv-norm-in", "nv", {**STAGED, "fuse_norm": True})],
+          "diag": [("mk-mma7-norm-in", "mma7", NORM_IN), ("mk-nv-norm-in", "nv", NORM_IN)],
           "ahead": [("mk-mma8-norm-in", "mma8", NORM_IN),
                     ("mk-mma8-norm-in-l2a5", "mma8", {**NORM_IN, "l2_ahead": 5}),
                     ("mk-mma8", "mma8", STAGED)],
-          "wave": [("mk-mma8-1w-norm-in", "mma8", {**NORM_IN, "one_wave": True}),
-                   ("mk-mma8-1w", "mma8", {**STAGED, "one_wave": True}),
+          "wave": [("mk-mma8-1w-norm-in", "mma8", {**NORM_IN, **WAVE}),
+                   ("mk-mma8-1w", "mma8", {**STAGED, **WAVE}),
                    ("mk-mma8-norm-in", "mma8", NORM_IN)],
           "deep": [("mk-deep-norm-in", "mmadeep", NORM_IN), ("mk-deep", "mmadeep", STAGED),
                    ("mk-mma9-norm-in", "mma9", NORM_IN)],
@@ -129,7 +129,7 @@ unfused list's logits."""
 FUSE_VARIANTS = [  # name, cubin, builder options, schedules
     ("mma-stages", "mma", {"fuse": False}, (DYN,)),
     ("mma", "mma", STAGED, (DYN,)),
-    ("mma-norm-in", "mma", {**STAGED, "fuse_norm": True}, (DYN,)),
+    ("mma-norm-in", "mma", NORM_IN, (DYN,)),
     ("mma-merge-in", "mma", {**STAGED, "fuse_merge": True}, (DYN,)),
     ("mma-all-in", "mma", {"fine_deps": True, "fuse_norm": True, "fuse_merge": True}, (DYN,)),
 ]
@@ -141,12 +141,12 @@ prologue every tile redoes cost more than the stage); `mma-fused` of the `mma` s
 set them (the builder's defaults keep norms and merges as stages)."""
 MERGE_VARIANTS = [  # name, cubin, builder options, schedules
     ("mma-stages", "mma", {"fuse": False}, (DYN,)),
-    ("mma-norm-in", "mma", {**STAGED, "fuse_norm": True}, (DYN,)),
+    ("mma-norm-in", "mma", NORM_IN, (DYN,)),
     ("mma6-stages", "mma6", {"fuse": False}, (DYN,)),
     ("mma6", "mma6", STAGED, (DYN,)),
-    ("mma6-norm-in", "mma6", {**STAGED, "fuse_norm": True}, (DYN,)),
+    ("mma6-norm-in", "mma6", NORM_IN, (DYN,)),
     ("mma6-merge-in", "mma6", {**STAGED, "fuse_merge": True}, (DYN,)),
-    ("mma6-norm-merge-in", "mma6", {**STAGED, "fuse_norm": True, "fuse_merge": True}, (DYN,)),
+    ("mma6-norm-merge-in", "mma6", {**NORM_IN, "fuse_merge": True}, (DYN,)),
     ("mma6-all-in", "mma6", {"fine_deps": True, "fuse_norm": True, "fuse_merge": True}, (DYN,)),
 ]
 """Run 6: the latency of the small serial steps. Run 5's breakdown at b1: a merge task
@@ -162,10 +162,10 @@ merged), and the norms load 8 elements ahead: the same arithmetic in the same or
 DIAG_VARIANTS = [  # name, cubin, builder options, schedules
     ("mma7-stages", "mma7", {"fuse": False}, (DYN,)),
     ("mma7", "mma7", STAGED, (DYN,)),
-    ("mma7-norm-in", "mma7", {**STAGED, "fuse_norm": True}, (DYN,)),
+    ("mma7-norm-in", "mma7", NORM_IN, (DYN,)),
     ("nv-stages", "nv", {"fuse": False}, (DYN,)),
     ("nv", "nv", STAGED, (DYN,)),
-    ("nv-norm-in", "nv", {**STAGED, "fuse_norm": True}, (DYN,)),
+    ("nv-norm-in", "nv", NORM_IN, (DYN,)),
 ]
 """Run 7: where a GEMV task's run goes at b1 (run 6's traced stages: a q|k|v tile ran 16 us
 with the norm in its prologue, 6 us without; a down tile 29 us for 192 KB of weights). The
@@ -193,7 +193,6 @@ bit for bit `mma`'s logits (the family check against `mma-stages`, the previous 
 `l2aN`: PREFETCH_L2 tasks after each layer's attention ask L2 for N eighths of every
 gate|up tile (the blocks done with their splits issue them while DRAM idles: the
 attention phase is ~20 us of the layer); a hint, so the same logits."""
-WAVE = {"one_wave": True}
 WAVE_VARIANTS = [  # name, cubin, builder options, schedules
     ("mma-stages", "mma", {"fuse": False}, (DYN,)),
     ("mma8-norm-in", "mma8", NORM_IN, (DYN,)),
@@ -225,7 +224,7 @@ before with only the ring's 2 prefetched groups (64 KB) in flight. `mmadeep`
 5-group ring (160 KB, over the ring and the staging buffer's start), 4 groups (128 KB)
 before the wait; `mma9` is the tree's default layout (the ring first in shared memory now).
 The same loads in the same order: every list bitwise `mma-stages` (the previous kernel)."""
-DEEP_SMOKE = [DEEP_VARIANTS[0], DEEP_VARIANTS[4]]
+DEEP_SMOKE = [v for v in DEEP_VARIANTS if v[0] in ("mma-stages", "deep-norm-in")]
 """The deep ring once at each batch before the timed run (a fault there would take the
 call's CUDA context with it)."""
 VARIANT_SETS = {"mma": MMA_VARIANTS, "issue19": VARIANTS, "l2": L2_VARIANTS,

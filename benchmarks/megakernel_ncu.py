@@ -108,11 +108,10 @@ def main() -> int:
            *[f"--cubin={c}" for c in ns.cubin]]
     env = {**os.environ, "PYTHONPATH": f"{REPO}:{os.environ.get('PYTHONPATH', '')}"}
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env, check=False)
-    got_note = {"norm_in": ns.norm_in}
     (ns.out / "ncu.csv").write_text(p.stdout + "\n# stderr\n" + p.stderr[-4000:])
     got = parse(p.stdout, [n for n, _ in cubins])
     (ns.out / "ncu.json").write_text(json.dumps({"returncode": p.returncode, "command": cmd,
-                                                 "batch": ns.batch, **got_note,
+                                                 "batch": ns.batch, "norm_in": ns.norm_in,
                                                  "cubins": got}, indent=1))
     for name, m in got.items():
         print(name, " ".join(f"{k.split('.')[0].split('__')[-1]}={v}" for k, v in m.items()

@@ -444,22 +444,31 @@ static_assert(mma::kPartialBytes <= task::kScratchBytes,
               "a round's partials live in the scratch (free once the input is staged)");
 #endif
 
+// Ask L2 for `bytes` from `p` (Hopper's bulk prefetch) in kL2Piece pieces: this caller's
+// pieces are first, first + step, ... (callers interleave their pieces by `first`/`step`).
+// Read-only data: a prefetch cannot change a result. Every L2 prefetch of the kernel
+// (v1's tile, RG_MK_TILE_L2, RG_MK_NEXT_L2, PREFETCH_L2 tasks) goes through here.
+constexpr u64 kL2Piece = 16384;
+
+__device__ __forceinline__ void prefetch_l2(const char* p, u64 bytes, u64 first, u64 step) {
+  for (u64 at = first; at < bytes; at += step) {
+    const u32 n = static_cast<u32>(min(kL2Piece, bytes - at));
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + at), "r"(n) : "memory");
+  }
+}
+
 #if RG_MK_TILE_L2 || !RG_MK_RING
-// The task's whole weight tile asked of L2 in 16 KB pieces (one lane per warp, the warps'
-// pieces interleaved): v1's prefetch (RG_MK_RING=0), and with RG_MK_TILE_L2 issued after
-// the ring's first groups so those go first. Read-only weights: a prefetch cannot change
-// a result; the later loads then hit L2 (or a miss already in flight).
+// The task's whole weight tile asked of L2 (one lane per warp, the warps' pieces
+// interleaved): v1's prefetch (RG_MK_RING=0), and with RG_MK_TILE_L2 issued after the
+// ring's first groups so those go first; the later loads then hit L2 (or a miss already
+// in flight).
 __device__ __forceinline__ void prefetch_tile_l2(const TaskDesc& t, const u64* buffers,
                                                  int warp, int lane) {
-  constexpr u64 kPiece = 16384;
   if (lane != 0) return;
   const char* w = reinterpret_cast<const char*>(operand<const bf16_bits>(t, buffers, 0)) +
                   static_cast<u64>(t.tile[0]) * t.tile[2] * sizeof(bf16_bits);
-  const u64 bytes = static_cast<u64>(t.tile[1]) * t.tile[2] * sizeof(bf16_bits);
-  for (u64 at = static_cast<u64>(warp) * kPiece; at < bytes; at += kWarps * kPiece) {
-    const u32 n = static_cast<u32>(min(kPiece, bytes - at));
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(w + at), "r"(n) : "memory");
-  }
+  prefetch_l2(w, static_cast<u64>(t.tile[1]) * t.tile[2] * sizeof(bf16_bits),
+              static_cast<u64>(warp) * kL2Piece, kWarps * kL2Piece);
 }
 #endif
 
@@ -779,17 +788,12 @@ __device__ void op_residual_add(const TaskDesc& t, const Ctx& c) {
   }
 }
 
-// PREFETCH_L2: every thread asks L2 for one 16 KB piece of the t0 bytes at operand a at a
-// time (Hopper's bulk prefetch; the validator keeps t0 a multiple of 16). A hint without
-// a result: the blocks idle in a latency-bound phase pull a later stage's weights in.
+// PREFETCH_L2: every thread asks L2 for one piece of the t0 bytes at operand a at a time
+// (the validator keeps t0 a multiple of 16). A hint without a result: the blocks idle in a
+// latency-bound phase pull a later stage's weights in.
 __device__ void op_prefetch_l2(const TaskDesc& t, const Ctx& c) {
-  constexpr u32 kPiece = 16384;
-  const char* p = operand<const char>(t, c.buffers, 0);
-  const u32 bytes = t.tile[0];
-  for (u64 at = threadIdx.x * kPiece; at < bytes; at += kThreads * kPiece) {
-    const u32 n = static_cast<u32>(min(static_cast<u64>(kPiece), bytes - at));
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + at), "r"(n) : "memory");
-  }
+  prefetch_l2(operand<const char>(t, c.buffers, 0), t.tile[0], threadIdx.x * kL2Piece,
+              kThreads * kL2Piece);
 }
 
 __device__ void run_task(const TaskDesc& t, const Ctx& c) {
@@ -818,9 +822,8 @@ __device__ __forceinline__ u64 global_ns() {
 
 #if RG_MK_NEXT_L2
 // The static schedule knows a block's next task: one lane reads its descriptor and
-// asks L2 for its weight rows (Hopper's bulk prefetch, 16 KB per instruction), so they
-// stream in while this task and the next stage barrier run. Read-only weights: the
-// prefetch cannot change a result.
+// asks L2 for its weight rows, so they stream in while this task and the next stage
+// barrier run.
 __device__ __forceinline__ void prefetch_next_l2(const TaskDesc* next, const u64* buffers) {
   const u32 head = __ldg(reinterpret_cast<const u32*>(next));  // opcode | flags << 16
   const u32 op = head & 0xffffu;
@@ -828,12 +831,8 @@ __device__ __forceinline__ void prefetch_next_l2(const TaskDesc* next, const u64
   const u64 base = buffers[__ldg(&next->buffer[0])] +
                    static_cast<u64>(__ldg(&next->offset[0])) * task::kGranuleBytes;
   const u32 row0 = __ldg(&next->tile[0]), rows = __ldg(&next->tile[1]), K = __ldg(&next->tile[2]);
-  const char* w = reinterpret_cast<const char*>(base) + static_cast<u64>(row0) * K * 2;
-  const u64 bytes = static_cast<u64>(rows) * K * 2;
-  for (u64 at = 0; at < bytes; at += 16384) {
-    const u32 n = static_cast<u32>(min(static_cast<u64>(16384), bytes - at));
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(w + at), "r"(n) : "memory");
-  }
+  prefetch_l2(reinterpret_cast<const char*>(base) + static_cast<u64>(row0) * K * 2,
+              static_cast<u64>(rows) * K * 2, 0, kL2Piece);
 }
 #endif
 

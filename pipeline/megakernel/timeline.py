@@ -7,8 +7,8 @@ counters and the SM cycles it ran until its signal. `breakdown` turns that into 
 breakdown: counter waits (sync), GEMV and every other op's run time, and the
 blocks' idle tail, as fractions of block-time over the step; and per stage kind (a
 task label's name without its layer and tile: `q`, `split`, `merge`, `o`, `gate`, ...)
-how long a layer's stage of that kind stays open, first claim to last signal, which is
-what the step's dependency chain adds up.
+how long a layer's stage of that kind runs, from its first task's end of wait to its
+last task's signal: what the step's dependency chain adds up.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import numpy.typing as npt
 from pipeline.megakernel.abi import Opcode, Task
 
 WORDS = 4
-LABEL = re.compile(r"^(?:L(?P<layer>\d+)\.)?(?P<kind>[A-Za-z_]+)")
+LABEL = re.compile(r"^(?:L(?P<layer>\d+)\.)?(?P<kind>[A-Za-z_][A-Za-z0-9_]*)")
 """A task label: optional layer prefix `L<i>.`, the stage kind, then its tile."""
 
 

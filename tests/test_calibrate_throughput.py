@@ -37,7 +37,7 @@ def test_the_cpu_smoke_runs_the_gate_on_the_reference_engine(tmp_path):
     assert aa["runs"] == 1 and aa["false_difference_rate"] == 0.0
     assert aa["legacy_c1_cell_s"] > 0 and aa["c1_vs_legacy"] > 0
     raw = tmp_path / "runs" / "tiny-qwen3-0-0"
-    assert {p.name for p in raw.iterdir()} == {"meta.json", "passes.csv", "requests.jsonl"}
+    assert {p.name for p in raw.iterdir()} == {"meta.json", "passes.csv", "requests.jsonl.gz"}
     assert doc["phases"] == ["tiny-qwen3/0", "tiny-qwen3/0.05", "tiny-qwen3/0/two-loads"]
     meta = json.loads((raw / "meta.json").read_text())
     assert meta["candidate"]["engine"]["same_object_as_baseline"] == "true"

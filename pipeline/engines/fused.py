@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from pipeline.engines._process import INDUCTOR_CACHE
 from pipeline.engines.interface import EngineError, WorkloadPass
 from pipeline.engines.qwen3 import (
     DTYPES,
@@ -132,6 +134,12 @@ class FusedModel(Qwen3Model):
         self.attention_of: Callable[[int], Attend] | None = None
         """Set by the engine on CUDA: batch -> an attention callable (split_kv)."""
         if compile_mode != "none" and str(device).startswith("cuda"):
+            # In this process as in an engine subprocess (`_process.engine_env`): the
+            # compile cache under build/, so a gate run after another on the same
+            # checkout (the trace gate's compile, then the throughput gate's; a warm-up
+            # call, then the sealing one) reuses max-autotune's choices instead of
+            # re-benchmarking every GEMM shape (~6 s each), and runs the same kernels.
+            os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(INDUCTOR_CACHE))
             self.stages = (self._compiled(_pre, compile_mode),
                            self._compiled(_post, compile_mode),
                            self._compiled(_final, compile_mode))

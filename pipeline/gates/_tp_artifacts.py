@@ -8,7 +8,8 @@
                     cell, phase, round, arm, pass (0..k-1 within the arm's sample of
                     the round), start_s, end_s (from the cell's start),
                     wall_s, output_tokens, requests
-    requests.jsonl  one line per request per pass (its round, arm, pass): output_tokens, ttft_s, latency_s,
+    requests.jsonl.gz  (`requests.jsonl` in bundles sealed before 2026-12-02)
+                    one line per request per pass (its round, arm, pass): output_tokens, ttft_s, latency_s,
                     itl_s (every inter-token gap), tokens_sha256, and token_ids for
                     the first timed pass of each request and arm (and any that differ)
     clocks.csv      SM / memory clock and temperature before and after every pass
@@ -30,6 +31,7 @@ from typing import Any
 
 import pipeline.gates._ab as _ab
 import pipeline.gates._timed as _timed
+from pipeline import compressed
 from pipeline.divergence import Out, matched_windows
 from pipeline.engines.interface import Engine, WorkloadPass
 from pipeline.gates._artifacts import read_json, read_jsonl, write_json
@@ -38,6 +40,9 @@ from pipeline.records.status import Status
 
 FORMAT = 2
 META, PASSES, REQUESTS, CLOCKS = "meta.json", "passes.csv", "requests.jsonl", "clocks.csv"
+"""REQUESTS is sealed gzipped (`compressed.gzipped`): every inter-token gap of every pass
+is most of a throughput bundle (4.7 MB for the megakernel row's three cells, 1.0 MB
+gzipped); readers take either form (`compressed.either`)."""
 
 
 def plan_json(plan: _timed.Plan) -> dict[str, Any]:
@@ -52,6 +57,10 @@ def open_sink(out: Path, clocks: bool) -> Iterator[_timed.Sink]:
         r_file = stack.enter_context(open(out / REQUESTS, "w"))
         c_file = stack.enter_context(open(out / CLOCKS, "w", newline="")) if clocks else None
         yield _timed.Sink(p_file, r_file, c_file)
+    # Appended plain while the cells run, packed whole once they are done: the sealed
+    # bytes are `compressed.pack`'s, the same for the same content. A run that raised
+    # leaves it plain; its staging directory is discarded anyway.
+    compressed.compress_in_place(out / REQUESTS)
 
 
 def measure_cells(engines: Mapping[str, Engine], passes: Sequence[WorkloadPass],
@@ -87,7 +96,8 @@ Rows = list[dict[str, Any]]
 def read_raw(artifact_dir: Path) -> tuple[dict[str, Any], Rows, Rows, Rows]:
     meta = read_json(artifact_dir / META)
     clocks = _csv(artifact_dir / CLOCKS) if meta.get("clocks_sampled") else []
-    return meta, _csv(artifact_dir / PASSES), read_jsonl(artifact_dir / REQUESTS), clocks
+    requests = read_jsonl(compressed.either(artifact_dir / REQUESTS))
+    return meta, _csv(artifact_dir / PASSES), requests, clocks
 
 
 def derive_cells(plans: Mapping[str, _timed.Plan], meta: Mapping[str, Any], passes: list[dict[str, Any]],

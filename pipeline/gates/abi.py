@@ -2,7 +2,8 @@
 proof, run only where the trace admitted it and an sm_90 device is present.
 
 `measure` writes, per workload concurrency, the decode step's task list as the
-kernel reads it (`bN/tasks.bin`), as JSON for reviewers (`bN/tasks.json.gz`, sealed
+kernel reads it (`bN/tasks.bin.gz`, gzipped; `tasks.bin` in bundles sealed before
+2026-12-02), as JSON for reviewers (`bN/tasks.json.gz`, sealed
 gzipped: 1.7 MB of text a list on the probe model, ~0.1 MB gzipped), the shape and buffer
 table it was validated against (`bN/plan.json`) and the validator's report
 (`bN/validation.json`); the admitting gate's result, copied from this bundle's
@@ -10,7 +11,7 @@ stage (`admission.json`); the device found (`device.json`); and, when it runs,
 the GPU proof (`proof.json`: persistent vs eager greedy tokens per cell and
 schedule, with each batch's route).
 
-`derive` re-validates every list from `tasks.bin` + `plan.json`, judges the
+`derive` re-validates every list from `tasks.bin[.gz]` + `plan.json`, judges the
 admission with the row's stop-implementation conditions on the admitting gate,
 and reads the proof. FAIL: a list refused, an admission refused, a token
 mismatch. PENDING: the admitting gate is PENDING, the model is not here, or no
@@ -54,6 +55,8 @@ ADMISSION = "admission.json"
 MODEL = "model.json"
 DEVICE = "device.json"
 PROOF = "proof.json"
+TASKS_PLAIN = "tasks.bin"
+TASKS_BIN = TASKS_PLAIN + compressed.SUFFIX
 
 
 class AbiGate(GateSpec):
@@ -254,7 +257,9 @@ def _write_list(d: Path, dims: ModelDims, batch: int, sm_count: int, row: Row) -
     blocks = batch * math.ceil(max_context / builder.PAGE_SIZE)
     plan = builder.build_step(dims, batch, sm_count, num_blocks=blocks, max_context=max_context)
     d.mkdir(parents=True, exist_ok=True)
-    (d / "tasks.bin").write_bytes(abi.pack(plan.tasks))
+    # Sealed gzipped: ~1.5 MB a list as the kernel reads it, 30-50 KB gzipped (the
+    # descriptors are mostly zero words); `derive` reads either form.
+    compressed.write_bytes(d / TASKS_BIN, abi.pack(plan.tasks))
     # One task per line, compact: ~20k tasks per list (indented JSON is 10x slower).
     compressed.write_text(d / "tasks.json.gz", "[\n" + ",\n".join(
         json.dumps(abi.to_json(t), separators=(",", ":")) for t in plan.tasks) + "\n]\n")
@@ -322,11 +327,11 @@ def _lists(row: Row, artifact_dir: Path) -> tuple[dict[str, dict[str, Any]], lis
     for batch in row.workload.concurrency:
         d = artifact_dir / batch_dir(batch)
         try:
-            tasks = abi.unpack((d / "tasks.bin").read_bytes())
-        except OSError as exc:
-            raise GateError(f"abi artifacts: {d}/tasks.bin unreadable: {exc}") from exc
+            tasks = abi.unpack(compressed.read_bytes(compressed.either(d / TASKS_PLAIN)))
+        except (OSError, EOFError) as exc:
+            raise GateError(f"abi artifacts: {d}/{TASKS_BIN} unreadable: {exc}") from exc
         except Error as exc:
-            raise GateError(f"abi artifacts: {d}/tasks.bin: {exc.diagnostics()}") from exc
+            raise GateError(f"abi artifacts: {d}/{TASKS_BIN}: {exc.diagnostics()}") from exc
         plan = read_json(d / "plan.json")
         shape = abi.StepShape(**plan["shape"])
         buffers = [Buffer(**b) for b in plan["buffers"]]

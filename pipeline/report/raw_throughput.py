@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline import compressed
 from pipeline.records.canonical import strict_loads
 from pipeline.records.gate_result import GateResult
 from pipeline.records.status import Status
@@ -102,8 +103,10 @@ class Samples:
 
 
 def _artifact(result: GateResult, bundle_root: Path, name: str) -> Path | None:
+    """The sealed file `name`, or `name.gz` (requests.jsonl is sealed gzipped since
+    2026-12-02; `pipeline.compressed`: the name says which)."""
     for rel in result.artifacts:
-        if Path(rel).name == name:
+        if Path(rel).name in (name, name + compressed.SUFFIX):
             path = (bundle_root / rel).resolve()
             if path.is_relative_to(bundle_root.resolve()) and path.is_file():
                 return path
@@ -142,9 +145,10 @@ def _csv(path: Path) -> list[Record]:
 
 
 def _jsonl(path: Path) -> list[Record]:
-    if path.stat().st_size > MAX_BYTES:
+    data = compressed.read_bytes(path, limit=MAX_BYTES)  # a gzip bomb stops at the limit
+    if len(data) > MAX_BYTES:
         raise ValueError(f"larger than {MAX_BYTES >> 20} MiB")
-    return [strict_loads(line, path.name) for line in path.read_text().splitlines()
+    return [strict_loads(line, path.name) for line in data.decode().splitlines()
             if line.strip()]
 
 
@@ -167,7 +171,7 @@ class _Reader:
             return None
         try:
             return parse(path)
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, EOFError, ValueError, KeyError, TypeError) as exc:
             self.got.missing.append(f"{self.where}{name} does not parse ({exc}): no {what}")
             return None
 

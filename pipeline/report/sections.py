@@ -15,7 +15,7 @@ otherwise, so a gate whose result shape is new still shows in full:
 * `throughput`: per cell, the distributions of both arms' raw samples (format 2:
   each timed pass's speed on the gate's metric first; output tok/s per timed pass,
   TTFT / TPOT / E2EL per request and ITL per gap, ms), computed from the sealed
-  `passes.csv` (format 1: `samples.csv`) and `requests.jsonl` (`raw_throughput`); a
+  `passes.csv` (format 1: `samples.csv`) and `requests.jsonl[.gz]` (`raw_throughput`); a
   missing one is said in red;
 * `trace`: the trace gate's captures (`ROLE-MODE/` with its `trace.json.gz`) are
   re-analysed from the sealed trace (`raw_trace`): per capture the range's first

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline import provenance, rows, signing
+from pipeline import compressed, provenance, rows, signing
 from pipeline.cli import main
 from pipeline.evidence import Stage
 from tests.gates.test_timed_rounds import cal
@@ -158,7 +158,7 @@ def test_the_changes_are_the_sealed_passes_compared_unpaired(world, capsys):
             passes = sorted((p for p in csv.DictReader(f) if p["phase"] == "timed"
                              and p["cell"] == "i16-c4" and p["arm"] == "candidate"),
                             key=lambda p: (int(p["round"]), int(p.get("pass") or 0)))
-        reqs = [json.loads(x) for x in (art / "requests.jsonl").read_text().splitlines()]
+        reqs = [json.loads(x) for x in compressed.read_text(art / "requests.jsonl.gz").splitlines()]
         plan = json.loads((art / "meta.json").read_text())["plans"]["i16-c4"]
         statistic = latency.schedule_statistic(sealed_schedule(plan))
         rounds = sorted({int(p["round"]) for p in passes})

@@ -63,7 +63,9 @@ def test_lists_are_built_and_valid_and_the_gpu_part_is_pending(admitted):
     art = root / "artifacts" / "abi"
     for b in (1, 4, 8):
         tasks = json.loads(compressed.read_text(art / f"b{b}" / "tasks.json.gz"))
-        assert len(tasks) == (art / f"b{b}" / "tasks.bin").stat().st_size // abi.TASK_BYTES
+        packed = art / f"b{b}" / "tasks.bin.gz"  # sealed gzipped, as the kernel reads it
+        assert not (art / f"b{b}" / "tasks.bin").exists()
+        assert len(tasks) == len(compressed.read_bytes(packed)) // abi.TASK_BYTES
         assert tasks[0]["op"] == "EMBED" and tasks[-1]["op"] == "LOGITS"
         assert json.loads((art / f"b{b}" / "validation.json").read_text())["ok"] is True
     assert json.loads((art / "admission.json").read_text())["result"]["metrics"][
@@ -75,14 +77,33 @@ def test_derive_revalidates_the_sealed_bytes(admitted, tmp_path):
     root, _ = admitted
     art = tmp_path / "abi"
     shutil.copytree(root / "artifacts" / "abi", art)
-    data = bytearray((art / "b1" / "tasks.bin").read_bytes())
+    data = bytearray(compressed.read_bytes(art / "b1" / "tasks.bin.gz"))
     data[5 * abi.TASK_BYTES] = 42  # task 5's opcode (low byte)
-    (art / "b1" / "tasks.bin").write_bytes(bytes(data))
+    compressed.write_bytes(art / "b1" / "tasks.bin.gz", bytes(data))
     d = Abi().derive(ROW, SPEC, art)
     assert d.status is Status.FAIL
     assert d.reason.startswith("batch 1: task 5 (opcode 42): unknown opcode 42")
     assert d.metrics["validator_problems"] >= 1
 
+
+def test_a_list_sealed_plain_derives_as_before_and_a_broken_gzip_is_an_error(admitted, tmp_path):
+    from pipeline.gates.interface import GateError
+
+    root, result = admitted
+    art = tmp_path / "abi"
+    shutil.copytree(root / "artifacts" / "abi", art)
+    for b in (1, 4, 8):  # a bundle sealed before tasks.bin was gzipped
+        packed = art / f"b{b}" / "tasks.bin.gz"
+        (art / f"b{b}" / "tasks.bin").write_bytes(compressed.read_bytes(packed))
+        packed.unlink()
+    d = Abi().derive(ROW, SPEC, art)
+    assert (d.status, d.reason) == (result.status, result.reason)
+    plain = art / "b1" / "tasks.bin"
+    packed = compressed.pack(plain.read_bytes())
+    plain.unlink()
+    (art / "b1" / "tasks.bin.gz").write_bytes(packed[:len(packed) // 2])  # cut short
+    with pytest.raises(GateError, match=r"b1/tasks.bin.gz unreadable"):
+        Abi().derive(ROW, SPEC, art)
 
 def test_no_material_idle_capacity_stops_the_implementation(tmp_path):
     r = _run(_stage(tmp_path, _trace(Status.PASS, 0.031, "not material")))

@@ -15,6 +15,7 @@ import sys
 
 import pytest
 
+from pipeline import compressed
 from pipeline.gates.throughput import Throughput
 from pipeline.gates.tokens import Tokens
 from pipeline.records.status import Status
@@ -80,7 +81,7 @@ def test_raw_records_hold_every_pass_and_request(aa):
     assert meta["baseline"]["workload_digest"] == meta["candidate"]["workload_digest"]
     assert meta["clocks_sampled"] is False and not (art / "clocks.csv").exists()
     passes = _rows(art / "passes.csv")
-    requests = (art / "requests.jsonl").read_text().splitlines()
+    requests = compressed.read_text(art / "requests.jsonl.gz").splitlines()
     for cell, rec in meta["records"].items():
         mine = [p for p in passes if p["cell"] == cell]
         # one pass per arm per warm-up round; k (the sample length) per arm per timed round
@@ -125,7 +126,7 @@ def test_a_timed_window_that_differs_from_the_correctness_pass_is_refused(aa, tm
     copy = tmp_path / "stage"
     shutil.copytree(stage, copy)
     timed = [json.loads(line) for line in
-             (copy / "artifacts/tp/requests.jsonl").read_text().splitlines()]
+             compressed.read_text(copy / "artifacts/tp/requests.jsonl.gz").splitlines()]
     rid = next(r["id"] for r in timed if r["arm"] == "candidate" and "token_ids" in r)
     path = copy / "artifacts/tokens/candidate.jsonl"
     docs = [json.loads(line) for line in path.read_text().splitlines()]

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pipeline import compressed
 from pipeline.gates import _ab, _timed
 from pipeline.gates import _tp_artifacts as art
 from pipeline.gates.interface import GateError
@@ -92,7 +93,7 @@ def test_raw_records_hold_every_pass_request_and_token_digest(tmp_path):
         assert timed[:4] == [(a, 0), (b, 0), (b, 1), (a, 1)]  # interleaved: A B, B A, …
         assert sorted(timed[:2 * k]) == sorted((arm, i) for arm in (a, b) for i in range(k))
         assert cells[cell]["rounds"] == rec["rounds"] and rec["stop"] == "decided"
-    requests = [json.loads(line) for line in (out / art.REQUESTS).read_text().splitlines()]
+    requests = [json.loads(line) for line in compressed.read_text(out / f"{art.REQUESTS}.gz").splitlines()]
     timed = [r for r in requests if r["phase"] == "timed"]
     kept = [r for r in timed if "token_ids" in r]
     assert {r["round"] for r in kept} == {0}  # the first timed pass keeps the ids
@@ -216,10 +217,10 @@ def test_an_extra_round_after_the_deciding_look_is_an_error(tmp_path):
         return rows + [new[a] for a in order]
 
     _tamper(out, extra)
-    requests = [json.loads(line) for line in (out / art.REQUESTS).read_text().splitlines()]
+    requests = [json.loads(line) for line in compressed.read_text(out / f"{art.REQUESTS}.gz").splitlines()]
     requests += [dict(r, round=k) for r in requests
                  if r["cell"] == cell and r["phase"] == "timed" and r["round"] == k - 1]
-    (out / art.REQUESTS).write_text("".join(json.dumps(r) + "\n" for r in requests))
+    compressed.write_text(out / f"{art.REQUESTS}.gz", "".join(json.dumps(r) + "\n" for r in requests))
     rec["rounds"] = k + 1
     (out / art.META).write_text(json.dumps(meta))
     with pytest.raises(GateError, match=r"decide.* at 8 rounds, yet 9"):
@@ -236,7 +237,7 @@ def test_timed_tokens_must_agree_across_rounds_and_with_the_correctness_pass(tmp
     from pipeline.divergence import Out
 
     _, _, out, plans = _run(tmp_path, 10)
-    requests = [json.loads(line) for line in (out / art.REQUESTS).read_text().splitlines()]
+    requests = [json.loads(line) for line in compressed.read_text(out / f"{art.REQUESTS}.gz").splitlines()]
     kept, bad = _ab.timed_tokens(requests)
     assert not bad
     correct = {"candidate": {rid: Out.from_json(r) for (arm, rid), r in kept.items()

@@ -17,7 +17,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from pipeline import latency, provenance, report, rows, signing
+from pipeline import compressed, latency, provenance, report, rows, signing
 from pipeline.evidence import Bundle, Stage
 from pipeline.gates.interface import GateResult, Status
 from pipeline.report import html, markdown
@@ -108,7 +108,7 @@ def _raw(bundle: Path) -> tuple[list[dict], list[dict]]:
     """The timed passes and their requests, as sealed."""
     with open(bundle / "artifacts/tp/passes.csv", newline="") as f:
         passes = [p for p in csv.DictReader(f) if p["phase"] == "timed"]
-    reqs = [json.loads(x) for x in (bundle / "artifacts/tp/requests.jsonl").read_text()
+    reqs = [json.loads(x) for x in compressed.read_text(bundle / "artifacts/tp/requests.jsonl.gz")
             .splitlines()]
     return passes, [r for r in reqs if r["phase"] == "timed"]
 

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The megakernel row sealed on a device lent 10 minutes a call (issue 19, item 5), in two
+# calls on one machine: the second must start while the first's machine is still warm
+# (ignored build outputs, build/torchinductor among them, are kept between calls there).
+#   bash benchmarks/megakernel_seal.sh warm   # carry [".whl"]
+#     the final kernel's ncu counters at batch 1 (benchmarks/megakernel_ncu.py, the
+#     builder's default b1 list), then the graph-fused baseline compiled at every batch of
+#     the row, the fastest of up to COMPILES (default 3) compiles that fit the call
+#     (benchmarks/fused_warm.py: its max-autotune choices left in build/torchinductor,
+#     what each compile costs and how fast each ran); $OUT/warm.tar.gz
+#   bash benchmarks/megakernel_seal.sh seal   # carry [".whl"], right after `warm`
+#     `rowgate gate KERNEL-CUDA-DECODE-MEGAKERNEL` through benchmarks/device_gate.sh
+#     (the bundle in $OUT/evidence.tar.gz.part-*); the trace and throughput gates compile
+#     from the warm cache, so the trace and the A/B run the kernels `warm` timed.
+# On a runner without the 10-minute cap the row is one `nox -s gate-megakernel`.
+set -uo pipefail
+ROW=KERNEL-CUDA-DECODE-MEGAKERNEL
+T0=$(date +%s)
+case "${1:-}" in
+  warm)
+    R=/tmp/warm-results
+    rm -rf "$R" /tmp/k && mkdir -p "$R"
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site .whl/*.whl || exit 1
+    export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1
+    bash benchmarks/issue19_build.sh /tmp/k > "$R/build.txt" 2>&1 || { tail -20 "$R/build.txt"; exit 1; }
+    grep -h "registers" /tmp/k/cubins/mk_mma.cubin.log | head -3
+    timeout 200 python3 benchmarks/megakernel_ncu.py --out "$R/ncu" --norm-in --batch 1 \
+      --cubin mma=/tmp/k/cubins/mk_mma.cubin 2>&1 | tail -n 30
+    echo "ncu took $(( $(date +%s) - T0 )) s"
+    LEFT=$(( 560 - ($(date +%s) - T0) ))
+    timeout "$LEFT" python3 benchmarks/fused_warm.py "$ROW" --compiles "${COMPILES:-3}" \
+      --budget-s $(( LEFT - 20 )) --option nvcc="$(command -v nvcc)" --out "$R" 2>&1 |
+      grep -v "triton_mm\|AUTOTUNE\|strides:\|dtypes:\|Autotune\|best_kernel\|SingleProcess\|^  mm \|^  addmm"
+    du -sh build/torchinductor 2>/dev/null
+    tar czf "$OUT/warm.tar.gz" -C "$R" .
+    ;;
+  seal)
+    SKIP_TRACE=1 GATE_TIMEOUT=${GATE_TIMEOUT:-560} bash benchmarks/device_gate.sh "$ROW" 2>&1 |
+      grep -v "triton_mm\|AUTOTUNE\|strides:\|dtypes:\|Autotune\|best_kernel\|SingleProcess\|^  mm \|^  addmm" |
+      tail -n 70
+    ;;
+  *)
+    echo "usage: $0 warm|seal" >&2
+    exit 2
+    ;;
+esac
+echo "all took $(( $(date +%s) - T0 )) s"

@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 from pipeline import engines  # noqa: E402
 from pipeline.engines._process import INDUCTOR_CACHE  # noqa: E402
+from pipeline.engines.fused import WARM_MARKER  # noqa: E402
 from pipeline.errors import Error  # noqa: E402
 from pipeline.gates import _arms  # noqa: E402
 from pipeline.gates.throughput import ThroughputGate  # noqa: E402
@@ -110,10 +111,13 @@ def _attempt(argv: list[str], work: Path) -> dict[str, Any]:
     return doc
 
 
-def _install(cache: Path, dest: Path) -> str:
-    """Make `cache` the compile cache at `dest` (the old one moved aside, then removed)."""
+def _install(cache: Path, dest: Path, record: dict[str, Any]) -> str:
+    """Make `cache` the compile cache at `dest` (the old one moved aside, then removed),
+    with `record` in it: the engine's describe() names the choice in every bundle sealed
+    from this cache (`fused_compile_cache`)."""
     if not cache.is_dir():
         return "none (nothing was compiled: no CUDA device)"
+    (cache / WARM_MARKER).write_text(json.dumps(record, indent=2) + "\n")
     old = dest.with_name(dest.name + ".old")
     shutil.rmtree(old, ignore_errors=True)
     if dest.exists():
@@ -144,9 +148,9 @@ def best_of(argv: list[str], compiles: int, out: Path, dest: Path,
         print(f"compile {i}: " + ", ".join(f"{c} {v['best_s']:.3f} s"
                                            for c, v in a["cells"].items())
               + f"; score {a['score']:.3f}" + (" (chosen)" if i == chosen else ""))
-    installed = _install(work / str(chosen) / "cache", dest)
-    return {"row": attempts[0]["row"], "baseline": attempts[0]["baseline"],
-            "compiles_asked": compiles, "compiles": attempts, "chosen": chosen, "installed": installed}
+    doc = {"row": attempts[0]["row"], "baseline": attempts[0]["baseline"],
+           "compiles_asked": compiles, "compiles": attempts, "chosen": chosen}
+    return {**doc, "installed": _install(work / str(chosen) / "cache", dest, doc)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -98,8 +98,24 @@ def test_the_chosen_compile_is_fastest_over_the_cells_and_its_cache_installed(tm
     cache, dest = tmp_path / "new", tmp_path / "torchinductor"
     (cache / "fxgraph").mkdir(parents=True)
     (dest / "stale").mkdir(parents=True)
-    assert fused_warm._install(cache, dest) == str(dest)
+    record = {"compiles": attempts, "chosen": 1}
+    assert fused_warm._install(cache, dest, record) == str(dest)
     assert (dest / "fxgraph").is_dir() and not (dest / "stale").exists() and not cache.exists()
+    assert json.loads((dest / "fused-warm.json").read_text())["chosen"] == 1
+
+
+def test_the_engine_description_names_the_chosen_compile(tmp_path, monkeypatch):
+    from pipeline.engines.fused import compile_cache_note
+
+    assert compile_cache_note(False) == "none (not compiled)"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    drawn = compile_cache_note(True)
+    assert drawn.startswith(f"{tmp_path}: ") and drawn.endswith("one compile, as drawn)")
+    attempts = [{"cells": {"c1": {"best_s": 1.1}}}, {"cells": {"c1": {"best_s": 1.0}}}]
+    fused_warm.choose(attempts)
+    (tmp_path / "fused-warm.json").write_text(json.dumps({"compiles": attempts, "chosen": 1}))
+    assert compile_cache_note(True).endswith(
+        "the cache of compile 1, the fastest of 2 (benchmarks/fused_warm.py; scores 1.100, 1.000)")
 
 
 def test_a_row_without_a_whole_matrix_throughput_gate_is_refused(tmp_path):

@@ -12,7 +12,8 @@ GEMMs), and the whole decode step is captured in one CUDA graph per batch size.
 
 On a CPU (the tests) the same fused step runs eagerly with attention in torch on the
 same cache layout; the route each part took, and why a faster one was not, is in
-`describe()` (`fused_route`, `fused_attention`, `fused_compile`), which the gates seal.
+`describe()` (`fused_route`, `fused_attention`, `fused_compile`, `fused_compile_cache`),
+which the gates seal.
 Prefill is the reference engine's (it reads the same weights, views of the fused
 ones, and writes the same cache through `FusedKVCache.write`).
 """
@@ -47,6 +48,9 @@ MODE = "graph-fused"
 COMPILE_MODES = ("max-autotune-no-cudagraphs", "max-autotune", "default", "reduce-overhead",
                  "none")
 """`fused_compile` values; `none` runs the fused step uncompiled (still one graph)."""
+WARM_MARKER = "fused-warm.json"
+"""Written into a compile cache by benchmarks/fused_warm.py when it installs the fastest
+of N compiles: which compile, of how many, and each one's times."""
 Stage = Callable[..., Any]
 """A fused stage: the plain function, or torch.compile's wrapper of it (untyped)."""
 Attend = Callable[..., torch.Tensor]
@@ -186,6 +190,28 @@ class FusedModel(Qwen3Model):
         return logits
 
 
+def compile_cache_note(compiled: bool) -> str:
+    """Where torch.compile's cache is and what it held, for the sealed description: a
+    baseline compiled from benchmarks/fused_warm.py's best of N says so (with its
+    scores), one compiled fresh says it was one draw; and how many of this process's
+    compiled graphs came from the cache (inductor's counters)."""
+    if not compiled:
+        return "none (not compiled)"
+    from torch._dynamo.utils import counters
+
+    cache = Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR", str(INDUCTOR_CACHE)))
+    hits, misses = (counters["inductor"].get(k, 0)
+                    for k in ("fxgraph_cache_hit", "fxgraph_cache_miss"))
+    note = f"{cache}: {hits} graph(s) from the cache, {misses} compiled here"
+    try:
+        warm = json.loads((cache / WARM_MARKER).read_text())
+        scores = ", ".join(f"{c['score']:.3f}" for c in warm["compiles"])
+        return (f"{note}; the cache of compile {warm['chosen']}, the fastest of "
+                f"{len(warm['compiles'])} (benchmarks/fused_warm.py; scores {scores})")
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"{note}; no best-of-N record (one compile, as drawn)"
+
+
 class FusedEngine(ReferenceEngine):
     """rowgate's reference engine, mode `graph-fused` (see the module docstring)."""
 
@@ -224,6 +250,8 @@ class FusedEngine(ReferenceEngine):
         d = super().describe()
         d.update(mode=MODE, decode_attention=self.attention, fused_route=self.route,
                  fused_compile=self.fused.compiled if self.fused is not None else "",
+                 fused_compile_cache=compile_cache_note(
+                     self.fused is not None and self.fused.compiled in COMPILE_MODES),
                  fused_projections=json.dumps(["q|k|v", "gate|up"]))
         return d
 

@@ -53,6 +53,7 @@ def test_the_cpu_route_is_eager_and_recorded(float32_runs):
     assert described["fused_route"] == ("eager: no CUDA device, so no CUDA graph and no "
                                         "torch.compile")
     assert described["fused_compile"] == "no (CPU: eager)"
+    assert described["fused_compile_cache"] == "none (not compiled)"
     assert described["decode_attention"] == "torch (fused cache layout)"
 
 

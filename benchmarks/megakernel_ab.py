@@ -95,6 +95,9 @@ GREEDY = {"mma": [("mk-default", "v2", STAGED), ("mk-mma", "mma", STAGED)],
           "deep": [("mk-deep-norm-in", "mmadeep", NORM_IN), ("mk-deep", "mmadeep", STAGED),
                    ("mk-mma9-norm-in", "mma9", NORM_IN)],
           "deepsmoke": [("mk-deep-norm-in", "mmadeep", NORM_IN)],
+          "splitahead": [("mk-sa4-norm-in", "mmasa4", NORM_IN),
+                         ("mk-sa8-norm-in", "mmasa8", NORM_IN), ("mk-sa8", "mmasa8", STAGED),
+                         ("mk-mma9-norm-in", "mma9", NORM_IN)],
           "issue19": [("mk-+ring", "v2", {"fine_deps": False})]}
 """Persistent paths run 32 greedy steps against eager (name, cubin, options)."""
 VARIANTS = [  # name, cubin, builder options, schedules
@@ -224,13 +227,26 @@ before with only the ring's 2 prefetched groups (64 KB) in flight. `mmadeep`
 5-group ring (160 KB, over the ring and the staging buffer's start), 4 groups (128 KB)
 before the wait; `mma9` is the tree's default layout (the ring first in shared memory now).
 The same loads in the same order: every list bitwise `mma-stages` (the previous kernel)."""
+SPLIT_AHEAD_VARIANTS = [  # name, cubin, builder options, schedules
+    ("mma-stages", "mma", {"fuse": False}, (DYN,)),
+    ("mma9-norm-in", "mma9", NORM_IN, (DYN,)),
+    ("mma9", "mma9", STAGED, (DYN,)),
+    ("sa4-norm-in", "mmasa4", NORM_IN, (DYN,)),
+    ("sa8-norm-in", "mmasa8", NORM_IN, (DYN,)),
+    ("sa8", "mmasa8", STAGED, (DYN,)),
+]
+"""The attention splits' token chain (RG_MK_SPLIT_AHEAD): run 9 at b1 had the split stage
+at 11.5 us of a 65 us layer for ~1 MB of K/V; a warp walks its split's tokens with one
+token's rows in flight, 6 tokens at b1, 24 at b4 and 42 at b8 on the benchmark's plan for
+1024 positions. `mmasa4` / `mmasa8` keep 4 / 8 in flight: the same tokens in the same
+order, so every list is bitwise `mma-stages` (the previous kernel) still."""
 DEEP_SMOKE = [v for v in DEEP_VARIANTS if v[0] in ("mma-stages", "deep-norm-in")]
 """The deep ring once at each batch before the timed run (a fault there would take the
 call's CUDA context with it)."""
 VARIANT_SETS = {"mma": MMA_VARIANTS, "issue19": VARIANTS, "l2": L2_VARIANTS,
                 "fuse": FUSE_VARIANTS, "merge": MERGE_VARIANTS, "diag": DIAG_VARIANTS,
                 "ahead": AHEAD_VARIANTS, "wave": WAVE_VARIANTS, "deep": DEEP_VARIANTS,
-                "deepsmoke": DEEP_SMOKE}
+                "deepsmoke": DEEP_SMOKE, "splitahead": SPLIT_AHEAD_VARIANTS}
 COMPILE = ["none", "max-autotune-no-cudagraphs"]
 """(`--compile default` adds torch.compile's default mode.)"""
 GREEDY_STEPS = 32

@@ -13,6 +13,15 @@
 #include "rowgate/dtypes.cuh"
 #include "rowgate/reduce.cuh"
 
+// RG_MK_SPLIT_AHEAD=N (N > 1): each warp holds the K and V rows of its next N tokens in
+// flight instead of the next one (kernels/persistent/megakernel.cu lists the variants).
+#ifndef RG_MK_SPLIT_AHEAD
+#define RG_MK_SPLIT_AHEAD 1
+#endif
+#if RG_MK_SPLIT_AHEAD < 1 || RG_MK_SPLIT_AHEAD > 16
+#error "RG_MK_SPLIT_AHEAD is the tokens a warp keeps in flight: 1..16"
+#endif
+
 namespace rowgate {
 namespace persistent {
 
@@ -71,14 +80,97 @@ __device__ __forceinline__ void attention_split(const SplitArgs& a, float* smem)
     }
   }
   const long long token_stride = static_cast<long long>(a.kv_heads) * D;
-  // The K and V rows of a warp's next token are requested while it works on the
-  // current one (one dependent load round trip per token instead of two); the
-  // arithmetic and its order are unchanged.
   auto row_of = [&](int t) {
     const long long page = a.block_table[t / a.page_size];
     return (page * a.page_size + t % a.page_size) * token_stride +
            static_cast<long long>(a.kv_head) * D + lane * kPer;
   };
+#if RG_MK_SPLIT_AHEAD > 1
+  // A warp's tokens are t = start + warp + k * kWarps. The rows of the next kAhead of
+  // them are in flight while it works on the current one, raw bf16 (kPer / 2 registers
+  // a row): at 1 ahead a split was a chain of one dependent L2/DRAM round trip per token
+  // (6 a warp at b1, up to 42 at b8 on a plan for 1024 positions; issue 19). The tokens,
+  // the arithmetic and its order are the 1-ahead loop's: the same bits.
+  //
+  // `token`: one token's online-softmax update of every query head of the group, K row
+  // kt, V row vt (this lane's kPer elements, fp32). The 1-ahead loop (#else) spells the
+  // same code out inline, as it was measured: written through `token` it compiles to other
+  // SASS, and the default build stays byte for byte the kernel of issue 19's runs until
+  // this variant is timed (then one of the two loops goes).
+  auto token = [&](const float (&kt)[kPer], const float (&vt)[kPer]) {
+    float kv[kPer];  // K, then V, as the 1-ahead loop has it
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) kv[i] = kt[i];
+    float p[kMaxGroup];
+#pragma unroll
+    for (int j = 0; j < kMaxGroup; ++j) {
+      p[j] = 0.0f;
+      if (j >= a.group) continue;
+      float dot = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) dot = fmaf(qv[j][i], kv[i], dot);
+      const float s = warp_sum(dot);
+      const float m_new = fmaxf(m[j], s);
+      const float correction = exp2f(m[j] - m_new);
+      p[j] = exp2f(s - m_new);
+      l[j] = l[j] * correction + p[j];
+      m[j] = m_new;
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) acc[j][i] *= correction;
+    }
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) kv[i] = vt[i];
+#pragma unroll
+    for (int j = 0; j < kMaxGroup; ++j) {
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) acc[j][i] = fmaf(p[j], kv[i], acc[j][i]);
+    }
+  };
+  constexpr int kAhead = RG_MK_SPLIT_AHEAD;
+  static_assert(kPer % 2 == 0, "a lane's row slice is whole 32-bit words");
+  using Raw = u32[kPer / 2];
+  Raw kr[kAhead], vr[kAhead];
+  auto fetch = [&](int t, Raw& kd, Raw& vd) {  // one 8-byte (D 128) or 4-byte load a row
+    const long long row = row_of(t);
+    if constexpr (kPer == 4) {
+      const uint2 kw = *reinterpret_cast<const uint2*>(a.k_cache + row);
+      const uint2 vw = *reinterpret_cast<const uint2*>(a.v_cache + row);
+      kd[0] = kw.x, kd[1] = kw.y, vd[0] = vw.x, vd[1] = vw.y;
+    } else {
+#pragma unroll
+      for (int w = 0; w < kPer / 2; ++w) {
+        kd[w] = reinterpret_cast<const u32*>(a.k_cache + row)[w];
+        vd[w] = reinterpret_cast<const u32*>(a.v_cache + row)[w];
+      }
+    }
+  };
+  auto unpack = [&](const Raw& r, float (&f)[kPer]) {
+#pragma unroll
+    for (int w = 0; w < kPer / 2; ++w) {
+      f[2 * w] = bf16_to_float(static_cast<bf16_bits>(r[w] & 0xffffu));
+      f[2 * w + 1] = bf16_to_float(static_cast<bf16_bits>(r[w] >> 16));
+    }
+  };
+#pragma unroll
+  for (int s = 0; s < kAhead; ++s) {
+    if (start + warp + s * kWarps < end) fetch(start + warp + s * kWarps, kr[s], vr[s]);
+  }
+  for (int t0 = start + warp; t0 < end; t0 += kAhead * kWarps) {
+#pragma unroll
+    for (int s = 0; s < kAhead; ++s) {
+      const int t = t0 + s * kWarps;
+      if (t >= end) break;
+      float kt[kPer], vt[kPer];
+      unpack(kr[s], kt);
+      unpack(vr[s], vt);
+      if (t + kAhead * kWarps < end) fetch(t + kAhead * kWarps, kr[s], vr[s]);
+      token(kt, vt);
+    }
+  }
+#else
+  // The K and V rows of a warp's next token are requested while it works on the
+  // current one (one dependent load round trip per token instead of two); the
+  // arithmetic and its order are unchanged.
   float kc[kPer] = {}, vc[kPer] = {};
   if (start + warp < end) {
     const long long row = row_of(start + warp);
@@ -131,6 +223,7 @@ __device__ __forceinline__ void attention_split(const SplitArgs& a, float* smem)
       vc[i] = vn[i];
     }
   }
+#endif
 
   // Warp states to shared memory: [warp][j][D + 2] (acc, m, l).
 #pragma unroll

@@ -51,6 +51,13 @@
 //                        counter wait: more of its tile arrives while the block waits
 //                        (issue 19, run 9: a b1 gate|up tile's run is 15 us, its
 //                        prefetch covers 64 KB of 384); the same loads in the same order
+//   RG_MK_SPLIT_AHEAD=N  an attention split warp keeps the K and V rows of its next N
+//                        tokens in flight (1, the default: the next one), raw bf16, in
+//                        registers (kernels/persistent/attention_split.cuh): a split was a
+//                        chain of one dependent load round trip per token, up to 42 a warp
+//                        at b8 (issue 19); the same tokens in the same order, the same bits;
+//                        N = 4 / 8: 197 / 231 registers with RG_MK_MMA (no spills; one
+//                        256-thread block an SM has 255)
 //   RG_MK_MMA=1          GEMV tiles on the tensor cores (mma.sync m16n8k16, the batch as
 //                        N = 8; kernels/persistent/gemv_mma.cuh) where K % 1024 == 0 and
 //                        the input is staged, the weights through the same ring (needs

@@ -171,3 +171,48 @@ def test_a_traced_launch_stamps_every_task_and_computes_the_same(tiny, cubin, sc
     b = timeline.breakdown(trace, step.plan.tasks, 1.98e9, step.sm_count)
     assert sum(b["tasks_per_block"]) == len(step.plan.tasks)
     assert 0 < b["run_fraction"] <= 1 and 0 <= b["wait_fraction"] < 1
+
+
+@pytest.fixture(scope="module")
+def split_ahead_cubin(tmp_path_factory) -> Path:
+    """The tree's kernel with RG_MK_SPLIT_AHEAD=8 (each warp keeps its next 8 tokens' K/V
+    rows in flight), built by the build gate's toolchain from a kernels.toml entry added
+    to a copy of kernels/."""
+    import shutil
+    import tomllib
+
+    from pipeline.build import cudabuild
+    from pipeline.ops.megakernel import REPO, kernel_for
+
+    major, minor = torch.cuda.get_device_capability()
+    arch = f"sm_{major}{minor}"
+    root = tmp_path_factory.mktemp("split-ahead")
+    shutil.copytree(REPO / "kernels", root / "kernels")
+    manifest = root / "kernels" / "kernels.toml"
+    base = tomllib.loads(manifest.read_text())["kernels"][kernel_for(arch)]
+    defines = [*base.get("defines", []), "RG_MK_SPLIT_AHEAD=8"]
+    with manifest.open("a") as f:
+        f.write(f'\n[kernels.split_ahead]\nsource = "{base["source"]}"\n'
+                f'entry_points = {json.dumps(base["entry_points"])}\narches = ["{arch}"]\n'
+                f"defines = {json.dumps(defines)}\n")
+    return cudabuild.cubin(root, "split_ahead", arch, os.environ.get("ROWGATE_NVCC"))
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+def test_the_split_ahead_variant_is_the_default_bit_for_bit(tiny, cubin, split_ahead_cubin,
+                                                            batch):
+    # 600-token prompts: at batch 8 a split holds 224 tokens, 28 a warp (the 8-ahead loop's
+    # full groups and a partial last one); at batch 1, 16-token splits (2 a warp)
+    from pipeline.megakernel.abi import Schedule
+    from pipeline.ops.megakernel import PersistentDecode
+
+    model, cache, args = _prefilled(tiny, batch, 600)
+    with torch.inference_mode():
+        out = []
+        for path in (cubin, split_ahead_cubin):
+            k0 = [k.clone() for k in cache.k]
+            step = PersistentDecode(model, cache, batch, Schedule.DYNAMIC_QUEUE, path)
+            out.append(step(*args).clone())
+            for k, k_before in zip(cache.k, k0):
+                k.copy_(k_before)
+    assert torch.equal(out[0], out[1])

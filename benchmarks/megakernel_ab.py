@@ -95,9 +95,10 @@ GREEDY = {"mma": [("mk-default", "v2", STAGED), ("mk-mma", "mma", STAGED)],
           "deep": [("mk-deep-norm-in", "mmadeep", NORM_IN), ("mk-deep", "mmadeep", STAGED),
                    ("mk-mma9-norm-in", "mma9", NORM_IN)],
           "deepsmoke": [("mk-deep-norm-in", "mmadeep", NORM_IN)],
-          "splitahead": [("mk-sa4-norm-in", "mmasa4", NORM_IN),
-                         ("mk-sa8-norm-in", "mmasa8", NORM_IN), ("mk-sa8", "mmasa8", STAGED),
-                         ("mk-mma9-norm-in", "mma9", NORM_IN)],
+          "splitahead": [("mk-sa8-norm-in", "mmasa8", NORM_IN),
+                         ("mk-m1-norm-in", "mmam1", NORM_IN),
+                         ("mk-sa8m1-norm-in", "mmasa8m1", NORM_IN),
+                         ("mk-sa8m1", "mmasa8m1", STAGED), ("mk-mma9-norm-in", "mma9", NORM_IN)],
           "issue19": [("mk-+ring", "v2", {"fine_deps": False})]}
 """Persistent paths run 32 greedy steps against eager (name, cubin, options)."""
 VARIANTS = [  # name, cubin, builder options, schedules
@@ -231,15 +232,18 @@ SPLIT_AHEAD_VARIANTS = [  # name, cubin, builder options, schedules
     ("mma-stages", "mma", {"fuse": False}, (DYN,)),
     ("mma9-norm-in", "mma9", NORM_IN, (DYN,)),
     ("mma9", "mma9", STAGED, (DYN,)),
-    ("sa4-norm-in", "mmasa4", NORM_IN, (DYN,)),
     ("sa8-norm-in", "mmasa8", NORM_IN, (DYN,)),
-    ("sa8", "mmasa8", STAGED, (DYN,)),
+    ("m1-norm-in", "mmam1", NORM_IN, (DYN,)),
+    ("sa8m1-norm-in", "mmasa8m1", NORM_IN, (DYN,)),
+    ("sa8m1", "mmasa8m1", STAGED, (DYN,)),
 ]
-"""The attention splits' token chain (RG_MK_SPLIT_AHEAD): run 9 at b1 had the split stage
-at 11.5 us of a 65 us layer for ~1 MB of K/V; a warp walks its split's tokens with one
-token's rows in flight, 6 tokens at b1, 24 at b4 and 42 at b8 on the benchmark's plan for
-1024 positions. `mmasa4` / `mmasa8` keep 4 / 8 in flight: the same tokens in the same
-order, so every list is bitwise `mma-stages` (the previous kernel) still."""
+"""The attention phase's dependent loads. Run 9 at b1: splits 11.5 us and merge 5.7 us of a
+65 us layer for ~1 MB of K/V. A split warp walks its tokens with one token's rows in
+flight (6 tokens at b1, 24 at b4, 42 at b8 on the benchmark's plan for 1024 positions):
+`mmasa8` keeps 8 in flight (RG_MK_SPLIT_AHEAD=8). A merge makes three dependent L2 round
+trips (m, then l, then acc): `mmam1` makes one (RG_MK_MERGE_ONE_TRIP=1); `mmasa8m1` both.
+The same values in the same sums: every list is bitwise `mma-stages` (the previous kernel)
+still."""
 DEEP_SMOKE = [v for v in DEEP_VARIANTS if v[0] in ("mma-stages", "deep-norm-in")]
 """The deep ring once at each batch before the timed run (a fault there would take the
 call's CUDA context with it)."""

@@ -21,6 +21,13 @@
 #if RG_MK_SPLIT_AHEAD < 1 || RG_MK_SPLIT_AHEAD > 16
 #error "RG_MK_SPLIT_AHEAD is the tokens a warp keeps in flight: 1..16"
 #endif
+// RG_MK_MERGE_ONE_TRIP=1: an ATTN_MERGE issues every split's m, l and acc loads at once
+// (one L2 round trip where the default makes three: m, then l, then the acc of the
+// nonzero-weight splits), where each thread has one output element and the splits fit
+// kOneTripSplits; the same values in the same sums.
+#ifndef RG_MK_MERGE_ONE_TRIP
+#define RG_MK_MERGE_ONE_TRIP 0
+#endif
 
 namespace rowgate {
 namespace persistent {
@@ -313,8 +320,61 @@ __device__ __forceinline__ float merged(const float* p, int d, int stride, const
   return l_all > 0.0f ? __fdividef(o, l_all) : 0.0f;
 }
 
+#if RG_MK_MERGE_ONE_TRIP
+constexpr int kOneTripSplits = 24;
+
+// attention_merge in one round trip (RG_MK_MERGE_ONE_TRIP): thread i < group x D loads its
+// element's acc of every split into registers while the block loads every split's m and
+// l into the scratch (w: m then the weight, ls: l; group x (2 splits + 1) floats), all
+// before any is used. An empty split's acc is loaded (stale, never written this step) and
+// never used: it is summed only where its weight is nonzero, as `merged` sums. The
+// weights are split_weights', the sums merged's, in the same order: the same bits.
+template <int D>
+__device__ __forceinline__ void merge_one_trip(const float* base, bf16_bits* out_row,
+                                               int splits, int group, float* scratch) {
+  constexpr int kRow = D + 2;
+  const int stride = group * kRow;
+  float* w = scratch;                      // [group][splits]
+  float* ls = scratch + group * splits;    // [group][splits]
+  float* m_all = ls + group * splits;      // [group]
+  const int me = threadIdx.x, j = me / D, d = me % D;
+  float acc[kOneTripSplits];
+#pragma unroll
+  for (int s = 0; s < kOneTripSplits; ++s) {
+    acc[s] = me < group * D && s < splits ? __ldcg(base + j * kRow + d + s * stride) : 0.0f;
+  }
+  for (int i = me; i < group * splits; i += kThreads) {
+    const float* state = base + (i / splits) * kRow + (i % splits) * stride;
+    w[i] = __ldcg(state + D);
+    ls[i] = __ldcg(state + D + 1);
+  }
+  __syncthreads();
+  for (int r = me; r < group; r += kThreads) {
+    float m = neg_inf();
+    for (int s = 0; s < splits; ++s) m = fmaxf(m, w[r * splits + s]);
+    m_all[r] = m;
+  }
+  __syncthreads();
+  for (int i = me; i < group * splits; i += kThreads) {
+    w[i] = ls[i] > 0.0f ? exp2f(w[i] - m_all[i / splits]) : 0.0f;
+  }
+  __syncthreads();
+  if (me >= group * D) return;
+  float o = 0.0f, l_all = 0.0f;
+#pragma unroll
+  for (int s = 0; s < kOneTripSplits; ++s) {
+    if (s < splits && w[j * splits + s] != 0.0f) {
+      l_all = fmaf(ls[j * splits + s], w[j * splits + s], l_all);
+      o = fmaf(acc[s], w[j * splits + s], o);
+    }
+  }
+  out_row[j * D + d] = float_to_bf16(l_all > 0.0f ? __fdividef(o, l_all) : 0.0f);
+}
+#endif
+
 // One (sequence, kv head): out[seq, kv_head * group + j, :] for every j. `scratch`:
-// group x (splits + 1) floats of shared memory (the validator's merge_floats).
+// group x (splits + 1) floats of shared memory (the validator's merge_floats; the
+// one-trip merge's group x (2 splits + 1) fit kScratchBytes at its split bound).
 template <int D>
 __device__ __forceinline__ void attention_merge(const float* partials, bf16_bits* out, int seq,
                                                 int kv_head, int splits, int heads,
@@ -323,6 +383,13 @@ __device__ __forceinline__ void attention_merge(const float* partials, bf16_bits
   constexpr int kRow = D + 2;
   const float* base =
       partials + (static_cast<long long>(seq) * kv_heads + kv_head) * max_splits * group * kRow;
+#if RG_MK_MERGE_ONE_TRIP
+  if (splits <= kOneTripSplits && group * D <= kThreads) {
+    merge_one_trip<D>(base, out + (static_cast<long long>(seq) * heads + kv_head * group) * D,
+                      splits, group, scratch);
+    return;
+  }
+#endif
   split_weights<D>(base, group, splits, group * kRow, [&](int j) { return j * kRow; }, scratch);
   for (int idx = threadIdx.x; idx < group * D; idx += kThreads) {
     const int j = idx / D, d = idx % D;

@@ -58,6 +58,11 @@
 //                        at b8 (issue 19); the same tokens in the same order, the same bits;
 //                        N = 4 / 8: 197 / 231 registers with RG_MK_MMA (no spills; one
 //                        256-thread block an SM has 255)
+//   RG_MK_MERGE_ONE_TRIP=1 an ATTN_MERGE loads every split's m, l and acc at once (one L2
+//                        round trip instead of three) where a thread holds one output
+//                        element and the splits fit 24 (attention_split.cuh); the same
+//                        sums, the same bits; 193 registers with RG_MK_MMA, 230 with
+//                        RG_MK_SPLIT_AHEAD=8 too
 //   RG_MK_MMA=1          GEMV tiles on the tensor cores (mma.sync m16n8k16, the batch as
 //                        N = 8; kernels/persistent/gemv_mma.cuh) where K % 1024 == 0 and
 //                        the input is staged, the weights through the same ring (needs

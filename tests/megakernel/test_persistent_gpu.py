@@ -176,8 +176,9 @@ def test_a_traced_launch_stamps_every_task_and_computes_the_same(tiny, cubin, sc
 @pytest.fixture(scope="module")
 def split_ahead_cubin(tmp_path_factory) -> Path:
     """The tree's kernel with RG_MK_SPLIT_AHEAD=8 (each warp keeps its next 8 tokens' K/V
-    rows in flight), built by the build gate's toolchain from a kernels.toml entry added
-    to a copy of kernels/."""
+    rows in flight) and RG_MK_MERGE_ONE_TRIP=1 (a merge loads every split's state at once),
+    built by the build gate's toolchain from a kernels.toml entry added to a copy of
+    kernels/."""
     import shutil
     import tomllib
 
@@ -190,7 +191,7 @@ def split_ahead_cubin(tmp_path_factory) -> Path:
     shutil.copytree(REPO / "kernels", root / "kernels")
     manifest = root / "kernels" / "kernels.toml"
     base = tomllib.loads(manifest.read_text())["kernels"][kernel_for(arch)]
-    defines = [*base.get("defines", []), "RG_MK_SPLIT_AHEAD=8"]
+    defines = [*base.get("defines", []), "RG_MK_SPLIT_AHEAD=8", "RG_MK_MERGE_ONE_TRIP=1"]
     with manifest.open("a") as f:
         f.write(f'\n[kernels.split_ahead]\nsource = "{base["source"]}"\n'
                 f'entry_points = {json.dumps(base["entry_points"])}\narches = ["{arch}"]\n'
@@ -202,7 +203,8 @@ def split_ahead_cubin(tmp_path_factory) -> Path:
 def test_the_split_ahead_variant_is_the_default_bit_for_bit(tiny, cubin, split_ahead_cubin,
                                                             batch):
     # 600-token prompts: at batch 8 a split holds 224 tokens, 28 a warp (the 8-ahead loop's
-    # full groups and a partial last one); at batch 1, 16-token splits (2 a warp)
+    # full groups and a partial last one) and a merge 9 splits; at batch 1, 16-token splits
+    # (2 a warp) and 128 to merge (past the one-trip merge's 24: the default merge runs)
     from pipeline.megakernel.abi import Schedule
     from pipeline.ops.megakernel import PersistentDecode
 

@@ -12,10 +12,10 @@
 #   mk_mmanext.cubin       RG_MK_MMA=1 RG_MK_NEXT_L2=1 (static: the next task's tile into L2)
 #   mk_mmadeep.cubin       RG_MK_MMA=1 RG_MK_DEEP=1 (a 5-group ring where the input fits 32 KB)
 #   mk_mmanv.cubin         RG_MK_MMA=1 RG_MK_NORM_VEC=1 (16-byte norm loads)
-#   mk_mmasa4.cubin        RG_MK_MMA=1 RG_MK_SPLIT_AHEAD=4 (a split warp's next 4 tokens in flight)
-#   mk_mmasa8.cubin        RG_MK_MMA=1 RG_MK_SPLIT_AHEAD=8
+#   mk_mmasa8.cubin        RG_MK_MMA=1 RG_MK_SPLIT_AHEAD=8 (a split warp's next 8 tokens in flight)
 #   mk_mmam1.cubin         RG_MK_MMA=1 RG_MK_MERGE_ONE_TRIP=1 (a merge's loads in one round trip)
-#   mk_mmasa8m1.cubin      RG_MK_MMA=1 RG_MK_SPLIT_AHEAD=8 RG_MK_MERGE_ONE_TRIP=1
+#   mk_mmase.cubin         RG_MK_MMA=1 RG_MK_SKIP_EMPTY=1 (an empty split runs without waiting)
+#   mk_mmaall.cubin        RG_MK_MMA=1 and all three
 # Each NAME.log keeps ptxas -v (registers, spills); mk_mma.sass the SASS where cuobjdump
 # is found (CUOBJDUMP=path, else PATH, else a venv's nvidia-cu13 wheel).
 # Usage: bash benchmarks/issue19_build.sh [DIR] (NVCC=path to pick the compiler).
@@ -42,11 +42,11 @@ build mk_mmal2.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_TILE
 build mk_mmanext.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_NEXT_L2=1 & pids+=($!)
 build mk_mmadeep.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_DEEP=1 & pids+=($!)
 build mk_mmanv.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_NORM_VEC=1 & pids+=($!)
-build mk_mmasa4.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_SPLIT_AHEAD=4 & pids+=($!)
 build mk_mmasa8.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_SPLIT_AHEAD=8 & pids+=($!)
 build mk_mmam1.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_MERGE_ONE_TRIP=1 & pids+=($!)
-build mk_mmasa8m1.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_SPLIT_AHEAD=8 \
-  -DRG_MK_MERGE_ONE_TRIP=1 & pids+=($!)
+build mk_mmase.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_SKIP_EMPTY=1 & pids+=($!)
+build mk_mmaall.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_SPLIT_AHEAD=8 \
+  -DRG_MK_MERGE_ONE_TRIP=1 -DRG_MK_SKIP_EMPTY=1 & pids+=($!)
 for p in "${pids[@]}"; do wait "$p" || exit 1; done
 CUOBJDUMP=${CUOBJDUMP:-$(command -v cuobjdump ||
   ls .nox/tests/lib/python3*/site-packages/nvidia/cu13/bin/cuobjdump 2>/dev/null | head -1 || true)}

@@ -95,10 +95,10 @@ GREEDY = {"mma": [("mk-default", "v2", STAGED), ("mk-mma", "mma", STAGED)],
           "deep": [("mk-deep-norm-in", "mmadeep", NORM_IN), ("mk-deep", "mmadeep", STAGED),
                    ("mk-mma9-norm-in", "mma9", NORM_IN)],
           "deepsmoke": [("mk-deep-norm-in", "mmadeep", NORM_IN)],
-          "splitahead": [("mk-sa8-norm-in", "mmasa8", NORM_IN),
-                         ("mk-m1-norm-in", "mmam1", NORM_IN),
-                         ("mk-sa8m1-norm-in", "mmasa8m1", NORM_IN),
-                         ("mk-sa8m1", "mmasa8m1", STAGED), ("mk-mma9-norm-in", "mma9", NORM_IN)],
+          "attention": [("mk-sa8-norm-in", "mmasa8", NORM_IN), ("mk-m1-norm-in", "mmam1", NORM_IN),
+                        ("mk-se-norm-in", "mmase", NORM_IN),
+                        ("mk-all-norm-in", "mmaall", NORM_IN), ("mk-all", "mmaall", STAGED),
+                        ("mk-mma9-norm-in", "mma9", NORM_IN)],
           "issue19": [("mk-+ring", "v2", {"fine_deps": False})]}
 """Persistent paths run 32 greedy steps against eager (name, cubin, options)."""
 VARIANTS = [  # name, cubin, builder options, schedules
@@ -228,29 +228,31 @@ before with only the ring's 2 prefetched groups (64 KB) in flight. `mmadeep`
 5-group ring (160 KB, over the ring and the staging buffer's start), 4 groups (128 KB)
 before the wait; `mma9` is the tree's default layout (the ring first in shared memory now).
 The same loads in the same order: every list bitwise `mma-stages` (the previous kernel)."""
-SPLIT_AHEAD_VARIANTS = [  # name, cubin, builder options, schedules
+ATTENTION_VARIANTS = [  # name, cubin, builder options, schedules
     ("mma-stages", "mma", {"fuse": False}, (DYN,)),
     ("mma9-norm-in", "mma9", NORM_IN, (DYN,)),
     ("mma9", "mma9", STAGED, (DYN,)),
     ("sa8-norm-in", "mmasa8", NORM_IN, (DYN,)),
     ("m1-norm-in", "mmam1", NORM_IN, (DYN,)),
-    ("sa8m1-norm-in", "mmasa8m1", NORM_IN, (DYN,)),
-    ("sa8m1", "mmasa8m1", STAGED, (DYN,)),
+    ("se-norm-in", "mmase", NORM_IN, (DYN,)),
+    ("all-norm-in", "mmaall", NORM_IN, (DYN,)),
+    ("all", "mmaall", STAGED, (DYN,)),
 ]
-"""The attention phase's dependent loads. Run 9 at b1: splits 11.5 us and merge 5.7 us of a
-65 us layer for ~1 MB of K/V. A split warp walks its tokens with one token's rows in
-flight (6 tokens at b1, 24 at b4, 42 at b8 on the benchmark's plan for 1024 positions):
-`mmasa8` keeps 8 in flight (RG_MK_SPLIT_AHEAD=8). A merge makes three dependent L2 round
-trips (m, then l, then acc): `mmam1` makes one (RG_MK_MERGE_ONE_TRIP=1); `mmasa8m1` both.
-The same values in the same sums: every list is bitwise `mma-stages` (the previous kernel)
-still."""
+"""The attention phase's latency. Run 9 at b1: splits 11.5 us and merge 5.7 us of a 65 us
+layer for ~1 MB of K/V. A split warp walks its tokens with one token's rows in flight (6
+at b1, 24 at b4, 42 at b8 on the benchmark's plan for 1024 positions): `mmasa8` keeps 8 in
+flight (RG_MK_SPLIT_AHEAD=8). A merge makes three dependent L2 round trips (m, then l,
+then acc): `mmam1` one (RG_MK_MERGE_ONE_TRIP=1). 19 of a kv head's 22 splits hold no
+token at b1, and each waits for the q|k|v stage before it signals: `mmase` runs them
+without waiting (RG_MK_SKIP_EMPTY=1). `mmaall`: the three. The same values in the same
+sums: every list is bitwise `mma-stages` (the previous kernel) still."""
 DEEP_SMOKE = [v for v in DEEP_VARIANTS if v[0] in ("mma-stages", "deep-norm-in")]
 """The deep ring once at each batch before the timed run (a fault there would take the
 call's CUDA context with it)."""
 VARIANT_SETS = {"mma": MMA_VARIANTS, "issue19": VARIANTS, "l2": L2_VARIANTS,
                 "fuse": FUSE_VARIANTS, "merge": MERGE_VARIANTS, "diag": DIAG_VARIANTS,
                 "ahead": AHEAD_VARIANTS, "wave": WAVE_VARIANTS, "deep": DEEP_VARIANTS,
-                "deepsmoke": DEEP_SMOKE, "splitahead": SPLIT_AHEAD_VARIANTS}
+                "deepsmoke": DEEP_SMOKE, "attention": ATTENTION_VARIANTS}
 COMPILE = ["none", "max-autotune-no-cudagraphs"]
 """(`--compile default` adds torch.compile's default mode.)"""
 GREEDY_STEPS = 32

@@ -63,6 +63,13 @@
 //                        element and the splits fit 24 (attention_split.cuh); the same
 //                        sums, the same bits; 193 registers with RG_MK_MMA, 230 with
 //                        RG_MK_SPLIT_AHEAD=8 too
+//   RG_MK_SKIP_EMPTY=1   an attention split whose chunk holds no token of its sequence
+//                        runs without waiting for its counters: it reads nothing and
+//                        writes only the empty state (m = -inf, l = 0) that every earlier
+//                        layer of the step wrote to the same slot, so it cannot race with
+//                        a reader of another value; the stage's empty tail (19 of 22
+//                        splits a kv head at b1) then signals as it is claimed, during
+//                        the q|k|v stage, instead of queueing behind it (issue 19)
 //   RG_MK_MMA=1          GEMV tiles on the tensor cores (mma.sync m16n8k16, the batch as
 //                        N = 8; kernels/persistent/gemv_mma.cuh) where K % 1024 == 0 and
 //                        the input is staged, the weights through the same ring (needs
@@ -95,6 +102,9 @@
 #endif
 #ifndef RG_MK_DEEP
 #define RG_MK_DEEP 0
+#endif
+#ifndef RG_MK_SKIP_EMPTY
+#define RG_MK_SKIP_EMPTY 0
 #endif
 #if RG_MK_DEEP && !RG_MK_MMA
 #error "RG_MK_DEEP deepens the tensor-core GEMV's ring: it needs RG_MK_MMA=1"
@@ -848,6 +858,13 @@ __device__ __forceinline__ void prefetch_next_l2(const TaskDesc* next, const u64
 }
 #endif
 
+// RG_MK_SKIP_EMPTY: the split `t` holds no token of its sequence (op_attn_split's empty
+// case: the chunk starts at or past the context length).
+__device__ __forceinline__ bool empty_split(const TaskDesc& t, const Ctx& c) {
+  return t.opcode == task::kAttnSplit &&
+         static_cast<long long>(t.tile[2]) * t.tile[3] >= c.meta[c.s.context_lens_at + t.tile[0]];
+}
+
 __device__ __forceinline__ u32 dynamic_smem_size() {
   u32 n;
   asm volatile("mov.u32 %0, %%dynamic_smem_size;" : "=r"(n));
@@ -894,8 +911,11 @@ __device__ __forceinline__ void persistent_decode(const TaskDesc* tasks, u32 num
       s_staged_at = 0;
     }
     __syncthreads();
-    prefetch_weights(s_task, c);
-    task::wait_counters(s_task, counters);
+    // every thread reads the same task and length: the branch is uniform
+    if (!RG_MK_SKIP_EMPTY || !empty_split(s_task, c)) {
+      prefetch_weights(s_task, c);
+      task::wait_counters(s_task, counters);
+    }
     if (timed) c1 = clock64();
     u32 next = 0;
     if (kDynamic && RG_MK_CLAIM_AHEAD && threadIdx.x == 0) next = atomicAdd(queue_head, 1u);

@@ -176,9 +176,9 @@ def test_a_traced_launch_stamps_every_task_and_computes_the_same(tiny, cubin, sc
 @pytest.fixture(scope="module")
 def split_ahead_cubin(tmp_path_factory) -> Path:
     """The tree's kernel with RG_MK_SPLIT_AHEAD=8 (each warp keeps its next 8 tokens' K/V
-    rows in flight) and RG_MK_MERGE_ONE_TRIP=1 (a merge loads every split's state at once),
-    built by the build gate's toolchain from a kernels.toml entry added to a copy of
-    kernels/."""
+    rows in flight), RG_MK_MERGE_ONE_TRIP=1 (a merge loads every split's state at once) and
+    RG_MK_SKIP_EMPTY=1 (an empty split runs without waiting), built by the build gate's
+    toolchain from a kernels.toml entry added to a copy of kernels/."""
     import shutil
     import tomllib
 
@@ -191,7 +191,8 @@ def split_ahead_cubin(tmp_path_factory) -> Path:
     shutil.copytree(REPO / "kernels", root / "kernels")
     manifest = root / "kernels" / "kernels.toml"
     base = tomllib.loads(manifest.read_text())["kernels"][kernel_for(arch)]
-    defines = [*base.get("defines", []), "RG_MK_SPLIT_AHEAD=8", "RG_MK_MERGE_ONE_TRIP=1"]
+    defines = [*base.get("defines", []), "RG_MK_SPLIT_AHEAD=8", "RG_MK_MERGE_ONE_TRIP=1",
+               "RG_MK_SKIP_EMPTY=1"]
     with manifest.open("a") as f:
         f.write(f'\n[kernels.split_ahead]\nsource = "{base["source"]}"\n'
                 f'entry_points = {json.dumps(base["entry_points"])}\narches = ["{arch}"]\n'

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# One device call (issue 19): the attention phase's dependent loads. Builds the tree's
+# persistent kernel and its RG_MK_SPLIT_AHEAD=8, RG_MK_MERGE_ONE_TRIP=1 and
+# RG_MK_SKIP_EMPTY=1 variants on the device (benchmarks/issue19_build.sh); checks the three
+# at once bit for bit against the tree's kernel on the tiny model (the gpu test, in its own
+# process: a fault there cannot take the timed run's CUDA context); then times every
+# variant beside the strongest graph-fused baseline at b1 / b8 / b4
+# (benchmarks/megakernel_ab.py --variants attention: every list bitwise the tree's kernel,
+# greedy tokens against eager) and runs the other gpu-marked tests of the persistent kernel
+# and of the graph-fused engine's compile cache. carry [".whl"]; results in $OUT.
+set -u
+T0=$(date +%s)
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1
+K=/tmp/k/cubins
+[ -f "$K/mk_mmaall.cubin" ] || bash benchmarks/issue19_build.sh /tmp/k > /tmp/build.txt 2>&1 ||
+  { tail -20 /tmp/build.txt; exit 1; }
+grep -H "registers" "$K"/mk_mma.cubin.log "$K"/mk_mmasa8.cubin.log "$K"/mk_mmam1.cubin.log \
+  "$K"/mk_mmase.cubin.log "$K"/mk_mmaall.cubin.log
+echo "build took $(( $(date +%s) - T0 )) s"
+ROWGATE_NVCC="$(command -v nvcc)" timeout 150 python3 -m pytest -p no:cacheprovider -m gpu -q -rs \
+  tests/megakernel/test_persistent_gpu.py -k split_ahead 2>&1 | tail -n 8 | tee "$OUT/pytest-variant.txt"
+grep -q " passed" "$OUT/pytest-variant.txt" && ! grep -q "failed\|error" "$OUT/pytest-variant.txt" ||
+  { echo "the variant is not the tree's kernel bit for bit: no timed run"; exit 1; }
+echo "variant check took $(( $(date +%s) - T0 )) s"
+rm -rf /tmp/runsa && mkdir -p /tmp/runsa
+timeout 330 python3 benchmarks/megakernel_ab.py --out /tmp/runsa \
+  --cubins mma="$K/mk_mma.cubin" mma9="$K/mk_mma.cubin" mmasa8="$K/mk_mmasa8.cubin" \
+  mmam1="$K/mk_mmam1.cubin" mmase="$K/mk_mmase.cubin" mmaall="$K/mk_mmaall.cubin" \
+  --split-kv-cubin "$K/split_kv.sm_90.cubin" \
+  --variants attention --repeats 7 --budget-s 250 --batches 1 8 4 \
+  --compile max-autotune-no-cudagraphs --fused-chunks 0 64 2>&1 |
+  grep -v "triton_mm\|AUTOTUNE\|strides:\|dtypes:\|Autotune\|best_kernel\|SingleProcess\|^  mm \|^  addmm\|TypedStorage\|current_out_size\|stage windows\|profile" | tail -n 45
+cp /tmp/runsa/results.json "$OUT/results.json"
+echo "ab took $(( $(date +%s) - T0 )) s"
+ROWGATE_NVCC="$(command -v nvcc)" timeout $(( 585 - ($(date +%s) - T0) )) python3 -m pytest \
+  -p no:cacheprovider -m gpu -q -rs tests/megakernel/test_persistent_gpu.py \
+  tests/engines/test_fused_gpu.py -k "not split_ahead" 2>&1 | tail -n 15 | tee "$OUT/pytest-gpu.txt"
+echo "all took $(( $(date +%s) - T0 )) s"

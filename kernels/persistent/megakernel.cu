@@ -66,8 +66,9 @@
 //   RG_MK_SKIP_EMPTY=1   an attention split whose chunk holds no token of its sequence
 //                        runs without waiting for its counters: it reads nothing and
 //                        writes only the empty state (m = -inf, l = 0) that every earlier
-//                        layer of the step wrote to the same slot, so it cannot race with
-//                        a reader of another value; the stage's empty tail (19 of 22
+//                        layer of the step wrote to the same slot (no reader of it runs
+//                        before layer 0's split signals), so no reader sees another value;
+//                        the stage's empty tail (19 of 22
 //                        splits a kv head at b1) then signals as it is claimed, during
 //                        the q|k|v stage, instead of queueing behind it (issue 19)
 //   RG_MK_MMA=1          GEMV tiles on the tensor cores (mma.sync m16n8k16, the batch as

@@ -60,13 +60,15 @@ def row_file_ref(loaded: LoadedRow) -> str:
 
 def gate_context(row: Row, spec: GateSpec, *, repo: Path, artifact_dir: Path, subject: Subject,
                  provenance: Provenance, devices: Inventory, progress: Progress | None = None,
-                 options: dict[str, str] | None = None) -> GateContext:
+                 options: dict[str, str] | None = None,
+                 earlier: list[GateResult] | None = None) -> GateContext:
     """One gate's context as the runner makes it: its GPU chosen from the run's
-    enumeration (`devices`), the runner's record opener."""
+    enumeration (`devices`), the runner's record opener, the results before it."""
     ctx = GateContext(repo=repo, artifact_dir=artifact_dir, subject=subject,
                       provenance=provenance, options=dict(options or {}),
                       gpu=gate_device(row, spec, devices), devices=devices,
-                      records=RecordOpener())
+                      records=RecordOpener(),
+                      earlier={r.gate_id: r for r in earlier or []})
     if progress is not None:
         ctx.progress = progress
     return ctx
@@ -113,7 +115,7 @@ def _gate_and_seal(loaded: LoadedRow, subject: Subject, prov: Provenance, device
             ctx = gate_context(row, spec, repo=Path(subject.repo),
                                artifact_dir=stage.artifact_dir(spec.id), subject=subject,
                                provenance=prov, devices=devices, progress=progress,
-                               options=options)
+                               options=options, earlier=stage.results())
             stage.add_result(gates.run(row, spec, ctx, stage.root))
             progress.advance()
         progress.update("sealing and signing")

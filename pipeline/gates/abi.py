@@ -5,13 +5,13 @@ proof, run only where the trace admitted it and an sm_90 device is present.
 kernel reads it (`bN/tasks.bin.gz`, gzipped; `tasks.bin` in bundles sealed before
 2026-12-02), as JSON for reviewers (`bN/tasks.json.gz`, sealed
 gzipped: 1.7 MB of text a list on the probe model, ~0.1 MB gzipped), the shape and buffer
-table it was validated against (`bN/plan.json`) and the validator's report
+table it was validated against (`bN/plan.json.gz`) and the validator's report
 (`bN/validation.json`); the admitting gate's result, copied from this bundle's
 stage (`admission.json`); the device found (`device.json`); and, when it runs,
 the GPU proof (`proof.json`: persistent vs eager greedy tokens per cell and
 schedule, with each batch's route).
 
-`derive` re-validates every list from `tasks.bin[.gz]` + `plan.json`, judges the
+`derive` re-validates every list from `tasks.bin[.gz]` + `plan.json[.gz]`, judges the
 admission with the row's stop-implementation conditions on the admitting gate,
 and reads the proof. FAIL: a list refused, an admission refused, a token
 mismatch. PENDING: the admitting gate is PENDING, the model is not here, or no
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -35,13 +36,13 @@ from pydantic import Field
 import pipeline.gates._arms as _arms
 from pipeline import compressed
 from pipeline.device import Inventory
-from pipeline.errors import Error, VerificationError
+from pipeline.errors import Error
 from pipeline.gates._artifacts import read_json, write_json
 from pipeline.gates.interface import Derived, Gate, GateContext, GateError, gate_arch
 from pipeline.gates.registry import register
 from pipeline.options import ENGINE_KEYS
-from pipeline.records.canonical import strict_loads
 from pipeline.records.criteria import StopAction
+from pipeline.records.gate_result import GateResult
 from pipeline.records.status import MetricValue, Status
 from pipeline.rowspec import GateSpec
 
@@ -57,6 +58,8 @@ DEVICE = "device.json"
 PROOF = "proof.json"
 TASKS_PLAIN = "tasks.bin"
 TASKS_BIN = TASKS_PLAIN + compressed.SUFFIX
+PLAN_PLAIN = "plan.json"
+PLAN_JSON = PLAN_PLAIN + compressed.SUFFIX
 
 
 class AbiGate(GateSpec):
@@ -90,7 +93,7 @@ class Abi(Gate[AbiGate]):
 
     def measure(self, row: Row, spec: AbiGate, ctx: GateContext) -> None:
         out = ctx.artifact_dir
-        write_json(out / ADMISSION, admission_record(spec, ctx.artifact_dir))
+        write_json(out / ADMISSION, admission_record(spec, ctx.earlier))
         gpu, why_not = _device(row, spec, ctx.devices)
         write_json(out / DEVICE, {"present": gpu is not None, "why_not": why_not,
                                         **({"name": gpu.name, "arch": gpu.arch,
@@ -187,21 +190,16 @@ class Abi(Gate[AbiGate]):
 # ------------------------------------------------------------------- measure
 
 
-def admission_record(spec: AbiGate, artifact_dir: Path) -> dict[str, Any]:
-    """The admitting gate's result as staged in this bundle (the runner writes results in
-    row order: `gates/<id>.json` two levels above this gate's artifacts)."""
+def admission_record(spec: AbiGate, earlier: Mapping[str, GateResult]) -> dict[str, Any]:
+    """The admitting gate's result as this bundle holds it (`ctx.earlier`: the runner's
+    results of the gates before this one, in row order)."""
     if not spec.admitted_by:
         return {"admitted_by": "", "found": False}
-    path = artifact_dir.parent.parent / "gates" / f"{spec.admitted_by}.json"
-    try:
-        data = path.read_bytes()
-    except OSError:
+    result = earlier.get(spec.admitted_by)
+    if result is None:
         return {"admitted_by": spec.admitted_by, "found": False}
-    try:
-        result = strict_loads(data, str(path))
-    except VerificationError as exc:
-        raise GateError(f"abi: {exc.diagnostics()}") from exc
-    return {"admitted_by": spec.admitted_by, "found": True, "result": result}
+    return {"admitted_by": spec.admitted_by, "found": True,
+            "result": json.loads(result.model_dump_json())}
 
 
 def _device(row: Row, spec: AbiGate, devices: Inventory) -> tuple[Gpu | None, str]:
@@ -209,10 +207,13 @@ def _device(row: Row, spec: AbiGate, devices: Inventory) -> tuple[Gpu | None, st
     never a stand-in (the proof is a property of the arch it ran on)."""
     from pipeline.megakernel import fallback
 
+    built_for = ", ".join(fallback.ARCHES)
+    if row.target.arch not in fallback.ARCHES:  # a CPU row asks for no GPU at all
+        return None, f"the persistent kernel is built for {built_for}, this row's target " \
+                     f"is {row.target.arch}"
     gpu, _, why_not = devices.select(row.target.arch, spec.device or row.target.device, [])
     if gpu is not None and gpu.arch not in fallback.ARCHES:
-        return None, f"the persistent kernel is built for {', '.join(fallback.ARCHES)}, " \
-                     f"this GPU is {gpu.arch}"
+        return None, f"the persistent kernel is built for {built_for}, this GPU is {gpu.arch}"
     return gpu, why_not
 
 
@@ -264,9 +265,11 @@ def _write_list(d: Path, dims: ModelDims, batch: int, sm_count: int, row: Row) -
     compressed.write_text(d / "tasks.json.gz", "[\n" + ",\n".join(
         json.dumps(abi.to_json(t), separators=(",", ":")) for t in plan.tasks) + "\n]\n")
     shape = {k: v for k, v in asdict(plan.shape).items() if k != "extra"}
-    write_json(d / "plan.json", {
+    # gzipped too: the labels of ~10-14k tasks are 0.2-0.3 MB a list on the probe model
+    compressed.write_text(d / PLAN_JSON, json.dumps({
         "summary": plan.summary(), "shape": shape, "num_counters": plan.num_counters,
-        "buffers": [asdict(b) for b in plan.buffers], "labels": [t.label for t in plan.tasks]})
+        "buffers": [asdict(b) for b in plan.buffers], "labels": [t.label for t in plan.tasks]},
+        indent=2, sort_keys=True) + "\n")
     write_json(d / "validation.json", validate(plan.tasks, plan.shape, plan.buffers,
                                                      plan.num_counters).to_json())
 
@@ -332,7 +335,7 @@ def _lists(row: Row, artifact_dir: Path) -> tuple[dict[str, dict[str, Any]], lis
             raise GateError(f"abi artifacts: {d}/{TASKS_BIN} unreadable: {exc}") from exc
         except Error as exc:
             raise GateError(f"abi artifacts: {d}/{TASKS_BIN}: {exc.diagnostics()}") from exc
-        plan = read_json(d / "plan.json")
+        plan = read_json(compressed.either(d / PLAN_PLAIN))
         shape = abi.StepShape(**plan["shape"])
         buffers = [Buffer(**b) for b in plan["buffers"]]
         report = validate(tasks, shape, buffers, plan["num_counters"])

@@ -160,7 +160,7 @@ class Aot(Gate[AotGate]):
         names = spec.kernels or sorted(manifest.triton)
         # the abi gate's rule for its admitting gate, applied to this spec's admitted_by
         write_json(ctx.artifact_dir / ADMISSION,
-                   admission_record(cast(Any, spec), ctx.artifact_dir))
+                   admission_record(cast(Any, spec), ctx.earlier))
         try:
             subject = kernels.load(ctx.repo)  # the sources themselves, confined
             sources = {n: kernels.triton_source(ctx.repo, subject, n) for n in names}

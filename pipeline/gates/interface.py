@@ -118,6 +118,10 @@ class GateContext:
     """The run's GPUs, for a gate that chooses by a rule of its own (abi: no stand-in)."""
     records: SignedRecords | None = None
     """Opens the signed records a gate reads (the tokens gate's oracle record)."""
+    earlier: dict[str, GateResult] = field(default_factory=dict)
+    """The results of the row's gates run before this one in this bundle, by gate id (a
+    copy: the stage keeps its own). The abi and aot gates read their admitting gate's
+    here; nothing on disk stands in for it (a gate's commands could write there)."""
 
 
 class GateError(Error):

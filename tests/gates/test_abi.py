@@ -25,12 +25,11 @@ ROW = load_row(ROOT / "rows" / "KERNEL-CUDA-DECODE-MEGAKERNEL.toml").row
 SPEC = next(g for g in ROW.gates if g.kind == "abi")
 
 
-def _stage(tmp_path: Path, trace: GateResult | None) -> Path:
+def _stage(tmp_path: Path, trace: GateResult | None) -> tuple[Path, dict[str, GateResult]]:
+    """A stage root and the results before abi, as the runner hands them over."""
     root = tmp_path / "bundle"
-    (root / "gates").mkdir(parents=True)
-    if trace is not None:
-        (root / "gates" / "trace.json").write_text(trace.model_dump_json())
-    return root
+    root.mkdir(parents=True)
+    return root, ({"trace": trace} if trace is not None else {})
 
 
 def _trace(status: Status, recoverable: float | None, verdict: str | None) -> GateResult:
@@ -41,16 +40,18 @@ def _trace(status: Status, recoverable: float | None, verdict: str | None) -> Ga
                       reason=f"trace {status.value}", metrics=metrics)
 
 
-def _run(root: Path) -> GateResult:
+def _run(staged: tuple[Path, dict[str, GateResult]]) -> GateResult:
+    root, earlier = staged
     ctx = GateContext(repo=ROOT, artifact_dir=root / "artifacts" / "abi",
-                      subject=None, provenance=None)  # type: ignore[arg-type]  # unused by abi
+                      subject=None, provenance=None,  # type: ignore[arg-type]  # unused by abi
+                      earlier=earlier)
     return run_gate(Abi(), ROW, SPEC, ctx, root)
 
 
 @pytest.fixture(scope="module")
 def admitted(tmp_path_factory) -> tuple[Path, GateResult]:
-    root = _stage(tmp_path_factory.mktemp("admitted"), _trace(Status.PASS, 0.25, "material"))
-    return root, _run(root)
+    staged = _stage(tmp_path_factory.mktemp("admitted"), _trace(Status.PASS, 0.25, "material"))
+    return staged[0], _run(staged)
 
 
 def test_lists_are_built_and_valid_and_the_gpu_part_is_pending(admitted):
@@ -92,10 +93,11 @@ def test_a_list_sealed_plain_derives_as_before_and_a_broken_gzip_is_an_error(adm
     root, result = admitted
     art = tmp_path / "abi"
     shutil.copytree(root / "artifacts" / "abi", art)
-    for b in (1, 4, 8):  # a bundle sealed before tasks.bin was gzipped
-        packed = art / f"b{b}" / "tasks.bin.gz"
-        (art / f"b{b}" / "tasks.bin").write_bytes(compressed.read_bytes(packed))
-        packed.unlink()
+    for b in (1, 4, 8):  # a bundle sealed before tasks.bin and plan.json were gzipped
+        for name in ("tasks.bin", "plan.json"):
+            packed = art / f"b{b}" / f"{name}.gz"
+            (art / f"b{b}" / name).write_bytes(compressed.read_bytes(packed))
+            packed.unlink()
     d = Abi().derive(ROW, SPEC, art)
     assert (d.status, d.reason) == (result.status, result.reason)
     plain = art / "b1" / "tasks.bin"
@@ -104,6 +106,7 @@ def test_a_list_sealed_plain_derives_as_before_and_a_broken_gzip_is_an_error(adm
     (art / "b1" / "tasks.bin.gz").write_bytes(packed[:len(packed) // 2])  # cut short
     with pytest.raises(GateError, match=r"b1/tasks.bin.gz unreadable"):
         Abi().derive(ROW, SPEC, art)
+
 
 def test_no_material_idle_capacity_stops_the_implementation(tmp_path):
     r = _run(_stage(tmp_path, _trace(Status.PASS, 0.031, "not material")))
@@ -132,6 +135,16 @@ def test_a_missing_trace_result_refuses(tmp_path):
     assert r.status is Status.FAIL
     assert "admitting gate 'trace' has no result in this bundle (it must run before abi)" \
         in r.reason
+
+
+def test_a_result_file_in_the_stage_is_not_an_admission(tmp_path):
+    # only the runner's results count: a gate's commands can write into the stage
+    root, earlier = _stage(tmp_path, None)
+    (root / "gates").mkdir()
+    (root / "gates" / "trace.json").write_text(
+        _trace(Status.PASS, 0.25, "material").model_dump_json())
+    r = _run((root, earlier))
+    assert r.status is Status.FAIL and "has no result in this bundle" in r.reason
 
 
 def _outs(n: int, parted: dict[int, tuple[int, float]] | None = None,

@@ -142,3 +142,32 @@ def test_a_kind_registers_once_and_agrees_with_its_spec():
     with pytest.raises(TypeError, match="spec EchoGate has kind"):
         registry.register(Other)
     assert registry.lookup("echo") is Echo and registry.lookup("other") is None
+
+
+ABI_AFTER_ECHO = '''
+    [[models]]
+    id = "tiny"
+    name = "tiny-qwen3"
+
+    [[gates]]
+    id = "abi"
+    kind = "abi"
+    abi_version = 2
+    admitted_by = "echo"
+'''
+
+
+def test_a_later_gate_reads_an_earlier_gates_result_as_the_runner_holds_it(tmp_path, git_repo,
+                                                                           capsys):
+    # the abi gate admits on the echo gate's result: the runner hands it over in memory
+    # (no gate result is on disk before the seal), as it does the trace's on the GPU rows
+    row = write_row(tmp_path / "rows", "ECHO-ABI", ROW.format(expect=3) + ABI_AFTER_ECHO)
+    _, out = _gate(row, Path(git_repo.working_dir), tmp_path / "evidence", capsys)
+    bundle = Bundle.open(Path(out[-1]))
+    admission = json.loads((bundle.path / "artifacts" / "abi" / "admission.json").read_text())
+    assert admission["found"] is True and admission["admitted_by"] == "echo"
+    assert admission["result"] == json.loads(bundle.gate_result("echo").model_dump_json())
+    abi = bundle.gate_result("abi")
+    assert abi.status is Status.PENDING, abi.reason  # admitted; no sm_90 device for the proof
+    assert abi.reason.endswith("GPU proof pending: the persistent kernel is built for sm_90, "
+                               "this row's target is cpu"), abi.reason

@@ -68,7 +68,7 @@ def gate_context(row: Row, spec: GateSpec, *, repo: Path, artifact_dir: Path, su
                       provenance=provenance, options=dict(options or {}),
                       gpu=gate_device(row, spec, devices), devices=devices,
                       records=RecordOpener(),
-                      earlier={r.gate_id: r for r in earlier or []})
+                      earlier={r.gate_id: r.model_copy(deep=True) for r in earlier or []})
     if progress is not None:
         ctx.progress = progress
     return ctx

@@ -129,17 +129,22 @@ def _inspect(b: Built, dest: Path, verify_embedded: bool,
                                        dest / SASS))
         entry["sass"] = SASS
     if verify_embedded:
+        sealed: dict[bytes, str] = {}  # one copy of each distinct image this kernel embeds
         for container in (record.get("fatbin"), record.get("object")):
             if container:
-                entry["embedded"] += _extract(tc.cuobjdump.path, b.dir, dest, container, entry)
+                entry["embedded"] += _extract(tc.cuobjdump.path, b.dir, dest, container, entry,
+                                              sealed)
     return entry
 
 
 def _extract(cuobjdump: str, build_dir: Path, out_dir: Path, container: str,
-             entry: dict[str, Any]) -> list[dict[str, Any]]:
+             entry: dict[str, Any], sealed: dict[bytes, str]) -> list[dict[str, Any]]:
     """`cuobjdump -xelf all` into embedded/CONTAINER/ (each image gzipped); one record
     per image. The container is sealed gzipped: cuobjdump reads its bytes unpacked
-    into a temporary directory (the argv names that copy), the images land in another."""
+    into a temporary directory (the argv names that copy), the images land in another.
+    An image byte for byte one an earlier container of this kernel embedded (the object
+    holds the fatbin, so both hold the cubin) is recorded against that sealed file
+    (`sealed`: its bytes -> its path), not sealed twice: derive hashes the same bytes."""
     dest = out_dir / "embedded" / container
     dest.mkdir(parents=True)
     with (tempfile.TemporaryDirectory(prefix="rowgate-xelf-in-") as tmp_in,
@@ -151,9 +156,11 @@ def _extract(cuobjdump: str, build_dir: Path, out_dir: Path, container: str,
                                        output=f"embedded/{container}.xelf.log"))
         images = []
         for f in sorted(Path(tmp).iterdir()):
-            compressed.write_bytes(compressed.gzipped(dest / f.name), f.read_bytes())
-            images.append({"container": container,
-                           "file": f"embedded/{container}/{f.name}{compressed.SUFFIX}"})
+            data = f.read_bytes()
+            if data not in sealed:
+                compressed.write_bytes(compressed.gzipped(dest / f.name), data)
+                sealed[data] = f"embedded/{container}/{f.name}{compressed.SUFFIX}"
+            images.append({"container": container, "file": sealed[data]})
     return images
 
 

@@ -6,7 +6,8 @@ measure builds (from the same cache as the build gate: instant when it already
 ran), then writes under the artifact dir per `ARCH/KERNEL/`: the build (sealed as the
 build gate seals it), the `cuobjdump --dump-resource-usage` text, the SASS dump
 (`sass.txt.gz`: 10x the cubin's size as text) and `embedded/` with the ELF images
-`cuobjdump -xelf` extracted (gzipped); `audit.json` indexes them with the exact
+`cuobjdump -xelf` extracted (gzipped; an image the object embeds byte for byte as the
+fatbin does is sealed once, both records naming it); `audit.json` indexes them with the exact
 commands; `kernels.toml` is copied so that derive judges against the budgets
 that were in force, reading nothing outside the artifacts. Derive reads what
 audit.json names, so bundles sealed with a plain `sass.txt` read as before.

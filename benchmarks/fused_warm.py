@@ -170,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.passes < 1 or args.compiles < 1:
         ap.error("--passes and --compiles must be at least 1")
+    bad = [o for o in args.option if "=" not in o]
+    if bad:
+        ap.error(f"--option {bad[0]}: not KEY=VALUE")
     options = dict(o.split("=", 1) for o in args.option)
     args.out.mkdir(parents=True, exist_ok=True)
     try:

@@ -140,3 +140,10 @@ def test_a_time_budget_starts_no_compile_that_would_end_past_it(tmp_path):
                             "--out", str(out), "--install-to", str(tmp_path / "c")]) == 0
     doc = json.loads((out / "fused-warm.json").read_text())
     assert (doc["compiles_asked"], len(doc["compiles"]), doc["chosen"]) == (3, 1, 0)
+
+
+def test_an_option_that_is_not_key_value_is_a_usage_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        fused_warm.main([str(_row(tmp_path, "graph-fused")), "--option", "nvcc",
+                         "--out", str(tmp_path / "o")])
+    assert exc.value.code == 2 and "--option nvcc: not KEY=VALUE" in capsys.readouterr().err

@@ -40,21 +40,19 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from pipeline import engines  # noqa: E402
-from pipeline.engines._process import INDUCTOR_CACHE  # noqa: E402
+from pipeline.engines._process import INDUCTOR_CACHE, INDUCTOR_CACHE_ENV  # noqa: E402
 from pipeline.engines.fused import WARM_MARKER  # noqa: E402
 from pipeline.errors import Error  # noqa: E402
 from pipeline.gates import _arms  # noqa: E402
 from pipeline.gates.throughput import ThroughputGate  # noqa: E402
-from pipeline.rows import ROWS_DIR, Row, load_row  # noqa: E402
+from pipeline.rows import Row, resolve_row  # noqa: E402
 
 RESULT = "fused-warm.json"
-CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 
 
 def _baseline(row_ref: str) -> tuple[Row, str]:
     """The row (an id under rows/, or a TOML path) and its throughput gate's baseline."""
-    path = Path(row_ref) if row_ref.endswith(".toml") else ROWS_DIR / f"{row_ref}.toml"
-    row = load_row(path).row
+    row = resolve_row(row_ref).row
     names = [g.baseline for g in row.gates if isinstance(g, ThroughputGate) and not g.cells]
     if not names:
         raise SystemExit(f"{row.id}: no throughput gate over the whole matrix")
@@ -81,7 +79,7 @@ def warm(row_ref: str, device: str, options: dict[str, str], passes: int) -> dic
                       f"best of {passes} more {min(times[1:]):.3f} s", flush=True)
             described = engine.describe()
     return {"row": row.id, "baseline": name, "device": device, "cells": cells,
-            "engine": described, "cache": os.environ.get(CACHE_ENV, "")}
+            "engine": described, "cache": os.environ.get(INDUCTOR_CACHE_ENV, "")}
 
 
 def choose(attempts: list[dict[str, Any]]) -> int:
@@ -102,7 +100,7 @@ def choose(attempts: list[dict[str, Any]]) -> int:
 def _attempt(argv: list[str], work: Path) -> dict[str, Any]:
     """One compile in a fresh process (no in-memory cache of an earlier one) and a fresh
     cache directory."""
-    env = {**os.environ, CACHE_ENV: str(work / "cache")}
+    env = {**os.environ, INDUCTOR_CACHE_ENV: str(work / "cache")}
     done = subprocess.run([sys.executable, str(Path(__file__).resolve()), *argv,
                            "--out", str(work)], env=env, check=False)
     if done.returncode != 0:

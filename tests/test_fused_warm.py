@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import textwrap
 from pathlib import Path
 
 import pytest
+
+from tests.gates.engine_rows import tiny_row
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("fused_warm", ROOT / "benchmarks" / "fused_warm.py")
@@ -19,37 +20,10 @@ assert _spec is not None and _spec.loader is not None
 fused_warm = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(fused_warm)
 
-ROW = '''
-    id = "FUSED-WARM-TEST"
-    title = "fused warm-up test row"
-    kind = "demo"
-
-    [target]
-    arch = "cpu"
-
-    [[models]]
-    id = "tiny"
-    name = "tiny-qwen3"
-
-    [arms.oracle]
-    engine = "reference"
-    version = "rowgate"
-    mode = "eager"
-
-    [arms.candidate]
-    engine = "reference"
-    mode = "eager"
-
+FUSED = '''
     [[arms.fallbacks]]
     engine = "reference"
     mode = "graph-fused"
-
-    [workload]
-    input_lens = [16]
-    concurrency = [1, 2]
-    output_len = 4
-    requests_per_cell = 2
-    seeds = [0]
 
     [[gates]]
     id = "throughput"
@@ -59,9 +33,8 @@ ROW = '''
 
 
 def _row(tmp_path: Path, baseline: str) -> Path:
-    path = tmp_path / "FUSED-WARM-TEST.toml"
-    path.write_text(textwrap.dedent(ROW.format(baseline=baseline)))
-    return path
+    return tiny_row(tmp_path, "FUSED-WARM-TEST", FUSED.format(baseline=baseline),
+                    oracle="reference", concurrency="[1, 2]", output_len=4, requests=2)
 
 
 def test_every_cell_runs_on_the_gates_baseline(tmp_path):

@@ -14,6 +14,7 @@ from pipeline.engines.interface import EngineError
 
 VLLM_CACHE_ROOT = CHECKOUT / "build" / "vllm-cache"
 INDUCTOR_CACHE = CHECKOUT / "build" / "torchinductor"
+INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 """torch.compile's cache for engine subprocesses: under build/ like vLLM's, so a cache
 left truncated (a full disk, a kill) goes with `rm -rf build/`, and two checkouts never
 share /tmp's."""
@@ -30,7 +31,7 @@ def engine_env(device: str, extra: dict[str, str] | None = None) -> dict[str, st
     env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
                 "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
                 "VLLM_CACHE_ROOT": str(VLLM_CACHE_ROOT), "PYTHONUNBUFFERED": "1",
-                "TORCHINDUCTOR_CACHE_DIR": str(INDUCTOR_CACHE),
+                INDUCTOR_CACHE_ENV: str(INDUCTOR_CACHE),
                 "TOKENIZERS_PARALLELISM": "false"})
     if device == "cpu":
         env["VLLM_TARGET_DEVICE"] = "cpu"

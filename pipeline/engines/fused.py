@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from pipeline.engines._process import INDUCTOR_CACHE
+from pipeline.engines._process import INDUCTOR_CACHE, INDUCTOR_CACHE_ENV
 from pipeline.engines.interface import EngineError, WorkloadPass
 from pipeline.engines.qwen3 import (
     DTYPES,
@@ -143,7 +143,7 @@ class FusedModel(Qwen3Model):
             # checkout (the trace gate's compile, then the throughput gate's; a warm-up
             # call, then the sealing one) reuses max-autotune's choices instead of
             # re-benchmarking every GEMM shape (~6 s each), and runs the same kernels.
-            os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(INDUCTOR_CACHE))
+            os.environ.setdefault(INDUCTOR_CACHE_ENV, str(INDUCTOR_CACHE))
             self.stages = (self._compiled(_pre, compile_mode),
                            self._compiled(_post, compile_mode),
                            self._compiled(_final, compile_mode))
@@ -199,7 +199,7 @@ def compile_cache_note(compiled: bool) -> str:
         return "none (not compiled)"
     from torch._dynamo.utils import counters
 
-    cache = Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR", str(INDUCTOR_CACHE)))
+    cache = Path(os.environ.get(INDUCTOR_CACHE_ENV, str(INDUCTOR_CACHE)))
     hits, misses = (counters["inductor"].get(k, 0)
                     for k in ("fxgraph_cache_hit", "fxgraph_cache_miss"))
     note = f"{cache}: {hits} graph(s) from the cache, {misses} compiled here"

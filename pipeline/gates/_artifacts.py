@@ -18,7 +18,8 @@ T = TypeVar("T")
 
 
 def write_json(path: Path, doc: object) -> None:
-    path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    """`doc` as indented JSON, gzipped when the name ends `.gz` (`pipeline.compressed`)."""
+    compressed.write_text(path, json.dumps(doc, indent=2, sort_keys=True) + "\n")
 
 
 def read_json(path: Path) -> Any:

@@ -56,10 +56,8 @@ ADMISSION = "admission.json"
 MODEL = "model.json"
 DEVICE = "device.json"
 PROOF = "proof.json"
-TASKS_PLAIN = "tasks.bin"
-TASKS_BIN = TASKS_PLAIN + compressed.SUFFIX
-PLAN_PLAIN = "plan.json"
-PLAN_JSON = PLAN_PLAIN + compressed.SUFFIX
+TASKS, PLAN = "tasks.bin", "plan.json"
+"""Both sealed gzipped (`compressed.gzipped`) since 2026-12-02; derive reads either form."""
 
 
 class AbiGate(GateSpec):
@@ -260,16 +258,15 @@ def _write_list(d: Path, dims: ModelDims, batch: int, sm_count: int, row: Row) -
     d.mkdir(parents=True, exist_ok=True)
     # Sealed gzipped: ~1.5 MB a list as the kernel reads it, 30-50 KB gzipped (the
     # descriptors are mostly zero words); `derive` reads either form.
-    compressed.write_bytes(d / TASKS_BIN, abi.pack(plan.tasks))
+    compressed.write_bytes(compressed.gzipped(d / TASKS), abi.pack(plan.tasks))
     # One task per line, compact: ~20k tasks per list (indented JSON is 10x slower).
     compressed.write_text(d / "tasks.json.gz", "[\n" + ",\n".join(
         json.dumps(abi.to_json(t), separators=(",", ":")) for t in plan.tasks) + "\n]\n")
     shape = {k: v for k, v in asdict(plan.shape).items() if k != "extra"}
     # gzipped too: the labels of ~10-14k tasks are 0.2-0.3 MB a list on the probe model
-    compressed.write_text(d / PLAN_JSON, json.dumps({
+    write_json(compressed.gzipped(d / PLAN), {
         "summary": plan.summary(), "shape": shape, "num_counters": plan.num_counters,
-        "buffers": [asdict(b) for b in plan.buffers], "labels": [t.label for t in plan.tasks]},
-        indent=2, sort_keys=True) + "\n")
+        "buffers": [asdict(b) for b in plan.buffers], "labels": [t.label for t in plan.tasks]})
     write_json(d / "validation.json", validate(plan.tasks, plan.shape, plan.buffers,
                                                      plan.num_counters).to_json())
 
@@ -329,13 +326,14 @@ def _lists(row: Row, artifact_dir: Path) -> tuple[dict[str, dict[str, Any]], lis
     first = row.workload.input_lens[0]
     for batch in row.workload.concurrency:
         d = artifact_dir / batch_dir(batch)
+        sealed = compressed.either(d / TASKS)
         try:
-            tasks = abi.unpack(compressed.read_bytes(compressed.either(d / TASKS_PLAIN)))
+            tasks = abi.unpack(compressed.read_bytes(sealed))
         except (OSError, EOFError) as exc:
-            raise GateError(f"abi artifacts: {d}/{TASKS_BIN} unreadable: {exc}") from exc
+            raise GateError(f"abi artifacts: {d}/{sealed.name} unreadable: {exc}") from exc
         except Error as exc:
-            raise GateError(f"abi artifacts: {d}/{TASKS_BIN}: {exc.diagnostics()}") from exc
-        plan = read_json(compressed.either(d / PLAN_PLAIN))
+            raise GateError(f"abi artifacts: {d}/{sealed.name}: {exc.diagnostics()}") from exc
+        plan = read_json(compressed.either(d / PLAN))
         shape = abi.StepShape(**plan["shape"])
         buffers = [Buffer(**b) for b in plan["buffers"]]
         report = validate(tasks, shape, buffers, plan["num_counters"])

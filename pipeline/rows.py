@@ -162,6 +162,14 @@ class Row(BaseModel):
                 return g
         raise KeyError(gate_id)
 
+    def runs_before(self, earlier: str, gate_id: str) -> bool:
+        """Whether gate `earlier` runs before `gate_id` (the runner runs the row's gates
+        in order). A gate that reads another's artifacts saw them only if so, and its
+        derive must see the bundle as the gate did: a review re-derives a sealed bundle
+        holding every gate's artifacts, a later gate's included."""
+        ids = [g.id for g in self.gates]
+        return earlier in ids and gate_id in ids and ids.index(earlier) < ids.index(gate_id)
+
     def build_arches(self) -> list[str]:
         return self.target.build_arches or [self.target.arch]
 

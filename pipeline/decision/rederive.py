@@ -4,6 +4,7 @@ with the sealed summary; the review trusts nothing it can recompute."""
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from pipeline.decision.criteria import Evaluation
@@ -22,6 +23,28 @@ def _normal(result: GateResult) -> dict[str, Any]:
     return {k: data[k] for k in ("status", "reason", "metrics", "cells")}
 
 
+FLOAT_REL_TOL = 1e-9
+"""How far a re-derived float may sit from the sealed one. A gate's derive is the same
+code on the same bytes, but not always the same arithmetic: the sealing machine's Python
+may sum floats another way (3.12's `sum` is compensated, 3.11's is not) and its libm may
+round `exp`/`log` otherwise, a few units in the last place. Any real change to a sample
+moves a metric by far more than one part in 10^9."""
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal, floats to within FLOAT_REL_TOL (booleans and strings exactly)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, float) or isinstance(b, float):
+        return (isinstance(a, (int, float)) and isinstance(b, (int, float))
+                and math.isclose(a, b, rel_tol=FLOAT_REL_TOL, abs_tol=1e-15))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return bool(a == b)
+
+
 def _first_difference(sealed: dict[str, Any], derived: dict[str, Any]) -> str:
     for key in ("status", "reason"):
         if sealed[key] != derived[key]:
@@ -30,7 +53,7 @@ def _first_difference(sealed: dict[str, Any], derived: dict[str, Any]) -> str:
         names = sorted(set(sealed[key]) | set(derived[key]))
         for name in names:
             a, b = sealed[key].get(name, "(absent)"), derived[key].get(name, "(absent)")
-            if a != b:
+            if not _same(a, b):
                 return f"{key}.{name}: sealed {a!r}, re-derived {b!r}"
     return "differs"
 
@@ -53,7 +76,7 @@ def rederive(row: Row, bundle: Bundle, sealed: GateResult) -> tuple[GateResult, 
                                       "metrics": derived.metrics, "cells": derived.cells})
     again = GateResult.model_validate_json(again.model_dump_json())
     a, b = _normal(sealed), _normal(again)
-    if a != b:
+    if not _same(a, b):
         return again, "inconsistent", _first_difference(a, b)
     return again, "consistent", ""
 

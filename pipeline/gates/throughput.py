@@ -261,7 +261,9 @@ def _correctness(row: Row, spec: ThroughputGate, artifact_dir: Path
     correct = {}
     for role, name in files.items():
         path = artifact_dir.parent / tokens.id / name
-        try:
+        try:  # a later tokens gate had left nothing when this gate ran (Row.runs_before)
+            if not row.runs_before(tokens.id, spec.id):
+                raise FileNotFoundError(path)
             lines = path.read_text().splitlines()
         except OSError:
             why[role] = f"gate {tokens.id} left no {name} in this bundle (it did not run here)"

@@ -207,7 +207,8 @@ class Trace(Gate[TraceGate]):
         # Captures sealed before format 2 keep the verdict they had: no windows, no route
         # count (their records cannot support them).
         if all(rec.get("format", 1) >= 2 for rec in records.values()):
-            docs = {name: windows.check(row, rec, name.split()[0].split("/")[-1], artifact_dir)
+            docs = {name: windows.check(row, rec, name.split()[0].split("/")[-1], artifact_dir,
+                                        spec.id)
                     for name, rec in records.items()}
             window_metrics, refused = windows.summary(docs)
             metrics.update(window_metrics, eager_launches_in_range=captures.eager_launches(

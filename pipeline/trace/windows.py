@@ -45,8 +45,10 @@ def _tokens_gate(row: Row) -> tuple[str, float] | None:
     return (spec.id, float(getattr(spec, "tie_margin", 0.0))) if spec else None
 
 
-def check(row: Row, record: dict[str, Any], arm: str, artifact_dir: Path) -> dict[str, Any]:
-    """One capture's window against the tokens gate's pass of the same arm."""
+def check(row: Row, record: dict[str, Any], arm: str, artifact_dir: Path, gate_id: str
+          ) -> dict[str, Any]:
+    """One capture's window against the tokens gate's pass of the same arm (`gate_id`:
+    the trace gate's)."""
     gate = _tokens_gate(row)
     if gate is None:
         return {"checked": False, "why": "the row has no tokens gate to match the traced "
@@ -57,7 +59,10 @@ def check(row: Row, record: dict[str, Any], arm: str, artifact_dir: Path) -> dic
     if arm not in MAIN_ARMS:
         return {"checked": False, "why": f"arm {arm!r} has no tokens-gate pass (the tokens "
                                          f"gate runs oracle and candidate)"}
-    correct = _outputs(artifact_dir.parent / gate[0] / f"{arm}.jsonl")
+    # A tokens gate after this one had left nothing when this gate ran: the same reason
+    # as outputs absent, word for word, so a sealed bundle re-derives as it was sealed.
+    correct = (_outputs(artifact_dir.parent / gate[0] / f"{arm}.jsonl")
+               if row.runs_before(gate[0], gate_id) else None)
     if correct is None:
         return {"checked": False, "why": f"no {arm} outputs of gate {gate[0]} in this bundle "
                                          f"(it did not run here)"}

@@ -138,6 +138,25 @@ def test_a_planted_traced_window_divergence_is_refused(fixture_stage, tmp_path):
            f"{source} position 2" in d.reason
 
 
+@pytest.mark.slow
+def test_a_trace_gate_before_the_tokens_gate_re_derives_what_it_saw(fixture_stage, tmp_path):
+    """With the trace gate first, the tokens gate's outputs were not there when it ran:
+    its derive must not match them at review either, or a sealed bundle (which holds
+    them) re-derives another reason than it was sealed with."""
+    path, stage, _, _ = fixture_stage
+    reordered = row(tmp_path, "FIXTURE-ARM", candidate=FIXTURE, body=TRACE.replace(TOKENS, "")
+                    + SEAM + TOKENS)
+    loaded = load_row(reordered).row
+    assert [g.id for g in loaded.gates] == ["trace", "tokens"]
+    d = Trace().derive(loaded, loaded.gate("trace"), stage / "artifacts" / "trace")
+    assert d.metrics["windows_checked"] == 0
+    assert "traced tokens not matched: no candidate outputs of gate tokens in this bundle" \
+           in d.reason
+    first = load_row(path).row  # tokens first: the same artifacts are matched
+    assert Trace().derive(first, first.gate("trace"), stage / "artifacts" / "trace"
+                          ).metrics["windows_checked"] == 1
+
+
 def test_an_untraceable_arm_is_refused_before_anything_starts(tmp_path):
     path = row(tmp_path, "LLAMA-TRACE", candidate='engine = "llama.cpp"\nversion = "0.0.1"')
     result = run_one(Trace(), path, "trace", tmp_path / "stage")

@@ -3,7 +3,8 @@
 # `rowgate gate ROW` for each row given. The device returns at most 8 files: logs and
 # results come back as $OUT/results.tar.gz, the sealed bundles as
 # $OUT/evidence.tar.gz.part-* (15 MiB pieces). Run from the repo root
-# with `.whl` carried (the Python packages the device image lacks, docs/operators.md):
+# with `.site` (or `.whl`) carried (the Python packages the device image lacks,
+# benchmarks/device_site.sh, docs/operators.md):
 #   bash benchmarks/device_gate.sh KERNEL-CUDA-DECODE-MEGAKERNEL [ROW ...]
 # Environment: SKIP_TRACE=1 skips the trace capture set; MEGAKERNEL_BENCH="ARGS" runs
 # benchmarks/megakernel.py ARGS after the rows (results under megakernel/);
@@ -12,9 +13,8 @@ set -uo pipefail
 R=/tmp/device-results  # everything but the evidence, tarred into $OUT at the end
 rm -rf "$R" && mkdir -p "$R"
 [ $# -ge 1 ] || { echo "usage: $0 ROW [ROW ...]" >&2; exit 2; }
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 ROWGATE_SIGNER=key
+. benchmarks/device_env.sh || exit 1
+export ROWGATE_SIGNER=key
 export XDG_CONFIG_HOME=/tmp/rowgate-config
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,driver_version --format=csv
 nvcc --version | tail -2

@@ -7,12 +7,10 @@
 # variant beside the strongest graph-fused baseline at b1 / b8 / b4
 # (benchmarks/megakernel_ab.py --variants attention: every list bitwise the tree's kernel,
 # greedy tokens against eager) and runs the other gpu-marked tests of the persistent kernel
-# and of the graph-fused engine's compile cache. carry [".whl"]; results in $OUT.
+# and of the graph-fused engine's compile cache. carry [".site"]; results in $OUT.
 set -u
 T0=$(date +%s)
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1
+. benchmarks/device_env.sh || exit 1
 K=/tmp/k/cubins
 [ -f "$K/mk_mmaall.cubin" ] || bash benchmarks/issue19_build.sh /tmp/k > /tmp/build.txt 2>&1 ||
   { tail -20 /tmp/build.txt; exit 1; }

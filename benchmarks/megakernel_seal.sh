@@ -2,13 +2,13 @@
 # The megakernel row sealed on a device lent 10 minutes a call (issue 19, item 5), in two
 # calls on one machine: the second must start while the first's machine is still warm
 # (ignored build outputs, build/torchinductor among them, are kept between calls there).
-#   bash benchmarks/megakernel_seal.sh warm   # carry [".whl"]
+#   bash benchmarks/megakernel_seal.sh warm   # carry [".site"]
 #     the final kernel's ncu counters at batch 1 (benchmarks/megakernel_ncu.py, the
 #     builder's default b1 list), then the graph-fused baseline compiled at every batch of
 #     the row, the fastest of up to COMPILES (default 3) compiles that fit the call
 #     (benchmarks/fused_warm.py: its max-autotune choices left in build/torchinductor,
 #     what each compile costs and how fast each ran); $OUT/warm.tar.gz
-#   bash benchmarks/megakernel_seal.sh seal   # carry [".whl"], right after `warm`
+#   bash benchmarks/megakernel_seal.sh seal   # carry [".site"], right after `warm`
 #     `rowgate gate KERNEL-CUDA-DECODE-MEGAKERNEL` through benchmarks/device_gate.sh
 #     (the bundle in $OUT/evidence.tar.gz.part-*); the trace and throughput gates compile
 #     from the warm cache, so the trace and the A/B run the kernels `warm` timed.
@@ -20,9 +20,7 @@ case "${1:-}" in
   warm)
     R=/tmp/warm-results
     rm -rf "$R" /tmp/k && mkdir -p "$R"
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target /tmp/site .whl/*.whl || exit 1
-    export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1
+    . benchmarks/device_env.sh || exit 1
     bash benchmarks/issue19_build.sh /tmp/k > "$R/build.txt" 2>&1 || { tail -20 "$R/build.txt"; exit 1; }
     grep -h "registers" /tmp/k/cubins/mk_mma.cubin.log | head -3
     timeout 200 python3 benchmarks/megakernel_ncu.py --out "$R/ncu" --norm-in --batch 1 \

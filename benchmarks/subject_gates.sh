@@ -4,7 +4,8 @@
 # and gates (benchmarks/subject_gates.py); then, with GPU_TESTS=1, the gpu-marked tests of
 # the contract (tests/ops/test_decode_attention_gpu.py, tests/gates/test_operator_gpu.py,
 # tests/gates/test_subject_gpu.py; SKIP_GATES=1 runs those alone). Run from the repo root
-# with `.whl` carried (the Python packages the device image lacks, docs/operators.md):
+# with `.site` (or `.whl`) carried (the Python packages the device image lacks,
+# benchmarks/device_site.sh, docs/operators.md):
 #   bash benchmarks/subject_gates.sh                  # the gates (about 5 minutes)
 #   SKIP_GATES=1 GPU_TESTS=1 bash benchmarks/subject_gates.sh   # the gpu-marked tests
 #   ONLY=pagedmini bash benchmarks/subject_gates.sh   # one subject (re-seal its bundle)
@@ -16,9 +17,8 @@
 set -uo pipefail
 R=/tmp/subject-gates
 rm -rf "$R" && mkdir -p "$R"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 ROWGATE_SIGNER=key
+. benchmarks/device_env.sh || exit 1
+export ROWGATE_SIGNER=key
 export XDG_CONFIG_HOME=/tmp/rowgate-config ROWGATE_CACHE_DIR=/tmp/rowgate-cache
 NVCC="$(command -v nvcc)"
 { nvidia-smi --query-gpu=name,driver_version --format=csv; "$NVCC" --version | tail -2;

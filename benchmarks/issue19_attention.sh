@@ -8,31 +8,38 @@
 # (benchmarks/megakernel_ab.py --variants attention: every list bitwise the tree's kernel,
 # greedy tokens against eager) and runs the other gpu-marked tests of the persistent kernel
 # and of the graph-fused engine's compile cache. carry [".site"]; results in $OUT.
+# SET=silu (default attention, run 11) times RG_MK_SILU_AHEAD=4 / 8 instead (a down tile's
+# SiLU-in staging, `--variants silu`), checked bit for bit by the same gpu test.
 set -u
+SET=${SET:-attention}
 T0=$(date +%s)
 . benchmarks/device_env.sh || exit 1
 K=/tmp/k/cubins
-[ -f "$K/mk_mmaall.cubin" ] || bash benchmarks/issue19_build.sh /tmp/k > /tmp/build.txt 2>&1 ||
+[ -f "$K/mk_mmasilu8.cubin" ] || bash benchmarks/issue19_build.sh /tmp/k > /tmp/build.txt 2>&1 ||
   { tail -20 /tmp/build.txt; exit 1; }
-grep -H "registers" "$K"/mk_mma.cubin.log "$K"/mk_mmasa8.cubin.log "$K"/mk_mmam1.cubin.log \
-  "$K"/mk_mmase.cubin.log "$K"/mk_mmaall.cubin.log
+if [ "$SET" = silu ]; then
+  VAR=(mmasilu4="$K/mk_mmasilu4.cubin" mmasilu8="$K/mk_mmasilu8.cubin")
+else
+  VAR=(mmasa8="$K/mk_mmasa8.cubin" mmam1="$K/mk_mmam1.cubin" mmase="$K/mk_mmase.cubin"
+       mmaall="$K/mk_mmaall.cubin")
+fi
+grep -H "registers" "$K"/mk_mma*.cubin.log
 echo "build took $(( $(date +%s) - T0 )) s"
 ROWGATE_NVCC="$(command -v nvcc)" timeout 150 python3 -m pytest -p no:cacheprovider -m gpu -q -rs \
-  tests/megakernel/test_persistent_gpu.py -k split_ahead 2>&1 | tail -n 8 | tee "$OUT/pytest-variant.txt"
+  tests/megakernel/test_persistent_gpu.py -k latency_variant 2>&1 | tail -n 8 | tee "$OUT/pytest-variant.txt"
 grep -q " passed" "$OUT/pytest-variant.txt" && ! grep -q "failed\|error" "$OUT/pytest-variant.txt" ||
   { echo "the variant is not the tree's kernel bit for bit: no timed run"; exit 1; }
 echo "variant check took $(( $(date +%s) - T0 )) s"
 rm -rf /tmp/runsa && mkdir -p /tmp/runsa
 timeout 330 python3 benchmarks/megakernel_ab.py --out /tmp/runsa \
-  --cubins mma="$K/mk_mma.cubin" mma9="$K/mk_mma.cubin" mmasa8="$K/mk_mmasa8.cubin" \
-  mmam1="$K/mk_mmam1.cubin" mmase="$K/mk_mmase.cubin" mmaall="$K/mk_mmaall.cubin" \
+  --cubins mma="$K/mk_mma.cubin" mma9="$K/mk_mma.cubin" "${VAR[@]}" \
   --split-kv-cubin "$K/split_kv.sm_90.cubin" \
-  --variants attention --repeats 7 --budget-s 250 --batches 1 8 4 \
+  --variants "$SET" --repeats 7 --budget-s 250 --batches 1 8 4 \
   --compile max-autotune-no-cudagraphs --fused-chunks 0 64 2>&1 |
   grep -v "triton_mm\|AUTOTUNE\|strides:\|dtypes:\|Autotune\|best_kernel\|SingleProcess\|^  mm \|^  addmm\|TypedStorage\|current_out_size\|stage windows\|profile" | tail -n 45
 cp /tmp/runsa/results.json "$OUT/results.json"
 echo "ab took $(( $(date +%s) - T0 )) s"
 ROWGATE_NVCC="$(command -v nvcc)" timeout $(( 585 - ($(date +%s) - T0) )) python3 -m pytest \
   -p no:cacheprovider -m gpu -q -rs tests/megakernel/test_persistent_gpu.py \
-  tests/engines/test_fused_gpu.py -k "not split_ahead" 2>&1 | tail -n 15 | tee "$OUT/pytest-gpu.txt"
+  tests/engines/test_fused_gpu.py -k "not latency_variant" 2>&1 | tail -n 15 | tee "$OUT/pytest-gpu.txt"
 echo "all took $(( $(date +%s) - T0 )) s"

@@ -99,6 +99,8 @@ GREEDY = {"mma": [("mk-default", "v2", STAGED), ("mk-mma", "mma", STAGED)],
                         ("mk-se-norm-in", "mmase", NORM_IN),
                         ("mk-all-norm-in", "mmaall", NORM_IN), ("mk-all", "mmaall", STAGED),
                         ("mk-mma9-norm-in", "mma9", NORM_IN)],
+          "silu": [("mk-silu8-norm-in", "mmasilu8", NORM_IN), ("mk-silu8", "mmasilu8", STAGED),
+                   ("mk-mma9", "mma9", STAGED)],
           "issue19": [("mk-+ring", "v2", {"fine_deps": False})]}
 """Persistent paths run 32 greedy steps against eager (name, cubin, options)."""
 VARIANTS = [  # name, cubin, builder options, schedules
@@ -249,10 +251,25 @@ sums: every list is bitwise `mma-stages` (the previous kernel) still."""
 DEEP_SMOKE = [v for v in DEEP_VARIANTS if v[0] in ("mma-stages", "deep-norm-in")]
 """The deep ring once at each batch before the timed run (a fault there would take the
 call's CUDA context with it)."""
+SILU_VARIANTS = [  # name, cubin, builder options, schedules
+    ("mma-stages", "mma", {"fuse": False}, (DYN,)),
+    ("mma9-norm-in", "mma9", NORM_IN, (DYN,)),
+    ("mma9", "mma9", STAGED, (DYN,)),
+    ("silu4-norm-in", "mmasilu4", NORM_IN, (DYN,)),
+    ("silu4", "mmasilu4", STAGED, (DYN,)),
+    ("silu8-norm-in", "mmasilu8", NORM_IN, (DYN,)),
+    ("silu8", "mmasilu8", STAGED, (DYN,)),
+]
+"""A down tile's prologue. Run 11 traced it at 20.4 of a b8 down task's 28 us (3.2 at
+b1): the tile stages SiLU(gate)*up of the whole batch, 96 KB at b8, 24 granules a
+thread, with 2 granules of gate and up in flight (12 dependent L2 round trips).
+`mmasilu4` / `mmasilu8` keep 4 / 8 in flight (RG_MK_SILU_AHEAD). The same values in
+the same order: bitwise `mma-stages`."""
 VARIANT_SETS = {"mma": MMA_VARIANTS, "issue19": VARIANTS, "l2": L2_VARIANTS,
                 "fuse": FUSE_VARIANTS, "merge": MERGE_VARIANTS, "diag": DIAG_VARIANTS,
                 "ahead": AHEAD_VARIANTS, "wave": WAVE_VARIANTS, "deep": DEEP_VARIANTS,
-                "deepsmoke": DEEP_SMOKE, "attention": ATTENTION_VARIANTS}
+                "deepsmoke": DEEP_SMOKE, "attention": ATTENTION_VARIANTS,
+                "silu": SILU_VARIANTS}
 COMPILE = ["none", "max-autotune-no-cudagraphs"]
 """(`--compile default` adds torch.compile's default mode.)"""
 GREEDY_STEPS = 32

@@ -71,6 +71,11 @@
 //                        the stage's empty tail (19 of 22
 //                        splits a kv head at b1) then signals as it is claimed, during
 //                        the q|k|v stage, instead of queueing behind it (issue 19)
+//   RG_MK_SILU_AHEAD=N   a GEMV staging SiLU(gate)*up as its input keeps N granules of
+//                        gate and of up in flight per thread (default 2): at b8 a down
+//                        tile's 96 KB input is 24 granules a thread, 12 dependent L2 round
+//                        trips at 2, and run 11 traced that prologue at 20 of its 28 us
+//                        (3.2 at b1); the same sums in the same order, the same bits
 //   RG_MK_MMA=1          GEMV tiles on the tensor cores (mma.sync m16n8k16, the batch as
 //                        N = 8; kernels/persistent/gemv_mma.cuh) where K % 1024 == 0 and
 //                        the input is staged, the weights through the same ring (needs
@@ -106,6 +111,9 @@
 #endif
 #ifndef RG_MK_SKIP_EMPTY
 #define RG_MK_SKIP_EMPTY 0
+#endif
+#ifndef RG_MK_SILU_AHEAD
+#define RG_MK_SILU_AHEAD 2
 #endif
 #if RG_MK_DEEP && !RG_MK_MMA
 #error "RG_MK_DEEP deepens the tensor-core GEMV's ring: it needs RG_MK_MMA=1"
@@ -358,8 +366,9 @@ __device__ void stage_input(const TaskDesc& t, const Ctx& c, u32 K, u32 x_stride
   } else if (t.flags & task::kFlagSiluIn) {
     // kSiluAhead granules of gate and of up requested before their sums: at b1 a
     // thread's 3 granules are 2 L2 round trips, not 3 (run 7: a down tile's prologue
-    // 3.2 us); each more costs 8 registers of the kernel's budget
-    constexpr int kSiluAhead = 2;
+    // 3.2 us); each more costs 8 registers of the kernel's budget (RG_MK_SILU_AHEAD)
+    constexpr int kSiluAhead = RG_MK_SILU_AHEAD;
+    static_assert(kSiluAhead >= 1, "RG_MK_SILU_AHEAD: at least one granule in flight");
     const uint4* gate = operand<const uint4>(t, c.buffers, 1);
     const uint4* up = operand<const uint4>(t, c.buffers, 3);
     for (u32 i0 = threadIdx.x; i0 < batch * K8; i0 += kThreads * kSiluAhead) {

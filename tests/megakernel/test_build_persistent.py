@@ -2,9 +2,10 @@
 budgets, no spills, no local memory, the counter barriers present in the SASS -- the
 default build and the tensor-core GEMV build (RG_MK_MMA=1, `persistent_decode_mma`, whose
 SASS must hold HMMA and LDSM), and the attention variants issue 19 times beside them
-(RG_MK_SPLIT_AHEAD=8, RG_MK_MERGE_ONE_TRIP=1, RG_MK_SKIP_EMPTY=1 in one build, an entry
-added to the copy's kernels.toml: every variant's code compiled and audited, no spills,
-within one 256-thread block's 255 registers). A real nvcc build through the build gate's
+(RG_MK_SPLIT_AHEAD=8, RG_MK_MERGE_ONE_TRIP=1, RG_MK_SKIP_EMPTY=1 in one build;
+RG_MK_SILU_AHEAD=8 in another, as with the three it spills; entries added to the copy's
+kernels.toml: every variant's code compiled and audited, no spills, within one
+256-thread block's 255 registers). A real nvcc build through the build gate's
 toolchain, on a copy of kernels/."""
 
 from __future__ import annotations
@@ -20,25 +21,30 @@ from pipeline.records.status import Status
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
-KERNELS = ("persistent_decode", "persistent_decode_mma", "persistent_decode_attention")
-VARIANT = """
-[kernels.persistent_decode_attention]
-source = "persistent/megakernel.cu"
-entry_points = ["persistent_decode_static", "persistent_decode_dynamic"]
-arches = ["sm_90"]
-defines = ["RG_MK_MMA=1", "RG_MK_SPLIT_AHEAD=8", "RG_MK_MERGE_ONE_TRIP=1", "RG_MK_SKIP_EMPTY=1"]
-
-[kernels.persistent_decode_attention.budgets.all]
+KERNELS = ("persistent_decode", "persistent_decode_mma", "persistent_decode_attention",
+           "persistent_decode_silu")
+BUDGETS = """
+[kernels.{name}.budgets.all]
 max_registers = 255
 max_spill_stores = 0
 max_spill_loads = 0
 max_stack_bytes = 0
 max_local_bytes = 0
 
-[[kernels.persistent_decode_attention.sass]]
+[[kernels.{name}.sass]]
 forbid = ["LDL", "STL"]
 require = ["HMMA", "BAR", "REDG"]
 """
+VARIANT = "".join(f"""
+[kernels.{name}]
+source = "persistent/megakernel.cu"
+entry_points = ["persistent_decode_static", "persistent_decode_dynamic"]
+arches = ["sm_90"]
+defines = {defines}
+""" + BUDGETS.format(name=name) for name, defines in (
+    ("persistent_decode_attention", '["RG_MK_MMA=1", "RG_MK_SPLIT_AHEAD=8", '
+                                    '"RG_MK_MERGE_ONE_TRIP=1", "RG_MK_SKIP_EMPTY=1"]'),
+    ("persistent_decode_silu", '["RG_MK_MMA=1", "RG_MK_SILU_AHEAD=8"]')))
 
 
 @pytest.fixture(scope="module")

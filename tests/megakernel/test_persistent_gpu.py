@@ -173,12 +173,21 @@ def test_a_traced_launch_stamps_every_task_and_computes_the_same(tiny, cubin, sc
     assert 0 < b["run_fraction"] <= 1 and 0 <= b["wait_fraction"] < 1
 
 
+VARIANTS = {
+    # RG_MK_SPLIT_AHEAD=8 (each warp keeps its next 8 tokens' K/V rows in flight),
+    # RG_MK_MERGE_ONE_TRIP=1 (a merge loads every split's state at once) and
+    # RG_MK_SKIP_EMPTY=1 (an empty split runs without waiting), in one build
+    "attention": ["RG_MK_SPLIT_AHEAD=8", "RG_MK_MERGE_ONE_TRIP=1", "RG_MK_SKIP_EMPTY=1"],
+    # RG_MK_SILU_AHEAD=8: a SiLU-in GEMV's staging keeps 8 granules of gate and up in flight
+    # (with the three above it spills: its own build)
+    "silu": ["RG_MK_SILU_AHEAD=8"],
+}
+
+
 @pytest.fixture(scope="module")
-def split_ahead_cubin(tmp_path_factory) -> Path:
-    """The tree's kernel with RG_MK_SPLIT_AHEAD=8 (each warp keeps its next 8 tokens' K/V
-    rows in flight), RG_MK_MERGE_ONE_TRIP=1 (a merge loads every split's state at once) and
-    RG_MK_SKIP_EMPTY=1 (an empty split runs without waiting), built by the build gate's
-    toolchain from a kernels.toml entry added to a copy of kernels/."""
+def variant_cubins(tmp_path_factory) -> dict[str, Path]:
+    """The tree's kernel with each VARIANTS entry's defines added, built by the build
+    gate's toolchain from kernels.toml entries added to a copy of kernels/."""
     import shutil
     import tomllib
 
@@ -187,32 +196,34 @@ def split_ahead_cubin(tmp_path_factory) -> Path:
 
     major, minor = torch.cuda.get_device_capability()
     arch = f"sm_{major}{minor}"
-    root = tmp_path_factory.mktemp("split-ahead")
+    root = tmp_path_factory.mktemp("variants")
     shutil.copytree(REPO / "kernels", root / "kernels")
     manifest = root / "kernels" / "kernels.toml"
     base = tomllib.loads(manifest.read_text())["kernels"][kernel_for(arch)]
-    defines = [*base.get("defines", []), "RG_MK_SPLIT_AHEAD=8", "RG_MK_MERGE_ONE_TRIP=1",
-               "RG_MK_SKIP_EMPTY=1"]
     with manifest.open("a") as f:
-        f.write(f'\n[kernels.split_ahead]\nsource = "{base["source"]}"\n'
-                f'entry_points = {json.dumps(base["entry_points"])}\narches = ["{arch}"]\n'
-                f"defines = {json.dumps(defines)}\n")
-    return cudabuild.cubin(root, "split_ahead", arch, os.environ.get("ROWGATE_NVCC"))
+        for name, extra in VARIANTS.items():
+            f.write(f'\n[kernels.variant_{name}]\nsource = "{base["source"]}"\n'
+                    f'entry_points = {json.dumps(base["entry_points"])}\narches = ["{arch}"]\n'
+                    f"defines = {json.dumps([*base.get('defines', []), *extra])}\n")
+    return {name: cudabuild.cubin(root, f"variant_{name}", arch, os.environ.get("ROWGATE_NVCC"))
+            for name in VARIANTS}
 
 
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
 @pytest.mark.parametrize("batch", [1, 8])
-def test_the_split_ahead_variant_is_the_default_bit_for_bit(tiny, cubin, split_ahead_cubin,
-                                                            batch):
+def test_each_latency_variant_is_the_default_bit_for_bit(tiny, cubin, variant_cubins,
+                                                         variant, batch):
     # 600-token prompts: at batch 8 a split holds 224 tokens, 28 a warp (the 8-ahead loop's
     # full groups and a partial last one) and a merge 9 splits; at batch 1, 16-token splits
-    # (2 a warp) and 128 to merge (past the one-trip merge's 24: the default merge runs)
+    # (2 a warp) and 128 to merge (past the one-trip merge's 24: the default merge runs);
+    # every down tile stages SiLU(gate)*up, batch x intermediate granules
     from pipeline.megakernel.abi import Schedule
     from pipeline.ops.megakernel import PersistentDecode
 
     model, cache, args = _prefilled(tiny, batch, 600)
     with torch.inference_mode():
         out = []
-        for path in (cubin, split_ahead_cubin):
+        for path in (cubin, variant_cubins[variant]):
             k0 = [k.clone() for k in cache.k]
             step = PersistentDecode(model, cache, batch, Schedule.DYNAMIC_QUEUE, path)
             out.append(step(*args).clone())

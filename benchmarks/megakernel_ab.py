@@ -230,10 +230,14 @@ before with only the ring's 2 prefetched groups (64 KB) in flight. `mmadeep`
 5-group ring (160 KB, over the ring and the staging buffer's start), 4 groups (128 KB)
 before the wait; `mma9` is the tree's default layout (the ring first in shared memory now).
 The same loads in the same order: every list bitwise `mma-stages` (the previous kernel)."""
-ATTENTION_VARIANTS = [  # name, cubin, builder options, schedules
+LATENCY_BASE = [  # name, cubin, builder options, schedules
     ("mma-stages", "mma", {"fuse": False}, (DYN,)),
     ("mma9-norm-in", "mma9", NORM_IN, (DYN,)),
     ("mma9", "mma9", STAGED, (DYN,)),
+]
+"""What the latency variant sets time theirs beside: the unfused list (every list's bits),
+and the tree's kernel with the norms in and staged."""
+ATTENTION_VARIANTS = [*LATENCY_BASE,
     ("sa8-norm-in", "mmasa8", NORM_IN, (DYN,)),
     ("m1-norm-in", "mmam1", NORM_IN, (DYN,)),
     ("se-norm-in", "mmase", NORM_IN, (DYN,)),
@@ -251,10 +255,7 @@ sums: every list is bitwise `mma-stages` (the previous kernel) still."""
 DEEP_SMOKE = [v for v in DEEP_VARIANTS if v[0] in ("mma-stages", "deep-norm-in")]
 """The deep ring once at each batch before the timed run (a fault there would take the
 call's CUDA context with it)."""
-SILU_VARIANTS = [  # name, cubin, builder options, schedules
-    ("mma-stages", "mma", {"fuse": False}, (DYN,)),
-    ("mma9-norm-in", "mma9", NORM_IN, (DYN,)),
-    ("mma9", "mma9", STAGED, (DYN,)),
+SILU_VARIANTS = [*LATENCY_BASE,
     ("silu4-norm-in", "mmasilu4", NORM_IN, (DYN,)),
     ("silu4", "mmasilu4", STAGED, (DYN,)),
     ("silu8-norm-in", "mmasilu8", NORM_IN, (DYN,)),

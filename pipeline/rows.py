@@ -162,13 +162,14 @@ class Row(BaseModel):
                 return g
         raise KeyError(gate_id)
 
-    def runs_before(self, earlier: str, gate_id: str) -> bool:
-        """Whether gate `earlier` runs before `gate_id` (the runner runs the row's gates
-        in order). A gate that reads another's artifacts saw them only if so, and its
-        derive must see the bundle as the gate did: a review re-derives a sealed bundle
-        holding every gate's artifacts, a later gate's included."""
+    def gates_before(self, gate_id: str) -> list[GateSpec]:
+        """The gates the runner runs before `gate_id` (it runs the row's gates in order;
+        all of them for a gate not in the row): what that gate could read of its bundle.
+        A gate reading another's artifacts reads them only from these, and so does its
+        derive: a review re-derives a sealed bundle that holds every gate's artifacts,
+        a later gate's included."""
         ids = [g.id for g in self.gates]
-        return earlier in ids and gate_id in ids and ids.index(earlier) < ids.index(gate_id)
+        return self.gates[:ids.index(gate_id)] if gate_id in ids else list(self.gates)
 
     def build_arches(self) -> list[str]:
         return self.target.build_arches or [self.target.arch]

@@ -39,9 +39,7 @@ class BuiltKernel:
 
 def build_gate_id(row: Row, spec: GateSpec, named: str) -> str:
     """The build gate a gate reads: `named`, else the row's one build gate before it."""
-    ids = [g.id for g in row.gates]
-    before = ids[:ids.index(spec.id)] if spec.id in ids else ids
-    builds = [g.id for g in row.gates if getattr(g, "kind", "") == "build" and g.id in before]
+    builds = [g.id for g in row.gates_before(spec.id) if getattr(g, "kind", "") == "build"]
     if named:
         if named not in builds:
             raise GateError(f"{spec.id}: build = {named!r} is not a build gate before it "

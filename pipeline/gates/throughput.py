@@ -259,13 +259,15 @@ def _correctness(row: Row, spec: ThroughputGate, artifact_dir: Path
         why["baseline"] = (f"the {spec.baseline} arm has no pass in gate {tokens.id} (it runs "
                            f"the oracle and the candidate)")
     correct = {}
+    # a tokens gate after this one had left nothing when this gate ran (Row.gates_before)
+    ran_before = tokens.id in {g.id for g in row.gates_before(spec.id)}
     for role, name in files.items():
         path = artifact_dir.parent / tokens.id / name
-        try:  # a later tokens gate had left nothing when this gate ran (Row.runs_before)
-            if not row.runs_before(tokens.id, spec.id):
-                raise FileNotFoundError(path)
-            lines = path.read_text().splitlines()
+        try:
+            lines = path.read_text().splitlines() if ran_before else None
         except OSError:
+            lines = None
+        if lines is None:
             why[role] = f"gate {tokens.id} left no {name} in this bundle (it did not run here)"
             continue
         docs = [json.loads(line) for line in lines if line.strip()]

@@ -61,8 +61,9 @@ def check(row: Row, record: dict[str, Any], arm: str, artifact_dir: Path, gate_i
                                          f"gate runs oracle and candidate)"}
     # A tokens gate after this one had left nothing when this gate ran: the same reason
     # as outputs absent, word for word, so a sealed bundle re-derives as it was sealed.
+    earlier = {g.id for g in row.gates_before(gate_id)}
     correct = (_outputs(artifact_dir.parent / gate[0] / f"{arm}.jsonl")
-               if row.runs_before(gate[0], gate_id) else None)
+               if gate[0] in earlier else None)
     if correct is None:
         return {"checked": False, "why": f"no {arm} outputs of gate {gate[0]} in this bundle "
                                          f"(it did not run here)"}

@@ -10,15 +10,20 @@
 # and of the graph-fused engine's compile cache. carry [".site"]; results in $OUT.
 # SET=silu (default attention, run 11) times RG_MK_SILU_AHEAD=4 / 8 instead (a down tile's
 # SiLU-in staging, `--variants silu`), checked bit for bit by the same gpu test.
+# SET=siludiag times the non-bitwise RG_MK_SILU_DIAG=1 / 2 diagnostics (`--variants
+# siludiag`): the bit-for-bit test still checks the gated variants; only the traced down
+# stage of the diagnostics is read.
 set -u
 SET=${SET:-attention}
 T0=$(date +%s)
 . benchmarks/device_env.sh || exit 1
 K=/tmp/k/cubins
-[ -f "$K/mk_mmasilu8.cubin" ] || bash benchmarks/issue19_build.sh /tmp/k > /tmp/build.txt 2>&1 ||
+[ -f "$K/mk_mmadiag2.cubin" ] || bash benchmarks/issue19_build.sh /tmp/k > /tmp/build.txt 2>&1 ||
   { tail -20 /tmp/build.txt; exit 1; }
 if [ "$SET" = silu ]; then
   VAR=(mmasilu4="$K/mk_mmasilu4.cubin" mmasilu8="$K/mk_mmasilu8.cubin")
+elif [ "$SET" = siludiag ]; then
+  VAR=(mmasilud1="$K/mk_mmadiag1.cubin" mmasilud2="$K/mk_mmadiag2.cubin")
 else
   VAR=(mmasa8="$K/mk_mmasa8.cubin" mmam1="$K/mk_mmam1.cubin" mmase="$K/mk_mmase.cubin"
        mmaall="$K/mk_mmaall.cubin")

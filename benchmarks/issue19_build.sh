@@ -18,6 +18,8 @@
 #   mk_mmaall.cubin        RG_MK_MMA=1 and all three
 #   mk_mmasilu4.cubin      RG_MK_MMA=1 RG_MK_SILU_AHEAD=4 (a SiLU-in staging's 4 granules in flight)
 #   mk_mmasilu8.cubin      RG_MK_MMA=1 RG_MK_SILU_AHEAD=8
+#   mk_mmadiag1.cubin      RG_MK_MMA=1 RG_MK_SILU_DIAG=1 (diagnostic, not bitwise: fast-intrinsic SiLU)
+#   mk_mmadiag2.cubin      RG_MK_MMA=1 RG_MK_SILU_DIAG=2 (diagnostic, not bitwise: no SiLU)
 # Each NAME.log keeps ptxas -v (registers, spills); mk_mma.sass the SASS where cuobjdump
 # is found (CUOBJDUMP=path, else PATH, else a venv's nvidia-cu13 wheel).
 # Usage: bash benchmarks/issue19_build.sh [DIR] (NVCC=path to pick the compiler).
@@ -49,6 +51,8 @@ build mk_mmam1.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_MERG
 build mk_mmase.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_SKIP_EMPTY=1 & pids+=($!)
 build mk_mmasilu4.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_SILU_AHEAD=4 & pids+=($!)
 build mk_mmasilu8.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_SILU_AHEAD=8 & pids+=($!)
+build mk_mmadiag1.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_SILU_DIAG=1 & pids+=($!)
+build mk_mmadiag2.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_SILU_DIAG=2 & pids+=($!)
 build mk_mmaall.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_SPLIT_AHEAD=8 \
   -DRG_MK_MERGE_ONE_TRIP=1 -DRG_MK_SKIP_EMPTY=1 & pids+=($!)
 for p in "${pids[@]}"; do wait "$p" || exit 1; done

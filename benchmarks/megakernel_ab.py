@@ -266,11 +266,19 @@ b1): the tile stages SiLU(gate)*up of the whole batch, 96 KB at b8, 24 granules 
 thread, with 2 granules of gate and up in flight (12 dependent L2 round trips).
 `mmasilu4` / `mmasilu8` keep 4 / 8 in flight (RG_MK_SILU_AHEAD). The same values in
 the same order: bitwise `mma-stages`."""
+SILU_DIAG_VARIANTS = [*LATENCY_BASE,
+    ("siludiag1", "mmasilud1", STAGED, (DYN,)),
+    ("siludiag2", "mmasilud2", STAGED, (DYN,)),
+]
+"""Diagnostics, NOT bitwise (run 12: more SiLU granules in flight were no faster): the
+down prologue with fast-intrinsic SiLU (RG_MK_SILU_DIAG=1) and with none (=2, gate * up),
+to time its arithmetic against its loads. Their bitwise and greedy lines are expected to
+say != / mismatched; only the traced down stage is read."""
 VARIANT_SETS = {"mma": MMA_VARIANTS, "issue19": VARIANTS, "l2": L2_VARIANTS,
                 "fuse": FUSE_VARIANTS, "merge": MERGE_VARIANTS, "diag": DIAG_VARIANTS,
                 "ahead": AHEAD_VARIANTS, "wave": WAVE_VARIANTS, "deep": DEEP_VARIANTS,
                 "deepsmoke": DEEP_SMOKE, "attention": ATTENTION_VARIANTS,
-                "silu": SILU_VARIANTS}
+                "silu": SILU_VARIANTS, "siludiag": SILU_DIAG_VARIANTS}
 COMPILE = ["none", "max-autotune-no-cudagraphs"]
 """(`--compile default` adds torch.compile's default mode.)"""
 GREEDY_STEPS = 32

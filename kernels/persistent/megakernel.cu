@@ -76,6 +76,10 @@
 //                        tile's 96 KB input is 24 granules a thread, 12 dependent L2 round
 //                        trips at 2, and run 11 traced that prologue at 20 of its 28 us
 //                        (3.2 at b1); the same sums in the same order, the same bits
+//   RG_MK_SILU_DIAG=1|2  diagnostic builds only, NOT bitwise (never a default, never gated):
+//                        1 computes SiLU with the fast intrinsics (__expf, __fdividef), 2
+//                        drops SiLU (gate * up); run 12 found more granules in flight no
+//                        faster, so these time the prologue's arithmetic against its loads
 //   RG_MK_MMA=1          GEMV tiles on the tensor cores (mma.sync m16n8k16, the batch as
 //                        N = 8; kernels/persistent/gemv_mma.cuh) where K % 1024 == 0 and
 //                        the input is staged, the weights through the same ring (needs
@@ -114,6 +118,9 @@
 #endif
 #ifndef RG_MK_SILU_AHEAD
 #define RG_MK_SILU_AHEAD 2
+#endif
+#ifndef RG_MK_SILU_DIAG
+#define RG_MK_SILU_DIAG 0
 #endif
 #if RG_MK_DEEP && !RG_MK_MMA
 #error "RG_MK_DEEP deepens the tensor-core GEMV's ring: it needs RG_MK_MMA=1"
@@ -324,7 +331,13 @@ __device__ void op_rms_norm(const TaskDesc& t, const Ctx& c) {
 }
 
 __device__ __forceinline__ float silu_mul(float g, float up) {
+#if RG_MK_SILU_DIAG == 1
+  return round_bf16(__fdividef(g, 1.0f + __expf(-g))) * up;
+#elif RG_MK_SILU_DIAG == 2
+  return g * up;
+#else
   return round_bf16(g / (1.0f + expf(-g))) * up;
+#endif
 }
 
 // MERGE_IN: stage[b][h * D + d] = bf16 of the merged splits of (b, h / group), the

@@ -101,6 +101,7 @@ GREEDY = {"mma": [("mk-default", "v2", STAGED), ("mk-mma", "mma", STAGED)],
                         ("mk-mma9-norm-in", "mma9", NORM_IN)],
           "silu": [("mk-silu8-norm-in", "mmasilu8", NORM_IN), ("mk-silu8", "mmasilu8", STAGED),
                    ("mk-mma9", "mma9", STAGED)],
+          "siludiag": [("mk-mma9", "mma9", STAGED)],
           "issue19": [("mk-+ring", "v2", {"fine_deps": False})]}
 """Persistent paths run 32 greedy steps against eager (name, cubin, options)."""
 VARIANTS = [  # name, cubin, builder options, schedules

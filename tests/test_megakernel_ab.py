@@ -1,0 +1,52 @@
+"""benchmarks/megakernel_ab.py's variant tables, checked on the CPU before a device call
+spends minutes on them: every `--variants` set has its greedy check (run 13's first call
+lost its timings to a set without one), and every variant and greedy path names a cubin
+key the set's device script passes and options the fused list builder accepts."""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from pipeline.megakernel.fused_list import emit_fused
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def ab() -> Iterator[ModuleType]:
+    sys.path.insert(0, str(ROOT / "benchmarks"))  # it imports its sibling megakernel.py
+    try:
+        spec = importlib.util.spec_from_file_location("megakernel_ab",
+                                                      ROOT / "benchmarks" / "megakernel_ab.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+
+def test_every_variant_set_has_a_greedy_check(ab: ModuleType) -> None:
+    missing = sorted(set(ab.VARIANT_SETS) - set(ab.GREEDY))
+    assert not missing, f"--variants sets without a GREEDY entry: {missing}"
+
+
+@pytest.mark.parametrize("name", ["silu", "siludiag", "attention"])
+def test_the_device_scripts_sets_name_known_options(ab: ModuleType, name: str) -> None:
+    accepted = set(inspect.signature(emit_fused).parameters) - {"e", "lay"}
+    for row in [*ab.VARIANT_SETS[name], *ab.GREEDY[name]]:
+        options = row[2]
+        if options.get("fuse") is False:  # the staged reference list, no fused options
+            continue
+        assert set(options) <= accepted, f"{name}: {row[0]} has {set(options) - accepted}"
+    script = (ROOT / "benchmarks" / "issue19_attention.sh").read_text()
+    keys = {row[1] for row in [*ab.VARIANT_SETS[name], *ab.GREEDY[name]]}
+    for key in keys - {"mma", "mma9"}:  # the two the script always passes
+        assert f"{key}=" in script, f"{name}: cubin key {key} is not passed by the script"

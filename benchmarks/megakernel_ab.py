@@ -266,15 +266,16 @@ SILU_VARIANTS = [*LATENCY_BASE,
 b1): the tile stages SiLU(gate)*up of the whole batch, 96 KB at b8, 24 granules a
 thread, with 2 granules of gate and up in flight (12 dependent L2 round trips).
 `mmasilu4` / `mmasilu8` keep 4 / 8 in flight (RG_MK_SILU_AHEAD). The same values in
-the same order: bitwise `mma-stages`."""
+the same order: bitwise `mma-stages`. Run 12: no faster; the prologue is the SiLU
+arithmetic (run 13, `siludiag`), not the round trips."""
 SILU_DIAG_VARIANTS = [*LATENCY_BASE,
     ("siludiag1", "mmasilud1", STAGED, (DYN,)),
     ("siludiag2", "mmasilud2", STAGED, (DYN,)),
 ]
 """Diagnostics, NOT bitwise (run 12: more SiLU granules in flight were no faster): the
 down prologue with fast-intrinsic SiLU (RG_MK_SILU_DIAG=1) and with none (=2, gate * up),
-to time its arithmetic against its loads. Their bitwise and greedy lines are expected to
-say != / mismatched; only the traced down stage is read."""
+to time its arithmetic against its loads. Only the traced down stage is read: siludiag2's
+bitwise line says != (not the model), and the greedy check runs the default kernel."""
 VARIANT_SETS = {"mma": MMA_VARIANTS, "issue19": VARIANTS, "l2": L2_VARIANTS,
                 "fuse": FUSE_VARIANTS, "merge": MERGE_VARIANTS, "diag": DIAG_VARIANTS,
                 "ahead": AHEAD_VARIANTS, "wave": WAVE_VARIANTS, "deep": DEEP_VARIANTS,

@@ -75,7 +75,9 @@
 //                        gate and of up in flight per thread (default 2): at b8 a down
 //                        tile's 96 KB input is 24 granules a thread, 12 dependent L2 round
 //                        trips at 2, and run 11 traced that prologue at 20 of its 28 us
-//                        (3.2 at b1); the same sums in the same order, the same bits
+//                        (3.2 at b1); the same sums in the same order, the same bits.
+//                        Run 12: 4 and 8 no faster; the trips do not set it (run 13: the
+//                        IEEE SiLU is 11.7 of b8's 20.6 us), so the default stays 2
 //   RG_MK_SILU_DIAG=1|2  diagnostic builds only, NOT bitwise (never a default, never gated):
 //                        1 computes SiLU with the fast intrinsics (__expf, __fdividef), 2
 //                        drops SiLU (gate * up); run 12 found more granules in flight no

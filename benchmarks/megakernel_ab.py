@@ -65,6 +65,8 @@ NORM_IN = {**STAGED, "fuse_norm": True}
 """The norms in their consumers' prologues, the merges as stages: the b1 default (run 5)."""
 WAVE = {"one_wave": True}
 """At most one attention split task per SM (builder `one_wave`, run 9)."""
+SILU_OUT = {"silu_out": True}
+"""SiLU-mul in the gate|up tiles' epilogue (builder `silu_out`, ABI flag SILU_OUT, run 14)."""
 MMA_VARIANTS = [  # name, cubin, builder options, schedules
     ("stages", "v2", {"fuse": False}, (DYN,)),
     ("default", "v2", STAGED, (DYN,)),
@@ -102,6 +104,9 @@ GREEDY = {"mma": [("mk-default", "v2", STAGED), ("mk-mma", "mma", STAGED)],
           "silu": [("mk-silu8-norm-in", "mmasilu8", NORM_IN), ("mk-silu8", "mmasilu8", STAGED),
                    ("mk-mma9", "mma9", STAGED)],
           "siludiag": [("mk-mma9", "mma9", STAGED)],
+          "siluout": [("mk-siluout-norm-in", "mma9", {**NORM_IN, **SILU_OUT}),
+                      ("mk-siluout", "mma9", {**STAGED, **SILU_OUT}),
+                      ("mk-mma9", "mma9", STAGED)],
           "issue19": [("mk-+ring", "v2", {"fine_deps": False})]}
 """Persistent paths run 32 greedy steps against eager (name, cubin, options)."""
 VARIANTS = [  # name, cubin, builder options, schedules
@@ -276,11 +281,23 @@ SILU_DIAG_VARIANTS = [*LATENCY_BASE,
 down prologue with fast-intrinsic SiLU (RG_MK_SILU_DIAG=1) and with none (=2, gate * up),
 to time its arithmetic against its loads. Only the traced down stage is read: siludiag2's
 bitwise line says != (not the model), and the greedy check runs the default kernel."""
+SILU_OUT_VARIANTS = [*LATENCY_BASE,
+    ("siluout-norm-in", "mma9", {**NORM_IN, **SILU_OUT}, (DYN,)),
+    ("siluout", "mma9", {**STAGED, **SILU_OUT}, (DYN, STATIC)),
+    ("siluout-fine", "mma9", {**STAGED, **SILU_OUT, "fine_deps": True}, (DYN,)),
+]
+"""Run 14: the SiLU once an element. Run 13: a b8 down tile's prologue is 20.6 us, 11.7 of
+it the IEEE SiLU each of the ~128 down tiles redoes over the whole batch x intermediate
+input. `siluout` (the list option; the same kernel): each gate|up tile takes the same rows
+of both weights and stores SiLU(gate) * up in its epilogue (SILU_OUT), and a down tile
+stages that plain. The same values in the same roundings: every list bitwise
+`mma-stages`."""
 VARIANT_SETS = {"mma": MMA_VARIANTS, "issue19": VARIANTS, "l2": L2_VARIANTS,
                 "fuse": FUSE_VARIANTS, "merge": MERGE_VARIANTS, "diag": DIAG_VARIANTS,
                 "ahead": AHEAD_VARIANTS, "wave": WAVE_VARIANTS, "deep": DEEP_VARIANTS,
                 "deepsmoke": DEEP_SMOKE, "attention": ATTENTION_VARIANTS,
-                "silu": SILU_VARIANTS, "siludiag": SILU_DIAG_VARIANTS}
+                "silu": SILU_VARIANTS, "siludiag": SILU_DIAG_VARIANTS,
+                "siluout": SILU_OUT_VARIANTS}
 COMPILE = ["none", "max-autotune-no-cudagraphs"]
 """(`--compile default` adds torch.compile's default mode.)"""
 GREEDY_STEPS = 32

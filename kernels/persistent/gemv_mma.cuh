@@ -47,11 +47,16 @@ __device__ __forceinline__ bool usable(const TaskDesc& t, u32 batch) {
 // touches all 32 banks once.
 __device__ __forceinline__ u32 swz(u32 l) { return (l & ~3u) | (((l & 3u) + (l >> 3)) & 3u); }
 
+// SILU_OUT (pair = 1): the rounds alternate the gate weight's row block r / 2 (even r) and
+// the up weight's (odd r, operand e), so one thread holds an output's gate and up sums.
 struct Stream {
   const uint4* w;   // the weight's first row
-  u32 row0, rows, K8, kb0, nkb, groups_per_round, rounds;
+  const uint4* w2;  // SILU_OUT: the up weight's (else w)
+  u32 row0, rows, K8, kb0, nkb, groups_per_round, rounds, pair;
   __device__ __forceinline__ Stream(const TaskDesc& t, const u64* buffers, int warp) {
     w = operand<const uint4>(t, buffers, 0);
+    pair = (t.flags & task::kFlagSiluOut) ? 1u : 0u;
+    w2 = pair ? operand<const uint4>(t, buffers, 4) : w;
     row0 = t.tile[0];
     rows = t.tile[1];
     K8 = t.tile[2] / 8;
@@ -59,7 +64,7 @@ struct Stream {
     nkb = KB / kSlices;                        // a multiple of kGroupBlocks (usable)
     kb0 = static_cast<u32>(warp) * nkb;
     groups_per_round = nkb / kGroupBlocks;
-    rounds = (rows + 15) / 16;
+    rounds = ((rows + 15) / 16) << pair;
   }
   __device__ __forceinline__ u32 groups() const { return rounds * groups_per_round; }
 };
@@ -78,10 +83,11 @@ struct Cursor {
     round(st, lane);
   }
   __device__ __forceinline__ void round(const Stream& st, int lane) {
-    const u32 row = r * 16 + static_cast<u32>(lane) / 4;
+    const u32 row = (r >> st.pair) * 16 + static_cast<u32>(lane) / 4;
     lo_ok = row < st.rows;
     hi_ok = row + 8 < st.rows;
-    const uint4* at = st.w + (st.kb0 + 4 * q) * 4 + static_cast<u32>(lane) % 4;
+    const uint4* at = ((r & st.pair) ? st.w2 : st.w) + (st.kb0 + 4 * q) * 4 +
+                      static_cast<u32>(lane) % 4;
     lo = at + static_cast<u64>(st.row0 + (lo_ok ? row : 0)) * st.K8;
     hi = at + static_cast<u64>(st.row0 + (hi_ok ? row + 8 : 0)) * st.K8;
   }
@@ -160,7 +166,8 @@ __device__ __forceinline__ void prefetch(const TaskDesc& t, const u64* buffers, 
   for (int g = 0; g < kDepth - 1; ++g) issue(st, cur, lane);
 }
 
-// xs: the staged input [batch][K] bf16; store(b, row, v): output (b, weight row)'s epilogue.
+// xs: the staged input [batch][K] bf16; store(b, row, v, gate): output (b, weight row)'s
+// epilogue (gate: SILU_OUT's gate sum of the output, from the round before; else 0).
 template <int kDepth, typename Store>
 __device__ __forceinline__ void gemv(const TaskDesc& t, const u64* buffers, uint4* ring,
                                      float* partials, const uint4* xs, int batch, Store store) {
@@ -178,6 +185,7 @@ __device__ __forceinline__ void gemv(const TaskDesc& t, const u64* buffers, uint
   const u32 a_off1 = ((m & 1) * kSlotChunks + swz(4 * row8 + (m >> 1) + 2)) * 16;
   const u32 ring0 = warp_ring<kDepth>(ring, warp);
   u32 use = 0;  // the ring slot consumed
+  float gate = 0.0f;  // SILU_OUT: this thread's output's gate sum, kept over its up round
   for (u32 r = 0; r < st.rounds; ++r) {
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (u32 q = 0; q < st.groups_per_round; ++q) {
@@ -203,13 +211,17 @@ __device__ __forceinline__ void gemv(const TaskDesc& t, const u64* buffers, uint
     reinterpret_cast<float4*>(part + warp * kUnitFloats)[lane] =
         make_float4(acc[0], acc[1], acc[2], acc[3]);
     __syncthreads();   // one barrier a round: the next round writes the other buffer
-    const u32 o = threadIdx.x, row = o % 16, b = o / 16;
-    if (o < kUnitFloats && static_cast<int>(b) < batch && r * 16 + row < st.rows) {
+    const u32 o = threadIdx.x, row = o % 16, b = o / 16, blk = r >> st.pair;
+    if (o < kUnitFloats && static_cast<int>(b) < batch && blk * 16 + row < st.rows) {
       const u32 at = ((row % 8) * 4 + b / 2) * 4 + (row / 8) * 2 + b % 2;
       float v = part[at];
 #pragma unroll
       for (int s = 1; s < kSlices; ++s) v += part[s * kUnitFloats + at];
-      store(static_cast<int>(b), st.row0 + r * 16 + row, v);
+      if (st.pair && !(r & 1)) {
+        gate = v;  // thread o holds the same (row, b) in the up round that follows
+      } else {
+        store(static_cast<int>(b), st.row0 + blk * 16 + row, v, gate);
+      }
     }
   }
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");

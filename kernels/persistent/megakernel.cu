@@ -420,14 +420,19 @@ __device__ void stage_input(const TaskDesc& t, const Ctx& c, u32 K, u32 x_stride
 }
 
 // One output row's epilogue (lane 0 writes): y = bf16(dot), or with RESIDUAL_OUT the
-// residual stream y = bf16(y + bf16(dot)) -- GEMV then RESIDUAL_ADD, fused.
+// residual stream y = bf16(y + bf16(dot)) -- GEMV then RESIDUAL_ADD, fused; with SILU_OUT
+// (v the up row's dot, gate the gate row's) y = SILU_MUL of the two as the unfused gate and
+// up GEMVs store them (bf16): the gate|up GEMV then SILU_MUL, fused.
 template <bool kF32Out>
-__device__ __forceinline__ void gemv_store(const TaskDesc& t, void* y, u32 index, float v) {
+__device__ __forceinline__ void gemv_store(const TaskDesc& t, void* y, u32 index, float v,
+                                           float gate) {
   if (kF32Out) {
     static_cast<float*>(y)[index] = round_bf16(v);
   } else if (t.flags & task::kFlagResidualOut) {
     bf16_bits* r = static_cast<bf16_bits*>(y) + index;
     *r = float_to_bf16(bf16_to_float(__ldcg(r)) + round_bf16(v));
+  } else if (t.flags & task::kFlagSiluOut) {
+    static_cast<bf16_bits*>(y)[index] = float_to_bf16(silu_mul(round_bf16(gate), round_bf16(v)));
   } else {
     static_cast<bf16_bits*>(y)[index] = float_to_bf16(v);
   }
@@ -437,21 +442,29 @@ __device__ __forceinline__ void gemv_store(const TaskDesc& t, void* y, u32 index
 // The per-warp weight stream of a GEMV task: rows row0 + warp + 8 i, each in
 // J = ceil(K8 / 32) steps of one 16-byte load per lane (k8 = lane + 32 j); the
 // stream's chunk c = i * J + j, in groups of kGroupChunks. Every lane runs the same
-// sequence, so the row ends are warp-uniform.
+// sequence, so the row ends are warp-uniform. SILU_OUT (pair = 1): stream row i is row
+// i / 2 of the gate weight (even i) or of the up weight (odd i, operand e).
 struct Stream {
   const uint4* w;   // the weight's first row
-  u32 row0, K8, J, rows, total;
+  const uint4* w2;  // SILU_OUT: the up weight's (else w)
+  u32 row0, K8, J, rows, total, pair;
   __device__ __forceinline__ Stream(const TaskDesc& t, const u64* buffers, int warp) {
     w = operand<const uint4>(t, buffers, 0);
+    pair = (t.flags & task::kFlagSiluOut) ? 1u : 0u;
+    w2 = pair ? operand<const uint4>(t, buffers, 4) : w;
     const u32 tile_rows = t.tile[1];
     row0 = t.tile[0] + warp;
     K8 = t.tile[2] / 8;
     J = (K8 + 31) / 32;
     rows = static_cast<u32>(warp) < tile_rows ? (tile_rows - warp + kWarps - 1) / kWarps : 0;
-    total = rows * J;
+    total = (rows << pair) * J;
   }
   __device__ __forceinline__ u32 groups() const {
     return (total + kGroupChunks - 1) / kGroupChunks;
+  }
+  __device__ __forceinline__ u32 row(u32 i) const { return row0 + kWarps * (i >> pair); }
+  __device__ __forceinline__ const uint4* row_at(u32 i) const {
+    return ((i & pair) ? w2 : w) + static_cast<u64>(row(i)) * K8;
   }
 };
 
@@ -470,7 +483,7 @@ __device__ __forceinline__ void ring_issue(const Stream& st, u32 g, uint4* ring,
       if (c >= st.total) break;
       const u32 k8 = lane + 32 * j;
       const bool ok = k8 < st.K8;
-      const uint4* src = st.w + static_cast<u64>(st.row0 + kWarps * i) * st.K8 + (ok ? k8 : 0);
+      const uint4* src = st.row_at(i) + (ok ? k8 : 0);
       const u32 dst = static_cast<u32>(__cvta_generic_to_shared(ring_slot(ring, warp, g, e, lane)));
       asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                    "r"(ok ? 16 : 0)
@@ -512,10 +525,12 @@ __device__ __forceinline__ void prefetch_l2(const char* p, u64 bytes, u64 first,
 __device__ __forceinline__ void prefetch_tile_l2(const TaskDesc& t, const u64* buffers,
                                                  int warp, int lane) {
   if (lane != 0) return;
-  const char* w = reinterpret_cast<const char*>(operand<const bf16_bits>(t, buffers, 0)) +
-                  static_cast<u64>(t.tile[0]) * t.tile[2] * sizeof(bf16_bits);
-  prefetch_l2(w, static_cast<u64>(t.tile[1]) * t.tile[2] * sizeof(bf16_bits),
-              static_cast<u64>(warp) * kL2Piece, kWarps * kL2Piece);
+  const u64 at = static_cast<u64>(t.tile[0]) * t.tile[2] * sizeof(bf16_bits);
+  const u64 bytes = static_cast<u64>(t.tile[1]) * t.tile[2] * sizeof(bf16_bits);
+  for (int k = 0; k < ((t.flags & task::kFlagSiluOut) ? 2 : 1); ++k) {  // SILU_OUT: up's too
+    prefetch_l2(reinterpret_cast<const char*>(operand<const bf16_bits>(t, buffers, k ? 4 : 0)) +
+                at, bytes, static_cast<u64>(warp) * kL2Piece, kWarps * kL2Piece);
+  }
 }
 #endif
 
@@ -589,7 +604,9 @@ __device__ void op_gemv(const TaskDesc& t, const Ctx& c) {
   auto x_at = [&](int b, u32 k8) { return staged ? xs[b * K8 + k8] : __ldcg(xg + b * s8 + k8); };
 #if RG_MK_MMA
   if (mma::usable(t, c.s.batch)) {  // staged (the same test)
-    auto store = [&](int b, u32 row, float v) { gemv_store<kF32Out>(t, y, b * N + col + row, v); };
+    auto store = [&](int b, u32 row, float v, float gate) {
+      gemv_store<kF32Out>(t, y, b * N + col + row, v, gate);
+    };
     if (deep) {
       mma::gemv<kDeepGroups>(t, c.buffers, c.ring, c.scratch, xs, batch, store);
     } else {
@@ -601,12 +618,18 @@ __device__ void op_gemv(const TaskDesc& t, const Ctx& c) {
   float acc[kMaxBatch];
 #pragma unroll
   for (int b = 0; b < kMaxBatch; ++b) acc[b] = 0.0f;
-  auto finish_row = [&](u32 row) {
+  // half 0: a row of a plain GEMV; SILU_OUT: 1 a pair's gate row (lane 0 keeps its sums in
+  // the scratch, free once the input is staged), 2 its up row (stored with them)
+  auto finish_row = [&](u32 row, u32 half) {
 #pragma unroll
     for (int b = 0; b < kMaxBatch; ++b) {
       if (b >= batch) break;
       const float v = rowgate::warp_sum(acc[b]);
-      if (lane == 0) gemv_store<kF32Out>(t, y, b * N + col + row, v);
+      float* kept = c.scratch + warp * kMaxBatch + b;
+      if (lane == 0 && half == 1) *kept = v;
+      if (lane == 0 && half != 1) {
+        gemv_store<kF32Out>(t, y, b * N + col + row, v, half == 2 ? *kept : 0.0f);
+      }
       acc[b] = 0.0f;
     }
   };
@@ -635,7 +658,7 @@ __device__ void op_gemv(const TaskDesc& t, const Ctx& c) {
       const u32 k8 = lane + 32 * j;
       if (k8 < K8) fma_chunk(*ring_slot(c.ring, warp, g, e, lane), k8);
       if (++j == st.J) {
-        finish_row(st.row0 + kWarps * i);
+        finish_row(st.row(i), st.pair ? 1 + (i & 1) : 0);
         j = 0;
         ++i;
       }
@@ -646,8 +669,11 @@ __device__ void op_gemv(const TaskDesc& t, const Ctx& c) {
   // v1: kChunks 16-byte weight loads in flight per lane, consumed in order
   constexpr int kChunks = 8;
   const uint4* W = operand<const uint4>(t, c.buffers, 0);
-  for (u32 row = t.tile[0] + warp; row < t.tile[0] + t.tile[1]; row += kWarps) {
-    const uint4* wrow = W + static_cast<u64>(row) * K8;
+  const u32 pair = (t.flags & task::kFlagSiluOut) ? 1u : 0u;  // SILU_OUT: gate, then up rows
+  const uint4* W2 = pair ? operand<const uint4>(t, c.buffers, 4) : W;
+  for (u32 i = 0; t.tile[0] + warp + kWarps * (i >> pair) < t.tile[0] + t.tile[1]; ++i) {
+    const u32 row = t.tile[0] + warp + kWarps * (i >> pair);
+    const uint4* wrow = ((i & pair) ? W2 : W) + static_cast<u64>(row) * K8;
     for (u32 base = lane; base < K8; base += 32 * kChunks) {
       uint4 wv[kChunks];
 #pragma unroll
@@ -662,7 +688,7 @@ __device__ void op_gemv(const TaskDesc& t, const Ctx& c) {
         fma_chunk(wv[j], k8);
       }
     }
-    finish_row(row);
+    finish_row(row, pair ? 1 + (i & 1) : 0);
   }
 #endif
 }

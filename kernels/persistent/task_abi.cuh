@@ -66,9 +66,11 @@ enum Flag : u16 {
   kFlagMergeIn = 1u << 3,     // kGemv: x = the merged attention splits (partials = b)
   kFlagResidualOut = 1u << 4, // kGemv: y = bf16(y + bf16(x . W)) (y is the residual stream)
   kFlagRopeIn = 1u << 5,      // kAttnSplit: q/k/v rows (a), head norms + RoPE, own append
+  kFlagSiluOut = 1u << 6,     // kGemv: rows of two weights, gate = a and up = e, one tile:
+                              // y = bf16(bf16(silu(bf16(x . Wg))) * bf16(x . Wu))
 };
 constexpr u16 kKnownFlags = kFlagAppendKv | kFlagNormIn | kFlagSiluIn | kFlagMergeIn |
-                            kFlagResidualOut | kFlagRopeIn;
+                            kFlagResidualOut | kFlagRopeIn | kFlagSiluOut;
 
 enum Schedule : u32 {
   kStaticRoundRobin = 0,  // block i runs tasks i, i+grid, i+2*grid, ... in list order

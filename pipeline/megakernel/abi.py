@@ -66,19 +66,25 @@ class Flag(IntFlag):
     ROPE_IN = 32
     """ATTN_SPLIT: q/k/v rows (operand a) get the head norm and RoPE in the task; the split
     holding the sequence's position appends that token's K and V to the caches first."""
+    SILU_OUT = 64
+    """GEMV: the tile's rows of two weights, gate (operand a) and up (operand e), and
+    y = bf16(bf16(silu(bf16(x . Wg))) * bf16(x . Wu)): the gate|up GEMV and SILU_MUL in one
+    task, so the SiLU is computed once an element, not once a down tile."""
 
 
 KNOWN_FLAGS = {
     # which flags each opcode accepts (anything else is refused by the validator)
     Opcode.ROPE: Flag.APPEND_KV,
-    Opcode.GEMV: Flag.NORM_IN | Flag.SILU_IN | Flag.MERGE_IN | Flag.RESIDUAL_OUT,
+    Opcode.GEMV: Flag.NORM_IN | Flag.SILU_IN | Flag.MERGE_IN | Flag.RESIDUAL_OUT |
+    Flag.SILU_OUT,
     Opcode.LOGITS: Flag.NORM_IN,
     Opcode.ATTN_SPLIT: Flag.ROPE_IN,
 }
 FUSED_BY = {Opcode.RMS_NORM: Flag.NORM_IN, Opcode.ROPE: Flag.ROPE_IN,
             Opcode.KV_APPEND: Flag.ROPE_IN, Opcode.ATTN_MERGE: Flag.MERGE_IN,
-            Opcode.SILU_MUL: Flag.SILU_IN, Opcode.RESIDUAL_ADD: Flag.RESIDUAL_OUT}
-"""The flag that does an op's work inside another task in a fused list."""
+            Opcode.SILU_MUL: Flag.SILU_IN | Flag.SILU_OUT,
+            Opcode.RESIDUAL_ADD: Flag.RESIDUAL_OUT}
+"""The flags that do an op's work inside another task in a fused list (any one of them)."""
 
 
 OPTIONAL = frozenset({Opcode.NOP, Opcode.PREFETCH_L2})

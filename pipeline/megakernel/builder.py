@@ -203,7 +203,8 @@ def fusion_blockers(dims: ModelDims, batch: int, splits: int,
 def build_step(dims: ModelDims, batch: int, sm_count: int, *, num_blocks: int,
                max_context: int | None = None, page_size: int = PAGE_SIZE, fuse: bool = True,
                fine_deps: bool = False, tile_scale: int = 1, fuse_norm: bool | None = None,
-               fuse_merge: bool = False, l2_ahead: int = 0, one_wave: bool = False) -> StepPlan:
+               fuse_merge: bool = False, l2_ahead: int = 0, one_wave: bool = False,
+               silu_out: bool = False) -> StepPlan:
     """Task list, step shape and buffer table for one decode step at `batch`: fused
     (ABI v2 flags) where the shape allows, else the unfused stages. By default the
     attention merge stays a stage of its own and so do the norms at batch > 1
@@ -216,7 +217,9 @@ def build_step(dims: ModelDims, batch: int, sm_count: int, *, num_blocks: int,
     where a norm stage is already one task per sequence. `l2_ahead` (0-8, fused lists): after
     each layer's attention, PREFETCH_L2 tasks ask L2 for that many eighths of every gate|up
     tile's weights, which the blocks idle in the attention phase issue while DRAM is idle.
-    `one_wave`: at most one attention split task per SM (`attention_splits`)."""
+    `one_wave`: at most one attention split task per SM (`attention_splits`). `silu_out`
+    (fused lists): SiLU·mul in the gate|up tiles' epilogue (SILU_OUT), once an element,
+    instead of in every down tile's prologue (SILU_IN)."""
     if batch < 1 or sm_count < 1 or num_blocks < 1 or tile_scale < 1:
         raise UsageError(f"build_step: batch {batch}, sm_count {sm_count}, num_blocks "
                          f"{num_blocks}, tile_scale {tile_scale} must all be positive")
@@ -261,14 +264,15 @@ def build_step(dims: ModelDims, batch: int, sm_count: int, *, num_blocks: int,
 
         emit_fused(e, Layout(dims, batch, sm_count, splits, chunk, slots, regions, tile_scale),
                    fine_deps=fine_deps, fuse_norm=fuse_norm, fuse_merge=fuse_merge,
-                   l2_ahead=l2_ahead)
+                   l2_ahead=l2_ahead, silu_out=silu_out)
     else:
         _emit(e, dims, batch, sm_count, splits, chunk, slots, regions, tile_scale)
     # The plan's build flags (not operator `--option`s, which tests/test_options.py audits).
     flags: dict[str, Any] = {"fused": fused, "fine_deps": fused and fine_deps,
                              "tile_scale": tile_scale, "fuse_norm": fused and fuse_norm,
                              "fuse_merge": fused and fuse_merge,
-                             "l2_ahead": l2_ahead if fused else 0, "one_wave": one_wave}
+                             "l2_ahead": l2_ahead if fused else 0, "one_wave": one_wave,
+                             "silu_out": fused and silu_out}
     if blockers:
         flags["not_fused"] = blockers
     return StepPlan(dims=dims, batch=batch, sm_count=sm_count, tasks=e.tasks, shape=shape,

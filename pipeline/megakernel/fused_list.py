@@ -3,7 +3,10 @@
 Per layer: q|k|v tiles (NORM_IN: the input norm in their prologue), attention splits
 (ROPE_IN: head norms, RoPE and the newest token's append in the split), o_proj tiles
 (MERGE_IN | RESIDUAL_OUT), gate|up tiles (NORM_IN), down tiles (SILU_IN |
-RESIDUAL_OUT); the logits (NORM_IN). `fuse_norm=False` keeps each RMS norm a stage of
+RESIDUAL_OUT); the logits (NORM_IN). `silu_out`: each gate|up tile takes the same rows of
+both weights and stores SiLU(gate) * up (SILU_OUT) into the region's first columns, and
+the down tiles stage that plain: the SiLU once an element, not once a down tile (issue
+19, run 13: 11.7 of a b8 down tile's 20.6 us prologue). `fuse_norm=False` keeps each RMS norm a stage of
 its own (one task per sequence, into `h`); `fuse_merge=False` keeps the attention
 merge a stage (one task per sequence and kv head, into `attn`, its splits signalling
 their own counter): every consumer tile redoes a fused prologue, which at larger
@@ -16,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pipeline.megakernel.abi import GRANULE, Flag, Opcode, Operand, Task
+from pipeline.megakernel.abi import GRANULE, UNUSED, Flag, Opcode, Operand, Task
 from pipeline.megakernel.tiling import gemv_rows
 
 if TYPE_CHECKING:  # builder imports this module (lazily): no cycle at run time
@@ -147,8 +150,41 @@ def _ahead(lay: Layout, i: int, rows: int, eighths: int) -> list[Task]:
     return out
 
 
+def _mlp(e: Emitter, lay: Layout, i: int, src: Source, silu_out: bool) -> Waits:
+    """gate | up tiles (normalised on the way in) and down tiles adding into the residual
+    stream: SiLU-mul while the down tiles stage, or in the gate|up epilogue (`silu_out`)."""
+    d = lay.d
+    p, gu_n = f"model.layers.{i}.", 2 * d.intermediate
+    ops, flags, waits = src
+    gate, up = lay.w(p + "mlp.gate_proj.weight"), lay.w(p + "mlp.up_proj.weight")
+    down_rows = gemv_rows(d.hidden, lay.sm, lay.scale)
+    if silu_out:  # operand e: the up weight (SILU_OUT); act = the region's first I columns
+        extra = (UNUSED,) if len(ops) == 1 else ()  # no norm weight: operand d unused
+        c, n = e.stage(_tiles(Opcode.GEMV, d.intermediate,
+                              gemv_rows(d.intermediate, lay.sm, lay.scale),
+                              (d.hidden, d.intermediate, 0),
+                              (gate, ops[0], lay.ws("gu"), *ops[1:], *extra, up),
+                              flags | int(Flag.SILU_OUT), f"L{i}.gate_up"), waits)
+        c, n = e.stage(_tiles(Opcode.GEMV, d.hidden, down_rows, (d.intermediate, d.hidden, 0),
+                              (lay.w(p + "mlp.down_proj.weight"), lay.ws("gu"), lay.ws("x")),
+                              int(Flag.RESIDUAL_OUT), f"L{i}.down"), ((c, n),))
+        return ((c, n),)
+    rows = gemv_rows(gu_n, lay.sm, lay.scale)
+    c, n = e.stage(
+        _tiles(Opcode.GEMV, d.intermediate, rows, (d.hidden, gu_n, 0),
+               (gate, ops[0], lay.ws("gu"), *ops[1:]), flags, f"L{i}.gate") +
+        _tiles(Opcode.GEMV, d.intermediate, rows, (d.hidden, gu_n, d.intermediate),
+               (up, ops[0], lay.ws("gu"), *ops[1:]), flags, f"L{i}.up"), waits)
+    # down: SiLU-mul while staging, add into the residual stream
+    c, n = e.stage(_tiles(Opcode.GEMV, d.hidden, down_rows, (d.intermediate, d.hidden, 0, gu_n),
+                          (lay.w(p + "mlp.down_proj.weight"), lay.ws("gu"), lay.ws("x"),
+                           lay.ws("gu", d.intermediate)),
+                          int(Flag.SILU_IN | Flag.RESIDUAL_OUT), f"L{i}.down"), ((c, n),))
+    return ((c, n),)
+
+
 def emit_fused(e: Emitter, lay: Layout, *, fine_deps: bool, fuse_norm: bool,
-               fuse_merge: bool, l2_ahead: int = 0) -> None:
+               fuse_merge: bool, l2_ahead: int = 0, silu_out: bool = False) -> None:
     d, batch = lay.d, lay.batch
     qn, gu_n = d.heads * d.head_dim, 2 * d.intermediate
     c, n = e.stage([Task(Opcode.EMBED, (b, 1, d.hidden, d.vocab),
@@ -166,24 +202,8 @@ def emit_fused(e: Emitter, lay: Layout, *, fine_deps: bool, fuse_norm: bool,
                               (qn, d.hidden, 0),
                               (lay.w(p + "self_attn.o_proj.weight"), src[0], lay.ws("x")),
                               flags | int(Flag.RESIDUAL_OUT), f"L{i}.o"), waits)
-        # gate | up rows, normalised on the way in
-        src, flags, waits = _normed(e, lay, p + "post_attention_layernorm.weight",
-                                    ((c, n),), fuse_norm, f"L{i}.post_norm")
-        rows = gemv_rows(gu_n, lay.sm, lay.scale)
-        c, n = e.stage(
-            _tiles(Opcode.GEMV, d.intermediate, rows, (d.hidden, gu_n, 0),
-                   (lay.w(p + "mlp.gate_proj.weight"), src[0], lay.ws("gu"), *src[1:]), flags,
-                   f"L{i}.gate") +
-            _tiles(Opcode.GEMV, d.intermediate, rows, (d.hidden, gu_n, d.intermediate),
-                   (lay.w(p + "mlp.up_proj.weight"), src[0], lay.ws("gu"), *src[1:]), flags,
-                   f"L{i}.up"), waits)
-        # down: SiLU-mul while staging, add into the residual stream
-        c, n = e.stage(_tiles(Opcode.GEMV, d.hidden, gemv_rows(d.hidden, lay.sm, lay.scale),
-                              (d.intermediate, d.hidden, 0, gu_n),
-                              (lay.w(p + "mlp.down_proj.weight"), lay.ws("gu"), lay.ws("x"),
-                               lay.ws("gu", d.intermediate)),
-                              int(Flag.SILU_IN | Flag.RESIDUAL_OUT), f"L{i}.down"), ((c, n),))
-        waits = ((c, n),)
+        waits = _mlp(e, lay, i, _normed(e, lay, p + "post_attention_layernorm.weight",
+                                        ((c, n),), fuse_norm, f"L{i}.post_norm"), silu_out)
     src, flags, waits = _normed(e, lay, "model.norm.weight", waits, fuse_norm, "final_norm")
     e.stage(_tiles(Opcode.LOGITS, d.vocab, gemv_rows(d.vocab, lay.sm, lay.scale),
                    (d.hidden, d.vocab, 0), (lay.w("lm_head.weight"), src[0], lay.ws("logits"),

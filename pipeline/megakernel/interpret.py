@@ -97,8 +97,15 @@ def _gemv_input(t: Task, s: StepShape, mem: _Mem) -> torch.Tensor:
 
 def _gemv(t: Task, s: StepShape, mem: _Mem, meta: torch.Tensor, f32: bool = False) -> None:
     row0, rows, k, n, col = t.tile[:5]
-    w = mem.at(t, 0, torch.bfloat16, (row0 + rows) * k).view(-1, k)[row0:]
-    y = _r(_gemv_input(t, s, mem).float() @ w.float().T)
+    x = _gemv_input(t, s, mem).float()
+
+    def rows_of(i: int) -> torch.Tensor:  # x . W[rows]^T, rounded as a GEMV stores it
+        w = mem.at(t, i, torch.bfloat16, (row0 + rows) * k).view(-1, k)[row0:]
+        return _r(x @ w.float().T)
+
+    y = rows_of(0)
+    if t.flags & Flag.SILU_OUT:  # the gate rows' and the up rows' outputs, then SILU_MUL
+        y = _silu_mul_values(y, rows_of(4)).float()
     dtype = torch.float32 if f32 else torch.bfloat16
     raw = mem.at(t, 2, dtype, (s.batch - 1) * n + col + row0 + rows)
     for b in range(s.batch):

@@ -90,6 +90,9 @@ def _gemv_checks(t: Task, s: StepShape) -> list[str]:
     if inputs & (inputs - 1):
         out.append(f"more than one input flag ({Flag(inputs)!r}): the staged input comes from "
                    f"one place")
+    if t.flags & Flag.SILU_OUT and t.flags & Flag.RESIDUAL_OUT:
+        out.append("SILU_OUT and RESIDUAL_OUT: the output is SiLU(gate) * up or a residual "
+                   "add, not both")
     if t.flags & Flag.MERGE_IN and k != s.num_heads * s.head_dim:
         out.append(f"MERGE_IN: K={k} is not heads x head_dim = {s.num_heads * s.head_dim}")
     return out
@@ -193,6 +196,7 @@ _GEMV = (
     OperandSpec("norm_weight", "r", lambda t, s: t.tile[2] * BF16, when=_has(Flag.NORM_IN),
                 index=3),
     OperandSpec("up", "r", _gemv_in, when=_has(Flag.SILU_IN), index=3),
+    OperandSpec("up_weight", "r", _weight, when=_has(Flag.SILU_OUT), index=4),
 )
 _GEMV_TILE = ("row0", "rows", "K", "N (y row stride)", "y column", "x row stride", "-", "-")
 

@@ -16,7 +16,7 @@ from pipeline.engines.qwen3 import (  # noqa: E402
     torch_paged_decode_attention,
 )
 from pipeline.megakernel import interpret  # noqa: E402
-from pipeline.megakernel.abi import Opcode  # noqa: E402
+from pipeline.megakernel.abi import Flag, Opcode  # noqa: E402
 from pipeline.model import TinyModelSpec, build_tiny_model  # noqa: E402
 from pipeline.ops.megakernel import StepBuffers  # noqa: E402
 
@@ -54,9 +54,11 @@ FULL = {"fuse_norm": True, "fuse_merge": True, "fine_deps": True}
 
 
 @pytest.mark.parametrize("options", [{"fuse": False}, {}, FULL, {**FULL, "tile_scale": 2},
-                                     {"l2_ahead": 4}, {"one_wave": True}],
+                                     {"l2_ahead": 4}, {"one_wave": True}, {"silu_out": True},
+                                     {**FULL, "silu_out": True}],
                          ids=["unfused", "fused (default)", "fully-fused", "fully-fused-x2",
-                              "fused-l2-ahead", "fused-one-wave"])
+                              "fused-l2-ahead", "fused-one-wave", "fused-silu-out",
+                              "fully-fused-silu-out"])
 @pytest.mark.parametrize("lengths,sms,splits", [([37], 132, 3), ([5, 16, 33, 70], 1024, 5),
                                                 ([1, 2, 15, 16, 17, 31, 32, 100], 132, 1)])
 def test_the_task_list_computes_the_reference_decode_step(model, lengths, sms, splits, options):
@@ -114,3 +116,20 @@ def test_the_fused_list_computes_what_the_unfused_one_computes(model):
         assert torch.equal(a, b)
     torch.testing.assert_close(la, lb, rtol=0, atol=0.25)  # GEMV tiles differ: matmul order
     assert la.argmax(-1).tolist() == lb.argmax(-1).tolist()
+
+
+def test_silu_out_computes_what_the_down_tiles_silu_in_computes(model):
+    """SILU_OUT's epilogue is SILU_MUL of the gate and up rows as the gate|up tiles store
+    them: the act a down tile stages is the same bf16 either way, so the logits are too
+    (the GEMV rows are the same dot products; only the tile a row is in differs)."""
+    lengths = [5, 16, 33, 70]
+    out = []
+    for silu_out in (False, True):
+        cache, args = _prefilled(model, lengths, seed=4)
+        step = StepBuffers(model, cache, len(lengths), 1024, silu_out=silu_out)
+        assert any(t.flags & Flag.SILU_OUT for t in step.plan.tasks) == silu_out
+        step.stage(*args)
+        with torch.inference_mode():
+            interpret.run(step.plan.tasks, step.plan.shape, step.tensors)
+        out.append(step.logits.clone())
+    assert torch.equal(out[0], out[1])

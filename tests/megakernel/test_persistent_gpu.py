@@ -230,3 +230,39 @@ def test_each_latency_variant_is_the_default_bit_for_bit(tiny, cubin, variant_cu
             for k, k_before in zip(cache.k, k0):
                 k.copy_(k_before)
     assert torch.equal(out[0], out[1])
+
+
+@pytest.fixture(scope="module")
+def fma_cubin() -> Path:
+    """The FMA GEMV build (kernels.toml persistent_decode), built by the build gate."""
+    from pipeline.build import cudabuild
+    from pipeline.ops.megakernel import KERNEL, REPO
+
+    major, minor = torch.cuda.get_device_capability()
+    return cudabuild.cubin(REPO, KERNEL, f"sm_{major}{minor}", os.environ.get("ROWGATE_NVCC"))
+
+
+@pytest.mark.parametrize("kernel", ["default", "fma"])
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("batch", [1, 4, 8])
+def test_silu_out_is_the_default_list_bit_for_bit(tiny, cubin, fma_cubin, kernel, schedule,
+                                                  batch):
+    # SILU_OUT: SiLU(gate) * up in the gate|up epilogue instead of every down tile's
+    # prologue: the same dot products, the same roundings, so the same logits (and the
+    # norms fused or staged alike); on the tensor-core build (the default here) and the FMA
+    from pipeline.megakernel.abi import Flag, Schedule
+    from pipeline.ops.megakernel import PersistentDecode
+
+    path = cubin if kernel == "default" else fma_cubin
+    model, cache, args = _prefilled(tiny, batch, 300)
+    with torch.inference_mode():
+        out = []
+        for options in ({}, {"silu_out": True}, {"silu_out": True, "fuse_norm": True}):
+            k0 = [k.clone() for k in cache.k]
+            step = PersistentDecode(model, cache, batch, Schedule.from_row(schedule), path,
+                                    options=options)
+            assert any(t.flags & Flag.SILU_OUT for t in step.plan.tasks) == bool(options)
+            out.append(step(*args).clone())
+            for k, k_before in zip(cache.k, k0):
+                k.copy_(k_before)
+    assert torch.equal(out[0], out[1]) and torch.equal(out[0], out[2])

@@ -165,7 +165,7 @@ def test_a_flag_of_another_opcode_is_refused(fused):
     t = fused.tasks[i]
     report = _check(fused, _replace(fused.tasks, i, flags=int(Flag.ROPE_IN)))
     assert report.problems == [f"task {i} (GEMV {t.label}): flag bits 0x20 are not flags of "
-                               f"GEMV (it takes 0x1e)"]
+                               f"GEMV (it takes 0x5e)"]
 
 
 def test_a_merge_over_the_wrong_width_is_refused(fused):
@@ -254,3 +254,32 @@ def test_l2_prefetch_tasks_lie_in_the_mlp_weights_and_wait_for_nothing():
            f"nothing (it has no result)" in report.problems
     with pytest.raises(builder.UsageError, match="l2_ahead 9: expected eighths of a tile"):
         builder.build_step(DIMS, 2, 16, num_blocks=8, l2_ahead=9)
+
+
+@pytest.mark.parametrize("fuse_norm", [False, True])
+def test_silu_out_tiles_read_both_mlp_weights_and_down_stages_their_output(fuse_norm):
+    plan = builder.build_step(DIMS, 2, 16, num_blocks=8, silu_out=True, fuse_norm=fuse_norm)
+    assert _check(plan, plan.tasks).ok and plan.options["silu_out"] is True
+    gu = [(i, t) for i, t in enumerate(plan.tasks) if t.flags & Flag.SILU_OUT]
+    default = builder.build_step(DIMS, 2, 16, num_blocks=8, fuse_norm=fuse_norm)
+    # as many tiles as the default's gate and up tiles, each half its rows of both weights
+    assert len(gu) == sum(".gate[" in t.label or ".up[" in t.label for t in default.tasks)
+    assert {t.tile[1] for _, t in gu} == {t.tile[1] // 2 for t in default.tasks
+                                          if ".gate[" in t.label}
+    for _, t in gu:
+        layer = t.label.split(".")[0][1:]
+        names = [plan.buffers[t.operands[k].buffer].name for k in (0, 4)]
+        assert names == [f"model.layers.{layer}.mlp.{n}_proj.weight" for n in ("gate", "up")]
+        assert t.flags & Flag.NORM_IN if fuse_norm else t.flags == Flag.SILU_OUT
+    downs = [t for t in plan.tasks if ".down[" in t.label]
+    assert downs and all(t.flags == Flag.RESIDUAL_OUT for t in downs)
+    assert not any(t.flags & Flag.SILU_IN for t in plan.tasks)
+    i, t = gu[0]
+    both = _check(plan, _replace(plan.tasks, i, flags=t.flags | Flag.RESIDUAL_OUT))
+    assert f"task {i} (GEMV {t.label}): SILU_OUT and RESIDUAL_OUT: the output is SiLU(gate) " \
+           f"* up or a residual add, not both" in both.problems
+    no_up = _check(plan, _replace(plan.tasks, i, operands=t.operands[:4]))
+    assert no_up.problems == [f"task {i} (GEMV {t.label}): operand up_weight: buffer slot "
+                              f"65535 not in the {len(plan.buffers)}-slot table"]
+    past = _check(plan, _replace(plan.tasks, i, tile=(DIMS.intermediate - 8, 16, *t.tile[2:])))
+    assert any("operand up_weight out of bounds" in p for p in past.problems)

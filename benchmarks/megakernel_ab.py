@@ -57,7 +57,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import megakernel as mk  # noqa: E402  (benchmarks/megakernel.py: probe, prefill, ceiling)
 
 DYN, STATIC = "dynamic", "static"
-STAGED = {"fine_deps": False, "fuse_norm": False, "fuse_merge": False}
+STAGED = {"fine_deps": False, "fuse_norm": False, "fuse_merge": False, "silu_out": False}
 """Norms and merges kept as stages: the builder's default list at batch > 1 (at batch 1 it
 fuses the norms since run 5, docs/perf.md); the variants name their flags, so a default
 that moves does not move them."""

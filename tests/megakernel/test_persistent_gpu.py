@@ -250,6 +250,7 @@ def test_silu_out_is_the_default_list_bit_for_bit(tiny, cubin, fma_cubin, kernel
     # SILU_OUT: SiLU(gate) * up in the gate|up epilogue instead of every down tile's
     # prologue: the same dot products, the same roundings, so the same logits (and the
     # norms fused or staged alike); on the tensor-core build (the default here) and the FMA
+    # (silu_out is the builder's default since run 14: False is the SILU_IN list)
     from pipeline.megakernel.abi import Flag, Schedule
     from pipeline.ops.megakernel import PersistentDecode
 
@@ -257,11 +258,12 @@ def test_silu_out_is_the_default_list_bit_for_bit(tiny, cubin, fma_cubin, kernel
     model, cache, args = _prefilled(tiny, batch, 300)
     with torch.inference_mode():
         out = []
-        for options in ({}, {"silu_out": True}, {"silu_out": True, "fuse_norm": True}):
+        for options in ({"silu_out": False}, {"silu_out": True},
+                        {"silu_out": True, "fuse_norm": True}):
             k0 = [k.clone() for k in cache.k]
             step = PersistentDecode(model, cache, batch, Schedule.from_row(schedule), path,
                                     options=options)
-            assert any(t.flags & Flag.SILU_OUT for t in step.plan.tasks) == bool(options)
+            assert any(t.flags & Flag.SILU_OUT for t in step.plan.tasks) == options["silu_out"]
             out.append(step(*args).clone())
             for k, k_before in zip(cache.k, k0):
                 k.copy_(k_before)

@@ -40,10 +40,18 @@ def write_text(path: Path, text: str) -> None:
     write_bytes(path, text.encode())
 
 
+INFLATE_LIMIT = 512 << 20
+"""The most a `.gz` artifact may inflate to when its reader sets no limit of its own: 23x
+the largest one rowgate seals (a 22 MB SASS dump, 2026-12). A bundle or record is
+untrusted input and a few kilobytes of deflate can inflate to gigabytes: past this the
+read stops and says so (OSError, which every artifact reader turns into one line)."""
+
+
 def read_bytes(path: Path, limit: int | None = None) -> bytes:
     """The content of `path`, decompressed when the name ends `.gz`. With `limit`, at
     most limit + 1 bytes (a caller that refuses large artifacts sees it is over
-    without inflating a gzip bomb). OSError (gzip.BadGzipFile is one) or EOFError
+    without inflating a gzip bomb); without, a `.gz` that inflates past
+    `INFLATE_LIMIT` is refused. OSError (gzip.BadGzipFile is one) or EOFError
     for a file that is unreadable or not the gzip its name says."""
     if not is_gzip_name(path):
         if limit is None:
@@ -52,9 +60,13 @@ def read_bytes(path: Path, limit: int | None = None) -> bytes:
             return f.read(limit + 1)
     try:
         with gzip.open(path, "rb") as f:
-            return f.read() if limit is None else f.read(limit + 1)
+            data = f.read((INFLATE_LIMIT if limit is None else limit) + 1)
     except zlib.error as exc:  # a corrupt deflate stream is not an OSError
         raise OSError(f"{path.name}: not valid gzip: {exc}") from exc
+    if limit is None and len(data) > INFLATE_LIMIT:
+        raise OSError(f"{path.name}: inflates past {INFLATE_LIMIT} bytes, the most a sealed "
+                      f"artifact may hold (a gzip bomb?); not read further")
+    return data
 
 
 def read_text(path: Path, errors: str = "strict") -> str:

@@ -15,7 +15,8 @@
 # stage of the diagnostics is read.
 # SET=siluout times the gate|up epilogue's SiLU (the builder's `silu_out` list, the tree's
 # kernel: no extra cubin), checked bit for bit by the gpu test of SILU_OUT (both GEMV builds,
-# b1/b4/b8, both schedules) instead of the build-variant test.
+# b1/b4/b8, both schedules) instead of the build-variant test. SET=even times the
+# builder's `even_splits` lists the same way (their gpu test: `-k even_splits`).
 set -u
 SET=${SET:-attention}
 T0=$(date +%s)
@@ -27,7 +28,7 @@ if [ "$SET" = silu ]; then
   VAR=(mmasilu4="$K/mk_mmasilu4.cubin" mmasilu8="$K/mk_mmasilu8.cubin")
 elif [ "$SET" = siludiag ]; then
   VAR=(mmasilud1="$K/mk_mmadiag1.cubin" mmasilud2="$K/mk_mmadiag2.cubin")
-elif [ "$SET" = siluout ]; then
+elif [ "$SET" = siluout ] || [ "$SET" = even ]; then
   VAR=()
 else
   VAR=(mmasa8="$K/mk_mmasa8.cubin" mmam1="$K/mk_mmam1.cubin" mmase="$K/mk_mmase.cubin"
@@ -37,6 +38,7 @@ grep -H "registers" "$K"/mk_mma*.cubin.log
 echo "build took $(( $(date +%s) - T0 )) s"
 CHECK=latency_variant
 [ "$SET" = siluout ] && CHECK=silu_out
+[ "$SET" = even ] && CHECK=even_splits
 ROWGATE_NVCC="$(command -v nvcc)" timeout 150 python3 -m pytest -p no:cacheprovider -m gpu -q -rs \
   tests/megakernel/test_persistent_gpu.py -k "$CHECK" 2>&1 | tail -n 8 | tee "$OUT/pytest-variant.txt"
 grep -q " passed" "$OUT/pytest-variant.txt" && ! grep -q "failed\|error" "$OUT/pytest-variant.txt" ||
@@ -53,5 +55,5 @@ cp /tmp/runsa/results.json "$OUT/results.json"
 echo "ab took $(( $(date +%s) - T0 )) s"
 ROWGATE_NVCC="$(command -v nvcc)" timeout $(( 585 - ($(date +%s) - T0) )) python3 -m pytest \
   -p no:cacheprovider -m gpu -q -rs tests/megakernel/test_persistent_gpu.py \
-  tests/engines/test_fused_gpu.py -k "not latency_variant and not silu_out" 2>&1 | tail -n 15 | tee "$OUT/pytest-gpu.txt"
+  tests/engines/test_fused_gpu.py -k "not latency_variant and not $CHECK" 2>&1 | tail -n 15 | tee "$OUT/pytest-gpu.txt"
 echo "all took $(( $(date +%s) - T0 )) s"

@@ -67,6 +67,9 @@ WAVE = {"one_wave": True}
 """At most one attention split task per SM (builder `one_wave`, run 9)."""
 SILU_OUT = {"silu_out": True}
 """SiLU-mul in the gate|up tiles' epilogue (builder `silu_out`, ABI flag SILU_OUT, run 14)."""
+EVEN = {"even_splits": True}
+"""Attention splits chunked by the context, not the plan (builder `even_splits`, ABI flag
+EVEN_SPLITS, run 15): another summation order, its own bitwise family."""
 MMA_VARIANTS = [  # name, cubin, builder options, schedules
     ("stages", "v2", {"fuse": False}, (DYN,)),
     ("default", "v2", STAGED, (DYN,)),
@@ -104,6 +107,9 @@ GREEDY = {"mma": [("mk-default", "v2", STAGED), ("mk-mma", "mma", STAGED)],
           "silu": [("mk-silu8-norm-in", "mmasilu8", NORM_IN), ("mk-silu8", "mmasilu8", STAGED),
                    ("mk-mma9", "mma9", STAGED)],
           "siludiag": [("mk-mma9", "mma9", STAGED)],
+          "even": [("mk-even-norm-in", "mma9", {**NORM_IN, **SILU_OUT, **EVEN}),
+                   ("mk-even", "mma9", {**STAGED, **SILU_OUT, **EVEN}),
+                   ("mk-siluout", "mma9", {**STAGED, **SILU_OUT})],
           "siluout": [("mk-siluout-norm-in", "mma9", {**NORM_IN, **SILU_OUT}),
                       ("mk-siluout", "mma9", {**STAGED, **SILU_OUT}),
                       ("mk-mma9", "mma9", STAGED)],
@@ -292,12 +298,27 @@ input. `siluout` (the list option; the same kernel): each gate|up tile takes the
 of both weights and stores SiLU(gate) * up in its epilogue (SILU_OUT), and a down tile
 stages that plain. The same values in the same roundings: every list bitwise
 `mma-stages`."""
+EVEN_VARIANTS = [
+    ("mma-stages", "mma", {"fuse": False}, (DYN,)),
+    ("siluout-norm-in", "mma9", {**NORM_IN, **SILU_OUT}, (DYN,)),
+    ("siluout", "mma9", {**STAGED, **SILU_OUT}, (DYN,)),
+    ("even-stages", "mma", {"fuse": False, **EVEN}, (DYN,)),
+    ("even-norm-in", "mma9", {**NORM_IN, **SILU_OUT, **EVEN}, (DYN,)),
+    ("even", "mma9", {**STAGED, **SILU_OUT, **EVEN}, (DYN, STATIC)),
+    ("even-fine", "mma9", {**STAGED, **SILU_OUT, **EVEN, "fine_deps": True}, (DYN,)),
+]
+"""Run 15: the attention phase at short contexts. Run 14 at b8: the split window is 21.7
+of a 83 us layer; the plan is for 1024 positions (4 splits of 336 tokens), so the
+benchmark's 129-token contexts sit in one split a (sequence, kv head), 17 tokens a warp
+one after the other, beside 3 empty ones. `even` (EVEN_SPLITS): each split takes
+ceil(len / splits) tokens (at least 16): 33 at b8, 22 at b4, 16 at b1. Its own family:
+bitwise `even-stages`, not `mma-stages`."""
 VARIANT_SETS = {"mma": MMA_VARIANTS, "issue19": VARIANTS, "l2": L2_VARIANTS,
                 "fuse": FUSE_VARIANTS, "merge": MERGE_VARIANTS, "diag": DIAG_VARIANTS,
                 "ahead": AHEAD_VARIANTS, "wave": WAVE_VARIANTS, "deep": DEEP_VARIANTS,
                 "deepsmoke": DEEP_SMOKE, "attention": ATTENTION_VARIANTS,
                 "silu": SILU_VARIANTS, "siludiag": SILU_DIAG_VARIANTS,
-                "siluout": SILU_OUT_VARIANTS}
+                "siluout": SILU_OUT_VARIANTS, "even": EVEN_VARIANTS}
 COMPILE = ["none", "max-autotune-no-cudagraphs"]
 """(`--compile default` adds torch.compile's default mode.)"""
 GREEDY_STEPS = 32
@@ -478,8 +499,9 @@ def row_tie_margin() -> float:
 
 def family_of(cub: str, options: dict) -> tuple[str, bool]:
     """What fixes a path's bits: its GEMV family (the summation order) and its split plan
-    (`one_wave` chunks the attention differently)."""
-    return ("mma" if cub.startswith("mma") else "fma", bool(options.get("one_wave")))
+    (`one_wave` and `even_splits` chunk the attention differently)."""
+    return ("mma" if cub.startswith("mma") else "fma", bool(options.get("one_wave")),
+            bool(options.get("even_splits")))
 
 
 def bitwise(variants: list, logits: dict) -> dict:

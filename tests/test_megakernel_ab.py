@@ -38,7 +38,7 @@ def test_every_variant_set_has_a_greedy_check(ab: ModuleType) -> None:
     assert not missing, f"--variants sets without a GREEDY entry: {missing}"
 
 
-@pytest.mark.parametrize("name", ["silu", "siludiag", "attention", "siluout"])
+@pytest.mark.parametrize("name", ["silu", "siludiag", "attention", "siluout", "even"])
 def test_the_device_scripts_sets_name_known_options(ab: ModuleType, name: str) -> None:
     accepted = set(inspect.signature(emit_fused).parameters) - {"e", "lay"}
     for row in [*ab.VARIANT_SETS[name], *ab.GREEDY[name]]:

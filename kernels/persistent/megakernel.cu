@@ -761,6 +761,14 @@ __device__ void op_kv_append(const TaskDesc& t, const Ctx& c) {
   }
 }
 
+// A split's tokens: the planned chunk (t3), or with EVEN_SPLITS the sequence's context
+// spread over the splits (task::even_chunk): split s covers [s * chunk, (s + 1) * chunk).
+__device__ __forceinline__ u32 split_chunk(const TaskDesc& t, const Ctx& c) {
+  if (!(t.flags & task::kFlagEvenSplits)) return t.tile[3];
+  const u32 len = static_cast<u32>(c.meta[c.s.context_lens_at + t.tile[0]]);
+  return task::even_chunk(len, c.s.max_splits, t.tile[3]);
+}
+
 // ROPE_IN: the split's query heads normalised and rotated into shared memory `q`; the
 // split holding the sequence's position also writes that token's rotated K and its V
 // into the caches (it reads them back below, after the block barrier).
@@ -771,8 +779,9 @@ __device__ void split_prologue(const TaskDesc& t, const Ctx& c, bf16_bits* q) {
   const int G = c.s.num_heads / c.s.num_kv_heads;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const long long pos = c.meta[c.s.positions_at + seq];
-  const u32 start = t.tile[2] * t.tile[3];
-  const bool append = pos >= start && pos < start + t.tile[3];
+  const u32 chunk = split_chunk(t, c);
+  const u32 start = t.tile[2] * chunk;
+  const bool append = pos >= start && pos < start + chunk;
   const bf16_bits* row = operand<const bf16_bits>(t, c.buffers, 0) + static_cast<u64>(seq) * stride;
   const bf16_bits* cs = operand<const bf16_bits>(t, c.buffers, 4) + pos * D;
   for (int job = warp; job < G + 2; job += kWarps) {
@@ -800,7 +809,7 @@ __device__ void op_attn_split(const TaskDesc& t, const Ctx& c) {
   a.seq = t.tile[0];
   a.kv_head = t.tile[1];
   a.split = t.tile[2];
-  a.chunk = t.tile[3];
+  a.chunk = static_cast<int>(split_chunk(t, c));
   a.len = c.meta[c.s.context_lens_at + a.seq];
   a.heads = c.s.num_heads;
   a.kv_heads = c.s.num_kv_heads;
@@ -913,7 +922,8 @@ __device__ __forceinline__ void prefetch_next_l2(const TaskDesc* next, const u64
 // case: the chunk starts at or past the context length).
 __device__ __forceinline__ bool empty_split(const TaskDesc& t, const Ctx& c) {
   return t.opcode == task::kAttnSplit &&
-         static_cast<long long>(t.tile[2]) * t.tile[3] >= c.meta[c.s.context_lens_at + t.tile[0]];
+         static_cast<long long>(t.tile[2]) * split_chunk(t, c) >=
+             c.meta[c.s.context_lens_at + t.tile[0]];
 }
 
 __device__ __forceinline__ u32 dynamic_smem_size() {

@@ -68,9 +68,16 @@ enum Flag : u16 {
   kFlagRopeIn = 1u << 5,      // kAttnSplit: q/k/v rows (a), head norms + RoPE, own append
   kFlagSiluOut = 1u << 6,     // kGemv: rows of two weights, gate = a and up = e, one tile:
                               // y = bf16(bf16(silu(bf16(x . Wg))) * bf16(x . Wu))
+  kFlagEvenSplits = 1u << 7,  // kAttnSplit: the sequence's context over max_splits splits,
+                              // even_chunk() tokens each, not the planned chunk (t3)
 };
 constexpr u16 kKnownFlags = kFlagAppendKv | kFlagNormIn | kFlagSiluIn | kFlagMergeIn |
-                            kFlagResidualOut | kFlagRopeIn | kFlagSiluOut;
+                            kFlagResidualOut | kFlagRopeIn | kFlagSiluOut | kFlagEvenSplits;
+
+// EVEN_SPLITS: a split's tokens for a context of len: ceil(len / max_splits), at least
+// kMinEvenChunk (two a warp), at most the planned chunk (max_splits * chunk covers the
+// plan's longest context, so only a plan shorter than kMinEvenChunk makes this bind).
+constexpr u32 kMinEvenChunk = 16;
 
 enum Schedule : u32 {
   kStaticRoundRobin = 0,  // block i runs tasks i, i+grid, i+2*grid, ... in list order
@@ -167,6 +174,12 @@ __device__ __forceinline__ void signal_counter(const TaskDesc& t, u32* counters)
   if (threadIdx.x == 0 && signal != kNoCounter) {
     red_release_gpu_add(counters + signal, 1u);
   }
+}
+
+__device__ __forceinline__ u32 even_chunk(u32 len, u32 max_splits, u32 chunk) {
+  const u32 even = (len + max_splits - 1) / max_splits;
+  return even < kMinEvenChunk ? (kMinEvenChunk < chunk ? kMinEvenChunk : chunk)
+                              : (even < chunk ? even : chunk);
 }
 
 // Operand address: buffer base + granules * 16.

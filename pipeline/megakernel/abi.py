@@ -70,6 +70,10 @@ class Flag(IntFlag):
     """GEMV: the tile's rows of two weights, gate (operand a) and up (operand e), and
     y = bf16(bf16(silu(bf16(x . Wg))) * bf16(x . Wu)): the gate|up GEMV and SILU_MUL in one
     task, so the SiLU is computed once an element, not once a down tile."""
+    EVEN_SPLITS = 128
+    """ATTN_SPLIT: the sequence's context spread over the step's max_splits splits,
+    `even_chunk` tokens each, instead of the planned chunk (t3): a plan for the longest
+    context leaves a short one in a few long splits (129 tokens in one of 4 at b8)."""
 
 
 KNOWN_FLAGS = {
@@ -78,7 +82,7 @@ KNOWN_FLAGS = {
     Opcode.GEMV: Flag.NORM_IN | Flag.SILU_IN | Flag.MERGE_IN | Flag.RESIDUAL_OUT |
     Flag.SILU_OUT,
     Opcode.LOGITS: Flag.NORM_IN,
-    Opcode.ATTN_SPLIT: Flag.ROPE_IN,
+    Opcode.ATTN_SPLIT: Flag.ROPE_IN | Flag.EVEN_SPLITS,
 }
 FUSED_BY = {Opcode.RMS_NORM: Flag.NORM_IN, Opcode.ROPE: Flag.ROPE_IN,
             Opcode.KV_APPEND: Flag.ROPE_IN, Opcode.ATTN_MERGE: Flag.MERGE_IN,
@@ -108,6 +112,24 @@ SCRATCH_BYTES = 16 * 1024
 """The kernel's shared scratch (kScratchBytes): the merges keep each (sequence, head)'s
 split weights and maximum there -- MERGE_IN batch x heads x (max_splits + 1) floats,
 ATTN_MERGE group x (splits + 1) (`merge_floats`)."""
+
+
+MIN_EVEN_CHUNK = 16
+"""kMinEvenChunk: an EVEN_SPLITS split takes at least this many tokens (two a warp)."""
+
+
+def even_chunk(length: int, max_splits: int, chunk: int) -> int:
+    """task::even_chunk: ceil(length / max_splits) tokens, at least MIN_EVEN_CHUNK, at most
+    the planned chunk."""
+    return min(chunk, max(MIN_EVEN_CHUNK, -(-length // max_splits)))
+
+
+def split_chunk(t: "Task", max_splits: int, length: int) -> int:
+    """The tokens of an ATTN_SPLIT task's chunk for a context of `length` (its split s
+    covers [s * chunk, (s + 1) * chunk))."""
+    if t.flags & Flag.EVEN_SPLITS:
+        return even_chunk(length, max_splits, t.tile[3])
+    return t.tile[3]
 
 
 def merge_floats(rows: int, splits: int) -> int:

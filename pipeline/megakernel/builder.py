@@ -206,7 +206,7 @@ def build_step(dims: ModelDims, batch: int, sm_count: int, *, num_blocks: int,
                max_context: int | None = None, page_size: int = PAGE_SIZE, fuse: bool = True,
                fine_deps: bool = False, tile_scale: int = 1, fuse_norm: bool | None = None,
                fuse_merge: bool = False, l2_ahead: int = 0, one_wave: bool = False,
-               silu_out: bool = True) -> StepPlan:
+               silu_out: bool = True, even_splits: bool = False) -> StepPlan:
     """Task list, step shape and buffer table for one decode step at `batch`: fused
     (ABI v2 flags) where the shape allows, else the unfused stages. By default the
     attention merge stays a stage of its own and so do the norms at batch > 1
@@ -223,7 +223,9 @@ def build_step(dims: ModelDims, batch: int, sm_count: int, *, num_blocks: int,
     (fused lists, the default): SiLU·mul in the gate|up tiles' epilogue (SILU_OUT), once an
     element; False: in every down tile's prologue (SILU_IN), which redoes it per tile (run
     14 on the H200: the step 4.5 / 10.7 / 17.7 % faster at b1 / b4 / b8 with SILU_OUT, bit
-    for bit the same logits)."""
+    for bit the same logits). `even_splits`: each attention split takes an even share of
+    its sequence's context (EVEN_SPLITS, at least 16 tokens), not the planned chunk, which
+    leaves a context shorter than the plan in a few long splits."""
     if batch < 1 or sm_count < 1 or num_blocks < 1 or tile_scale < 1:
         raise UsageError(f"build_step: batch {batch}, sm_count {sm_count}, num_blocks "
                          f"{num_blocks}, tile_scale {tile_scale} must all be positive")
@@ -268,15 +270,16 @@ def build_step(dims: ModelDims, batch: int, sm_count: int, *, num_blocks: int,
 
         emit_fused(e, Layout(dims, batch, sm_count, splits, chunk, slots, regions, tile_scale),
                    fine_deps=fine_deps, fuse_norm=fuse_norm, fuse_merge=fuse_merge,
-                   l2_ahead=l2_ahead, silu_out=silu_out)
+                   l2_ahead=l2_ahead, silu_out=silu_out, even_splits=even_splits)
     else:
-        _emit(e, dims, batch, sm_count, splits, chunk, slots, regions, tile_scale)
+        _emit(e, dims, batch, sm_count, splits, chunk, slots, regions, tile_scale,
+              int(Flag.EVEN_SPLITS) if even_splits else 0)
     # The plan's build flags (not operator `--option`s, which tests/test_options.py audits).
     flags: dict[str, Any] = {"fused": fused, "fine_deps": fused and fine_deps,
                              "tile_scale": tile_scale, "fuse_norm": fused and fuse_norm,
                              "fuse_merge": fused and fuse_merge,
                              "l2_ahead": l2_ahead if fused else 0, "one_wave": one_wave,
-                             "silu_out": fused and silu_out}
+                             "silu_out": fused and silu_out, "even_splits": even_splits}
     if blockers:
         flags["not_fused"] = blockers
     return StepPlan(dims=dims, batch=batch, sm_count=sm_count, tasks=e.tasks, shape=shape,
@@ -328,7 +331,8 @@ def _rows(op: Opcode, ops: tuple[Operand, ...], batch: int, width: int, label: s
 
 
 def _emit(e: Emitter, d: ModelDims, batch: int, sm: int, splits: int, chunk: int,
-          slots: dict[str, int], r: dict[str, Region], scale: int = 1) -> None:
+          slots: dict[str, int], r: dict[str, Region], scale: int = 1,
+          split_flags: int = 0) -> None:
     def w(name: str) -> Operand:
         return Operand(slots[name], 0)
 
@@ -363,7 +367,8 @@ def _emit(e: Emitter, d: ModelDims, batch: int, sm: int, splits: int, chunk: int
             for g in range(d.kv_heads):
                 sc, sn = e.stage([Task(Opcode.ATTN_SPLIT, (b, g, s, chunk),
                                        (ws["q"], w(f"k_cache.{i}"), w(f"v_cache.{i}"),
-                                        ws["partials"]), label=f"L{i}.split[{b},{g},{s}]")
+                                        ws["partials"]), flags=split_flags,
+                                       label=f"L{i}.split[{b},{g},{s}]")
                                   for s in range(splits)], ((c, n),))
                 merges.append((sc, sn, Task(Opcode.ATTN_MERGE, (b, g, splits, 0),
                                             (ws["partials"], ws["attn"]),

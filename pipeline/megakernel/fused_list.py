@@ -6,8 +6,9 @@ Per layer: q|k|v tiles (NORM_IN: the input norm in their prologue), attention sp
 RESIDUAL_OUT); the logits (NORM_IN). `silu_out`: each gate|up tile takes the same rows of
 both weights and stores SiLU(gate) * up (SILU_OUT) into the region's first columns, and
 the down tiles stage that plain: the SiLU once an element, not once a down tile (issue
-19, run 13: 11.7 of a b8 down tile's 20.6 us prologue). `fuse_norm=False` keeps each RMS norm a stage of
-its own (one task per sequence, into `h`); `fuse_merge=False` keeps the attention
+19, run 13: 11.7 of a b8 down tile's 20.6 us prologue). `even_splits`: the splits
+(EVEN_SPLITS) spread each sequence's context over all of them. `fuse_norm=False` keeps
+each RMS norm a stage of its own (one task per sequence, into `h`); `fuse_merge=False` keeps the attention
 merge a stage (one task per sequence and kv head, into `attn`, its splits signalling
 their own counter): every consumer tile redoes a fused prologue, which at larger
 batches costs more than the stage it saves (docs/perf.md). Each fused op computes what
@@ -103,7 +104,7 @@ def _qkv(e: Emitter, lay: Layout, i: int, waits: Waits, fine_deps: bool,
 
 
 def _attention(e: Emitter, lay: Layout, i: int, split_waits: list[Waits],
-               fuse_merge: bool) -> Source:
+               fuse_merge: bool, even_splits: bool) -> Source:
     """Splits (ROPE_IN) and, unfused, their merges; returns (o_proj input operands and
     flags, the waits of o_proj)."""
     d = lay.d
@@ -123,7 +124,8 @@ def _attention(e: Emitter, lay: Layout, i: int, split_waits: list[Waits],
                 (lay.ws("qkv"), lay.w(f"k_cache.{i}"), lay.w(f"v_cache.{i}"),
                  lay.ws("partials"), lay.w("rope.cos_sin"),
                  lay.w(p + "self_attn.q_norm.weight"), lay.w(p + "self_attn.k_norm.weight")),
-                split_waits[g], c, int(Flag.ROPE_IN), f"L{i}.split[{b},{g},{s}]"))
+                split_waits[g], c, int(Flag.ROPE_IN | (Flag.EVEN_SPLITS if even_splits else 0)),
+                f"L{i}.split[{b},{g},{s}]"))
     if shared is not None:  # fuse_merge
         return (lay.ws("partials"),), int(Flag.MERGE_IN), ((shared, len(merges) * lay.splits),)
     mc = e.counter()
@@ -184,7 +186,8 @@ def _mlp(e: Emitter, lay: Layout, i: int, src: Source, silu_out: bool) -> Waits:
 
 
 def emit_fused(e: Emitter, lay: Layout, *, fine_deps: bool, fuse_norm: bool,
-               fuse_merge: bool, l2_ahead: int = 0, silu_out: bool = False) -> None:
+               fuse_merge: bool, l2_ahead: int = 0, silu_out: bool = False,
+               even_splits: bool = False) -> None:
     d, batch = lay.d, lay.batch
     qn, gu_n = d.heads * d.head_dim, 2 * d.intermediate
     c, n = e.stage([Task(Opcode.EMBED, (b, 1, d.hidden, d.vocab),
@@ -194,7 +197,7 @@ def emit_fused(e: Emitter, lay: Layout, *, fine_deps: bool, fuse_norm: bool,
     for i in range(d.layers):
         p = f"model.layers.{i}."
         split_waits = _qkv(e, lay, i, waits, fine_deps, fuse_norm)
-        src, flags, waits = _attention(e, lay, i, split_waits, fuse_merge)
+        src, flags, waits = _attention(e, lay, i, split_waits, fuse_merge, even_splits)
         if l2_ahead:  # claimed by blocks done with their splits, while DRAM idles
             e.tasks.extend(_ahead(lay, i, gemv_rows(gu_n, lay.sm, lay.scale), l2_ahead))
         # o_proj: (merge while staging,) add into the residual stream

@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from pipeline.megakernel.abi import GRANULE, Flag, Opcode, StepShape, Task
+from pipeline.megakernel.abi import GRANULE, Flag, Opcode, StepShape, Task, split_chunk
 
 LOG2E = 1.4426950408889634
 
@@ -161,7 +161,7 @@ def _split_q(t: Task, s: StepShape, mem: _Mem, meta: torch.Tensor) -> torch.Tens
     """The split's query heads [group, D] (bf16): read, or with ROPE_IN normalised and
     rotated from the q/k/v rows; the split holding the sequence's position then also
     appends that token's rotated K and its V to the caches (operands b, c)."""
-    seq, kvh, split, chunk, stride, k_col, v_col, q_col = t.tile
+    seq, kvh, split, _, stride, k_col, v_col, q_col = t.tile
     d, g = s.head_dim, s.num_heads // s.num_kv_heads
     if not t.flags & Flag.ROPE_IN:
         q = mem.at(t, 0, torch.bfloat16, s.batch * s.num_heads * d).view(s.batch, s.num_heads, d)
@@ -172,6 +172,7 @@ def _split_q(t: Task, s: StepShape, mem: _Mem, meta: torch.Tensor) -> torch.Tens
     q_w, k_w = mem.at(t, 5, torch.bfloat16, d), mem.at(t, 6, torch.bfloat16, d)
     q = torch.stack([_rope_row(row[q_col + h * d:q_col + (h + 1) * d], q_w, cs, s.rms_eps)
                      for h in range(kvh * g, (kvh + 1) * g)])
+    chunk = split_chunk(t, s.max_splits, int(meta[s.context_lens_at + seq]))
     if split * chunk <= pos < (split + 1) * chunk:
         at = (int(meta[s.slots_at + seq]) * s.num_kv_heads + kvh) * d
         mem.at(t, 1, torch.bfloat16)[at:at + d] = _rope_row(
@@ -181,11 +182,12 @@ def _split_q(t: Task, s: StepShape, mem: _Mem, meta: torch.Tensor) -> torch.Tens
 
 
 def _attn_split(t: Task, s: StepShape, mem: _Mem, meta: torch.Tensor) -> None:
-    seq, kvh, split, chunk = t.tile[:4]
+    seq, kvh, split = t.tile[:3]
     d = s.head_dim
     k_cache = mem.at(t, 1, torch.bfloat16).view(-1, s.page_size, s.num_kv_heads, d)
     v_cache = mem.at(t, 2, torch.bfloat16).view(-1, s.page_size, s.num_kv_heads, d)
     length = int(meta[s.context_lens_at + seq])
+    chunk = split_chunk(t, s.max_splits, length)
     start, end = split * chunk, min(length, split * chunk + chunk)
     out = _partials(t, s, mem, 3)[seq, kvh, split]
     if end <= start:  # an empty split: no token, weight 0 in the merge

@@ -80,7 +80,8 @@ FULL = {"fuse_norm": True, "fuse_merge": True, "fine_deps": True}
 """Every fusion flag (the defaults keep the norms and merges as stages)."""
 MODES = [{"fuse": False}, {}, FULL, {**FULL, "fine_deps": False}, {**FULL, "tile_scale": 2},
          {**FULL, "fuse_norm": False}, {**FULL, "fuse_merge": False}, {"fine_deps": True},
-         {"silu_out": False}, {**FULL, "silu_out": False}]
+         {"silu_out": False}, {**FULL, "silu_out": False}, {"even_splits": True},
+         {"fuse": False, "even_splits": True}]
 
 
 @pytest.mark.parametrize("batch", [1, 4, 8])
@@ -101,7 +102,7 @@ def test_every_op_of_the_step_is_covered(batch):
 def test_the_fully_fused_step_has_five_stages_a_layer_and_every_flag(batch):
     plan = builder.build_step(TINY, batch, 132, num_blocks=batch * 8, **FULL)
     assert plan.options == {"fused": True, "tile_scale": 1, "l2_ahead": 0, "one_wave": False,
-                            "silu_out": True, **FULL}
+                            "silu_out": True, "even_splits": False, **FULL}
     assert {Opcode(t.opcode) for t in plan.tasks} == {Opcode.EMBED, Opcode.GEMV,
                                                       Opcode.ATTN_SPLIT, Opcode.LOGITS}
     flags = {(Opcode(t.opcode), t.flags) for t in plan.tasks}
@@ -230,7 +231,7 @@ def test_by_default_norms_and_merges_are_stages_of_a_fused_list():
     assert {t.flags for t in plan.tasks if t.opcode == Opcode.ATTN_SPLIT} == {Flag.ROPE_IN}
     assert plan.options == {"fused": True, "fine_deps": True, "tile_scale": 1,
                             "fuse_norm": False, "fuse_merge": False, "l2_ahead": 0,
-                            "one_wave": False, "silu_out": True}
+                            "one_wave": False, "silu_out": True, "even_splits": False}
 
 
 @pytest.mark.parametrize("batch,default,one_wave", [(1, (22, 48), (16, 64)),

@@ -268,3 +268,37 @@ def test_silu_out_is_the_default_list_bit_for_bit(tiny, cubin, fma_cubin, kernel
             for k, k_before in zip(cache.k, k0):
                 k.copy_(k_before)
     assert torch.equal(out[0], out[1]) and torch.equal(out[0], out[2])
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("batch", [1, 4, 8])
+def test_even_splits_are_their_unfused_list_bit_for_bit_and_the_eager_step(tiny, cubin,
+                                                                            schedule, batch):
+    # EVEN_SPLITS chunks the attention by the context, not the plan: another summation
+    # order than the planned chunks, so its own family, whose fused lists (ROPE_IN, norms
+    # fused or staged) must give its unfused list's logits bit for bit, append the same K,
+    # and track the eager step like every list does
+    from pipeline.megakernel.abi import Flag, Schedule
+    from pipeline.ops.megakernel import PersistentDecode
+
+    model, cache, args = _prefilled(tiny, batch, 37)
+    k_before = [k.clone() for k in cache.k]
+    with torch.inference_mode():
+        out, appended = [], []
+        for options in ({"fuse": False}, {}, {"fuse_norm": True}):
+            step = PersistentDecode(model, cache, batch, Schedule.from_row(schedule), cubin,
+                                    options={**options, "even_splits": True})
+            assert all(t.flags & Flag.EVEN_SPLITS for t in step.plan.tasks
+                       if t.label.startswith("L0.split"))
+            out.append(step(*args).clone())
+            appended.append([k.clone() for k in cache.k])
+            for k, k0 in zip(cache.k, k_before):
+                k.copy_(k0)
+        want = model.decode(*args, cache)
+    assert torch.equal(out[0], out[1]) and torch.equal(out[0], out[2])
+    for ka, kb in zip(appended[0], appended[1]):
+        assert torch.equal(ka, kb)
+    for kp, ke in zip(appended[1], cache.k):
+        torch.testing.assert_close(kp, ke, rtol=0.02, atol=0.02)
+    torch.testing.assert_close(out[1], want, rtol=0.05, atol=0.25)
+    assert out[1].argmax(-1).tolist() == want.argmax(-1).tolist()

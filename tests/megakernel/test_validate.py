@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from pipeline.megakernel import builder
+from pipeline.megakernel import abi, builder
 from pipeline.megakernel.abi import NO_COUNTER, Flag, Opcode, Operand, Task
 from pipeline.megakernel.validate import TaskListError, validate
 
@@ -283,3 +283,31 @@ def test_silu_out_tiles_read_both_mlp_weights_and_down_stages_their_output(fuse_
                               f"65535 not in the {len(plan.buffers)}-slot table"]
     past = _check(plan, _replace(plan.tasks, i, tile=(DIMS.intermediate - 8, 16, *t.tile[2:])))
     assert any("operand up_weight out of bounds" in p for p in past.problems)
+
+
+def test_even_splits_spread_a_short_context_over_every_split():
+    # the probe shape at b8 on the H200 plans 4 splits of 336 tokens for 1024 positions: a
+    # 129-token context is one split of 129 (17 tokens a warp, one after the other); even,
+    # each split takes 33
+    assert abi.even_chunk(129, 4, 336) == 33
+    assert abi.even_chunk(1000, 4, 336) == 250
+    assert abi.even_chunk(1024, 4, 336) == 256
+    assert abi.even_chunk(129, 22, 48) == 16  # at least two tokens a warp
+    assert abi.even_chunk(5, 3, 16) == 16
+    assert abi.even_chunk(40, 3, 8) == 8  # never past the planned chunk
+    plan = builder.build_step(DIMS, 2, 16, num_blocks=8, even_splits=True)
+    assert _check(plan, plan.tasks).ok and plan.options["even_splits"] is True
+    splits = [t for t in plan.tasks if t.opcode == Opcode.ATTN_SPLIT]
+    assert splits and all(t.flags == Flag.ROPE_IN | Flag.EVEN_SPLITS for t in splits)
+    s = plan.shape.max_splits
+    for length in (1, 16 * s - 1, 16 * s, DIMS.max_position):
+        chunks = {abi.split_chunk(t, s, length) for t in splits}
+        (chunk,) = chunks
+        covered = [min(length, (k + 1) * chunk) - min(length, k * chunk) for k in range(s)]
+        assert sum(covered) == length  # every token in exactly one split
+        if length >= 16 * s:
+            assert min(covered) > 0  # and no split left empty
+    unfused = builder.build_step(DIMS, 2, 16, num_blocks=8, fuse=False, even_splits=True)
+    assert {t.flags for t in unfused.tasks if t.opcode == Opcode.ATTN_SPLIT} == {Flag.EVEN_SPLITS}
+    assert not any(t.flags & Flag.EVEN_SPLITS for t in builder.build_step(
+        DIMS, 2, 16, num_blocks=8).tasks)

@@ -57,7 +57,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import megakernel as mk  # noqa: E402  (benchmarks/megakernel.py: probe, prefill, ceiling)
 
 DYN, STATIC = "dynamic", "static"
-STAGED = {"fine_deps": False, "fuse_norm": False, "fuse_merge": False, "silu_out": False}
+STAGED = {"fine_deps": False, "fuse_norm": False, "fuse_merge": False, "silu_out": False,
+          "even_splits": False}
 """Norms and merges kept as stages: the builder's default list at batch > 1 (at batch 1 it
 fuses the norms since run 5, docs/perf.md); the variants name their flags, so a default
 that moves does not move them."""
@@ -299,7 +300,7 @@ of both weights and stores SiLU(gate) * up in its epilogue (SILU_OUT), and a dow
 stages that plain. The same values in the same roundings: every list bitwise
 `mma-stages`."""
 EVEN_VARIANTS = [
-    ("mma-stages", "mma", {"fuse": False}, (DYN,)),
+    ("mma-stages", "mma", {"fuse": False, "even_splits": False}, (DYN,)),
     ("siluout-norm-in", "mma9", {**NORM_IN, **SILU_OUT}, (DYN,)),
     ("siluout", "mma9", {**STAGED, **SILU_OUT}, (DYN,)),
     ("even-stages", "mma", {"fuse": False, **EVEN}, (DYN,)),

@@ -80,8 +80,8 @@ FULL = {"fuse_norm": True, "fuse_merge": True, "fine_deps": True}
 """Every fusion flag (the defaults keep the norms and merges as stages)."""
 MODES = [{"fuse": False}, {}, FULL, {**FULL, "fine_deps": False}, {**FULL, "tile_scale": 2},
          {**FULL, "fuse_norm": False}, {**FULL, "fuse_merge": False}, {"fine_deps": True},
-         {"silu_out": False}, {**FULL, "silu_out": False}, {"even_splits": True},
-         {"fuse": False, "even_splits": True}]
+         {"silu_out": False}, {**FULL, "silu_out": False}, {"even_splits": False},
+         {"fuse": False, "even_splits": False}]
 
 
 @pytest.mark.parametrize("batch", [1, 4, 8])
@@ -102,12 +102,12 @@ def test_every_op_of_the_step_is_covered(batch):
 def test_the_fully_fused_step_has_five_stages_a_layer_and_every_flag(batch):
     plan = builder.build_step(TINY, batch, 132, num_blocks=batch * 8, **FULL)
     assert plan.options == {"fused": True, "tile_scale": 1, "l2_ahead": 0, "one_wave": False,
-                            "silu_out": True, "even_splits": False, **FULL}
+                            "silu_out": True, "even_splits": True, **FULL}
     assert {Opcode(t.opcode) for t in plan.tasks} == {Opcode.EMBED, Opcode.GEMV,
                                                       Opcode.ATTN_SPLIT, Opcode.LOGITS}
     flags = {(Opcode(t.opcode), t.flags) for t in plan.tasks}
     assert flags == {(Opcode.EMBED, 0), (Opcode.GEMV, Flag.NORM_IN), (Opcode.LOGITS, Flag.NORM_IN),
-                     (Opcode.ATTN_SPLIT, Flag.ROPE_IN),
+                     (Opcode.ATTN_SPLIT, Flag.ROPE_IN | Flag.EVEN_SPLITS),
                      (Opcode.GEMV, Flag.MERGE_IN | Flag.RESIDUAL_OUT),
                      (Opcode.GEMV, Flag.NORM_IN | Flag.SILU_OUT), (Opcode.GEMV, Flag.RESIDUAL_OUT)}
     # counters: embed, per layer one per kv head (q/k/v) + splits + o + gate/up + down, logits
@@ -228,10 +228,11 @@ def test_by_default_norms_and_merges_are_stages_of_a_fused_list():
     assert counts["RMS_NORM"] == 2 * (2 * TINY.layers + 1)
     assert counts["ATTN_MERGE"] == 2 * TINY.kv_heads * TINY.layers
     assert not any(t.flags & (Flag.NORM_IN | Flag.MERGE_IN) for t in plan.tasks)
-    assert {t.flags for t in plan.tasks if t.opcode == Opcode.ATTN_SPLIT} == {Flag.ROPE_IN}
+    assert {t.flags for t in plan.tasks if t.opcode == Opcode.ATTN_SPLIT} == {
+        Flag.ROPE_IN | Flag.EVEN_SPLITS}
     assert plan.options == {"fused": True, "fine_deps": True, "tile_scale": 1,
                             "fuse_norm": False, "fuse_merge": False, "l2_ahead": 0,
-                            "one_wave": False, "silu_out": True, "even_splits": False}
+                            "one_wave": False, "silu_out": True, "even_splits": True}
 
 
 @pytest.mark.parametrize("batch,default,one_wave", [(1, (22, 48), (16, 64)),

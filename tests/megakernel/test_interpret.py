@@ -55,11 +55,12 @@ FULL = {"fuse_norm": True, "fuse_merge": True, "fine_deps": True}
 
 @pytest.mark.parametrize("options", [{"fuse": False}, {}, FULL, {**FULL, "tile_scale": 2},
                                      {"l2_ahead": 4}, {"one_wave": True}, {"silu_out": False},
-                                     {**FULL, "silu_out": False}, {"even_splits": True},
-                                     {"fuse": False, "even_splits": True}],
+                                     {**FULL, "silu_out": False}, {"even_splits": False},
+                                     {"fuse": False, "even_splits": False}],
                          ids=["unfused", "fused (default)", "fully-fused", "fully-fused-x2",
                               "fused-l2-ahead", "fused-one-wave", "fused-silu-in",
-                              "fully-fused-silu-in", "fused-even-splits", "unfused-even-splits"])
+                              "fully-fused-silu-in", "fused-planned-splits",
+                              "unfused-planned-splits"])
 @pytest.mark.parametrize("lengths,sms,splits", [([37], 132, 3), ([5, 16, 33, 70], 1024, 5),
                                                 ([1, 2, 15, 16, 17, 31, 32, 100], 132, 1)])
 def test_the_task_list_computes_the_reference_decode_step(model, lengths, sms, splits, options):
@@ -68,7 +69,7 @@ def test_the_task_list_computes_the_reference_decode_step(model, lengths, sms, s
     step = StepBuffers(model, cache, len(lengths), sms, **options)
     assert step.plan.options["fused"] == options.get("fuse", True)
     chunk = next(t.tile[3] for t in step.plan.tasks if t.opcode == Opcode.ATTN_SPLIT)
-    if not options.get("one_wave") and not options.get("even_splits"):  # other chunkings
+    if not options.get("one_wave") and options.get("even_splits") is False:  # planned
         assert -(-(max(lengths) + 1) // chunk) == splits  # non-empty splits of the longest
     step.stage(*args)
     with torch.inference_mode():

@@ -57,8 +57,10 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import megakernel as mk  # noqa: E402  (benchmarks/megakernel.py: probe, prefill, ceiling)
 
 DYN, STATIC = "dynamic", "static"
-STAGED = {"fine_deps": False, "fuse_norm": False, "fuse_merge": False, "silu_out": False,
-          "even_splits": False}
+PINNED = {"silu_out": False, "even_splits": False}
+"""Builder options that became defaults after the variant sets of runs 1-13 were written:
+a variant that does not name them runs the list those runs timed (`listed`)."""
+STAGED = {"fine_deps": False, "fuse_norm": False, "fuse_merge": False}
 """Norms and merges kept as stages: the builder's default list at batch > 1 (at batch 1 it
 fuses the norms since run 5, docs/perf.md); the variants name their flags, so a default
 that moves does not move them."""
@@ -300,7 +302,7 @@ of both weights and stores SiLU(gate) * up in its epilogue (SILU_OUT), and a dow
 stages that plain. The same values in the same roundings: every list bitwise
 `mma-stages`."""
 EVEN_VARIANTS = [
-    ("mma-stages", "mma", {"fuse": False, "even_splits": False}, (DYN,)),
+    ("mma-stages", "mma", {"fuse": False}, (DYN,)),
     ("siluout-norm-in", "mma9", {**NORM_IN, **SILU_OUT}, (DYN,)),
     ("siluout", "mma9", {**STAGED, **SILU_OUT}, (DYN,)),
     ("even-stages", "mma", {"fuse": False, **EVEN}, (DYN,)),
@@ -417,10 +419,10 @@ def persistent_steps(model, cache, batch: int, cubins: dict, variants: list) -> 
     for name, cub, options, schedules in variants:
         if cub not in cubins:
             continue
-        key = json.dumps(options, sort_keys=True)
+        key = json.dumps(listed(options), sort_keys=True)
         if key not in plans:
             plans[key] = PersistentDecode(model, cache, batch, Schedule.DYNAMIC_QUEUE,
-                                          Path(cubins[cub]), options=options)
+                                          Path(cubins[cub]), options=listed(options))
         for sched in schedules:
             schedule = Schedule.STATIC_ROUND_ROBIN if sched == STATIC else Schedule.DYNAMIC_QUEUE
             pd = copy.copy(plans[key])  # same buffers and task list, this variant's kernel
@@ -498,11 +500,17 @@ def row_tie_margin() -> float:
     return float(next(g for g in row["gates"] if g["kind"] == "abi").get("tie_margin", 0.0))
 
 
-def family_of(cub: str, options: dict) -> tuple[str, bool]:
+def listed(options: dict) -> dict:
+    """A variant's builder options with the PINNED ones it does not name."""
+    return {**PINNED, **options}
+
+
+def family_of(cub: str, options: dict) -> tuple[str, bool, bool]:
     """What fixes a path's bits: its GEMV family (the summation order) and its split plan
     (`one_wave` and `even_splits` chunk the attention differently)."""
+    options = listed(options)
     return ("mma" if cub.startswith("mma") else "fma", bool(options.get("one_wave")),
-            bool(options.get("even_splits")))
+            bool(options["even_splits"]))
 
 
 def bitwise(variants: list, logits: dict) -> dict:
@@ -570,7 +578,7 @@ def batch_section(model, fused: dict, cubins: dict, batch: int, ns, ceiling: flo
         if batch == 1 and "mk-+fine" in steps:  # the fused list through the ABI's torch
             # semantics (the FMA kernel's rounding points), on the GPU
             sb = StepBuffers(model, mk._clone_cache(cache), batch, steps["mk-+fine"].sm_count,
-                             fine_deps=True)
+                             **listed({"fine_deps": True}))
             sb.stage(*args)
             interpret.run(sb.plan.tasks, sb.plan.shape, sb.tensors)
             rec["interpreter_vs_kernel_max_abs"] = float(
@@ -598,7 +606,7 @@ def batch_section(model, fused: dict, cubins: dict, batch: int, ns, ceiling: flo
                 continue
             c1, a1 = mk.prefilled(model, batch, GREEDY_STEPS + 2)
             fresh = PersistentDecode(model, c1, batch, Schedule.DYNAMIC_QUEUE, Path(cubins[cub]),
-                                     options=options)
+                                     options=listed(options))
             rec["greedy_vs_eager"][name] = against_eager(
                 eager_tokens, greedy(fresh, a1, GREEDY_STEPS), margin, name)
         rec["profile"] = {}

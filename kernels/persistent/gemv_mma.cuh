@@ -55,8 +55,8 @@ struct Stream {
   u32 row0, rows, K8, kb0, nkb, groups_per_round, rounds, pair;
   __device__ __forceinline__ Stream(const TaskDesc& t, const u64* buffers, int warp) {
     w = operand<const uint4>(t, buffers, 0);
-    pair = (t.flags & task::kFlagSiluOut) ? 1u : 0u;
-    w2 = pair ? operand<const uint4>(t, buffers, 4) : w;
+    pair = silu_pair(t);
+    w2 = up_weight(t, buffers, w);
     row0 = t.tile[0];
     rows = t.tile[1];
     K8 = t.tile[2] / 8;

@@ -419,6 +419,16 @@ __device__ void stage_input(const TaskDesc& t, const Ctx& c, u32 K, u32 x_stride
   __syncthreads();
 }
 
+// SILU_OUT: 1 (the tile's rows of two weights, a gate row then its up row), else 0; and
+// the second weight (operand e; `w`, the first, where there is none).
+__device__ __forceinline__ u32 silu_pair(const TaskDesc& t) {
+  return (t.flags & task::kFlagSiluOut) ? 1u : 0u;
+}
+__device__ __forceinline__ const uint4* up_weight(const TaskDesc& t, const u64* buffers,
+                                                  const uint4* w) {
+  return silu_pair(t) ? operand<const uint4>(t, buffers, 4) : w;
+}
+
 // One output row's epilogue (lane 0 writes): y = bf16(dot), or with RESIDUAL_OUT the
 // residual stream y = bf16(y + bf16(dot)) -- GEMV then RESIDUAL_ADD, fused; with SILU_OUT
 // (v the up row's dot, gate the gate row's) y = SILU_MUL of the two as the unfused gate and
@@ -450,8 +460,8 @@ struct Stream {
   u32 row0, K8, J, rows, total, pair;
   __device__ __forceinline__ Stream(const TaskDesc& t, const u64* buffers, int warp) {
     w = operand<const uint4>(t, buffers, 0);
-    pair = (t.flags & task::kFlagSiluOut) ? 1u : 0u;
-    w2 = pair ? operand<const uint4>(t, buffers, 4) : w;
+    pair = silu_pair(t);
+    w2 = up_weight(t, buffers, w);
     const u32 tile_rows = t.tile[1];
     row0 = t.tile[0] + warp;
     K8 = t.tile[2] / 8;
@@ -669,8 +679,8 @@ __device__ void op_gemv(const TaskDesc& t, const Ctx& c) {
   // v1: kChunks 16-byte weight loads in flight per lane, consumed in order
   constexpr int kChunks = 8;
   const uint4* W = operand<const uint4>(t, c.buffers, 0);
-  const u32 pair = (t.flags & task::kFlagSiluOut) ? 1u : 0u;  // SILU_OUT: gate, then up rows
-  const uint4* W2 = pair ? operand<const uint4>(t, c.buffers, 4) : W;
+  const u32 pair = silu_pair(t);  // SILU_OUT: row i / 2 of the gate (even i), of up (odd)
+  const uint4* W2 = up_weight(t, c.buffers, W);
   for (u32 i = 0; t.tile[0] + warp + kWarps * (i >> pair) < t.tile[0] + t.tile[1]; ++i) {
     const u32 row = t.tile[0] + warp + kWarps * (i >> pair);
     const uint4* wrow = ((i & pair) ? W2 : W) + static_cast<u64>(row) * K8;
@@ -770,8 +780,9 @@ __device__ __forceinline__ u32 split_chunk(const TaskDesc& t, const Ctx& c) {
 }
 
 // ROPE_IN: the split's query heads normalised and rotated into shared memory `q`; the
-// split holding the sequence's position also writes that token's rotated K and its V
-// into the caches (it reads them back below, after the block barrier).
+// split holding the sequence's position (its split_chunk tokens from split * chunk) also
+// writes that token's rotated K and its V into the caches (it reads them back below, after
+// the block barrier).
 template <int D>
 __device__ void split_prologue(const TaskDesc& t, const Ctx& c, bf16_bits* q) {
   const u32 seq = t.tile[0], kvh = t.tile[1], stride = t.tile[4];

@@ -161,11 +161,11 @@ def _mlp(e: Emitter, lay: Layout, i: int, src: Source, silu_out: bool) -> Waits:
     gate, up = lay.w(p + "mlp.gate_proj.weight"), lay.w(p + "mlp.up_proj.weight")
     down_rows = gemv_rows(d.hidden, lay.sm, lay.scale)
     if silu_out:  # operand e: the up weight (SILU_OUT); act = the region's first I columns
-        extra = (UNUSED,) if len(ops) == 1 else ()  # no norm weight: operand d unused
+        norm = ops[1] if len(ops) > 1 else UNUSED  # operand d: NORM_IN's weight
         c, n = e.stage(_tiles(Opcode.GEMV, d.intermediate,
                               gemv_rows(d.intermediate, lay.sm, lay.scale),
                               (d.hidden, d.intermediate, 0),
-                              (gate, ops[0], lay.ws("gu"), *ops[1:], *extra, up),
+                              (gate, ops[0], lay.ws("gu"), norm, up),
                               flags | int(Flag.SILU_OUT), f"L{i}.gate_up"), waits)
         c, n = e.stage(_tiles(Opcode.GEMV, d.hidden, down_rows, (d.intermediate, d.hidden, 0),
                               (lay.w(p + "mlp.down_proj.weight"), lay.ws("gu"), lay.ws("x")),

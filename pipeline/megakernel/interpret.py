@@ -157,10 +157,12 @@ def _partials(t: Task, s: StepShape, mem: _Mem, i: int) -> torch.Tensor:
         s.batch, s.num_kv_heads, s.max_splits, g, s.head_dim + 2)
 
 
-def _split_q(t: Task, s: StepShape, mem: _Mem, meta: torch.Tensor) -> torch.Tensor:
+def _split_q(t: Task, s: StepShape, mem: _Mem, meta: torch.Tensor,
+             chunk: int) -> torch.Tensor:
     """The split's query heads [group, D] (bf16): read, or with ROPE_IN normalised and
-    rotated from the q/k/v rows; the split holding the sequence's position then also
-    appends that token's rotated K and its V to the caches (operands b, c)."""
+    rotated from the q/k/v rows; the split holding the sequence's position (its `chunk`
+    tokens from split * chunk) then also appends that token's rotated K and its V to the
+    caches (operands b, c)."""
     seq, kvh, split, _, stride, k_col, v_col, q_col = t.tile
     d, g = s.head_dim, s.num_heads // s.num_kv_heads
     if not t.flags & Flag.ROPE_IN:
@@ -172,7 +174,6 @@ def _split_q(t: Task, s: StepShape, mem: _Mem, meta: torch.Tensor) -> torch.Tens
     q_w, k_w = mem.at(t, 5, torch.bfloat16, d), mem.at(t, 6, torch.bfloat16, d)
     q = torch.stack([_rope_row(row[q_col + h * d:q_col + (h + 1) * d], q_w, cs, s.rms_eps)
                      for h in range(kvh * g, (kvh + 1) * g)])
-    chunk = split_chunk(t, s.max_splits, int(meta[s.context_lens_at + seq]))
     if split * chunk <= pos < (split + 1) * chunk:
         at = (int(meta[s.slots_at + seq]) * s.num_kv_heads + kvh) * d
         mem.at(t, 1, torch.bfloat16)[at:at + d] = _rope_row(
@@ -194,7 +195,7 @@ def _attn_split(t: Task, s: StepShape, mem: _Mem, meta: torch.Tensor) -> None:
         out.zero_()
         out[:, d] = -math.inf
         return
-    q = _split_q(t, s, mem, meta)
+    q = _split_q(t, s, mem, meta, chunk)
     table = meta[s.block_tables_at + seq * s.table_width:][:s.table_width]
     tok = torch.arange(start, end)
     pages = table[tok // s.page_size].long()

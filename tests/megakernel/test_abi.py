@@ -37,9 +37,9 @@ PROGRAM = textwrap.dedent(r"""
       std::printf("\"size\": [0, %zu]}, \"shape\": {", sizeof(TaskDesc));
     %SHAPE_FIELDS%
       std::printf("\"size\": [0, %zu]}, \"version\": %u, \"opcodes\": %d, \"no_counter\": %u, "
-                  "\"flags\": %u, \"stage\": %u, \"scratch\": %u}",
+                  "\"flags\": %u, \"stage\": %u, \"scratch\": %u, \"min_even_chunk\": %u}",
                   sizeof(StepShape), kAbiVersion, static_cast<int>(kOpcodeCount), kNoCounter,
-                  static_cast<unsigned>(kKnownFlags), kStageBytes, kScratchBytes);
+                  static_cast<unsigned>(kKnownFlags), kStageBytes, kScratchBytes, kMinEvenChunk);
       // A descriptor with every field distinct, written as raw bytes for the round trip.
       TaskDesc t{};
       t.opcode = kAttnSplit; t.flags = kFlagRopeIn; t.signal = 0x01020304u;
@@ -97,6 +97,7 @@ def test_constants_match_the_header(header_layout):
     assert c["no_counter"] == NO_COUNTER
     assert c["flags"] == int(sum(abi.Flag))
     assert (c["stage"], c["scratch"]) == (abi.STAGE_BYTES, abi.SCRATCH_BYTES)
+    assert c["min_even_chunk"] == abi.MIN_EVEN_CHUNK  # even_chunk's floor, host and device
 
 
 @needs_gxx

@@ -20,10 +20,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.build import cudabuild, kernels, toolchains
+from pipeline.build import cudabuild, kernels
 from pipeline.build.resources import sha256_file
 from pipeline.errors import Error
-from pipeline.gates.build import INDEX, MANIFEST_COPY, Built, read_index, sealed_output
+from pipeline.gates.build import (
+    INDEX,
+    MANIFEST_COPY,
+    Built,
+    arch_toolchains,
+    read_index,
+    sealed_output,
+)
 from pipeline.gates.interface import GateError
 from pipeline.records.ids import GATE_ID
 
@@ -38,26 +45,36 @@ class Reference:
     gate: str
     root: Path
     builds: dict[tuple[str, str], Built]
+    missing: dict[str, str]
+    """Each arch the audit covers that has no toolchain here, and why: the audit
+    inspects the rest and ERRORs naming these, as the build gate did."""
 
 
 def find(build_root: Path | None, arches: list[str], names: list[str],
          options: dict[str, str]) -> Reference | None:
-    """The build gate's sealed builds of every (arch, kernel) the audit would build, or
-    None when there is no such gate, it did not run, or it built fewer (then the audit
-    builds and seals its own copy, as without a build gate)."""
+    """The build gate's sealed builds of every (arch, kernel) the audit could build
+    here, or None when there is no such gate, it did not run, or it built fewer (then
+    the audit builds and seals its own copy, as without a build gate). An arch without
+    a toolchain here is one neither gate could build (an sm_70 row's sm_90 stand-in):
+    it does not stop the reference, else the audit would seal a second copy of the
+    arches that were built only to ERROR on the same missing toolchain."""
     if build_root is None or not (build_root / INDEX).is_file():
         return None
     try:
         manifest = kernels.parse((build_root / MANIFEST_COPY).read_text(), MANIFEST_COPY)
-        plan = [(arch, name) for arch in arches for name in manifest.select(names, arch)]
         index = {(e["arch"], e["kernel"]): e["dir"] for e, _ in read_index(build_root)}
-        chains = {arch: toolchains.for_arch(arch, options.get("nvcc")) for arch in arches}
     except (Error, GateError, OSError, KeyError, TypeError):
+        return None
+    chains, missing = arch_toolchains(arches, options)
+    try:
+        plan = [(arch, name) for arch in chains for name in manifest.select(names, arch)]
+    except Error:
         return None
     if not plan or any(key not in index for key in plan):
         return None
     return Reference(build_root.name, build_root,
-                     {(a, k): Built(a, k, build_root / index[(a, k)], chains[a]) for a, k in plan})
+                     {(a, k): Built(a, k, build_root / index[(a, k)], chains[a]) for a, k in plan},
+                     missing)
 
 
 def record(ref: Reference, b: Built, build_record: dict[str, Any]) -> dict[str, Any]:

@@ -42,6 +42,7 @@ from pipeline.gates.build import (
     build_into,
     build_problems,
     gate_arches,
+    missing_toolchains,
     read_index,
     sealed_output,
 )
@@ -87,6 +88,9 @@ def measure_audit(repo: Path, arches: list[str], names: list[str], options: dict
         dest = b.dir if ref is None else out / b.arch / b.kernel
         entries.append(_inspect(b, dest, verify_embedded, ref))
     (out / AUDIT_INDEX).write_text(json.dumps(entries, indent=2) + "\n")
+    if ref is not None and ref.missing:
+        raise missing_toolchains(ref.missing, list(dict.fromkeys(b.arch for b in built)),
+                                 "audited")
 
 
 def _tool(argv: list[str], log: Path, cwd: str | None = None, output: str | None = None) -> dict[str, Any]:

@@ -83,7 +83,7 @@ def build_into(repo: Path, arches: list[str], names: list[str], options: dict[st
     if not plan:
         raise GateError(f"nothing to build: no kernel in kernels.toml targets "
                         f"{', '.join(arches)}")
-    chains, missing = _toolchains(arches, options)
+    chains, missing = arch_toolchains(arches, options)
     plan = [(arch, name) for arch, name in plan if arch in chains]
     out.mkdir(parents=True, exist_ok=True)
     # The declarations in force (budgets, operators, Triton kernels) travel with the
@@ -101,12 +101,18 @@ def build_into(repo: Path, arches: list[str], names: list[str], options: dict[st
         [{"arch": b.arch, "kernel": b.kernel, "dir": f"{b.arch}/{b.kernel}"} for b in built],
         indent=2) + "\n")
     if missing:
-        done = f" (built for {', '.join(chains)})" if chains else ""
-        raise GateError("; ".join(f"{arch}: {why}" for arch, why in missing.items()) + done)
+        raise missing_toolchains(missing, list(chains), "built")
     return built
 
 
-def _toolchains(arches: list[str], options: dict[str, str]
+def missing_toolchains(missing: dict[str, str], done: list[str], verb: str) -> GateError:
+    """The ERROR of a gate that could do its work for `done` only: each arch without a
+    toolchain and why, then what was done (`verb`: built, audited)."""
+    after = f" ({verb} for {', '.join(done)})" if done else ""
+    return GateError("; ".join(f"{arch}: {why}" for arch, why in missing.items()) + after)
+
+
+def arch_toolchains(arches: list[str], options: dict[str, str]
                 ) -> tuple[dict[str, toolchains.Toolchain], dict[str, str]]:
     """The toolchain of each arch, and why each arch without one has none. Why not stop
     at the first missing one: a stand-in's gates (an sm_70 row's operator A/B on an

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import compressed, rows, runner, signing
+from pipeline.build import toolchains
 from pipeline.decision.review import evaluate
 from pipeline.evidence import Bundle
 from pipeline.gates import audit
@@ -202,3 +203,33 @@ def test_without_a_build_gate_covering_it_the_audit_keeps_its_own_copy(tmp_path,
     assert (art / "sm_90" / KERNEL / f"{KERNEL}.fatbin.gz").is_file()
     assert Bundle.open(bundle).gate_result("audit").reason == Bundle.open(path).gate_result(
         "audit").reason
+
+
+def test_an_arch_no_gate_can_build_here_still_audits_the_rest_by_reference(tmp_path, sealed,
+                                                                           monkeypatch):
+    """The SM70 row on the H200 (no CUDA 12.8 NVRTC there): the build gate builds sm_90 and
+    ERRORs naming sm_70. The audit used to give up its reference for want of the sm_70
+    build and seal a second copy of the sm_90 one (3.3 MB of that bundle), only to ERROR
+    on the same missing toolchain before inspecting anything. Now it inspects the sm_90
+    build by reference, seals only its own tool outputs, and ERRORs naming sm_70."""
+    def absent() -> toolchains.Toolchain:
+        raise toolchains.ToolchainError("nvidia-cuda-nvrtc-cu12 is not installed: "
+                                        "pip install 'rowgate[cuda12]'")
+
+    monkeypatch.setattr(toolchains, "_cuda12", absent)
+    bundle, _, statuses = _run(tmp_path, "TEST-AUDITSTANDIN", ROW)
+    assert statuses == {"build": Status.ERROR, "audit": Status.ERROR}, statuses
+    reason = Bundle.open(bundle).gate_result("audit").reason
+    assert reason.startswith("sm_70: nvidia-cuda-nvrtc-cu12 is not installed")
+    assert reason.endswith("(audited for sm_90)"), reason
+    entries = _entries(bundle / "artifacts")
+    assert [(e["arch"], e["kernel"]) for e in entries] == [("sm_90", KERNEL)]
+    assert all("build_ref" in e and e["sass"] for e in entries)
+    own = bundle / "artifacts" / "audit" / "sm_90" / KERNEL
+    assert (own / audit.SASS).is_file()
+    assert not list(own.glob("build.json")) and not list(own.glob(f"{KERNEL}.*")), \
+        sorted(p.name for p in own.iterdir())
+    # the same inspection the PASSing referencing audit made of its sm_90 build
+    path, _, _ = sealed
+    theirs = [e for e in _entries(path / "artifacts") if e["arch"] == "sm_90"]
+    assert entries[0]["build_ref"]["files"] == theirs[0]["build_ref"]["files"]

@@ -57,7 +57,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import megakernel as mk  # noqa: E402  (benchmarks/megakernel.py: probe, prefill, ceiling)
 
 DYN, STATIC = "dynamic", "static"
-PINNED = {"silu_out": False, "even_splits": False}
+PINNED = {"silu_out": False, "even_splits": False, "one_wave": False}
 """Builder options that became defaults after the variant sets of runs 1-13 were written:
 a variant that does not name them runs the list those runs timed (`listed`)."""
 STAGED = {"fine_deps": False, "fuse_norm": False, "fuse_merge": False}
@@ -113,6 +113,9 @@ GREEDY = {"mma": [("mk-default", "v2", STAGED), ("mk-mma", "mma", STAGED)],
           "even": [("mk-even-norm-in", "mma9", {**NORM_IN, **SILU_OUT, **EVEN}),
                    ("mk-even", "mma9", {**STAGED, **SILU_OUT, **EVEN}),
                    ("mk-siluout", "mma9", {**STAGED, **SILU_OUT})],
+          "evenwave": [("mk-evenwave-norm-in", "mma9", {**NORM_IN, **SILU_OUT, **EVEN, **WAVE}),
+                       ("mk-evenwave", "mma9", {**STAGED, **SILU_OUT, **EVEN, **WAVE}),
+                       ("mk-even", "mma9", {**STAGED, **SILU_OUT, **EVEN})],
           "siluout": [("mk-siluout-norm-in", "mma9", {**NORM_IN, **SILU_OUT}),
                       ("mk-siluout", "mma9", {**STAGED, **SILU_OUT}),
                       ("mk-mma9", "mma9", STAGED)],
@@ -316,12 +319,28 @@ benchmark's 129-token contexts sit in one split a (sequence, kv head), 17 tokens
 one after the other, beside 3 empty ones. `even` (EVEN_SPLITS): each split takes
 ceil(len / splits) tokens (at least 16): 33 at b8, 22 at b4, 16 at b1. Its own family:
 bitwise `even-stages`, not `mma-stages`."""
+EVEN_WAVE_VARIANTS = [
+    ("even-stages", "mma", {"fuse": False, **EVEN}, (DYN,)),
+    ("even-norm-in", "mma9", {**NORM_IN, **SILU_OUT, **EVEN}, (DYN,)),
+    ("even", "mma9", {**STAGED, **SILU_OUT, **EVEN}, (DYN,)),
+    ("evenwave-stages", "mma", {"fuse": False, **EVEN, **WAVE}, (DYN,)),
+    ("evenwave-norm-in", "mma9", {**NORM_IN, **SILU_OUT, **EVEN, **WAVE}, (DYN,)),
+    ("evenwave", "mma9", {**STAGED, **SILU_OUT, **EVEN, **WAVE}, (DYN,)),
+]
+"""Run 17: one wave of split tasks now that splits are sized by the context. Run 15 at b1:
+176 split tasks a layer (8 kv heads x 22 planned splits) on 132 SMs, two waves; the split
+window 7.3 us where a split runs 3.1. Run 9's `one_wave` (at most one split task per SM)
+was 2.4 % slower at b1 because a token-bearing split then held 64 planned tokens; with
+EVEN_SPLITS a split holds ceil(len / splits) tokens whatever the plan, so `evenwave` has
+16 splits a kv head at b1 (128 tasks, one wave) of the same 16 tokens, 4 x 33 at b4, 2 x 65
+at b8. Its own family (`family_of`: one_wave), bitwise `evenwave-stages`."""
 VARIANT_SETS = {"mma": MMA_VARIANTS, "issue19": VARIANTS, "l2": L2_VARIANTS,
                 "fuse": FUSE_VARIANTS, "merge": MERGE_VARIANTS, "diag": DIAG_VARIANTS,
                 "ahead": AHEAD_VARIANTS, "wave": WAVE_VARIANTS, "deep": DEEP_VARIANTS,
                 "deepsmoke": DEEP_SMOKE, "attention": ATTENTION_VARIANTS,
                 "silu": SILU_VARIANTS, "siludiag": SILU_DIAG_VARIANTS,
-                "siluout": SILU_OUT_VARIANTS, "even": EVEN_VARIANTS}
+                "siluout": SILU_OUT_VARIANTS, "even": EVEN_VARIANTS,
+                "evenwave": EVEN_WAVE_VARIANTS}
 COMPILE = ["none", "max-autotune-no-cudagraphs"]
 """(`--compile default` adds torch.compile's default mode.)"""
 GREEDY_STEPS = 32

@@ -205,7 +205,7 @@ def fusion_blockers(dims: ModelDims, batch: int, splits: int,
 def build_step(dims: ModelDims, batch: int, sm_count: int, *, num_blocks: int,
                max_context: int | None = None, page_size: int = PAGE_SIZE, fuse: bool = True,
                fine_deps: bool = False, tile_scale: int = 1, fuse_norm: bool | None = None,
-               fuse_merge: bool = False, l2_ahead: int = 0, one_wave: bool = False,
+               fuse_merge: bool = False, l2_ahead: int = 0, one_wave: bool | None = None,
                silu_out: bool = True, even_splits: bool = True) -> StepPlan:
     """Task list, step shape and buffer table for one decode step at `batch`: fused
     (ABI v2 flags) where the shape allows, else the unfused stages. By default the
@@ -219,7 +219,11 @@ def build_step(dims: ModelDims, batch: int, sm_count: int, *, num_blocks: int,
     where a norm stage is already one task per sequence. `l2_ahead` (0-8, fused lists): after
     each layer's attention, PREFETCH_L2 tasks ask L2 for that many eighths of every gate|up
     tile's weights, which the blocks idle in the attention phase issue while DRAM is idle.
-    `one_wave`: at most one attention split task per SM (`attention_splits`). `silu_out`
+    `one_wave`: at most one attention split task per SM (`attention_splits`); by default
+    (None) it follows `even_splits`. With planned chunks it made a token-bearing split hold
+    more tokens (run 9: 2.4 % slower at b1); with even splits a split's tokens do not depend
+    on the plan, and one wave of split tasks made the step 7.2 / 6.4 % faster at b4 / b8 and
+    no slower at b1 (run 17). `silu_out`
     (fused lists, the default): SiLU·mul in the gate|up tiles' epilogue (SILU_OUT), once an
     element; False: in every down tile's prologue (SILU_IN), which redoes it per tile (run
     14 on the H200: the step 4.5 / 10.7 / 17.7 % faster at b1 / b4 / b8 with SILU_OUT, bit
@@ -234,6 +238,7 @@ def build_step(dims: ModelDims, batch: int, sm_count: int, *, num_blocks: int,
     if not 0 <= l2_ahead <= 8:
         raise UsageError(f"build_step: l2_ahead {l2_ahead}: expected eighths of a tile, 0..8")
     fuse_norm = batch == 1 if fuse_norm is None else fuse_norm
+    one_wave = even_splits if one_wave is None else one_wave
     max_context = max_context or dims.max_position
     splits, chunk = attention_splits(batch, dims.kv_heads, max_context, sm_count, page_size,
                                      one_wave)

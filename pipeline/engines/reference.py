@@ -75,12 +75,30 @@ def sample(logits: torch.Tensor, work: WorkloadPass,
         probs = scaled.softmax(-1)
         ids = torch.cat([torch.multinomial(probs[r], 1, generator=g)
                          for r, g in enumerate(generators)])
-    chosen = logprobs.gather(-1, ids[:, None])[:, 0]
+    chosen = logprobs.gather(-1, ids[:, None])
     k = min(ALTERNATIVES, logits.shape[-1] - 1)
     others = logprobs.scatter(-1, ids[:, None], float("-inf")).topk(k, dim=-1)
-    alternatives = [tuple(zip(i, v)) for i, v in zip(others.indices.tolist(),
-                                                      others.values.tolist())]
-    return ids.tolist(), chosen.tolist(), alternatives
+    # One device-to-host read a step, not four: each read is a synchronisation and a copy
+    # the GPU idles through. float64 holds every token id (< 2**53) and every bf16 / fp32
+    # log-probability exactly, so the values are those the four reads returned.
+    rows = torch.cat([ids[:, None].double(), chosen.double(), others.indices.double(),
+                      others.values.double()], dim=1).tolist()
+    return ([int(r[0]) for r in rows], [r[1] for r in rows],
+            [tuple(zip(map(int, r[2:2 + k]), r[2 + k:])) for r in rows])
+
+
+def step_inputs(tokens: list[int], positions: list[int], slots: list[int],
+                tables: list[list[int]], device: str | torch.device
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A decode step's inputs on `device` in one host-to-device copy (five before; each a
+    synchronous copy the GPU idles through): ids, positions and slots int64, the block
+    tables [batch, width] and context lengths (position + 1) int32, each contiguous."""
+    b = len(tokens)
+    flat = torch.tensor([*tokens, *positions, *slots, *(p + 1 for p in positions),
+                         *(x for row in tables for x in row)], dtype=torch.int32)
+    dev = flat.to(device)
+    longs = dev[:3 * b].view(3, b).long()  # one conversion for the three int64 inputs
+    return (longs[0], longs[1], longs[2], dev[4 * b:].view(b, -1), dev[3 * b:4 * b])
 
 
 # ------------------------------------------------------------------- engine
@@ -216,16 +234,12 @@ class ReferenceEngine(Engine):
             seq.times.append(now)
 
     def _decode_step(self, seqs: list[_Seq], work: WorkloadPass) -> None:
-        dev = self.device
         # The newest token is not in the cache yet: it is this step's input.
         positions = [s.length - 1 for s in seqs]
         slots = [self._slots(s, p, p + 1)[0] for s, p in zip(seqs, positions)]
         width = max(len(s.blocks) for s in seqs)
         tables = [s.blocks + [0] * (width - len(s.blocks)) for s in seqs]
-        args = (torch.tensor([s.tokens[-1] for s in seqs], device=dev),
-                torch.tensor(positions, device=dev), torch.tensor(slots, device=dev),
-                torch.tensor(tables, device=dev, dtype=torch.int32),
-                torch.tensor([p + 1 for p in positions], device=dev, dtype=torch.int32))
+        args = step_inputs([s.tokens[-1] for s in seqs], positions, slots, tables, self.device)
         if self._graphs is not None:
             logits = self._graphs.run(*args)
         else:

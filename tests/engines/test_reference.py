@@ -10,7 +10,7 @@ import torch
 from pipeline.engines import create
 from pipeline.engines.interface import EngineError
 from pipeline.engines.qwen3 import PAGE_SIZE, torch_paged_decode_attention
-from pipeline.engines.reference import ReferenceEngine
+from pipeline.engines.reference import ALTERNATIVES, ReferenceEngine, sample, step_inputs
 from pipeline.rowspec import Arm, EngineKind
 
 
@@ -95,6 +95,36 @@ def test_seeded_sampling(engine, demo_passes):
         dataclasses.replace(r, seed=r.seed + 1) for r in work.requests))
     c = engine.generate(reseeded)
     assert [o.token_ids for o in a.outputs] != [o.token_ids for o in c.outputs]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_read_a_step_returns_exactly_what_each_value_reads(demo_passes, dtype):
+    """sample() packs ids, log-probabilities and alternatives into one float64 read; each
+    must come back as the value its own tensor holds (ids as ints, bf16 values exact)."""
+    logits = (torch.randn(3, 151_936, generator=torch.Generator().manual_seed(0)) * 8
+              ).to(dtype)
+    logits[:, 151_000] = 1e3  # a known argmax, far into the vocabulary
+    ids, chosen, alternatives = sample(logits, demo_passes[0], [None] * 3)
+    logprobs = torch.log_softmax(logits, dim=-1)
+    assert ids == [151_000] * 3 and all(type(i) is int for i in ids)
+    assert chosen == logprobs[:, 151_000].tolist()
+    # the same top-k of the others as sample() takes (bf16 ties break the same way)
+    top = logprobs.scatter(-1, torch.tensor(ids)[:, None], float("-inf")).topk(ALTERNATIVES)
+    assert alternatives == [tuple(zip(i, v)) for i, v in
+                            zip(top.indices.tolist(), top.values.tolist())]
+    assert all(type(t) is int for alt in alternatives for t, _ in alt)
+
+
+def test_step_inputs_are_one_copy_of_the_values_and_dtypes_the_step_reads():
+    tokens, positions, slots = [7, 151_935], [128, 3], [70_000, 1]
+    tables = [[5, 9, 1093], [2, 0, 0]]
+    ids, pos, sl, tab, lens = step_inputs(tokens, positions, slots, tables, "cpu")
+    assert [t.dtype for t in (ids, pos, sl, tab, lens)] == [torch.int64] * 3 + [torch.int32] * 2
+    assert (ids.tolist(), pos.tolist(), sl.tolist(), tab.tolist(), lens.tolist()) == \
+        (tokens, positions, slots, tables, [129, 4])
+    assert all(t.is_contiguous() for t in (ids, pos, sl, tab, lens))
+    # the int32 inputs are views of the one copied buffer, not copies of their own
+    assert tab.untyped_storage().data_ptr() == lens.untyped_storage().data_ptr()
 
 
 def test_top_k_one_is_greedy(engine, demo_passes, greedy):

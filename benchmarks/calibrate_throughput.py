@@ -248,8 +248,11 @@ class Tally:
             out["false_difference_rate"] = round(
                 (self.cells.get("better", 0) + self.cells.get("worse", 0)) / n, 4)
             out["false_fail_rate"] = round(1 - self.passed / max(self.runs, 1), 4)
-        else:
-            out["detection_rate"] = round(self.cells.get("worse", 0) / n, 4)
+        else:  # a planted slowdown must be called worse, a planted speed-up (< 0) better
+            found = "worse" if effect > 0 else "better"
+            out["detection_rate"] = round(self.cells.get(found, 0) / n, 4)
+            out["wrong_direction_rate"] = round(
+                self.cells.get("better" if effect > 0 else "worse", 0) / n, 4)
             out["runs_all_cells_worse"] = self.all_worse
         return out
 
@@ -301,25 +304,35 @@ def default_plans(passes: list[WorkloadPass], **overrides) -> dict:
 
     design = stats.Design(**{k: overrides.pop(k) for k in list(overrides)
                              if k in ("min_effect", "alpha", "min_rounds", "max_rounds",
-                                      "spending")} or {"min_effect": 0.02})
+                                      "spending", "claim_rule")} or {"min_effect": 0.02})
     return {p.cell: Plan(design=design, metric=overrides.get("metric", "itl"),
                          seed=i, **{k: v for k, v in overrides.items() if k != "metric"})
             for i, p in enumerate(passes)}
 
 
+def _sim_seed(seed: int, trial: int, effect: float) -> list[int]:
+    """A trial's seed (entries must be >= 0: a speed-up's gets one more entry, so the
+    seeds of the slowdowns and A/A are those of every earlier sim run)."""
+    key = [seed, trial, int(abs(effect) * 1e4)]
+    return key + [1] if effect < 0 else key
+
+
 def sim(trials: int, seed: int, scratch: Path, scenarios=SCENARIOS,
-        schedule: str = "interleaved") -> dict:
-    """Every scenario x effect: `trials` synthetic gate runs over cells c1/c4/c8."""
+        schedule: str = "interleaved", effects: tuple[float, ...] = EFFECTS,
+        claim_rule: str | None = None) -> dict:
+    """Every scenario x effect: `trials` synthetic gate runs over cells c1/c4/c8 (an
+    effect < 0 is a planted speed-up: the candidate's steps take 1 + effect as long)."""
     import shutil
 
     passes = synthetic_passes()
-    plans = default_plans(passes, schedule=schedule)
+    rule = {"min_effect": 0.02, "claim_rule": claim_rule} if claim_rule else {}
+    plans = default_plans(passes, schedule=schedule, **rule)
     results: dict = {}
     for sc in scenarios:
-        for effect in EFFECTS:
+        for effect in effects:
             tally = Tally()
             for i in range(trials):
-                m = Machine(np.random.default_rng([seed, i, int(effect * 1e4)]), sc.step_noise,
+                m = Machine(np.random.default_rng(_sim_seed(seed, i, effect)), sc.step_noise,
                             sc.pass_noise, sc.drift, outlier_rate=sc.outlier_rate,
                             outlier_s=sc.outlier_s, clock_drop_rate=sc.clock_drop_rate,
                             slow_state=sc.slow_state, enter_slow=sc.enter_slow,
@@ -678,6 +691,11 @@ def main(argv: list[str] | None = None) -> int:
                    f"(default all: {', '.join(sc.name for sc in SCENARIOS)})")
     p.add_argument("--schedule", default="interleaved", choices=("interleaved", "blocked"),
                    help="sim: the rounds' pass schedule (the gate's default: interleaved)")
+    p.add_argument("--effects", nargs="*", type=float, default=None,
+                   help="sim: planted effects, fractions of step time (< 0: a speed-up; "
+                   f"default {' '.join(f'{e:g}' for e in EFFECTS)})")
+    p.add_argument("--claim-rule", default=None, choices=("narrow", "narrow-or-clear"),
+                   help="sim: the design's claim rule (default: the gate's default)")
     args = p.parse_args(argv)
     import tempfile
 
@@ -688,7 +706,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.mode == "sim":
         chosen = [sc for sc in SCENARIOS if args.scenarios is None or sc.name in args.scenarios]
         doc["results"] = sim(args.trials, args.seed, Path(tempfile.mkdtemp()), chosen,
-                             args.schedule)
+                             args.schedule, tuple(args.effects or EFFECTS), args.claim_rule)
     else:
         cpu = args.mode == "cpu"
         # KEY:N runs N runs of that phase (e.g. to complete a phase a budget cut short)

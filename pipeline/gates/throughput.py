@@ -66,6 +66,11 @@ class ThroughputGate(GateSpec):
     alpha: Annotated[float, Field(gt=0, lt=1)] = 0.05
     """Total two-sided error rate, spent over the looks (Lan-DeMets)."""
     spending: Literal["pocock", "obrien-fleming"] = "pocock"
+    claim_rule: Literal["narrow", "narrow-or-clear"] = "narrow-or-clear"
+    """How precise a better / worse claim's CI must be: `narrow`, no wider than the
+    equivalence band; `narrow-or-clear`, that or wholly beyond the band at any width
+    (`pipeline.stats`, docs/gates.md). Bundles sealed before the field re-derive under
+    `narrow`, the rule they stopped by."""
     min_rounds: Annotated[int, Field(ge=3)] = 8
     """Valid rounds before the first look, and between looks."""
     max_rounds: Annotated[int, Field(ge=3)] = 40
@@ -147,7 +152,7 @@ def plan(row: Row, spec: ThroughputGate, cell: str) -> _timed.Plan:
 
     design = stats.Design(min_effect=spec.min_effect, alpha=spec.alpha,
                           min_rounds=spec.min_rounds, max_rounds=spec.max_rounds,
-                          spending=spec.spending)
+                          spending=spec.spending, claim_rule=spec.claim_rule)
     return _timed.Plan(design=design, metric=spec.metric, order=spec.order,
                        seed=cell_seed(row, spec, cell), warmup=spec.warmup,
                        max_warmup=spec.max_warmup, warmup_tolerance=spec.warmup_tolerance,

@@ -367,3 +367,38 @@ def test_a_bundle_sealed_with_blocked_samples_derives_as_blocked(tmp_path):
         meta["plans"][meta["cells"][0]]["schedule"] = "blocked"
         (out / art.META).write_text(json.dumps(meta))
         _derive(out, cal.default_plans(PASSES))
+
+
+NOISY_SPEEDUP = {"slowdown": -0.2, "step_noise": 0.25, "pass_noise": 0.06}
+"""A candidate 1.25x as fast on a machine as noisy as the megakernel row's sealed c4 cell."""
+
+
+def test_a_clear_speedup_on_a_noisy_machine_stops_at_the_first_look(tmp_path):
+    """narrow (sealed before claim_rule) runs such a cell to the budget and calls it
+    underpowered; narrow-or-clear (the default) calls it better at 8 rounds."""
+    narrow = cal.default_plans(PASSES, min_effect=0.02, claim_rule="narrow")
+    status, cells, _, _ = _run(tmp_path / "narrow", 0, plans=narrow, **NOISY_SPEEDUP)
+    assert status == "FAIL" and cells["i16-c4"]["verdict"] == "underpowered"
+    assert cells["i16-c4"]["rounds"] == 40 and cells["i16-c4"]["ratio_ci_low"] > 1.02
+    status, cells, out, plans = _run(tmp_path / "clear", 0, **NOISY_SPEEDUP)
+    assert status == "PASS"
+    assert {(c["verdict"], c["rounds"]) for c in cells.values()} == {("better", 8)}
+    assert _derive(out, plans) == cells
+
+
+def test_a_bundle_sealed_before_the_claim_rule_derives_under_the_narrow_rule(tmp_path):
+    """No claim_rule in its plans' design: it re-derives under today's row with the
+    rule its looks stopped by (else its 40 rounds would not follow the plan)."""
+    narrow = cal.default_plans(PASSES, min_effect=0.02, claim_rule="narrow")
+    _, cells, out, _ = _run(tmp_path, 0, plans=narrow, **NOISY_SPEEDUP)
+    meta = json.loads((out / art.META).read_text())
+    for cell in meta["cells"]:
+        del meta["plans"][cell]["design"]["claim_rule"]
+    (out / art.META).write_text(json.dumps(meta))
+    today = cal.default_plans(PASSES)
+    assert _derive(out, today) == cells
+    for cell in meta["cells"]:  # a sealed rule is compared, not trusted
+        meta["plans"][cell]["design"]["claim_rule"] = "narrow"
+    (out / art.META).write_text(json.dumps(meta))
+    with pytest.raises(GateError, match="another plan"):
+        _derive(out, today)

@@ -188,6 +188,24 @@ def _meta(result: GateResult, bundle_root: Path) -> tuple[Record | None, str | N
     return (doc, None) if isinstance(doc, dict) else (None, "is not a JSON object")
 
 
+SEALED_CLAIM_RULE = "narrow"
+"""A plan sealed before the design's `claim_rule` stopped by this one (pipeline.stats)."""
+
+
+def claim_rules(result: GateResult, bundle_root: Path) -> dict[str, str]:
+    """Each cell's claim rule, as its sealed plan names it ({} without a format-2 meta)."""
+    meta, _ = _meta(result, bundle_root)
+    plans = meta.get("plans") if meta is not None and meta.get("format") == FORMAT else None
+    if not isinstance(plans, dict):
+        return {}
+    rules = {}
+    for cell, plan in plans.items():
+        design = plan.get("design") if isinstance(plan, dict) else None
+        if isinstance(design, dict):
+            rules[str(cell)] = str(design.get("claim_rule", SEALED_CLAIM_RULE))
+    return rules
+
+
 def _read_v1(reader: _Reader) -> None:
     got, arms = reader.got, ARMS[1]
     passes = reader.read(SAMPLES, "per-pass output tok/s", _csv)

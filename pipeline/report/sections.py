@@ -58,7 +58,7 @@ from pipeline.report.model import (
     Table,
     TimelineFigure,
 )
-from pipeline.report.raw_throughput import distributions
+from pipeline.report.raw_throughput import claim_rules, distributions
 from pipeline.report.raw_trace import figures as trace_figures
 from pipeline.report.tables import cells_table, metric_columns, metrics_table, natural_key, table
 from pipeline.report.units import metric
@@ -153,6 +153,7 @@ def _ratio_prefixes(cells: dict[str, dict[str, MetricValue]]) -> list[str]:
 def throughput(result: GateResult, bundle_root: Path, spec: object | None) -> Extra:
     if throughput_view.is_sequential(result):  # format 2: pipeline/report/throughput.py
         tables, figures, notes = throughput_view.view(result, spec)
+        notes += throughput_view.claim_notes(claim_rules(result, bundle_root))
         extra = Extra(tables=tables, figures=figures, notes=notes)
         _distributions(extra, result, bundle_root)
         return extra

@@ -90,3 +90,21 @@ def view(result: GateResult, spec: object | None) -> tuple[list[Table], list[Fig
     if result.metrics.get("timed_window_unchecked"):
         notes.append(f"not compared: {result.metrics['timed_window_unchecked']}")
     return tables, list(figures), notes
+
+
+CLAIM_RULES = {
+    "narrow": "a better / worse claim needed a CI no wider than the ±min_effect band",
+    "narrow-or-clear": "a better / worse claim needed a CI no wider than the ±min_effect "
+                       "band, or one wholly beyond the band at any width",
+}
+"""What each claim rule of the sealed plans meant (pipeline/stats.py, docs/gates.md)."""
+
+
+def claim_notes(rules: dict[str, str]) -> list[str]:
+    """One note per claim rule the cells' sealed plans name."""
+    by_rule: dict[str, list[str]] = {}
+    for cell, rule in rules.items():
+        by_rule.setdefault(rule, []).append(cell)
+    return [f"claim rule {rule} ({', '.join(cells)}): "
+            f"{CLAIM_RULES.get(rule, 'not a rule this rowgate knows')}"
+            for rule, cells in by_rule.items()]

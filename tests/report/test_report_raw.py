@@ -360,3 +360,31 @@ def test_a_gate_that_never_measured_says_so_not_that_a_file_is_lost():
     assert got.missing == [f"throughput was not measured (PENDING: {result.reason}): "
                            f"no samples"]
     assert not got.speeds and not got.values
+
+
+def test_the_report_names_the_claim_rule_each_cell_was_sealed_under(tmp_path):
+    """The H200 megakernel bundle (sealed under narrow-or-clear), and a copy of its
+    throughput artifacts without the key (how every bundle before it was sealed)."""
+    from pipeline import stats
+    from pipeline.report import raw_throughput
+
+    assert raw_throughput.SEALED_CLAIM_RULE == stats.SEALED_CLAIM_RULE
+    bundle = ROOT / "docs/evidence/KERNEL-CUDA-DECODE-MEGAKERNEL/c455eabed9750e79"
+    result = Bundle.open(bundle).gate_result("throughput")
+    notes = section_for(result, bundle).notes
+    cells = "i128-c1, i128-c4, i128-c8"
+    assert f"claim rule narrow-or-clear ({cells}): a better / worse claim needed a CI no " \
+           "wider than the ±min_effect band, or one wholly beyond the band at any width" in notes
+    old = tmp_path / "bundle"
+    for rel in result.artifacts:
+        (old / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(bundle / rel, old / rel)
+    meta_path = next(old / rel for rel in result.artifacts if rel.endswith("/meta.json"))
+    meta = json.loads(meta_path.read_text())
+    for plan in meta["plans"].values():
+        del plan["design"]["claim_rule"]
+    meta_path.write_text(json.dumps(meta))
+    notes = section_for(result, old).notes
+    assert f"claim rule narrow ({cells}): a better / worse claim needed a CI no wider than " \
+           "the ±min_effect band" in notes
+    assert not any("narrow-or-clear" in n for n in notes)

@@ -16,7 +16,10 @@
 # SET=siluout times the gate|up epilogue's SiLU (the builder's `silu_out` list, the tree's
 # kernel: no extra cubin), checked bit for bit by the gpu test of SILU_OUT (both GEMV builds,
 # b1/b4/b8, both schedules) instead of the build-variant test. SET=even times the
-# builder's `even_splits` lists the same way (their gpu test: `-k even_splits`).
+# builder's `even_splits` lists the same way (their gpu test: `-k even_splits`). SET=stack
+# (run 20) times the one-trip merge, 16-byte norm loads and kv-head split waits on today's
+# lists, alone and together (the build-variant test checks the bit-for-bit ones first);
+# COMPILE=none CHUNKS=0 skip the max-autotune baseline (its fastest compiles are on record).
 set -u
 SET=${SET:-attention}
 T0=$(date +%s)
@@ -28,6 +31,8 @@ if [ "$SET" = silu ]; then
   VAR=(mmasilu4="$K/mk_mmasilu4.cubin" mmasilu8="$K/mk_mmasilu8.cubin")
 elif [ "$SET" = siludiag ]; then
   VAR=(mmasilud1="$K/mk_mmadiag1.cubin" mmasilud2="$K/mk_mmadiag2.cubin")
+elif [ "$SET" = stack ]; then
+  VAR=(mmam1="$K/mk_mmam1.cubin" nv="$K/mk_mmanv.cubin" nvm1="$K/mk_mmanvm1.cubin")
 elif [ "$SET" = siluout ] || [ "$SET" = even ]; then
   VAR=()
 else
@@ -49,7 +54,7 @@ timeout 330 python3 benchmarks/megakernel_ab.py --out /tmp/runsa \
   --cubins mma="$K/mk_mma.cubin" mma9="$K/mk_mma.cubin" "${VAR[@]}" \
   --split-kv-cubin "$K/split_kv.sm_90.cubin" \
   --variants "$SET" --repeats 7 --budget-s 250 --batches 1 8 4 \
-  --compile max-autotune-no-cudagraphs --fused-chunks 0 64 2>&1 |
+  --compile "${COMPILE:-max-autotune-no-cudagraphs}" --fused-chunks ${CHUNKS:-0 64} 2>&1 |
   grep -v "triton_mm\|AUTOTUNE\|strides:\|dtypes:\|Autotune\|best_kernel\|SingleProcess\|^  mm \|^  addmm\|TypedStorage\|current_out_size\|stage windows\|profile" | tail -n 45
 cp /tmp/runsa/results.json "$OUT/results.json"
 echo "ab took $(( $(date +%s) - T0 )) s"

@@ -12,6 +12,7 @@
 #   mk_mmanext.cubin       RG_MK_MMA=1 RG_MK_NEXT_L2=1 (static: the next task's tile into L2)
 #   mk_mmadeep.cubin       RG_MK_MMA=1 RG_MK_DEEP=1 (a 5-group ring where the input fits 32 KB)
 #   mk_mmanv.cubin         RG_MK_MMA=1 RG_MK_NORM_VEC=1 (16-byte norm loads)
+#   mk_mmanvm1.cubin       RG_MK_MMA=1 RG_MK_NORM_VEC=1 RG_MK_MERGE_ONE_TRIP=1 (run 20's stack)
 #   mk_mmasa8.cubin        RG_MK_MMA=1 RG_MK_SPLIT_AHEAD=8 (a split warp's next 8 tokens in flight)
 #   mk_mmam1.cubin         RG_MK_MMA=1 RG_MK_MERGE_ONE_TRIP=1 (a merge's loads in one round trip)
 #   mk_mmase.cubin         RG_MK_MMA=1 RG_MK_SKIP_EMPTY=1 (an empty split runs without waiting)
@@ -46,6 +47,8 @@ build mk_mmal2.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_TILE
 build mk_mmanext.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_NEXT_L2=1 & pids+=($!)
 build mk_mmadeep.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_DEEP=1 & pids+=($!)
 build mk_mmanv.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_NORM_VEC=1 & pids+=($!)
+build mk_mmanvm1.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_NORM_VEC=1 \
+  -DRG_MK_MERGE_ONE_TRIP=1 & pids+=($!)
 build mk_mmasa8.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_SPLIT_AHEAD=8 & pids+=($!)
 build mk_mmam1.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_MERGE_ONE_TRIP=1 & pids+=($!)
 build mk_mmase.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_SKIP_EMPTY=1 & pids+=($!)

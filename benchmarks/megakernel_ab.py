@@ -119,6 +119,11 @@ GREEDY = {"mma": [("mk-default", "v2", STAGED), ("mk-mma", "mma", STAGED)],
           "siluout": [("mk-siluout-norm-in", "mma9", {**NORM_IN, **SILU_OUT}),
                       ("mk-siluout", "mma9", {**STAGED, **SILU_OUT}),
                       ("mk-mma9", "mma9", STAGED)],
+          "stack": [("mk-m1-norm-in", "mmam1", {**NORM_IN, **SILU_OUT, **EVEN, **WAVE}),
+                    ("mk-nv-norm-in", "nv", {**NORM_IN, **SILU_OUT, **EVEN, **WAVE}),
+                    ("mk-nvm1-norm-in", "nvm1", {**NORM_IN, **SILU_OUT, **EVEN, **WAVE}),
+                    ("mk-nvm1-fine", "nvm1", {**STAGED, **SILU_OUT, **EVEN, **WAVE,
+                                              "fine_deps": True})],
           "issue19": [("mk-+ring", "v2", {"fine_deps": False})]}
 """Persistent paths run 32 greedy steps against eager (name, cubin, options)."""
 VARIANTS = [  # name, cubin, builder options, schedules
@@ -334,13 +339,34 @@ was 2.4 % slower at b1 because a token-bearing split then held 64 planned tokens
 EVEN_SPLITS a split holds ceil(len / splits) tokens whatever the plan, so `evenwave` has
 16 splits a kv head at b1 (128 tasks, one wave) of the same 16 tokens, 4 x 33 at b4, 2 x 65
 at b8. Its own family (`family_of`: one_wave), bitwise `evenwave-stages`."""
+DEFAULTS = {**SILU_OUT, **EVEN, **WAVE}
+"""The builder's list options since run 17 (SILU_OUT, EVEN_SPLITS, one wave)."""
+STACK_VARIANTS = [
+    ("evenwave-stages", "mma", {"fuse": False, **EVEN, **WAVE}, (DYN,)),
+    ("evenwave-norm-in", "mma9", {**NORM_IN, **DEFAULTS}, (DYN,)),
+    ("evenwave", "mma9", {**STAGED, **DEFAULTS}, (DYN,)),
+    ("evenwave-fine", "mma9", {**STAGED, **DEFAULTS, "fine_deps": True}, (DYN,)),
+    ("m1-norm-in", "mmam1", {**NORM_IN, **DEFAULTS}, (DYN,)),
+    ("m1", "mmam1", {**STAGED, **DEFAULTS}, (DYN,)),
+    ("nv-stages", "nv", {"fuse": False, **EVEN, **WAVE}, (DYN,)),
+    ("nv-norm-in", "nv", {**NORM_IN, **DEFAULTS}, (DYN,)),
+    ("nvm1-norm-in", "nvm1", {**NORM_IN, **DEFAULTS}, (DYN,)),
+    ("nvm1", "nvm1", {**STAGED, **DEFAULTS}, (DYN,)),
+    ("nvm1-fine", "nvm1", {**STAGED, **DEFAULTS, "fine_deps": True}, (DYN,)),
+]
+"""Run 20: the levers measured before, on today's lists, alone and stacked: the one-trip
+merge (`mmam1`, RG_MK_MERGE_ONE_TRIP=1: run 11 -1.8 % at b1, +1.6 % at b8 on the lists of
+then), 16-byte norm loads (`nv`, RG_MK_NORM_VEC=1: run 7 -1.4 % at b1; another summation
+order, its own family, bitwise `nv-stages`), splits waiting only for their kv head
+(`fine_deps`: run 15 -1.3 % at b8), and all three (`nvm1`: both build flags). Whether the
+levers left in this design add up to anything near the b1 bar (0.69 ms)."""
 VARIANT_SETS = {"mma": MMA_VARIANTS, "issue19": VARIANTS, "l2": L2_VARIANTS,
                 "fuse": FUSE_VARIANTS, "merge": MERGE_VARIANTS, "diag": DIAG_VARIANTS,
                 "ahead": AHEAD_VARIANTS, "wave": WAVE_VARIANTS, "deep": DEEP_VARIANTS,
                 "deepsmoke": DEEP_SMOKE, "attention": ATTENTION_VARIANTS,
                 "silu": SILU_VARIANTS, "siludiag": SILU_DIAG_VARIANTS,
                 "siluout": SILU_OUT_VARIANTS, "even": EVEN_VARIANTS,
-                "evenwave": EVEN_WAVE_VARIANTS}
+                "evenwave": EVEN_WAVE_VARIANTS, "stack": STACK_VARIANTS}
 COMPILE = ["none", "max-autotune-no-cudagraphs"]
 """(`--compile default` adds torch.compile's default mode.)"""
 GREEDY_STEPS = 32

@@ -14,6 +14,7 @@ from types import ModuleType
 
 import pytest
 
+from pipeline.megakernel.builder import build_step
 from pipeline.megakernel.fused_list import emit_fused
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,9 +39,12 @@ def test_every_variant_set_has_a_greedy_check(ab: ModuleType) -> None:
     assert not missing, f"--variants sets without a GREEDY entry: {missing}"
 
 
-@pytest.mark.parametrize("name", ["silu", "siludiag", "attention", "siluout", "even"])
+@pytest.mark.parametrize("name", ["silu", "siludiag", "attention", "siluout", "even",
+                                  "stack"])
 def test_the_device_scripts_sets_name_known_options(ab: ModuleType, name: str) -> None:
-    accepted = set(inspect.signature(emit_fused).parameters) - {"e", "lay"}
+    # the fused list's options, and the split plan's that the builder takes (one_wave)
+    accepted = (set(inspect.signature(emit_fused).parameters) - {"e", "lay"}) | \
+        (set(inspect.signature(build_step).parameters) - {"dims", "batch", "sm_count"})
     for row in [*ab.VARIANT_SETS[name], *ab.GREEDY[name]]:
         options = row[2]
         if options.get("fuse") is False:  # the staged reference list, no fused options

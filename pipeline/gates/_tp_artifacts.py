@@ -119,8 +119,10 @@ def derive_cells(plans: Mapping[str, _timed.Plan], meta: Mapping[str, Any], pass
         if isinstance(sealed, dict) and "schedule" not in sealed:
             want.pop("schedule")
             plan = replace(plan, schedule=_timed.sealed_schedule(sealed))
-        # sealed before the claim rule: its looks stopped under the narrow rule
-        if isinstance(sealed, dict) and "claim_rule" not in sealed.get("design", {}):
+        # sealed before the claim rule: its looks stopped under the narrow rule (a design
+        # that is not an object is compared as it is, and differs)
+        design = sealed.get("design") if isinstance(sealed, dict) else None
+        if isinstance(design, dict) and "claim_rule" not in design:
             want["design"].pop("claim_rule")
             plan = replace(plan, design=replace(plan.design,
                                                 claim_rule=stats.SEALED_CLAIM_RULE))

@@ -402,3 +402,7 @@ def test_a_bundle_sealed_before_the_claim_rule_derives_under_the_narrow_rule(tmp
     (out / art.META).write_text(json.dumps(meta))
     with pytest.raises(GateError, match="another plan"):
         _derive(out, today)
+    meta["plans"][meta["cells"][0]]["design"] = None  # a tampered plan: one clear error
+    (out / art.META).write_text(json.dumps(meta))
+    with pytest.raises(GateError, match="another plan"):
+        _derive(out, today)

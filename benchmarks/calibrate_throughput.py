@@ -302,9 +302,9 @@ def default_plans(passes: list[WorkloadPass], **overrides) -> dict:
     from pipeline import stats
     from pipeline.gates._timed import Plan
 
-    design = stats.Design(**{k: overrides.pop(k) for k in list(overrides)
-                             if k in ("min_effect", "alpha", "min_rounds", "max_rounds",
-                                      "spending", "claim_rule")} or {"min_effect": 0.02})
+    design = stats.Design(**{"min_effect": 0.02, **{
+        k: overrides.pop(k) for k in list(overrides)
+        if k in ("min_effect", "alpha", "min_rounds", "max_rounds", "spending", "claim_rule")}})
     return {p.cell: Plan(design=design, metric=overrides.get("metric", "itl"),
                          seed=i, **{k: v for k, v in overrides.items() if k != "metric"})
             for i, p in enumerate(passes)}
@@ -325,7 +325,7 @@ def sim(trials: int, seed: int, scratch: Path, scenarios=SCENARIOS,
     import shutil
 
     passes = synthetic_passes()
-    rule = {"min_effect": 0.02, "claim_rule": claim_rule} if claim_rule else {}
+    rule = {"claim_rule": claim_rule} if claim_rule else {}
     plans = default_plans(passes, schedule=schedule, **rule)
     results: dict = {}
     for sc in scenarios:

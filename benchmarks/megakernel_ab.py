@@ -73,6 +73,8 @@ SILU_OUT = {"silu_out": True}
 EVEN = {"even_splits": True}
 """Attention splits chunked by the context, not the plan (builder `even_splits`, ABI flag
 EVEN_SPLITS, run 15): another summation order, its own bitwise family."""
+DEFAULTS = {**SILU_OUT, **EVEN, **WAVE}
+"""The builder's list options since run 17 (SILU_OUT, EVEN_SPLITS, one wave)."""
 MMA_VARIANTS = [  # name, cubin, builder options, schedules
     ("stages", "v2", {"fuse": False}, (DYN,)),
     ("default", "v2", STAGED, (DYN,)),
@@ -119,11 +121,10 @@ GREEDY = {"mma": [("mk-default", "v2", STAGED), ("mk-mma", "mma", STAGED)],
           "siluout": [("mk-siluout-norm-in", "mma9", {**NORM_IN, **SILU_OUT}),
                       ("mk-siluout", "mma9", {**STAGED, **SILU_OUT}),
                       ("mk-mma9", "mma9", STAGED)],
-          "stack": [("mk-m1-norm-in", "mmam1", {**NORM_IN, **SILU_OUT, **EVEN, **WAVE}),
-                    ("mk-nv-norm-in", "nv", {**NORM_IN, **SILU_OUT, **EVEN, **WAVE}),
-                    ("mk-nvm1-norm-in", "nvm1", {**NORM_IN, **SILU_OUT, **EVEN, **WAVE}),
-                    ("mk-nvm1-fine", "nvm1", {**STAGED, **SILU_OUT, **EVEN, **WAVE,
-                                              "fine_deps": True})],
+          "stack": [("mk-m1-norm-in", "mmam1", {**NORM_IN, **DEFAULTS}),
+                    ("mk-nv-norm-in", "nv", {**NORM_IN, **DEFAULTS}),
+                    ("mk-nvm1-norm-in", "nvm1", {**NORM_IN, **DEFAULTS}),
+                    ("mk-nvm1-fine", "nvm1", {**STAGED, **DEFAULTS, "fine_deps": True})],
           "issue19": [("mk-+ring", "v2", {"fine_deps": False})]}
 """Persistent paths run 32 greedy steps against eager (name, cubin, options)."""
 VARIANTS = [  # name, cubin, builder options, schedules
@@ -339,8 +340,6 @@ was 2.4 % slower at b1 because a token-bearing split then held 64 planned tokens
 EVEN_SPLITS a split holds ceil(len / splits) tokens whatever the plan, so `evenwave` has
 16 splits a kv head at b1 (128 tasks, one wave) of the same 16 tokens, 4 x 33 at b4, 2 x 65
 at b8. Its own family (`family_of`: one_wave), bitwise `evenwave-stages`."""
-DEFAULTS = {**SILU_OUT, **EVEN, **WAVE}
-"""The builder's list options since run 17 (SILU_OUT, EVEN_SPLITS, one wave)."""
 STACK_VARIANTS = [
     ("evenwave-stages", "mma", {"fuse": False, **EVEN, **WAVE}, (DYN,)),
     ("evenwave-norm-in", "mma9", {**NORM_IN, **DEFAULTS}, (DYN,)),

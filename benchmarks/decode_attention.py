@@ -4,18 +4,21 @@
         [--nvcc /usr/local/cuda/bin/nvcc] [--row rows/SM70-XQA-E5M2-DECODE.toml]
 
 Sections (each one's failure is recorded and the next still runs):
-  build     split_kv.cu for the device's arch, plus the RG_PHASE timing variants
+  build     split_kv.cu for the device's arch, plus the RG_PHASE timing variants and the
+            deep candidate's build variants (DEEP_BUILDS below)
   ceiling   device-to-device copy bandwidth (bytes read + written), this run
   operator  the row's operator gate cases (randomized pages, poison, bitwise A/B,
             fp64 reference) -> DIR/operator/{cases.json.gz,cases.csv.gz,timing.json},
             the same raw artifacts the operator gate writes (--candidate picks the
             operator: e5m2_bulk runs kernels.toml's split_kv_bulk, `_bulk` against
-            `_base`; else split_kv); operator_bf16 the same matrix on bf16 KV,
+            `_base`, e5m2_deep its split_kv_deep, `_deep` against `_base`; else
+            split_kv); operator_bf16 the same matrix on bf16 KV,
             operator_g2 on bf16 GQA groups of 2 (16/8 heads)
-  bench     FP8/bf16 B16x16K and FP8 B1x1K: split_kv baseline, ring (pipelined) and
-            bulk candidates, torch SDPA on dense bf16 KV, the naive path (dequantise
-            to bf16, then SDPA), interleaved in rotated order, L2 flushed / inputs
-            rotated
+  bench     FP8/bf16 B16x16K and FP8 B1x1K: split_kv baseline, ring (pipelined), bulk
+            and deep candidates (and the deep ring's depth variants), torch SDPA on
+            dense bf16 KV, the naive path (dequantise to bf16, then SDPA), interleaved
+            in rotated order, L2 flushed / inputs rotated; at B1x1K also the launch
+            floor (a graph of one small zero-fill kernel per call)
   phase     B16 ragged 17.8K E5M2: leave-one-out / do-twice variants of each phase
   ncu       hardware counters for the target shapes (--clock-control none)
 Everything lands in DIR/results.json; a short table is printed last.
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import dataclasses
 import functools
 import json
 import os
@@ -44,13 +48,39 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from pipeline.ops import contract, operator_ab, reference, timing  # noqa: E402
 from pipeline.ops import decode_attention as op  # noqa: E402
-from pipeline.ops import operator_ab, reference, timing  # noqa: E402
 from pipeline.ops.paged_inputs import Case, make_inputs  # noqa: E402
 
 SOURCE = REPO / "kernels" / "decode_attention" / "split_kv.cu"
 PHASES = {0: "full", 1: "no_k_load", 2: "no_v_load", 3: "qk_x2", 4: "pv_x2",
           5: "convert_x2", 6: "no_sync", 7: "no_smem_publish"}
+DEEP_BUILDS = {"sep": (2, ["RG_DEEP_SOFTMAX=0"]), "s3": (3, ["RG_DEEP_STAGES=3"])}
+"""The deep candidate's build variants beside its default (split_kv.cu's DeepCfg: two ring
+stages, the softmax folded into QK and PV): {name: (ring stages, defines)} -- the softmax's
+own pass (RG_DEEP_SOFTMAX=0) and a 3-stage ring (RG_DEEP_STAGES=3)."""
+
+
+def deep_ring_bytes(kv: str, dim: int, stages: int = 2) -> int:
+    """The deep candidate's warps' rings (split_kv.cu's DeepCfg, line for line): 8 warps x
+    `stages` stages x one 16-token tile. kernels.toml's split_kv_deep rules declare the
+    default build's (tests check they agree)."""
+    return 8 * stages * 4 * 32 * dim // 8 * (1 if kv == "e5m2" else 2)
+
+
+def deep_operator(stages: int):
+    """split_kv_deep as a build with RG_DEEP_STAGES=stages launches it: its shared memory
+    for the timed shapes (D128 G4) ahead of kernels.toml's rules."""
+    rules = tuple(contract.SharedMemory((f"split_kv_{kv}_d128_g4_deep*",), chunk_heads=4,
+                                        fixed=deep_ring_bytes(kv, 128, stages), heads_dim=36,
+                                        opt_in=True) for kv in ("e5m2", "bf16"))
+    return dataclasses.replace(op.SPLIT_KV_DEEP,
+                               shared_memory=rules + op.SPLIT_KV_DEEP.shared_memory)
+
+
+SM90_CANDIDATES = ("bulk", "deep")
+"""Candidates of rowgate's sm_90+ operators (split_kv_bulk, split_kv_deep), each checked
+against the baseline of its own operator's plan."""
 OPERATOR_DEFAULTS = dict(batches=[1, 4, 8, 12, 16], layouts=["uniform", "ragged"],
                          contexts=["1", "page-1", "page", "page+1", "1024", "16384", "17.8K"],
                          page_sizes=[16, 64], kv_dtypes=["bf16", "e5m2"],
@@ -89,6 +119,8 @@ def build(nvcc: str, arch: str, build_dir: Path, out: Path) -> dict:
     for n in PHASES:
         jobs[f"phase{n}"] = (build_dir / "phase" / f"split_kv.phase{n}.{arch}.cubin",
                              [f"RG_PHASE={n}", "RG_ONLY_E5M2_D128_G4"])
+    for name, (_, defines) in DEEP_BUILDS.items():
+        jobs[f"deep_{name}"] = (build_dir / "deep" / f"split_kv.deep_{name}.{arch}.cubin", defines)
     version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
     logs, rec = [], {"nvcc": nvcc, "nvcc_version": version.strip().splitlines()[-1], "cubins": {}}
 
@@ -99,7 +131,7 @@ def build(nvcc: str, arch: str, build_dir: Path, out: Path) -> dict:
         p = subprocess.run(cmd, capture_output=True, text=True)
         return name, path, cmd, p
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=9) as pool:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(jobs)) as pool:
         for name, path, cmd, p in pool.map(one, jobs.items()):
             logs.append(f"$ {' '.join(cmd)}\n{p.stdout}{p.stderr}")
             if p.returncode != 0:
@@ -181,9 +213,9 @@ def done_within(dev, seconds: float) -> bool:
 
 
 def smoke(cubin: Path, dev, out: Path, results: dict) -> dict:
-    """One launch of every new kernel family before anything is timed, against the
-    baseline of the same operator and plan (split_kv_bulk); a launch that does not
-    finish ends the process (the results so far are written first)."""
+    """One launch of every sm_90+ candidate family before anything is timed, against the
+    baseline of the same operator and plan (split_kv_bulk, split_kv_deep); a launch that
+    does not finish ends the process (the results so far are written first)."""
     shapes = [("e5m2", 16, 16384, 32, 8, 128, 64), ("e5m2", 1, 1024, 32, 8, 128, 64),
               ("bf16", 16, 16384, 32, 8, 128, 64), ("bf16", 4, 1000, 16, 8, 128, 16),
               ("e5m2", 4, 700, 8, 1, 64, 16), ("bf16", 1, 70, 16, 8, 64, 16)]
@@ -194,24 +226,25 @@ def smoke(cubin: Path, dev, out: Path, results: dict) -> dict:
         ref = reference.decode_attention_fp64(inp.q, inp.k_cache, inp.v_cache, inp.block_table,
                                               inp.seq_lens, k_scale=inp.k_scale,
                                               v_scale=inp.v_scale)
-        outs = {}
-        for variant in ("baseline", "bulk"):
-            planned = op.DecodeAttention(inp.q, inp.k_cache, inp.v_cache, inp.block_table,
-                                         inp.seq_lens, max_seq_len=ctx, cubin=cubin,
-                                         k_scale=inp.k_scale, v_scale=inp.v_scale,
-                                         variant=variant, operator=op.SPLIT_KV_BULK)
-            outs[variant] = planned.run(inp.q, inp.k_cache, inp.v_cache, inp.block_table,
-                                        inp.seq_lens)
-            name = f"{kv} B{batch}x{ctx} {hq}/{hkv} d{dim} p{page} {planned.kernel}"
-            if not done_within(dev, 10.0):
-                rec[name] = "did not finish in 10 s"
-                results["smoke"] = rec
-                (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
-                log(f"[smoke] {name} did not finish: stopping")
-                os._exit(3)
-        rec[name] = {"bitwise_equal": bool(torch.equal(outs["bulk"].view(torch.int16),
-                                                       outs["baseline"].view(torch.int16))),
-                     "max_abs_err_vs_fp64": float((outs["bulk"].double() - ref).abs().max())}
+        for cand in SM90_CANDIDATES:
+            outs = {}
+            for variant in ("baseline", cand):
+                planned = op.DecodeAttention(inp.q, inp.k_cache, inp.v_cache, inp.block_table,
+                                             inp.seq_lens, max_seq_len=ctx, cubin=cubin,
+                                             k_scale=inp.k_scale, v_scale=inp.v_scale,
+                                             variant=variant, operator=op.OWN_VARIANTS[cand])
+                outs[variant] = planned.run(inp.q, inp.k_cache, inp.v_cache, inp.block_table,
+                                            inp.seq_lens)
+                name = f"{kv} B{batch}x{ctx} {hq}/{hkv} d{dim} p{page} {planned.kernel}"
+                if not done_within(dev, 10.0):
+                    rec[name] = "did not finish in 10 s"
+                    results["smoke"] = rec
+                    (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
+                    log(f"[smoke] {name} did not finish: stopping")
+                    os._exit(3)
+            rec[name] = {"bitwise_equal": bool(torch.equal(outs[cand].view(torch.int16),
+                                                           outs["baseline"].view(torch.int16))),
+                         "max_abs_err_vs_fp64": float((outs[cand].double() - ref).abs().max())}
     return rec
 
 
@@ -223,8 +256,10 @@ def dense_bf16(batch, hkv, length, dim, dev, gen):
     return k, v
 
 
-def bench_large(cubin: Path, dev, repeats: int, ceiling: float) -> dict:
-    """B16 x 16K, GQA 32/8, D128, page 64: every path, interleaved in rotated order."""
+def bench_large(cubin: Path, dev, repeats: int, ceiling: float,
+                extra: dict[str, tuple[Path, int]] | None = None) -> dict:
+    """B16 x 16K, GQA 32/8, D128, page 64: every path, interleaved in rotated order;
+    `extra` ({name: (cubin, ring stages)}) adds the deep candidate of other builds."""
     batch, length, hq, hkv, dim = 16, 16384, 32, 8, 128
     fp8 = make_inputs(Case(7, batch, "uniform", str(length), 64, "e5m2", hq, hkv, dim,
                            [length] * batch), dev)
@@ -234,39 +269,45 @@ def bench_large(cubin: Path, dev, repeats: int, ceiling: float) -> dict:
     dk, dvv = dense_bf16(batch, hkv, length, dim, dev, gen)
     out = torch.empty_like(fp8.q)
 
-    def split(inp, variant, operator=op.SPLIT_KV):
+    def split(inp, variant, operator=op.SPLIT_KV, cub=cubin):
         args = (inp.q, inp.k_cache, inp.v_cache, inp.block_table, inp.seq_lens)
-        planned = op.DecodeAttention(*args, max_seq_len=length, cubin=cubin,
+        planned = op.DecodeAttention(*args, max_seq_len=length, cubin=cub,
                                      k_scale=inp.k_scale, v_scale=inp.v_scale, variant=variant,
                                      operator=operator)
         return lambda: planned.run(*args, out=out)
 
     fns = {"e5m2_baseline": split(fp8, "baseline"), "e5m2_pipelined": split(fp8, "pipelined"),
-           "e5m2_bulk": split(fp8, "bulk"),
+           "e5m2_bulk": split(fp8, "bulk"), "e5m2_deep": split(fp8, "deep"),
            "bf16_baseline": split(bf, "baseline"), "bf16_pipelined": split(bf, "pipelined"),
-           "bf16_bulk": split(bf, "bulk"),
+           "bf16_bulk": split(bf, "bulk"), "bf16_deep": split(bf, "deep"),
            "sdpa_bf16_dense": lambda: reference.dense_sdpa(bf.q, dk, dvv),
            "naive_dequant_sdpa": lambda: reference.naive_dequant_sdpa(
                fp8.q, fp8.k_cache, fp8.v_cache, fp8.block_table, length,
                k_scale=fp8.k_scale, v_scale=fp8.v_scale)}
+    for name, (cub, stages) in (extra or {}).items():
+        for kv, inp in (("e5m2", fp8), ("bf16", bf)):
+            fns[f"{kv}_{name}"] = split(inp, "deep", deep_operator(stages), cub)
     # accuracy of the timed paths on this shape (SDPA paths against their own inputs)
     ref8 = reference.decode_attention_fp64(fp8.q, fp8.k_cache, fp8.v_cache, fp8.block_table,
                                            fp8.seq_lens, k_scale=fp8.k_scale,
                                            v_scale=fp8.v_scale)
     acc, outs = {}, {}
-    for name in ("e5m2_baseline", "e5m2_pipelined", "e5m2_bulk", "naive_dequant_sdpa"):
+    for name in [n for n in fns if n.startswith("e5m2_")] + ["naive_dequant_sdpa"]:
         outs[name] = fns[name]().clone()
         acc[name] = float((outs[name].double() - ref8).abs().max())
-    # bulk against the baseline of its own operator's plan (split_kv_bulk: same chunk)
-    base8 = split(fp8, "baseline", op.SPLIT_KV_BULK)().clone()
-    bits = {"e5m2_bulk": bool(torch.equal(outs["e5m2_bulk"].view(torch.int16),
-                                          base8.view(torch.int16)))}
-    base16 = split(bf, "baseline", op.SPLIT_KV_BULK)().clone()
-    bits["bf16_bulk"] = bool(torch.equal(fns["bf16_bulk"]().view(torch.int16),
-                                         base16.view(torch.int16)))
+    # each sm_90+ candidate (and depth variant) against the baseline of its own operator's
+    # plan (split_kv_bulk / split_kv_deep: the same chunk as split_kv's here)
+    bits = {}
+    for kv, inp in (("e5m2", fp8), ("bf16", bf)):
+        base = split(inp, "baseline", op.SPLIT_KV_BULK)().view(torch.int16).clone()
+        for name in fns:
+            if name.startswith(kv + "_") and name.split("_", 1)[1] not in ("baseline",
+                                                                         "pipelined"):
+                bits[name] = bool(torch.equal(fns[name]().view(torch.int16), base))
     samples = timing.interleaved(fns, repeats=repeats, device=dev, flush=True)
     kv_bytes = {"e5m2": batch * length * hkv * dim * 2, "bf16": batch * length * hkv * dim * 4}
     res = {"shape": "B16x16384 GQA32/8 D128 page64", "max_abs_err_vs_fp64": acc,
+           "extra_cubins": {k: [str(c), n] for k, (c, n) in (extra or {}).items()},
            "bitwise_equal_to_baseline": bits, "order": samples["order"], "variants": {}}
     for name, s in samples["samples_us"].items():
         nbytes = kv_bytes["e5m2" if name.startswith(("e5m2", "naive")) else "bf16"]
@@ -291,7 +332,10 @@ def bench_small(cubin: Path, dev, repeats: int) -> dict:
                                    inputs[0].block_table, inputs[0].seq_lens,
                                    max_seq_len=length, cubin=cubin, k_scale=inputs[0].k_scale,
                                    v_scale=inputs[0].v_scale, variant=v)
-             for v in ("baseline", "pipelined", "bulk")}
+             for v in ("baseline", "pipelined", "bulk", "deep")}
+    for planned in plans.values():  # the graphs capture every input: validated beforehand
+        for x in inputs:
+            planned.admit(x.block_table, x.seq_lens)
 
     def call(variant):
         planned = plans[variant]
@@ -313,10 +357,15 @@ def bench_small(cubin: Path, dev, repeats: int) -> dict:
         i = state["i"] = (state["i"] + 1) % n_inputs
         return reference.dense_sdpa(inputs[i].q, *dense[i])
 
+    def floor():  # the launch floor: one small kernel per call, no memory to wait on
+        i = state["i"] = (state["i"] + 1) % n_inputs
+        return outs[i].zero_()
+
     fns = {"e5m2_baseline": call("baseline"), "e5m2_pipelined": call("pipelined"),
-           "e5m2_bulk": call("bulk"), "sdpa_bf16_dense": sdpa}
+           "e5m2_bulk": call("bulk"), "e5m2_deep": call("deep"), "sdpa_bf16_dense": sdpa,
+           "floor_zero_kernel": floor}
     res = {"shape": "B1x1024 GQA32/8 D128 page64 e5m2", "rotating_inputs": n_inputs,
-           "bulk_kernel": plans["bulk"].kernel,
+           "bulk_kernel": plans["bulk"].kernel, "deep_kernel": plans["deep"].kernel,
            "launcher": "cuLaunchKernel" if plans["baseline"].launcher.raw is not None
            else "cuda.core launch", "variants": {}}
     names = list(fns)
@@ -444,7 +493,7 @@ def ncu_target(cubin: Path, dev) -> None:
               Case(7, 16, "uniform", "16384", 64, "bf16", 32, 8, 128, [16384] * 16)]
     for case in shapes:
         inp = make_inputs(case, dev)
-        for variant in ("baseline", "pipelined", "bulk"):
+        for variant in ("baseline", "pipelined", "bulk", "deep"):
             op.decode_attention(inp.q, inp.k_cache, inp.v_cache, inp.block_table, inp.seq_lens,
                                 max_seq_len=max(case.lens), cubin=cubin, k_scale=inp.k_scale,
                                 v_scale=inp.v_scale, variant=variant)
@@ -509,14 +558,14 @@ def summary(results: dict) -> None:
                 f"{o['seconds']} s")
     big = results.get("bench_large", {})
     if "bitwise_equal_to_baseline" in big:
-        log(f"B16x16K bulk bitwise == baseline: {big['bitwise_equal_to_baseline']}; max |err| vs "
+        log(f"B16x16K bitwise == baseline: {big['bitwise_equal_to_baseline']}; max |err| vs "
             f"fp64: {big['max_abs_err_vs_fp64']}")
     for name, v in big.get("variants", {}).items():
         log(f"B16x16K {name:22s} {v['median_us']:9.1f} us  [{v['min']:.1f}..{v['max']:.1f}]  "
             f"{v['tb_per_s']:.3f} TB/s  {v['pct_of_copy']:.1f}% of copy")
     small = results.get("bench_small", {})
     if "bulk_kernel" in small:
-        log(f"B1x1K   bulk runs {small['bulk_kernel']}")
+        log(f"B1x1K   bulk runs {small['bulk_kernel']}, deep runs {small.get('deep_kernel')}")
     for name, v in small.get("variants", {}).items():
         log(f"B1x1K   {name:22s} gpu {v['gpu_us_median']:7.2f} us  call {v['call_us_median']:7.2f} us")
     if "unplanned_call_us" in small:
@@ -539,7 +588,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cubin", type=Path,
                     help="a split_kv cubin built elsewhere (skips the build and phase sections)")
     ap.add_argument("--candidate", help="the operator sections' candidate variant "
-                                        "(default: the row's), e.g. e5m2_bulk")
+                                        "(default: the row's), e.g. e5m2_bulk or e5m2_deep")
     ns = ap.parse_args(argv)
     dev = torch.device("cuda:0")
     if ns.ncu_target:
@@ -561,7 +610,10 @@ def main(argv=None) -> int:
     cand16 = {"candidate": "bf16_" + ns.candidate.rsplit("_", 1)[-1]} if ns.candidate else {}
     ceiling = section(results, "ceiling", lambda: copy_ceiling(dev)).get("tb_per_s", float("nan"))
     plan = {"smoke": lambda: smoke(cubin, dev, ns.out, results),
-            "bench_large": lambda: bench_large(cubin, dev, ns.repeats, ceiling),
+            "bench_large": lambda: bench_large(cubin, dev, ns.repeats, ceiling, {
+                f"deep_{n}": (Path(build_rec["cubins"][f"deep_{n}"]), stages)
+                for n, (stages, _) in DEEP_BUILDS.items()
+                if f"deep_{n}" in build_rec.get("cubins", {})}),
             "bench_small": lambda: bench_small(cubin, dev, max(9, ns.repeats // 2)),
             "operator": lambda: run_operator(operator_spec(ns.row, **cand), cubin, dev,
                                              ns.out / "operator", "row"),

@@ -1,7 +1,8 @@
 """Issue 15 on a GPU, in one call: `rowgate gate` on an external subject (pagedmini, the
 fixture of tests/fixtures/subjects/paged_decode, made a real repository here), on the same
 subject with a planted last-page bug in its candidate, and on rowgate's own tree (its
-split_kv and split_kv_bulk operators, issue 19's bulk candidate): the same rows, the same
+split_kv, split_kv_bulk and split_kv_deep operators, issue 19's candidates): the same rows,
+the same
 gates, the same path. Then what each run must show is checked.
 
     PYTHONPATH=. python3 benchmarks/subject_gates.py --out DIR [--nvcc PATH] [--smoke] \
@@ -125,7 +126,7 @@ def expectations(name: str, run: dict, device: str | None) -> list[dict]:
     if name == "pagedmini-bug":
         return [expect(run, "operator", device or "FAIL", reason=None if device else BUG_CASE)]
     return [expect(run, g, "PASS") for g in ("host", "build", "audit")] + [
-        expect(run, g, device or "PASS") for g in ("operator", "operator-bulk")]
+        expect(run, g, device or "PASS") for g in ("operator", "operator-bulk", "operator-deep")]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -521,15 +521,18 @@ __device__ __forceinline__ uint8_t* ring_slot(uint8_t* ring, int warp, int stage
 
 template <int PB>
 __device__ __forceinline__ void cp_async(uint8_t* dst, const uint8_t* src, bool valid) {
-  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  const int n = valid ? PB : 0;  // 0: zero-fill, the source is not read
-  // .ca: through L1, so the two 16-byte halves of a 32-byte sector cost one L2 read
-  if constexpr (PB == 16)
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(n)
+  if constexpr (PB == 32) {  // a bf16 D128 piece: two 16-byte copies
+    cp_async<16>(dst, src, valid);
+    cp_async<16>(dst + 16, src + 16, valid);
+  } else {
+    static_assert(PB == 16 || PB == 8, "8-, 16- or 32-byte pieces");
+    const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+    const int n = valid ? PB : 0;  // 0: zero-fill, the source is not read
+    // .ca: through L1, so the two 16-byte halves of a 32-byte sector cost one L2 read
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(d), "l"(src), "n"(PB),
+                 "r"(n)
                  : "memory");
-  else
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(d), "l"(src), "r"(n)
-                 : "memory");
+  }
 }
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
@@ -881,10 +884,11 @@ __device__ __forceinline__ void cta_sync() {
 }
 
 // Sum the warps' partials (fixed order); write the output (one split) or the
-// partial, and let the last CTA of the (sequence, head) merge the splits.
+// partial and take the (sequence, head)'s ticket. True in the CTA that finished last
+// of several splits: it merges them.
 template <int D, int G, bool NAMED = false>
-__device__ __forceinline__ void finish(const Params& p, const Ctx& c, const float* red,
-                                       const float* s_ml, int nsplit, int* s_last) {
+__device__ __forceinline__ bool finish_partial(const Params& p, const Ctx& c, const float* red,
+                                               const float* s_ml, int nsplit, int* s_last) {
   const int s = blockIdx.x;
   const size_t bh = (size_t)c.b * p.num_kv_heads + c.h;
   cta_sync<NAMED>();
@@ -898,14 +902,21 @@ __device__ __forceinline__ void finish(const Params& p, const Ctx& c, const floa
     else
       p.ws_acc[(bh * gridDim.x + s) * G * D + i] = o;
   }
-  if (nsplit == 1) return;
+  if (nsplit == 1) return false;
   if (c.tid < 2 * G) p.ws_ml[(bh * gridDim.x + s) * 2 * G + c.tid] = s_ml[c.tid];
 
   __threadfence();
   cta_sync<NAMED>();
   if (c.tid == 0) *s_last = atomicAdd(p.counters + bh, 1) == nsplit - 1;
   cta_sync<NAMED>();
-  if (!*s_last) return;
+  return *s_last;
+}
+
+// The splits' states merged in split order: the running max first, then each split
+// weighted by exp2(its max - the max), summed with FMAs in split order.
+template <int D, int G>
+__device__ __forceinline__ void merge_splits(const Params& p, const Ctx& c, int nsplit) {
+  const size_t bh = (size_t)c.b * p.num_kv_heads + c.h;
   __threadfence();
   const float* ml = p.ws_ml + bh * gridDim.x * 2 * G;
   const float* pa = p.ws_acc + bh * gridDim.x * G * D;
@@ -922,6 +933,12 @@ __device__ __forceinline__ void finish(const Params& p, const Ctx& c, const floa
     p.out[((size_t)c.b * c.hq + c.h * G) * D + i] = rowgate::float_to_bf16(o / l * p.v_scale);
   }
   if (c.tid == 0) p.counters[bh] = 0;
+}
+
+template <int D, int G, bool NAMED = false>
+__device__ __forceinline__ void finish(const Params& p, const Ctx& c, const float* red,
+                                       const float* s_ml, int nsplit, int* s_last) {
+  if (finish_partial<D, G, NAMED>(p, c, red, s_ml, nsplit, s_last)) merge_splits<D, G>(p, c, nsplit);
 }
 
 template <class KV, int D, int G, bool PIPE>
@@ -962,7 +979,9 @@ __device__ __forceinline__ void split_kv(const Params& p) {
   finish<D, G>(p, c, scores, s_ml, nsplit, &s_last);
 }
 
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+// The sm_90+ candidates (bulk, deep): not in the phase-attribution builds, whose
+// RG_ONLY_E5M2_D128_G4 keeps the baseline and ring entry points alone.
+#if (!defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900) && !defined(RG_ONLY_E5M2_D128_G4)
 // ============================================================ bulk candidate (sm_90+)
 // A producer warp streams the chunk's K and V through two shared-memory rings
 // of 64-token slots: whole page slabs (one cp.async.bulk per page piece of a
@@ -1123,15 +1142,15 @@ __device__ __forceinline__ void lds_u32(uint32_t* w, const uint8_t* ptr) {
   }
 }
 
-// Phase A from the K ring: the baseline's loads (load_k) from shared memory, then its
-// MMA and score publication, line for line.
+// ---- the baseline's MMA-path arithmetic on operands already in registers, shared by the
+// sm_90+ candidates (bulk, deep) so each runs the baseline's operations in its order.
+
+// Q as the A operand: row grp = head grp (rows >= G and 8..15 are zero).
 template <class KV, int D, int G>
-__device__ __forceinline__ void phase_a_bulk(const Params& p, const Ctx& c, float* scores,
-                                             const uint8_t* kring, const Bars& bars) {
+__device__ __forceinline__ void q_operand(const Params& p, const Ctx& c,
+                                          uint32_t (&qa)[Mma<KV, D>::STEPS][2]) {
   using M = Mma<KV, D>;
-  using B = BulkCfg<KV, D, G>;
   const int grp = c.lane >> 2, tig = c.lane & 3;
-  uint32_t qa[M::STEPS][2];
   if (grp < G) {
     const uint8_t* qh = reinterpret_cast<const uint8_t*>(
         p.q + ((size_t)c.b * c.hq + c.h * G + grp) * D);
@@ -1153,6 +1172,150 @@ __device__ __forceinline__ void phase_a_bulk(const Params& p, const Ctx& c, floa
 #pragma unroll
     for (int s = 0; s < M::STEPS; ++s) qa[s][0] = qa[s][1] = 0u;
   }
+}
+
+// QK of one n-tile (tokens nt*8 .. nt*8+7 of tile t) and its score publication.
+template <class KV, int D, int G>
+__device__ __forceinline__ void qk_ntile(const Params& p, const uint32_t (&qa)[Mma<KV, D>::STEPS][2],
+                                         const uint32_t (&k)[Mma<KV, D>::KW], float* scores,
+                                         int t, int nt, int valid, int lane) {
+  using M = Mma<KV, D>;
+  const int grp = lane >> 2, tig = lane & 3;
+  float s[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int st = 0; st < M::STEPS; ++st) {
+    uint32_t b0, b1;
+    if constexpr (KV::kBytes == 1) {
+      const uint32_t w = k[st];
+      b0 = prmt(w, 0u, 0x1404u); b1 = prmt(w, 0u, 0x3424u);
+    } else {
+      b0 = k[2 * st]; b1 = k[2 * st + 1];
+    }
+    mma16816<KV>(s, qa[st][0], 0u, qa[st][1], 0u, b0, b1);
+  }
+  // s[0], s[1]: head grp, tokens nt*8 + 2tig, +1
+  if (grp < G) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int tt = nt * 8 + 2 * tig + e;
+      if (tt < valid) scores[(size_t)(t * kTile + tt) * G + grp] = s[e] * p.qk_scale_log2;
+    }
+  }
+}
+
+// QK of one 16-token tile as S = K Q^T: K's rows grp (n-tile 0's) and grp + 8 (n-tile 1's)
+// as the A operand, Q as the B operand (qa: q_operand's registers are the B fragment too).
+// Each score sums the 16 products qk_ntile sums, in its k order: the operands' roles
+// swapped, half the MMAs (8 tokens' worth of them computed padded rows) and no zero rows.
+// k0/k1: load_k's words of n-tile 0 / 1. Publishes the scores of tokens grp and grp + 8,
+// heads 2tig and 2tig + 1, and takes them into mx, this lane's maxima of the two heads.
+template <class KV, int D, int G>
+__device__ __forceinline__ void qk_tile_kq(const Params& p,
+                                           const uint32_t (&qa)[Mma<KV, D>::STEPS][2],
+                                           const uint32_t (&k0)[Mma<KV, D>::KW],
+                                           const uint32_t (&k1)[Mma<KV, D>::KW], float* scores,
+                                           int t, int valid, int lane, float (&mx)[2]) {
+  using M = Mma<KV, D>;
+  const int grp = lane >> 2, tig = lane & 3;
+  float s[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int st = 0; st < M::STEPS; ++st) {
+    uint32_t a0, a1, a2, a3;
+    if constexpr (KV::kBytes == 1) {
+      a0 = prmt(k0[st], 0u, 0x1404u); a2 = prmt(k0[st], 0u, 0x3424u);
+      a1 = prmt(k1[st], 0u, 0x1404u); a3 = prmt(k1[st], 0u, 0x3424u);
+    } else {
+      a0 = k0[2 * st]; a2 = k0[2 * st + 1];
+      a1 = k1[2 * st]; a3 = k1[2 * st + 1];
+    }
+    mma16816<KV>(s, a0, a1, a2, a3, qa[st][0], qa[st][1]);
+  }
+  // s[0], s[1]: token grp, heads 2tig, 2tig + 1; s[2], s[3]: token grp + 8
+  if (2 * tig < G) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int tt = grp + 8 * h;
+      if (tt < valid) {
+        const float2 x = make_float2(s[2 * h] * p.qk_scale_log2, s[2 * h + 1] * p.qk_scale_log2);
+        *reinterpret_cast<float2*>(scores + (size_t)(t * kTile + tt) * G + 2 * tig) = x;
+        mx[0] = fmaxf(mx[0], x.x);
+        mx[1] = fmaxf(mx[1], x.y);
+      }
+    }
+  }
+}
+
+// PV of one tile: P^T (tokens 2tig, 2tig+1 | 2tig+8, 2tig+9 of head grp, rounded to the
+// operand type) as the B operand, V^T from this lane's rows as the A operand. With EXP the
+// scores are raw and P is the softmax's exp2(score - m) of head grp's max m, taken here.
+template <class KV, int D, int G, bool EXP = false>
+__device__ __forceinline__ void pv_tile_mma(const float* scores,
+                                            const uint32_t (&vr)[4][Mma<KV, D>::VW],
+                                            float (&o)[Mma<KV, D>::STEPS][4], int t, int valid,
+                                            int lane, float m = 0.f) {
+  using M = Mma<KV, D>;
+  const int grp = lane >> 2, tig = lane & 3;
+  float pr[4] = {0.f, 0.f, 0.f, 0.f};
+  if (grp < G) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int tt = 2 * tig + (r & 1) + (r >> 1) * 8;
+      if (tt < valid) {
+        const float x = scores[(size_t)(t * kTile + tt) * G + grp];
+        pr[r] = EXP ? fast_exp2(x - m) : x;
+      }
+    }
+  }
+  const uint32_t b0 = pack2<KV>(pr[0], pr[1]), b1 = pack2<KV>(pr[2], pr[3]);
+#pragma unroll
+  for (int m = 0; m < M::STEPS; ++m) {
+    uint32_t a0, a1, a2, a3;
+    if constexpr (KV::kBytes == 1) {
+      const int w = m >> 1;
+      const uint32_t sel = (m & 1) ? 0x7362u : 0x5140u;
+      const uint32_t z01 = prmt(vr[0][w], vr[1][w], sel), z23 = prmt(vr[2][w], vr[3][w], sel);
+      a0 = prmt(z01, 0u, 0x1404u); a1 = prmt(z01, 0u, 0x3424u);
+      a2 = prmt(z23, 0u, 0x1404u); a3 = prmt(z23, 0u, 0x3424u);
+    } else {
+      a0 = prmt(vr[0][m], vr[1][m], 0x5410u); a1 = prmt(vr[0][m], vr[1][m], 0x7632u);
+      a2 = prmt(vr[2][m], vr[3][m], 0x5410u); a3 = prmt(vr[2][m], vr[3][m], 0x7632u);
+    }
+    mma16816<KV>(o[m], a0, a1, a2, a3, b0, b1);
+  }
+}
+
+// The warp's PV result into red[warp][G][D]: o[m] holds dims grp*VD + 2m (+1 for
+// o[m][2..3]) of heads 2tig, 2tig+1.
+template <class KV, int D, int G>
+__device__ __forceinline__ void store_warp_partial(const Ctx& c,
+                                                   const float (&o)[Mma<KV, D>::STEPS][4],
+                                                   float* red) {
+  using M = Mma<KV, D>;
+  const int grp = c.lane >> 2, tig = c.lane & 3;
+#pragma unroll
+  for (int m = 0; m < M::STEPS; ++m) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int g = 2 * tig + e;
+      if (g < G) {
+        float* r = red + (c.warp * G + g) * D + grp * M::VD + 2 * m;
+        r[0] = o[m][e];
+        r[1] = o[m][2 + e];
+      }
+    }
+  }
+}
+
+// Phase A from the K ring: the baseline's loads (load_k) from shared memory, then its
+// MMA and score publication.
+template <class KV, int D, int G>
+__device__ __forceinline__ void phase_a_bulk(const Params& p, const Ctx& c, float* scores,
+                                             const uint8_t* kring, const Bars& bars) {
+  using M = Mma<KV, D>;
+  using B = BulkCfg<KV, D, G>;
+  const int grp = c.lane >> 2, tig = c.lane & 3;
+  uint32_t qa[M::STEPS][2];
+  q_operand<KV, D, G>(p, c, qa);
   for (int t = c.warp; t < c.n_tiles; t += kWarps) {
     const int valid = min(kTile, c.n_tok - t * kTile);
     const int slot = t / (kSlotTokens / kTile), ring = slot % B::NK;
@@ -1174,27 +1337,7 @@ __device__ __forceinline__ void phase_a_bulk(const Params& p, const Ctx& c, floa
     __syncwarp();
     mbar_arrive(bars.empty_k(ring));  // this warp is done with its tile of the slot
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-      float s[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-      for (int st = 0; st < M::STEPS; ++st) {
-        uint32_t b0, b1;
-        if constexpr (KV::kBytes == 1) {
-          const uint32_t w = kr[nt][st];
-          b0 = prmt(w, 0u, 0x1404u); b1 = prmt(w, 0u, 0x3424u);
-        } else {
-          b0 = kr[nt][2 * st]; b1 = kr[nt][2 * st + 1];
-        }
-        mma16816<KV>(s, qa[st][0], 0u, qa[st][1], 0u, b0, b1);
-      }
-      if (grp < G) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int tt = nt * 8 + 2 * tig + e;
-          if (tt < valid) scores[(size_t)(t * kTile + tt) * G + grp] = s[e] * p.qk_scale_log2;
-        }
-      }
-    }
+    for (int nt = 0; nt < 2; ++nt) qk_ntile<KV, D, G>(p, qa, kr[nt], scores, t, nt, valid, c.lane);
   }
 }
 
@@ -1227,43 +1370,9 @@ __device__ __forceinline__ void phase_c_bulk(const Ctx& c, const float* scores, 
     }
     __syncwarp();
     mbar_arrive(bars.empty_v(ring));
-    float pr[4] = {0.f, 0.f, 0.f, 0.f};
-    if (grp < G) {
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int tt = 2 * tig + (r & 1) + (r >> 1) * 8;
-        if (tt < valid) pr[r] = scores[(size_t)(t * kTile + tt) * G + grp];
-      }
-    }
-    const uint32_t b0 = pack2<KV>(pr[0], pr[1]), b1 = pack2<KV>(pr[2], pr[3]);
-#pragma unroll
-    for (int m = 0; m < M::STEPS; ++m) {
-      uint32_t a0, a1, a2, a3;
-      if constexpr (KV::kBytes == 1) {
-        const int w = m >> 1;
-        const uint32_t sel = (m & 1) ? 0x7362u : 0x5140u;
-        const uint32_t z01 = prmt(vr[0][w], vr[1][w], sel), z23 = prmt(vr[2][w], vr[3][w], sel);
-        a0 = prmt(z01, 0u, 0x1404u); a1 = prmt(z01, 0u, 0x3424u);
-        a2 = prmt(z23, 0u, 0x1404u); a3 = prmt(z23, 0u, 0x3424u);
-      } else {
-        a0 = prmt(vr[0][m], vr[1][m], 0x5410u); a1 = prmt(vr[0][m], vr[1][m], 0x7632u);
-        a2 = prmt(vr[2][m], vr[3][m], 0x5410u); a3 = prmt(vr[2][m], vr[3][m], 0x7632u);
-      }
-      mma16816<KV>(o[m], a0, a1, a2, a3, b0, b1);
-    }
+    pv_tile_mma<KV, D, G>(scores, vr, o, t, valid, c.lane);
   }
-#pragma unroll
-  for (int m = 0; m < M::STEPS; ++m) {
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int g = 2 * tig + e;
-      if (g < G) {
-        float* r = red + (c.warp * G + g) * D + grp * M::VD + 2 * m;
-        r[0] = o[m][e];
-        r[1] = o[m][2 + e];
-      }
-    }
-  }
+  store_warp_partial<KV, D, G>(c, o, red);
 }
 
 __device__ __forceinline__ void cluster_sync_all() {
@@ -1378,6 +1487,376 @@ __device__ __forceinline__ void split_kv_bulk(const Params& p) {
     cluster_sync_all();  // no split leaves while split 0 reads its shared memory
   }
 }
+// ============================================================ deep candidate (sm_90+)
+// Each math warp streams its own tiles' K rows, then their V rows, through one cp.async
+// ring of S stages in the order it consumes them: load j of the warp's stream (K of its
+// tiles 0..n-1, then V of the same tiles) lands in stage j % S, issued the moment load
+// j - S has been consumed, so the V stream runs under the QK work and the softmax. One
+// commit group per load (an empty one past the stream's end) keeps the wait constant: when
+// load j is due, the groups committed after it are always S - 1. Each lane reads back only
+// the bytes it copied, so no barrier orders the ring. The issue is lean because the SMs
+// are issue-bound here (H200 run 2: ~48 % issue-active, one eligible warp per scheduler,
+// ~500 instructions a 16-token tile): a tile's four pieces go from one tile pointer with
+// the pieces' offsets as immediates, full tiles without zero-fill predicates, and the
+// CTA's pages come with the sequence length in one round trip, one per lane (a page of the
+// table past the sequence is read, inside the table, and never used). The arithmetic is
+// the baseline's MMA path on the same operand values (rows past the sequence zero-filled
+// by the copies, as the baseline fills them), in its order, so the candidate is bitwise
+// equal to the baseline. `_deepc` runs as clusters of 8 splits and merges them through
+// distributed shared memory (the bulk candidate's merge).
+constexpr int kMaxWarpTiles = kMaxChunk / kTile / kWarps;  // 4 tiles per warp at most
+
+template <class KV, int D, int G>
+struct DeepCfg {
+  static constexpr int PB = D / 8 * KV::kBytes;  // bytes per lane and piece
+  static constexpr int STAGE = 4 * 32 * PB;      // one warp's tile: 4 pieces x 32 lanes
+  // Three CTAs per SM where the math fits 80 registers (ptxas spills the D128 bf16 math
+  // there), else two. sm_110 allocates more: one.
+  static constexpr bool REGS3 = !(D == 128 && KV::kBytes == 2);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
+  static constexpr int BLOCKS = 1 + 0 * REGS3;
+#elif defined(RG_DEEP_BLOCKS)
+  static constexpr int BLOCKS = RG_DEEP_BLOCKS + 0 * REGS3;  // benchmarks' A/B of CTAs per SM
+#else
+  static constexpr int BLOCKS = REGS3 ? 3 : 2;
+#endif
+#ifdef RG_DEEP_STAGES
+  static constexpr int S = RG_DEEP_STAGES;  // benchmarks' A/B of the ring depth
+#else
+  static constexpr int S = 2;
+#endif
+  static constexpr int RING = kWarps * S * STAGE;
+  static_assert(S >= 2, "a ring of at least two stages");
+};
+
+// One 16-byte (8: D64 E5M2) cp.async at immediate offsets from the lane's bases; with ZFILL
+// it copies `bytes` (PB or 0: zero-fill, the source not read). .ca: .cg (L2 only) measured
+// 36 % slower at B16x16K (H200 run 4).
+template <int BYTES, int DST, int SRC, bool ZFILL = false>
+__device__ __forceinline__ void cp_piece(uint32_t dst, const uint8_t* src, int bytes = BYTES) {
+  if constexpr (ZFILL)
+    asm volatile("cp.async.ca.shared.global [%0+%2], [%1+%3], %4, %5;\n" ::"r"(dst), "l"(src),
+                 "n"(DST), "n"(SRC), "n"(BYTES), "r"(bytes) : "memory");
+  else
+    asm volatile("cp.async.ca.shared.global [%0+%2], [%1+%3], %4;\n" ::"r"(dst), "l"(src),
+                 "n"(DST), "n"(SRC), "n"(BYTES) : "memory");
+}
+
+// Piece P of a tile (load_k's / load_v's rows for this lane): the row it holds (for the
+// zero-fill test) and its byte offset from the lane's row-0 base.
+template <class KV, int D, bool IS_V, int P>
+struct Piece {
+  static constexpr int PB = D / 8 * KV::kBytes;
+  // K: n-tile P/2's token P/2*8 + grp, half P%2 of this lane's span; V: token
+  // 2tig + P%2 + P/2*8, dims grp*D/8 .. +D/8
+  static constexpr int ROW = IS_V ? (P & 1) + (P >> 1) * 8 : (P >> 1) * 8;  // + the lane's
+  static constexpr int SRC = (ROW * D + (IS_V ? 0 : (P & 1) * (D / 2))) * KV::kBytes;
+  static constexpr int DST = P * 32 * PB;
+};
+
+template <class KV, int D, bool IS_V, int P, bool ZFILL>
+__device__ __forceinline__ void tile_piece(uint32_t dst, const uint8_t* src, int lane_row,
+                                           int valid) {
+  using Pc = Piece<KV, D, IS_V, P>;
+  constexpr int PB = Pc::PB;
+  const int bytes = ZFILL && Pc::ROW + lane_row >= valid ? 0 : (PB > 16 ? 16 : PB);
+  cp_piece<(PB > 16 ? 16 : PB), Pc::DST, Pc::SRC, ZFILL>(dst, src, bytes);
+  if constexpr (PB == 32)  // a bf16 D128 piece: two 16-byte copies
+    cp_piece<16, Pc::DST + 16, Pc::SRC + 16, ZFILL>(dst, src, bytes);
+}
+
+// The lane's part of one tile (t: the tile's index in the chunk) of K or V into `dst`
+// (the lane's slot in a stage); zero-fills rows at or past `valid`.
+template <class KV, int D, bool IS_V>
+__device__ __forceinline__ void issue_tile(const Params& p, const Ctx& c, uint32_t dst, int t,
+                                           int my_page) {
+  const int rel = t * kTile;
+  const int page = __shfl_sync(0xffffffffu, my_page, rel >> p.page_shift);
+  const size_t row = (((size_t)page * p.num_kv_heads + c.h) << p.page_shift) +
+                     (rel & ((1 << p.page_shift) - 1));
+  const int grp = c.lane >> 2, tig = c.lane & 3;
+  const int lane_row = IS_V ? 2 * tig : grp;
+  const int lane_off = IS_V ? (lane_row * D + grp * (D / 8)) * KV::kBytes
+                            : lane_row * D * KV::kBytes + tig * (D / 8 * KV::kBytes);
+  const uint8_t* src = (IS_V ? p.v : p.k) + row * D * KV::kBytes + lane_off;
+  const int valid = c.n_tok - rel;
+  if (valid >= kTile) {
+    tile_piece<KV, D, IS_V, 0, false>(dst, src, lane_row, valid);
+    tile_piece<KV, D, IS_V, 1, false>(dst, src, lane_row, valid);
+    tile_piece<KV, D, IS_V, 2, false>(dst, src, lane_row, valid);
+    tile_piece<KV, D, IS_V, 3, false>(dst, src, lane_row, valid);
+  } else {
+    tile_piece<KV, D, IS_V, 0, true>(dst, src, lane_row, valid);
+    tile_piece<KV, D, IS_V, 1, true>(dst, src, lane_row, valid);
+    tile_piece<KV, D, IS_V, 2, true>(dst, src, lane_row, valid);
+    tile_piece<KV, D, IS_V, 3, true>(dst, src, lane_row, valid);
+  }
+}
+
+// Load j of the warp's stream (K of its tile j for j < nw, V of its tile j - nw next) into
+// stage j % S, or an empty group past the stream's end.
+template <class KV, int D, int G>
+__device__ __forceinline__ void deep_load(const Params& p, const Ctx& c, uint32_t wring, int j,
+                                          int nw, int my_page) {
+  using DC = DeepCfg<KV, D, G>;
+  const uint32_t dst = wring + (j % DC::S) * DC::STAGE + c.lane * DC::PB;
+  if (j < nw)
+    issue_tile<KV, D, false>(p, c, dst, c.warp + j * kWarps, my_page);
+  else if (j < 2 * nw)
+    issue_tile<KV, D, true>(p, c, dst, c.warp + (j - nw) * kWarps, my_page);
+  cp_commit();
+}
+
+// The softmax without a pass of its own (kDeepSoftmax, the default): each warp takes its
+// heads' maxima while it publishes its scores (fmax: the same maxima in any order), P is
+// exp2(score - max) taken in the PV (the softmax pass's values, rounded as it rounds them),
+// and warp g sums head g's exponentials after its PV in the softmax pass's lane order: one
+// barrier and one pass over the scores fewer, the sum beside the other warps' PV.
+#ifndef RG_DEEP_SOFTMAX
+#define RG_DEEP_SOFTMAX 1
+#endif
+constexpr bool kDeepSoftmax = RG_DEEP_SOFTMAX != 0;  // benchmarks' A/B (0: the baseline's pass)
+
+// The warp's maxima of heads 2tig, 2tig + 1 (mx, per lane) into wmax[warp][G].
+template <int G>
+__device__ __forceinline__ void publish_max(float (&mx)[2], float* wmax, const Ctx& c) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], o));
+  const int tig = c.lane & 3;
+  if (c.lane < 4 && 2 * tig < G) {
+    wmax[c.warp * G + 2 * tig] = mx[0];
+    wmax[c.warp * G + 2 * tig + 1] = mx[1];
+  }
+}
+
+template <int G>
+__device__ __forceinline__ float head_max(const float* wmax, int g) {
+  float m = -__int_as_float(0x7f800000);
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) m = fmaxf(m, wmax[w * G + g]);
+  return m;
+}
+
+// The softmax pass's sums (warp g: head g, lane-strided, then the butterfly) of the raw
+// scores' exponentials, with the heads' maxima, into s_ml.
+template <int G>
+__device__ __forceinline__ void head_sums(const float* scores, const float* wmax, float* s_ml,
+                                          const Ctx& c) {
+  for (int g = c.warp; g < G; g += kWarps) {
+    const float m = head_max<G>(wmax, g);
+    float l = 0.f;
+    for (int i = c.lane; i < c.n_tok; i += 32) l += fast_exp2(scores[i * G + g] - m);
+    l = warp_sum(l);
+    if (c.lane == 0) { s_ml[g] = m; s_ml[G + g] = l; }
+  }
+}
+
+// Phases A, softmax and C of one CTA from the warps' rings; the warps' PV results end in
+// red[warp][G][D] at the start of shared memory.
+template <class KV, int D, int G>
+__device__ __forceinline__ void deep_attend(const Params& p, const Ctx& c, uint8_t* smem,
+                                            float* scores, float* s_ml, float* wmax,
+                                            int my_page) {
+  using M = Mma<KV, D>;
+  using DC = DeepCfg<KV, D, G>;
+  const int nw = c.warp < c.n_tiles ? (c.n_tiles - c.warp + kWarps - 1) / kWarps : 0;
+  const uint8_t* lring = smem + c.warp * DC::S * DC::STAGE + c.lane * DC::PB;  // this lane's
+  const uint32_t wring = smem_addr(smem + c.warp * DC::S * DC::STAGE);
+#pragma unroll
+  for (int j = 0; j < DC::S; ++j) deep_load<KV, D, G>(p, c, wring, j, nw, my_page);
+  uint32_t qa[M::STEPS][2];
+  q_operand<KV, D, G>(p, c, qa);  // in flight beside the first copies
+  float mx[2] = {-__int_as_float(0x7f800000), -__int_as_float(0x7f800000)};
+#pragma unroll
+  for (int i = 0; i < kMaxWarpTiles; ++i) {  // K of the warp's tile i is load i
+    if (i >= nw) break;
+    const int t = c.warp + i * kWarps;
+    cp_wait<DC::S - 1>();
+    const uint8_t* src = lring + (i % DC::S) * DC::STAGE;
+    uint32_t k0[M::KW], k1[M::KW];
+    lds_u32<M::KW / 2>(k0, src);
+    lds_u32<M::KW / 2>(k0 + M::KW / 2, src + 32 * DC::PB);
+    lds_u32<M::KW / 2>(k1, src + 2 * 32 * DC::PB);
+    lds_u32<M::KW / 2>(k1 + M::KW / 2, src + 3 * 32 * DC::PB);
+    qk_tile_kq<KV, D, G>(p, qa, k0, k1, scores, t, min(kTile, c.n_tok - t * kTile), c.lane, mx);
+    // after the scores are stored: the stage's bytes are used
+    deep_load<KV, D, G>(p, c, wring, i + DC::S, nw, my_page);
+  }
+  if constexpr (kDeepSoftmax) publish_max<G>(mx, wmax, c);
+  __syncthreads();
+  float m = 0.f;  // head grp's max (the PV's row)
+  if constexpr (kDeepSoftmax) {
+    m = head_max<G>(wmax, min(c.lane >> 2, G - 1));
+  } else {
+    softmax<G>(scores, s_ml, c);
+    __syncthreads();
+  }
+  float o[M::STEPS][4];
+#pragma unroll
+  for (int mm = 0; mm < M::STEPS; ++mm) o[mm][0] = o[mm][1] = o[mm][2] = o[mm][3] = 0.f;
+#pragma unroll
+  for (int i = 0; i < kMaxWarpTiles; ++i) {  // V of the warp's tile i is load nw + i
+    if (i >= nw) break;
+    const int t = c.warp + i * kWarps;
+    cp_wait<DC::S - 1>();
+    const uint8_t* src = lring + ((nw + i) % DC::S) * DC::STAGE;
+    uint32_t vr[4][M::VW];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) lds_u32<M::VW>(vr[r], src + r * 32 * DC::PB);
+    pv_tile_mma<KV, D, G, kDeepSoftmax>(scores, vr, o, t, min(kTile, c.n_tok - t * kTile),
+                                        c.lane, m);
+    deep_load<KV, D, G>(p, c, wring, nw + i + DC::S, nw, my_page);
+  }
+  if constexpr (kDeepSoftmax) head_sums<G>(scores, wmax, s_ml, c);
+  __syncthreads();  // every warp is done with its ring and the scores: red reuses them
+  store_warp_partial<KV, D, G>(c, o, reinterpret_cast<float*>(smem));
+}
+
+// merge_splits' arithmetic in its order, with its loads in parallel: every split's (max,
+// sum) staged in shared memory in one round trip, the partials read 16 splits at a time
+// (the baseline's loop waits on ~nsplit / 2 dependent L2 round trips); a merge of more
+// splits than `stage` holds (`cap`) takes the baseline's loop.
+template <int D, int G>
+__device__ __forceinline__ void merge_splits_staged(const Params& p, const Ctx& c, int nsplit,
+                                                    float* stage, int cap) {
+  if (nsplit > cap) {
+    merge_splits<D, G>(p, c, nsplit);
+    return;
+  }
+  constexpr int kBatch = 16;
+  const size_t bh = (size_t)c.b * p.num_kv_heads + c.h;
+  __threadfence();
+  const float* ml = p.ws_ml + bh * gridDim.x * 2 * G;
+  const float* pa = p.ws_acc + bh * gridDim.x * G * D;
+  for (int k = c.tid; k < nsplit * 2 * G; k += kThreads) stage[k] = __ldcg(ml + k);
+  __syncthreads();
+  for (int i = c.tid; i < G * D; i += kThreads) {
+    const int g = i / D;
+    float m = -__int_as_float(0x7f800000);
+    for (int sp = 0; sp < nsplit; ++sp) m = fmaxf(m, stage[sp * 2 * G + g]);
+    float l = 0.f, o = 0.f;
+    int sp = 0;
+    for (; sp + kBatch <= nsplit; sp += kBatch) {
+      float x[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) x[u] = __ldcg(pa + (size_t)(sp + u) * G * D + i);
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const float w = fast_exp2(stage[(sp + u) * 2 * G + g] - m);
+        l = fmaf(w, stage[(sp + u) * 2 * G + G + g], l);
+        o = fmaf(w, x[u], o);
+      }
+    }
+    for (; sp < nsplit; ++sp) {
+      const float w = fast_exp2(stage[sp * 2 * G + g] - m);
+      l = fmaf(w, stage[sp * 2 * G + G + g], l);
+      o = fmaf(w, __ldcg(pa + (size_t)sp * G * D + i), o);
+    }
+    p.out[((size_t)c.b * c.hq + c.h * G) * D + i] = rowgate::float_to_bf16(o / l * p.v_scale);
+  }
+  if (c.tid == 0) p.counters[bh] = 0;
+}
+
+// CTA `rank`'s address of this CTA's shared-memory pointer p. Volatile: it stays after
+// the cluster barrier before it, and the loads that take its result follow it.
+__device__ __forceinline__ uint32_t cluster_addr(const void* p, uint32_t rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(p)), "r"(rank));
+  return remote;
+}
+// A float of another CTA's shared memory, as a plain load the compiler may batch (ld_cluster
+// is volatile: every read one dependent round trip). The cluster barrier before the
+// address's mapa orders it after the other CTA's writes.
+__device__ __forceinline__ float ld_remote(uint32_t remote) {
+  float v;
+  asm("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote));
+  return v;
+}
+
+// merge_cluster's arithmetic in its order with its reads of the other splits in parallel:
+// the splits' (max, sum) staged in this CTA's shared memory in one round, then each
+// element's partials of every split read before its FMAs (merge_cluster's volatile reads
+// wait on ~3 dependent remote round trips a split and element: B1x1K's critical path).
+template <int D, int G>
+__device__ __forceinline__ void merge_cluster_staged(const Params& p, const Ctx& c,
+                                                     const float* s_ml, const float* part,
+                                                     float* stage, int nsplit) {
+  for (int k = c.tid; k < nsplit * 2 * G; k += kThreads)
+    stage[k] = ld_remote(cluster_addr(s_ml + k % (2 * G), k / (2 * G)));
+  uint32_t base[kClusterSplits];
+#pragma unroll
+  for (int sp = 0; sp < kClusterSplits; ++sp) base[sp] = cluster_addr(part, sp);
+  __syncthreads();
+  for (int i = c.tid; i < G * D; i += kThreads) {
+    const int g = i / D;
+    float x[kClusterSplits];
+#pragma unroll
+    for (int sp = 0; sp < kClusterSplits; ++sp) x[sp] = sp < nsplit ? ld_remote(base[sp] + 4 * i) : 0.f;
+    float m = -__int_as_float(0x7f800000);
+    for (int sp = 0; sp < nsplit; ++sp) m = fmaxf(m, stage[sp * 2 * G + g]);
+    float l = 0.f, o = 0.f;
+#pragma unroll
+    for (int sp = 0; sp < kClusterSplits; ++sp) {
+      if (sp < nsplit) {
+        const float w = fast_exp2(stage[sp * 2 * G + g] - m);
+        l = fmaf(w, stage[sp * 2 * G + G + g], l);
+        o = fmaf(w, x[sp], o);
+      }
+    }
+    p.out[((size_t)c.b * c.hq + c.h * G) * D + i] = rowgate::float_to_bf16(o / l * p.v_scale);
+  }
+}
+
+template <class KV, int D, int G, bool CLUSTER>
+__device__ __forceinline__ void split_kv_deep(const Params& p) {
+  static_assert(G == 2 || G == 4 || G == 8, "GQA groups of 2, 4 or 8 query heads");
+  using DC = DeepCfg<KV, D, G>;
+  extern __shared__ __align__(16) uint8_t deep_smem[];  // ring | scores
+  __shared__ float s_ml[2 * G];
+  __shared__ float s_wmax[kWarps * G];  // the warps' maxima of each head
+  __shared__ int s_last;
+
+  if (p.chunk > kMaxChunk) return;  // outside the operator's plan (max_chunk): nothing written
+  Ctx c;
+  c.b = blockIdx.z; c.h = blockIdx.y;
+  c.tid = threadIdx.x; c.warp = c.tid >> 5; c.lane = c.tid & 31;
+  c.hq = p.num_kv_heads * G;
+  c.start = blockIdx.x * p.chunk;
+  // at most 512 / 16 = 32 pages a chunk, one per lane; read beside the length
+  const int my_page = __ldg(p.block_table + (size_t)c.b * p.bt_stride +
+                            min((c.start >> p.page_shift) + c.lane, p.bt_stride - 1));
+  const int len = p.seq_lens[c.b];
+  const int nsplit = min((len + p.chunk - 1) / p.chunk, (int)gridDim.x);
+  if (len <= 0) {  // a cluster is one sequence and head: it leaves together
+    if (blockIdx.x == 0)
+      for (int i = c.tid; i < G * D; i += kThreads)
+        p.out[((size_t)c.b * c.hq + c.h * G) * D + i] = rowgate::float_to_bf16(0.f);
+    return;
+  }
+  const bool active = (int)blockIdx.x < nsplit;
+  if (!CLUSTER && !active) return;
+  c.n_tok = active ? min(len, c.start + p.chunk) - c.start : 0;
+  c.n_tiles = (c.n_tok + kTile - 1) / kTile;
+  float* red = reinterpret_cast<float*>(deep_smem);
+  float* part = red + kWarps * G * D;  // the cluster's partial, past the reduction
+  if (active) {
+    deep_attend<KV, D, G>(p, c, deep_smem, reinterpret_cast<float*>(deep_smem + DC::RING), s_ml,
+                          s_wmax, my_page);
+    if constexpr (CLUSTER)
+      finish_cluster<D, G>(p, c, red, s_ml, part, nsplit);
+    else if (finish_partial<D, G>(p, c, red, s_ml, nsplit, &s_last))
+      merge_splits_staged<D, G>(p, c, nsplit, red, kWarps * D / 2);  // red is spent
+  }
+  if constexpr (CLUSTER) {
+    cluster_sync_all();  // every split's partial is in its shared memory
+    if (blockIdx.x % kClusterSplits == 0 && nsplit > 1)  // red is spent: it stages the states
+      merge_cluster_staged<D, G>(p, c, s_ml, part, red, nsplit);
+    cluster_sync_all();  // no split leaves while split 0 reads its shared memory
+  }
+}
+
 #endif  // sm_90+
 
 }  // namespace
@@ -1457,5 +1936,32 @@ RG_BULK_PAIR(bf16, BF16, 128, 8)
 RG_BULK_PAIR(bf16, BF16, 64, 2)
 RG_BULK_PAIR(bf16, BF16, 64, 4)
 RG_BULK_PAIR(bf16, BF16, 64, 8)
+
+// The deep candidate (docs/kernels.md): 256 threads; `_deepc` as clusters of 8 splits.
+#define RG_DEEP_KERNEL(NAME, KV, D, G, CLUSTER, ...)                                    \
+  extern "C" __global__ void __VA_ARGS__ __launch_bounds__(                            \
+      kThreads, DeepCfg<KV, D, G>::BLOCKS) NAME(                                       \
+      const bf16_bits* q, const uint8_t* k, const uint8_t* v, const int* block_table,  \
+      const int* seq_lens, bf16_bits* out, float* ws_acc, float* ws_ml, int* counters, \
+      int bt_stride, int num_kv_heads, int page_shift, int chunk, float qk_scale_log2,     \
+      float v_scale) {                                                                   \
+    const Params p{q, k, v, block_table, seq_lens, out, ws_acc, ws_ml, counters,         \
+                   bt_stride, num_kv_heads, page_shift, chunk, qk_scale_log2, v_scale};  \
+    split_kv_deep<KV, D, G, CLUSTER>(p);                                                 \
+  }
+#define RG_DEEP_PAIR(KV_NAME, KV, D, G)                                                  \
+  RG_DEEP_KERNEL(split_kv_##KV_NAME##_d##D##_g##G##_deep, KV, D, G, false)              \
+  RG_DEEP_KERNEL(split_kv_##KV_NAME##_d##D##_g##G##_deepc, KV, D, G, true,              \
+                 __cluster_dims__(kClusterSplits, 1, 1))
+RG_DEEP_PAIR(e5m2, E5M2, 128, 4)
+RG_DEEP_PAIR(e5m2, E5M2, 128, 8)
+RG_DEEP_PAIR(e5m2, E5M2, 64, 4)
+RG_DEEP_PAIR(e5m2, E5M2, 64, 8)
+RG_DEEP_PAIR(bf16, BF16, 128, 2)
+RG_DEEP_PAIR(bf16, BF16, 128, 4)
+RG_DEEP_PAIR(bf16, BF16, 128, 8)
+RG_DEEP_PAIR(bf16, BF16, 64, 2)
+RG_DEEP_PAIR(bf16, BF16, 64, 4)
+RG_DEEP_PAIR(bf16, BF16, 64, 8)
 #endif
 #endif

@@ -30,20 +30,21 @@ from pipeline.ops.launch import kernel
 REPO = CHECKOUT
 INCLUDE = REPO / "kernels" / "include"
 LEGACY_VARIANTS = {"baseline": "baseline", "pipelined": "candidate", "candidate": "candidate",
-                   "bulk": "candidate"}
+                   "bulk": "candidate", "deep": "candidate"}
 """Role names as rows and benchmarks spell them (`e5m2_pipelined`, `baseline`) -> role."""
 ADMITTED = 64
 """(block_table, seq_lens) pairs a plan remembers as validated."""
 
 # rowgate's own operators, read from its kernels/kernels.toml (the benchmarks' default;
 # gates take the subject's declaration from the build gate's copy instead): split_kv
-# (`_base`, `_pipe`) and split_kv_bulk (`_base`, `_bulk`/`_bulkc`, sm_90+).
+# (`_base`, `_pipe`), split_kv_bulk (`_base`, `_bulk`/`_bulkc`, sm_90+) and split_kv_deep
+# (`_base`, `_deep`/`_deepc`, sm_90+).
 OWN = contract.operators_in((REPO / "kernels" / "kernels.toml").read_text(),
                             "kernels/kernels.toml")
-SPLIT_KV, SPLIT_KV_BULK = OWN["split_kv"], OWN["split_kv_bulk"]
-OWN_VARIANTS = {"bulk": SPLIT_KV_BULK}
-"""rowgate's variant names that pick its other operator: `bulk` (or `e5m2_bulk`) is
-split_kv_bulk's candidate, run with SPLIT_KV's default."""
+SPLIT_KV, SPLIT_KV_BULK, SPLIT_KV_DEEP = OWN["split_kv"], OWN["split_kv_bulk"], OWN["split_kv_deep"]
+OWN_VARIANTS = {"bulk": SPLIT_KV_BULK, "deep": SPLIT_KV_DEEP}
+"""rowgate's variant names that pick its other operators: `bulk` (or `e5m2_bulk`) is
+split_kv_bulk's candidate and `deep` split_kv_deep's, run with SPLIT_KV's default."""
 
 
 def cubin_path(arch: str, build_dir: Path | None = None) -> Path:
@@ -61,8 +62,8 @@ def build_cubin(repo: Path, arch: str, nvcc: str | None = None, name: str = "spl
 
 
 def operator_of(variant: str, operator: Operator) -> Operator:
-    """The operator a variant name runs: rowgate's split_kv_bulk for `bulk` when the
-    caller left rowgate's default operator, else `operator`."""
+    """The operator a variant name runs: rowgate's split_kv_bulk for `bulk` (split_kv_deep
+    for `deep`) when the caller left rowgate's default operator, else `operator`."""
     own = OWN_VARIANTS.get(variant.rsplit("_", 1)[-1])
     return own if own is not None and operator is SPLIT_KV else operator
 
@@ -328,6 +329,6 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         q, k_cache, v_cache, block_table, seq_lens, out)
 
 
-__all__ = ["DecodeAttention", "SPLIT_KV", "SPLIT_KV_BULK", "build_cubin", "check_cluster",
+__all__ = ["DecodeAttention", "SPLIT_KV", "SPLIT_KV_BULK", "SPLIT_KV_DEEP", "build_cubin", "check_cluster",
            "check_shared_memory", "cubin_path", "decode_attention", "kernel", "operator_of",
            "role_of"]

@@ -73,17 +73,21 @@ def test_declarations_outside_the_format_are_refused(changes, message):
 
 def test_rowgates_own_operators_parse_alike_and_name_what_their_kernels_build():
     """The validating parser and the bare-image reader agree on rowgate's kernels.toml;
-    split_kv_bulk's cluster entry points are entry points of its kernel."""
+    the sm_90+ candidates' cluster entry points (split_kv_bulk, split_kv_deep) are entry
+    points of their kernels, which split_kv (built for sm_70 too) does not list."""
     from pipeline.build import kernels
 
     manifest = kernels.load(ROOT)
     own = contract.operators_in((ROOT / "kernels" / "kernels.toml").read_text(), "kernels.toml")
     assert {n: d.to_contract(n) for n, d in manifest.operators.items()} == own
-    assert set(own) == {"split_kv", "split_kv_bulk"}
-    bulk = manifest.kernels["split_kv_bulk"]
-    assert set(own["split_kv_bulk"].all_entries()) == set(bulk.entry_points)
-    assert bulk.arches == ["sm_90", "sm_110"] and "sm_70" in manifest.kernels["split_kv"].arches
-    assert not any("bulk" in e for e in manifest.kernels["split_kv"].entry_points)
+    assert set(own) == {"split_kv", "split_kv_bulk", "split_kv_deep"}
+    assert "sm_70" in manifest.kernels["split_kv"].arches
+    for name, suffix in (("split_kv_bulk", "bulk"), ("split_kv_deep", "deep")):
+        unit = manifest.kernels[name]
+        assert own[name].kernel == name
+        assert set(own[name].all_entries()) == set(unit.entry_points)
+        assert unit.arches == ["sm_90", "sm_110"]
+        assert not any(suffix in e for e in manifest.kernels["split_kv"].entry_points)
 
 
 def test_the_fixtures_triton_kernel_and_its_constants():

@@ -35,7 +35,8 @@ def _check(case, cubin, operator_name):
     from pipeline.ops import decode_attention as op
     from pipeline.ops import operator_ab
 
-    operator = {"split_kv": op.SPLIT_KV, "split_kv_bulk": op.SPLIT_KV_BULK}[operator_name]
+    operator = {"split_kv": op.SPLIT_KV, "split_kv_bulk": op.SPLIT_KV_BULK,
+                "split_kv_deep": op.SPLIT_KV_DEEP}[operator_name]
     spec = SimpleNamespace(tolerance=SimpleNamespace(rtol=0.02, atol=0.02))
     rec = operator_ab.run_case(case, spec, cubin, torch.device("cuda:0"), order_flip=False,
                                operator=operator)
@@ -46,33 +47,34 @@ def _check(case, cubin, operator_name):
     return rec
 
 
-@pytest.mark.parametrize("operator_name", ["split_kv", "split_kv_bulk"])
+@pytest.mark.parametrize("operator_name", ["split_kv", "split_kv_bulk", "split_kv_deep"])
 @pytest.mark.parametrize("kv", ["e5m2", "bf16"])
 @pytest.mark.parametrize("heads,dim,page", [((32, 8), 128, 64), ((8, 1), 64, 16)])
 @pytest.mark.parametrize("layout,context,batch", [("uniform", "1", 4), ("ragged", "page+1", 8),
                                                   ("ragged", "17.8K", 16)])
 def test_variants_bitwise_equal_and_within_reference(cubin, operator_name, kv, heads, dim, page,
                                                      layout, context, batch):
-    """split_kv (`_pipe`) and split_kv_bulk (`_bulk`: 288 threads, `_bulkc` as a cluster
-    of 8 splits when a call has at most 8) against their baseline, one cubin."""
+    """split_kv (`_pipe`), split_kv_bulk (`_bulk`: 288 threads, `_bulkc` as a cluster of 8
+    splits when a call has at most 8) and split_kv_deep (`_deep`, `_deepc` likewise with
+    256 threads) against their baseline, one cubin."""
     import torch
 
     from pipeline.ops.paged_inputs import Case, context_tokens, seq_lengths
 
-    if operator_name == "split_kv_bulk" and torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("the bulk candidate is sm_90+")
+    if operator_name != "split_kv" and torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("the bulk and deep candidates are sm_90+")
     tokens = context_tokens(context, page)
     case = Case(5, batch, layout, context, page, kv, heads[0], heads[1], dim,
                 seq_lengths(layout, tokens, batch, 5))
     rec = _check(case, cubin, operator_name)
     cand = rec["variants"]["candidate"]
-    if operator_name == "split_kv_bulk":
-        assert cand["threads"] == 288 and cand["launched"] == cand["entry"] + (
-            "c" if cand["splits"] <= 8 else ""), cand
+    if operator_name != "split_kv":
+        assert cand["threads"] == (288 if operator_name == "split_kv_bulk" else 256), cand
+        assert cand["launched"] == cand["entry"] + ("c" if cand["splits"] <= 8 else ""), cand
         assert cand["grid_x"] == (8 if cand["splits"] <= 8 else cand["splits"])
 
 
-@pytest.mark.parametrize("operator_name", ["split_kv", "split_kv_bulk"])
+@pytest.mark.parametrize("operator_name", ["split_kv", "split_kv_bulk", "split_kv_deep"])
 def test_bf16_gqa_groups_of_two(cubin, operator_name):
     """GQA 2 (16 query heads over 8 KV heads: the fused reference engine's shape), bf16
     only (kernels.toml: groups_by_kv_dtype)."""
@@ -80,8 +82,8 @@ def test_bf16_gqa_groups_of_two(cubin, operator_name):
 
     from pipeline.ops.paged_inputs import Case, seq_lengths
 
-    if operator_name == "split_kv_bulk" and torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("the bulk candidate is sm_90+")
+    if operator_name != "split_kv" and torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("the bulk and deep candidates are sm_90+")
     for batch, context in ((4, 1000), (1, 70)):
         case = Case(3, batch, "ragged" if batch > 1 else "uniform", str(context), 16, "bf16",
                     16, 8, 128, seq_lengths("ragged" if batch > 1 else "uniform", context,

@@ -108,7 +108,7 @@ def test_rowgates_own_kernels_go_through_the_same_path(tmp_path):
     row = _small_row(tmp_path, "SUBJECT-ROWGATE-SM90.toml")
     subject = snapshot_of(ROOT, tmp_path / "rowgate")
     results = _gate(row, subject, tmp_path / "out")
-    for gate_id in ("operator", "operator-bulk"):  # split_kv and split_kv_bulk
+    for gate_id in ("operator", "operator-bulk", "operator-deep"):  # split_kv, _bulk, _deep
         op = results[gate_id]
         assert op.status.value == "PASS", (gate_id, op.reason)
         assert op.metrics["bitwise_mismatches"] == 0 and op.metrics["counters_left_set"] == 0

@@ -72,8 +72,64 @@ def test_bulk_operator_launch_rules_and_shared_memory():
     assert bulk.geometry(entries[1], p.splits).entry == "split_kv_e5m2_d128_g8_bulkc"
 
 
+def test_deep_operator_launch_rules_and_shared_memory():
+    """split_kv_deep: `_deep` against `_base` with the baseline's 256 threads, `_deepc` as
+    one cluster of 8 splits when a call has at most 8; its shared memory (opt-in) never
+    shrinks the chunk, so the plan is the baseline's. benchmarks/decode_attention.py's
+    mirror of the kernel's DeepCfg gives kernels.toml's sizes, and its depth variants'."""
+    bench = _benchmark()
+    deep = op.SPLIT_KV_DEEP
+    assert deep.kernel == "split_kv_deep" and len(deep.all_entries()) == 30
+    shapes = [(kv, d, g) for kv in deep.kv_dtypes for d in deep.head_dims
+              for g in deep.groups_for(kv)]
+    assert len(shapes) == 10
+    for kv, dim, group in shapes:
+        roles = deep.entries(kv, dim, group)
+        assert roles["candidate"].endswith("_deep") and roles["baseline"].endswith("_base")
+        ring = bench.deep_ring_bytes(kv, dim)
+        for entry in (roles["candidate"], roles["candidate"] + "c"):
+            for chunk in (64, 128, 448, 512):  # the reduction and cluster partial fit too
+                assert deep.smem(entry, chunk, group, dim) == max(ring + chunk * group * 4,
+                                                                  36 * group * dim)
+            assert not deep.bounds_chunk(entry)
+        # three CTAs of the E5M2 D128 G4 shape fit an SM's 228 KiB (1 KiB reserved each)
+        if (kv, dim, group) == ("e5m2", 128, 4):
+            assert 3 * (deep.smem(roles["candidate"], 512, group, dim) + 1024) <= 228 * 1024
+        assert deep.geometry(roles["candidate"], 8) == contract.Geometry(
+            roles["candidate"] + "c", 8, 256, 8)
+        assert deep.geometry(roles["candidate"], 9) == contract.Geometry(
+            roles["candidate"], 9, 256, 0)
+    entries = list(deep.entries("e5m2", 128, 4).values())
+    for length, batch, hkv, want in ((16384, 16, 8, (512, 32)), (1024, 1, 8, (128, 8))):
+        p = contract.plan(deep, entries, batch=batch, kv_heads=hkv, group=4, dim=128, page=64,
+                          max_seq_len=length, sm_count=132)
+        base = contract.plan(deep, entries[:1], batch=batch, kv_heads=hkv, group=4, dim=128,
+                             page=64, max_seq_len=length, sm_count=132)
+        assert (p.chunk, p.splits) == (base.chunk, base.splits) == want
+    assert {stages for stages, _ in bench.DEEP_BUILDS.values()} == {2, 3}
+    for stages in (3, 4):
+        variant = bench.deep_operator(stages)
+        assert variant.smem("split_kv_e5m2_d128_g4_deep", 512, 4, 128) == 8 * stages * 2048 + 8192
+        assert variant.smem("split_kv_bf16_d128_g4_deepc", 512, 4, 128) == \
+            8 * stages * 4096 + 8192
+        assert variant.smem("split_kv_e5m2_d64_g8_deep", 512, 8, 64) == 16384 + 16384
+
+
+def _benchmark():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "decode_attention.py"
+    spec = importlib.util.spec_from_file_location("bench_da", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
 def test_variant_names_pick_rowgates_operator():
     assert op.operator_of("bulk", SPLIT_KV) is op.SPLIT_KV_BULK
+    assert op.operator_of("e5m2_deep", SPLIT_KV) is op.SPLIT_KV_DEEP
+    assert op.role_of("bf16_deep") == "candidate"
     assert op.operator_of("bf16_bulk", SPLIT_KV) is op.SPLIT_KV_BULK
     assert op.operator_of("e5m2_pipelined", SPLIT_KV) is SPLIT_KV
     other = contract.Operator.from_table("x", {
@@ -278,20 +334,17 @@ def test_gpu_launcher_refuses_cpu_tensors():
 
 def test_the_benchmarks_operator_sections_are_expressible():
     """benchmarks/decode_attention.py's operator sections as benchmarks/issue19_device.sh
-    runs them (`--candidate e5m2_bulk`: split_kv_bulk on e5m2, bf16 and bf16 GQA 2) and
-    as they run by default (split_kv): every case declared by the operator picked."""
-    import importlib.util
+    runs them (`--candidate e5m2_bulk` or `e5m2_deep`: split_kv_bulk or split_kv_deep on
+    e5m2, bf16 and bf16 GQA 2) and as they run by default (split_kv): every case declared
+    by the operator picked."""
     from pathlib import Path
 
     from pipeline.ops import operator_ab
 
-    root = Path(__file__).resolve().parents[2]
-    spec = importlib.util.spec_from_file_location("bench_da", root / "benchmarks" /
-                                                  "decode_attention.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    row = root / "rows" / "SM70-XQA-E5M2-DECODE.toml"
-    for cand, want in (("e5m2_bulk", "split_kv_bulk"), ("", "split_kv")):
+    bench = _benchmark()
+    row = Path(__file__).resolve().parents[2] / "rows" / "SM70-XQA-E5M2-DECODE.toml"
+    for cand, want in (("e5m2_bulk", "split_kv_bulk"), ("e5m2_deep", "split_kv_deep"),
+                       ("", "split_kv")):
         c = {"candidate": cand} if cand else {}
         c16 = {"candidate": "bf16_" + cand.rsplit("_", 1)[-1]} if cand else {}
         specs = [bench.operator_spec(row, **c),

@@ -55,10 +55,15 @@ from pipeline.ops.paged_inputs import Case, make_inputs  # noqa: E402
 SOURCE = REPO / "kernels" / "decode_attention" / "split_kv.cu"
 PHASES = {0: "full", 1: "no_k_load", 2: "no_v_load", 3: "qk_x2", 4: "pv_x2",
           5: "convert_x2", 6: "no_sync", 7: "no_smem_publish"}
-DEEP_BUILDS = {"sep": (2, ["RG_DEEP_SOFTMAX=0"]), "s3": (3, ["RG_DEEP_STAGES=3"])}
+DEEP_BUILDS = {"sep": (2, ["RG_DEEP_SOFTMAX=0"]), "s3": (3, ["RG_DEEP_STAGES=3"]),
+               "b2": (2, ["RG_DEEP_BLOCKS=2"])}
 """The deep candidate's build variants beside its default (split_kv.cu's DeepCfg: two ring
-stages, the softmax folded into QK and PV): {name: (ring stages, defines)} -- the softmax's
-own pass (RG_DEEP_SOFTMAX=0) and a 3-stage ring (RG_DEEP_STAGES=3)."""
+stages, the softmax folded into QK and PV, three CTAs per SM): {name: (ring stages,
+defines)} -- the softmax's own pass, a 3-stage ring, two CTAs per SM."""
+ABLATIONS = {"abl_nomerge": ["RG_DEEP_ABLATE=1"], "abl_nokv": ["RG_DEEP_ABLATE=2"],
+             "abl_prologue": ["RG_DEEP_ABLATE=3"]}
+"""Timing-only builds of the deep candidate for B1x1K's attribution (split_kv.cu's
+RG_DEEP_ABLATE: no cluster merge, no K/V copies, the prologue alone)."""
 
 
 def deep_ring_bytes(kv: str, dim: int, stages: int = 2) -> int:
@@ -121,6 +126,8 @@ def build(nvcc: str, arch: str, build_dir: Path, out: Path) -> dict:
                              [f"RG_PHASE={n}", "RG_ONLY_E5M2_D128_G4"])
     for name, (_, defines) in DEEP_BUILDS.items():
         jobs[f"deep_{name}"] = (build_dir / "deep" / f"split_kv.deep_{name}.{arch}.cubin", defines)
+    for name, defines in ABLATIONS.items():
+        jobs[name] = (build_dir / "deep" / f"split_kv.{name}.{arch}.cubin", defines)
     version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
     logs, rec = [], {"nvcc": nvcc, "nvcc_version": version.strip().splitlines()[-1], "cubins": {}}
 
@@ -318,9 +325,11 @@ def bench_large(cubin: Path, dev, repeats: int, ceiling: float,
     return res
 
 
-def bench_small(cubin: Path, dev, repeats: int) -> dict:
+def bench_small(cubin: Path, dev, repeats: int, ablations: dict[str, Path] | None = None) -> dict:
     """B1 x 1K FP8: GPU time from graph replay over rotated inputs (several
-    times L2 in total), and wall time per call including the launch."""
+    times L2 in total), and wall time per call including the launch; the deep candidate
+    also without its cluster (the ticket and staged merge) and, with `ablations` ({name:
+    cubin}, RG_DEEP_ABLATE builds: timing only), with parts of it left out."""
     length, hq, hkv, dim, n_inputs = 1024, 32, 8, 128, 48
     inputs = [make_inputs(Case(100 + i, 1, "uniform", str(length), 64, "e5m2", hq, hkv, dim,
                                [length]), dev) for i in range(n_inputs)]
@@ -328,11 +337,16 @@ def bench_small(cubin: Path, dev, repeats: int) -> dict:
     dense = [dense_bf16(1, hkv, length, dim, dev, gen) for _ in range(n_inputs)]
     outs = [torch.empty_like(x.q) for x in inputs]
     state = {"i": 0}
-    plans = {v: op.DecodeAttention(inputs[0].q, inputs[0].k_cache, inputs[0].v_cache,
-                                   inputs[0].block_table, inputs[0].seq_lens,
-                                   max_seq_len=length, cubin=cubin, k_scale=inputs[0].k_scale,
-                                   v_scale=inputs[0].v_scale, variant=v)
-             for v in ("baseline", "pipelined", "bulk", "deep")}
+    def plan(variant, cub=cubin, operator=op.SPLIT_KV):
+        x = inputs[0]
+        return op.DecodeAttention(x.q, x.k_cache, x.v_cache, x.block_table, x.seq_lens,
+                                  max_seq_len=length, cubin=cub, k_scale=x.k_scale,
+                                  v_scale=x.v_scale, variant=variant, operator=operator)
+
+    plans = {v: plan(v) for v in ("baseline", "pipelined", "bulk", "deep")}
+    plans["deep_ticket"] = plan("deep", operator=dataclasses.replace(op.SPLIT_KV_DEEP, launch=()))
+    for name, cub in (ablations or {}).items():
+        plans[name] = plan("deep", cub)
     for planned in plans.values():  # the graphs capture every input: validated beforehand
         for x in inputs:
             planned.admit(x.block_table, x.seq_lens)
@@ -364,6 +378,7 @@ def bench_small(cubin: Path, dev, repeats: int) -> dict:
     fns = {"e5m2_baseline": call("baseline"), "e5m2_pipelined": call("pipelined"),
            "e5m2_bulk": call("bulk"), "e5m2_deep": call("deep"), "sdpa_bf16_dense": sdpa,
            "floor_zero_kernel": floor}
+    fns.update({f"e5m2_{n}": call(n) for n in plans if n.startswith(("deep_", "abl_"))})
     res = {"shape": "B1x1024 GQA32/8 D128 page64 e5m2", "rotating_inputs": n_inputs,
            "bulk_kernel": plans["bulk"].kernel, "deep_kernel": plans["deep"].kernel,
            "launcher": "cuLaunchKernel" if plans["baseline"].launcher.raw is not None
@@ -614,7 +629,9 @@ def main(argv=None) -> int:
                 f"deep_{n}": (Path(build_rec["cubins"][f"deep_{n}"]), stages)
                 for n, (stages, _) in DEEP_BUILDS.items()
                 if f"deep_{n}" in build_rec.get("cubins", {})}),
-            "bench_small": lambda: bench_small(cubin, dev, max(9, ns.repeats // 2)),
+            "bench_small": lambda: bench_small(cubin, dev, max(9, ns.repeats // 2), {
+                n: Path(build_rec["cubins"][n]) for n in ABLATIONS
+                if n in build_rec.get("cubins", {})}),
             "operator": lambda: run_operator(operator_spec(ns.row, **cand), cubin, dev,
                                              ns.out / "operator", "row"),
             "operator_bf16": lambda: run_operator(

@@ -6,16 +6,19 @@
 # candidate and its build variants) and B1x1K (beside the launch floor), runs the
 # operator gate's case matrices with the deep candidate (E5M2, bf16, bf16 GQA 2) and ncu on
 # the target shapes; then compute-sanitizer's memcheck and racecheck run the deep kernels
-# on small shapes (benchmarks/deep_sanitize.py). No Python packages beyond the device
-# image's are needed (no carry). Results: $OUT/deep.tar.gz and the log's summary.
+# on small shapes (benchmarks/deep_sanitize.py). SKIP="ncu operator ..." skips sections.
+# No Python packages beyond the device image's are needed (no carry). Results:
+# $OUT/deep.tar.gz and the log's summary.
 set -u
 T0=$(date +%s)
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD"
 R=/tmp/deep && rm -rf "$R" && mkdir -p "$R"
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu \
     --format=csv; nvcc --version | tail -1; } | tee "$R/env.txt"
+skips=(--skip phase)
+for s in ${SKIP:-}; do skips+=(--skip "$s"); done
 timeout "${DA_TIMEOUT:-420}" python3 benchmarks/decode_attention.py --out "$R/da" \
-  --candidate e5m2_deep --repeats "${REPEATS:-15}" --skip phase 2>&1 | tee "$R/da.log" |
+  --candidate e5m2_deep --repeats "${REPEATS:-15}" "${skips[@]}" 2>&1 | tee "$R/da.log" |
   grep -v "^\s*$" | tail -n 40
 echo "decode_attention took $(( $(date +%s) - T0 )) s"
 if command -v compute-sanitizer >/dev/null && [ -f build/ops/sm_90/split_kv.cubin ]; then

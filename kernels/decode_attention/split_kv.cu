@@ -1506,6 +1506,14 @@ __device__ __forceinline__ void split_kv_bulk(const Params& p) {
 // distributed shared memory (the bulk candidate's merge).
 constexpr int kMaxWarpTiles = kMaxChunk / kTile / kWarps;  // 4 tiles per warp at most
 
+// RG_DEEP_ABLATE selects a timing variant of the deep candidate for B1x1K's attribution
+// (benchmarks/decode_attention.py; never for results): 1 no cluster merge (each split writes
+// its own normalized partial; no cluster barrier), 2 no K/V copies (the math on whatever the
+// ring holds), 3 the prologue alone (the length and pages read, the output zeroed).
+#ifndef RG_DEEP_ABLATE
+#define RG_DEEP_ABLATE 0
+#endif
+
 template <class KV, int D, int G>
 struct DeepCfg {
   static constexpr int PB = D / 8 * KV::kBytes;  // bytes per lane and piece
@@ -1600,7 +1608,8 @@ __device__ __forceinline__ void deep_load(const Params& p, const Ctx& c, uint32_
                                           int nw, int my_page) {
   using DC = DeepCfg<KV, D, G>;
   const uint32_t dst = wring + (j % DC::S) * DC::STAGE + c.lane * DC::PB;
-  if (j < nw)
+  if (RG_DEEP_ABLATE == 2) {
+  } else if (j < nw)
     issue_tile<KV, D, false>(p, c, dst, c.warp + j * kWarps, my_page);
   else if (j < 2 * nw)
     issue_tile<KV, D, true>(p, c, dst, c.warp + (j - nw) * kWarps, my_page);
@@ -1761,7 +1770,7 @@ __device__ __forceinline__ void merge_splits_staged(const Params& p, const Ctx& 
 
 // CTA `rank`'s address of this CTA's shared-memory pointer p. Volatile: it stays after
 // the cluster barrier before it, and the loads that take its result follow it.
-__device__ __forceinline__ uint32_t cluster_addr(const void* p, uint32_t rank) {
+[[maybe_unused]] __device__ __forceinline__ uint32_t cluster_addr(const void* p, uint32_t rank) {
   uint32_t remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(p)), "r"(rank));
   return remote;
@@ -1769,7 +1778,7 @@ __device__ __forceinline__ uint32_t cluster_addr(const void* p, uint32_t rank) {
 // A float of another CTA's shared memory, as a plain load the compiler may batch (ld_cluster
 // is volatile: every read one dependent round trip). The cluster barrier before the
 // address's mapa orders it after the other CTA's writes.
-__device__ __forceinline__ float ld_remote(uint32_t remote) {
+[[maybe_unused]] __device__ __forceinline__ float ld_remote(uint32_t remote) {
   float v;
   asm("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote));
   return v;
@@ -1836,6 +1845,12 @@ __device__ __forceinline__ void split_kv_deep(const Params& p) {
     return;
   }
   const bool active = (int)blockIdx.x < nsplit;
+#if RG_DEEP_ABLATE == 3
+  if (blockIdx.x == 0 && my_page != -7)
+    for (int i = c.tid; i < G * D; i += kThreads)
+      p.out[((size_t)c.b * c.hq + c.h * G) * D + i] = rowgate::float_to_bf16(0.f);
+  return;
+#endif
   if (!CLUSTER && !active) return;
   c.n_tok = active ? min(len, c.start + p.chunk) - c.start : 0;
   c.n_tiles = (c.n_tok + kTile - 1) / kTile;
@@ -1845,11 +1860,11 @@ __device__ __forceinline__ void split_kv_deep(const Params& p) {
     deep_attend<KV, D, G>(p, c, deep_smem, reinterpret_cast<float*>(deep_smem + DC::RING), s_ml,
                           s_wmax, my_page);
     if constexpr (CLUSTER)
-      finish_cluster<D, G>(p, c, red, s_ml, part, nsplit);
+      finish_cluster<D, G>(p, c, red, s_ml, part, RG_DEEP_ABLATE == 1 ? 1 : nsplit);
     else if (finish_partial<D, G>(p, c, red, s_ml, nsplit, &s_last))
       merge_splits_staged<D, G>(p, c, nsplit, red, kWarps * D / 2);  // red is spent
   }
-  if constexpr (CLUSTER) {
+  if constexpr (CLUSTER && RG_DEEP_ABLATE != 1) {
     cluster_sync_all();  // every split's partial is in its shared memory
     if (blockIdx.x % kClusterSplits == 0 && nsplit > 1)  // red is spent: it stages the states
       merge_cluster_staged<D, G>(p, c, s_ml, part, red, nsplit);

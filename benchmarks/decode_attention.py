@@ -73,11 +73,17 @@ def deep_ring_bytes(kv: str, dim: int, stages: int = 2) -> int:
     return 8 * stages * 4 * 32 * dim // 8 * (1 if kv == "e5m2" else 2)
 
 
+def deep_landing_bytes(dim: int, group: int) -> int:
+    """`_deepc`'s landing area in split 0 (split_kv.cu's push_partial): the cluster's 8
+    split states of 2G + G x D floats."""
+    return 8 * (2 * group + group * dim) * 4
+
+
 def deep_operator(stages: int):
     """split_kv_deep as a build with RG_DEEP_STAGES=stages launches it: its shared memory
-    for the timed shapes (D128 G4) ahead of kernels.toml's rules."""
-    rules = tuple(contract.SharedMemory((f"split_kv_{kv}_d128_g4_deep*",), chunk_heads=4,
-                                        fixed=deep_ring_bytes(kv, 128, stages), heads_dim=36,
+    for the timed shapes (D128 G4, `_deep`: B16x16K) ahead of kernels.toml's rules."""
+    rules = tuple(contract.SharedMemory((f"split_kv_{kv}_d128_g4_deep",), chunk_heads=4,
+                                        fixed=deep_ring_bytes(kv, 128, stages), heads_dim=32,
                                         opt_in=True) for kv in ("e5m2", "bf16"))
     return dataclasses.replace(op.SPLIT_KV_DEEP,
                                shared_memory=rules + op.SPLIT_KV_DEEP.shared_memory)

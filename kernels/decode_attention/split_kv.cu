@@ -1768,51 +1768,55 @@ __device__ __forceinline__ void merge_splits_staged(const Params& p, const Ctx& 
   if (c.tid == 0) p.counters[bh] = 0;
 }
 
-// CTA `rank`'s address of this CTA's shared-memory pointer p. Volatile: it stays after
-// the cluster barrier before it, and the loads that take its result follow it.
-[[maybe_unused]] __device__ __forceinline__ uint32_t cluster_addr(const void* p, uint32_t rank) {
+// CTA `rank`'s address of this CTA's shared-memory pointer p.
+__device__ __forceinline__ uint32_t cluster_addr(const void* p, uint32_t rank) {
   uint32_t remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(p)), "r"(rank));
   return remote;
 }
-// A float of another CTA's shared memory, as a plain load the compiler may batch (ld_cluster
-// is volatile: every read one dependent round trip). The cluster barrier before the
-// address's mapa orders it after the other CTA's writes.
-[[maybe_unused]] __device__ __forceinline__ float ld_remote(uint32_t remote) {
-  float v;
-  asm("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote));
-  return v;
+__device__ __forceinline__ void st_cluster(uint32_t remote, float v) {
+  asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(remote), "f"(v) : "memory");
 }
 
-// merge_cluster's arithmetic in its order with its reads of the other splits in parallel:
-// the splits' (max, sum) staged in this CTA's shared memory in one round, then each
-// element's partials of every split read before its FMAs (merge_cluster's volatile reads
-// wait on ~3 dependent remote round trips a split and element: B1x1K's critical path).
+// The cluster's merge by push: each split stores its (max, sum) and partial (the warps' sum
+// in warp order, finish_cluster's) into split 0's landing area (kClusterSplits states of
+// 2G + G*D floats past the scores, used for nothing else) before the cluster barrier, whose
+// release orders the stores before split 0's reads; split 0 then merges from its own shared
+// memory with merge_cluster's arithmetic in its order. (Pulling the states after the barrier
+// cost B1x1K ~1.6 us on the H200, run 6: remote round trips and a second barrier that kept
+// every split until split 0 was done reading.)
 template <int D, int G>
-__device__ __forceinline__ void merge_cluster_staged(const Params& p, const Ctx& c,
-                                                     const float* s_ml, const float* part,
-                                                     float* stage, int nsplit) {
-  for (int k = c.tid; k < nsplit * 2 * G; k += kThreads)
-    stage[k] = ld_remote(cluster_addr(s_ml + k % (2 * G), k / (2 * G)));
-  uint32_t base[kClusterSplits];
+__device__ __forceinline__ void push_partial(const Params& p, const Ctx& c, const float* red,
+                                             const float* s_ml, float* landing, int nsplit) {
+  constexpr int kState = 2 * G + G * D;
+  cta_sync<true>();
+  const uint32_t dst = cluster_addr(landing + blockIdx.x * kState, 0);
+  for (int i = c.tid; i < G * D; i += kThreads) {
+    float o = 0.f;
 #pragma unroll
-  for (int sp = 0; sp < kClusterSplits; ++sp) base[sp] = cluster_addr(part, sp);
-  __syncthreads();
+    for (int w = 0; w < kWarps; ++w) o += red[w * G * D + i];
+    const int g = i / D;
+    if (nsplit == 1)
+      p.out[((size_t)c.b * c.hq + c.h * G) * D + i] = rowgate::float_to_bf16(o / s_ml[G + g] * p.v_scale);
+    else
+      st_cluster(dst + 4 * (2 * G + i), o);
+  }
+  if (nsplit > 1 && c.tid < 2 * G) st_cluster(dst + 4 * c.tid, s_ml[c.tid]);
+}
+
+template <int D, int G>
+__device__ __forceinline__ void merge_landed(const Params& p, const Ctx& c, const float* landing,
+                                             int nsplit) {
+  constexpr int kState = 2 * G + G * D;
   for (int i = c.tid; i < G * D; i += kThreads) {
     const int g = i / D;
-    float x[kClusterSplits];
-#pragma unroll
-    for (int sp = 0; sp < kClusterSplits; ++sp) x[sp] = sp < nsplit ? ld_remote(base[sp] + 4 * i) : 0.f;
     float m = -__int_as_float(0x7f800000);
-    for (int sp = 0; sp < nsplit; ++sp) m = fmaxf(m, stage[sp * 2 * G + g]);
+    for (int sp = 0; sp < nsplit; ++sp) m = fmaxf(m, landing[sp * kState + g]);
     float l = 0.f, o = 0.f;
-#pragma unroll
-    for (int sp = 0; sp < kClusterSplits; ++sp) {
-      if (sp < nsplit) {
-        const float w = fast_exp2(stage[sp * 2 * G + g] - m);
-        l = fmaf(w, stage[sp * 2 * G + G + g], l);
-        o = fmaf(w, x[sp], o);
-      }
+    for (int sp = 0; sp < nsplit; ++sp) {
+      const float w = fast_exp2(landing[sp * kState + g] - m);
+      l = fmaf(w, landing[sp * kState + G + g], l);
+      o = fmaf(w, landing[sp * kState + 2 * G + i], o);
     }
     p.out[((size_t)c.b * c.hq + c.h * G) * D + i] = rowgate::float_to_bf16(o / l * p.v_scale);
   }
@@ -1822,7 +1826,7 @@ template <class KV, int D, int G, bool CLUSTER>
 __device__ __forceinline__ void split_kv_deep(const Params& p) {
   static_assert(G == 2 || G == 4 || G == 8, "GQA groups of 2, 4 or 8 query heads");
   using DC = DeepCfg<KV, D, G>;
-  extern __shared__ __align__(16) uint8_t deep_smem[];  // ring | scores
+  extern __shared__ __align__(16) uint8_t deep_smem[];  // ring | scores | (`_deepc`) landing
   __shared__ float s_ml[2 * G];
   __shared__ float s_wmax[kWarps * G];  // the warps' maxima of each head
   __shared__ int s_last;
@@ -1854,21 +1858,21 @@ __device__ __forceinline__ void split_kv_deep(const Params& p) {
   if (!CLUSTER && !active) return;
   c.n_tok = active ? min(len, c.start + p.chunk) - c.start : 0;
   c.n_tiles = (c.n_tok + kTile - 1) / kTile;
-  float* red = reinterpret_cast<float*>(deep_smem);
-  float* part = red + kWarps * G * D;  // the cluster's partial, past the reduction
+  float* red = reinterpret_cast<float*>(deep_smem);  // the warps' PV results (in the ring)
+  float* scores = reinterpret_cast<float*>(deep_smem + DC::RING);
+  float* landing = scores + p.chunk * G;  // `_deepc`: split 0 receives the splits' states
   if (active) {
-    deep_attend<KV, D, G>(p, c, deep_smem, reinterpret_cast<float*>(deep_smem + DC::RING), s_ml,
-                          s_wmax, my_page);
+    deep_attend<KV, D, G>(p, c, deep_smem, scores, s_ml, s_wmax, my_page);
     if constexpr (CLUSTER)
-      finish_cluster<D, G>(p, c, red, s_ml, part, RG_DEEP_ABLATE == 1 ? 1 : nsplit);
+      push_partial<D, G>(p, c, red, s_ml, landing, RG_DEEP_ABLATE == 1 ? 1 : nsplit);
     else if (finish_partial<D, G>(p, c, red, s_ml, nsplit, &s_last))
       merge_splits_staged<D, G>(p, c, nsplit, red, kWarps * D / 2);  // red is spent
   }
   if constexpr (CLUSTER && RG_DEEP_ABLATE != 1) {
-    cluster_sync_all();  // every split's partial is in its shared memory
-    if (blockIdx.x % kClusterSplits == 0 && nsplit > 1)  // red is spent: it stages the states
-      merge_cluster_staged<D, G>(p, c, s_ml, part, red, nsplit);
-    cluster_sync_all();  // no split leaves while split 0 reads its shared memory
+    if (nsplit > 1) {  // one sequence and head a cluster: every split takes the same branch
+      cluster_sync_all();  // every split's state is in split 0's landing area
+      if (blockIdx.x % kClusterSplits == 0) merge_landed<D, G>(p, c, landing, nsplit);
+    }
   }
 }
 

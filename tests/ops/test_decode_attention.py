@@ -87,10 +87,12 @@ def test_deep_operator_launch_rules_and_shared_memory():
         roles = deep.entries(kv, dim, group)
         assert roles["candidate"].endswith("_deep") and roles["baseline"].endswith("_base")
         ring = bench.deep_ring_bytes(kv, dim)
+        assert ring >= 32 * group * dim  # the cross-warp reduction reuses the ring
+        for chunk in (64, 128, 448, 512):
+            assert deep.smem(roles["candidate"], chunk, group, dim) == ring + chunk * group * 4
+            assert deep.smem(roles["candidate"] + "c", chunk, group, dim) == \
+                ring + chunk * group * 4 + bench.deep_landing_bytes(dim, group)
         for entry in (roles["candidate"], roles["candidate"] + "c"):
-            for chunk in (64, 128, 448, 512):  # the reduction and cluster partial fit too
-                assert deep.smem(entry, chunk, group, dim) == max(ring + chunk * group * 4,
-                                                                  36 * group * dim)
             assert not deep.bounds_chunk(entry)
         # three CTAs of the E5M2 D128 G4 shape fit an SM's 228 KiB (1 KiB reserved each)
         if (kv, dim, group) == ("e5m2", 128, 4):
@@ -110,9 +112,10 @@ def test_deep_operator_launch_rules_and_shared_memory():
     for stages in (3, 4):
         variant = bench.deep_operator(stages)
         assert variant.smem("split_kv_e5m2_d128_g4_deep", 512, 4, 128) == 8 * stages * 2048 + 8192
-        assert variant.smem("split_kv_bf16_d128_g4_deepc", 512, 4, 128) == \
-            8 * stages * 4096 + 8192
+        assert variant.smem("split_kv_bf16_d128_g4_deep", 512, 4, 128) == 8 * stages * 4096 + 8192
         assert variant.smem("split_kv_e5m2_d64_g8_deep", 512, 8, 64) == 16384 + 16384
+        assert variant.smem("split_kv_e5m2_d128_g4_deepc", 512, 4, 128) == \
+            deep.smem("split_kv_e5m2_d128_g4_deepc", 512, 4, 128)
 
 
 def _benchmark():

@@ -1774,6 +1774,14 @@ __device__ __forceinline__ uint32_t cluster_addr(const void* p, uint32_t rank) {
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(p)), "r"(rank));
   return remote;
 }
+// Arrive early, wait before the first store into another CTA's shared memory: that CTA has
+// then started (distributed shared memory may be accessed only once it has).
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+  asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+}
 __device__ __forceinline__ void st_cluster(uint32_t remote, float v) {
   asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(remote), "f"(v) : "memory");
 }
@@ -1790,6 +1798,7 @@ __device__ __forceinline__ void push_partial(const Params& p, const Ctx& c, cons
                                              const float* s_ml, float* landing, int nsplit) {
   constexpr int kState = 2 * G + G * D;
   cta_sync<true>();
+  if (nsplit > 1) cluster_wait();  // split 0 has started: its arrival at entry
   const uint32_t dst = cluster_addr(landing + blockIdx.x * kState, 0);
   for (int i = c.tid; i < G * D; i += kThreads) {
     float o = 0.f;
@@ -1856,6 +1865,10 @@ __device__ __forceinline__ void split_kv_deep(const Params& p) {
   return;
 #endif
   if (!CLUSTER && !active) return;
+  // `_deepc` with several splits: every split arrives now and waits before it stores into
+  // split 0 (push_partial), then meets the others again before split 0 merges
+  const bool merges = CLUSTER && RG_DEEP_ABLATE != 1 && nsplit > 1;
+  if (merges) cluster_arrive_relaxed();
   c.n_tok = active ? min(len, c.start + p.chunk) - c.start : 0;
   c.n_tiles = (c.n_tok + kTile - 1) / kTile;
   float* red = reinterpret_cast<float*>(deep_smem);  // the warps' PV results (in the ring)
@@ -1864,15 +1877,15 @@ __device__ __forceinline__ void split_kv_deep(const Params& p) {
   if (active) {
     deep_attend<KV, D, G>(p, c, deep_smem, scores, s_ml, s_wmax, my_page);
     if constexpr (CLUSTER)
-      push_partial<D, G>(p, c, red, s_ml, landing, RG_DEEP_ABLATE == 1 ? 1 : nsplit);
+      push_partial<D, G>(p, c, red, s_ml, landing, merges ? nsplit : 1);
     else if (finish_partial<D, G>(p, c, red, s_ml, nsplit, &s_last))
       merge_splits_staged<D, G>(p, c, nsplit, red, kWarps * D / 2);  // red is spent
+  } else if (merges) {
+    cluster_wait();  // a split past the sequence's end takes part in both barriers
   }
-  if constexpr (CLUSTER && RG_DEEP_ABLATE != 1) {
-    if (nsplit > 1) {  // one sequence and head a cluster: every split takes the same branch
-      cluster_sync_all();  // every split's state is in split 0's landing area
-      if (blockIdx.x % kClusterSplits == 0) merge_landed<D, G>(p, c, landing, nsplit);
-    }
+  if (merges) {  // one sequence and head a cluster: every split takes the same branch
+    cluster_sync_all();  // every split's state is in split 0's landing area
+    if (blockIdx.x % kClusterSplits == 0) merge_landed<D, G>(p, c, landing, nsplit);
   }
 }
 

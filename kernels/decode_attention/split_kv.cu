@@ -742,6 +742,28 @@ __device__ __forceinline__ void phase_a(const Params& p, const Ctx& c, float* sc
   if (kAsync) cp_wait<0>();
 }
 
+// The warp's PV result into red[warp][G][D]: o[m] holds dims grp*VD + 2m (+1 for
+// o[m][2..3]) of heads 2tig, 2tig+1.
+template <class KV, int D, int G>
+__device__ __forceinline__ void store_warp_partial(const Ctx& c,
+                                                   const float (&o)[Mma<KV, D>::STEPS][4],
+                                                   float* red) {
+  using M = Mma<KV, D>;
+  const int grp = c.lane >> 2, tig = c.lane & 3;
+#pragma unroll
+  for (int m = 0; m < M::STEPS; ++m) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int g = 2 * tig + e;
+      if (g < G) {
+        float* r = red + (c.warp * G + g) * D + grp * M::VD + 2 * m;
+        r[0] = o[m][e];
+        r[1] = o[m][2 + e];
+      }
+    }
+  }
+}
+
 template <class KV, int D, int G, bool PIPE>
 struct PhaseC {
   using M = Mma<KV, D>;
@@ -835,20 +857,7 @@ struct PhaseC {
     }
     if (kAsync) cp_wait<0>();
     __syncthreads();  // every warp is done reading scores and the ring: both are reused
-    float* red = scores;
-    // o[m]: rows dims grp*VD + 2m (+1 for o[m][2..3]), columns heads 2tig, 2tig+1
-#pragma unroll
-    for (int m = 0; m < M::STEPS; ++m) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int g = 2 * tig + e;
-        if (g < G) {
-          float* r = red + (c.warp * G + g) * D + grp * M::VD + 2 * m;
-          r[0] = o[m][e];
-          r[1] = o[m][2 + e];
-        }
-      }
-    }
+    store_warp_partial<KV, D, G>(c, o, scores);
   }
 };
 #endif
@@ -883,6 +892,23 @@ __device__ __forceinline__ void cta_sync() {
   }
 }
 
+// The CTA's partial output: the warps' partials summed in warp order, each element to
+// `keep(i, o)`, or normalized into the output when the sequence has one split.
+template <int D, int G, class Keep>
+__device__ __forceinline__ void sum_warps(const Params& p, const Ctx& c, const float* red,
+                                          const float* s_ml, int nsplit, Keep keep) {
+  for (int i = c.tid; i < G * D; i += kThreads) {
+    float o = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) o += red[w * G * D + i];
+    const int g = i / D;
+    if (nsplit == 1)
+      p.out[((size_t)c.b * c.hq + c.h * G) * D + i] = rowgate::float_to_bf16(o / s_ml[G + g] * p.v_scale);
+    else
+      keep(i, o);
+  }
+}
+
 // Sum the warps' partials (fixed order); write the output (one split) or the
 // partial and take the (sequence, head)'s ticket. True in the CTA that finished last
 // of several splits: it merges them.
@@ -892,6 +918,8 @@ __device__ __forceinline__ bool finish_partial(const Params& p, const Ctx& c, co
   const int s = blockIdx.x;
   const size_t bh = (size_t)c.b * p.num_kv_heads + c.h;
   cta_sync<NAMED>();
+  // sum_warps' loop, written out: through its lambda ptxas allocates the bulk candidate's
+  // registers otherwise, and its cubin is the one measured (the other users' are unchanged)
   for (int i = c.tid; i < G * D; i += kThreads) {
     float o = 0.f;
 #pragma unroll
@@ -1284,28 +1312,6 @@ __device__ __forceinline__ void pv_tile_mma(const float* scores,
   }
 }
 
-// The warp's PV result into red[warp][G][D]: o[m] holds dims grp*VD + 2m (+1 for
-// o[m][2..3]) of heads 2tig, 2tig+1.
-template <class KV, int D, int G>
-__device__ __forceinline__ void store_warp_partial(const Ctx& c,
-                                                   const float (&o)[Mma<KV, D>::STEPS][4],
-                                                   float* red) {
-  using M = Mma<KV, D>;
-  const int grp = c.lane >> 2, tig = c.lane & 3;
-#pragma unroll
-  for (int m = 0; m < M::STEPS; ++m) {
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int g = 2 * tig + e;
-      if (g < G) {
-        float* r = red + (c.warp * G + g) * D + grp * M::VD + 2 * m;
-        r[0] = o[m][e];
-        r[1] = o[m][2 + e];
-      }
-    }
-  }
-}
-
 // Phase A from the K ring: the baseline's loads (load_k) from shared memory, then its
 // MMA and score publication.
 template <class KV, int D, int G>
@@ -1395,16 +1401,7 @@ template <int D, int G>
 __device__ __forceinline__ void finish_cluster(const Params& p, const Ctx& c, const float* red,
                                                const float* s_ml, float* part, int nsplit) {
   cta_sync<true>();
-  for (int i = c.tid; i < G * D; i += kThreads) {
-    float o = 0.f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) o += red[w * G * D + i];
-    const int g = i / D;
-    if (nsplit == 1)
-      p.out[((size_t)c.b * c.hq + c.h * G) * D + i] = rowgate::float_to_bf16(o / s_ml[G + g] * p.v_scale);
-    else
-      part[i] = o;
-  }
+  sum_warps<D, G>(p, c, red, s_ml, nsplit, [&](int i, float o) { part[i] = o; });
 }
 
 template <int D, int G>
@@ -1800,16 +1797,8 @@ __device__ __forceinline__ void push_partial(const Params& p, const Ctx& c, cons
   cta_sync<true>();
   if (nsplit > 1) cluster_wait();  // split 0 has started: its arrival at entry
   const uint32_t dst = cluster_addr(landing + blockIdx.x * kState, 0);
-  for (int i = c.tid; i < G * D; i += kThreads) {
-    float o = 0.f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) o += red[w * G * D + i];
-    const int g = i / D;
-    if (nsplit == 1)
-      p.out[((size_t)c.b * c.hq + c.h * G) * D + i] = rowgate::float_to_bf16(o / s_ml[G + g] * p.v_scale);
-    else
-      st_cluster(dst + 4 * (2 * G + i), o);
-  }
+  sum_warps<D, G>(p, c, red, s_ml, nsplit,
+                  [&](int i, float o) { st_cluster(dst + 4 * (2 * G + i), o); });
   if (nsplit > 1 && c.tid < 2 * G) st_cluster(dst + 4 * c.tid, s_ml[c.tid]);
 }
 
@@ -1901,17 +1890,22 @@ __device__ __forceinline__ void split_kv_deep(const Params& p) {
 #else
 #define RG_BLOCKS(KV, PIPE) ((PIPE) && KV::kBytes == 1 ? 3 : 2)
 #endif
-// Scalar arguments, not a struct: launchers (cuda.core) pass scalars and pointers.
-#define RG_KERNEL(NAME, KV, D, G, PIPE)                                                  \
-  extern "C" __global__ void __launch_bounds__(kThreads, RG_BLOCKS(KV, PIPE)) NAME(      \
+// One entry point of the contract's parameter list (scalar arguments, not a struct:
+// launchers, cuda.core's too, pass scalars and pointers) that runs BODY(p); THREADS and
+// BLOCKS are its launch bounds, the trailing arguments its attributes (a cluster shape).
+// BODY and BLOCKS in parentheses where they hold template arguments.
+#define RG_ENTRY(NAME, BODY, THREADS, BLOCKS, ...)                                      \
+  extern "C" __global__ void __VA_ARGS__ __launch_bounds__(THREADS, BLOCKS) NAME(        \
       const bf16_bits* q, const uint8_t* k, const uint8_t* v, const int* block_table,  \
       const int* seq_lens, bf16_bits* out, float* ws_acc, float* ws_ml, int* counters, \
       int bt_stride, int num_kv_heads, int page_shift, int chunk, float qk_scale_log2,     \
       float v_scale) {                                                                   \
     const Params p{q, k, v, block_table, seq_lens, out, ws_acc, ws_ml, counters,         \
                    bt_stride, num_kv_heads, page_shift, chunk, qk_scale_log2, v_scale};  \
-    split_kv<KV, D, G, PIPE>(p);                                                         \
+    BODY(p);                                                                             \
   }
+#define RG_KERNEL(NAME, KV, D, G, PIPE) \
+  RG_ENTRY(NAME, (split_kv<KV, D, G, PIPE>), kThreads, (RG_BLOCKS(KV, PIPE)))
 
 #ifdef RG_ONLY_E5M2_D128_G4
 RG_KERNEL(split_kv_e5m2_d128_g4_base, E5M2, 128, 4, false)
@@ -1941,59 +1935,24 @@ RG_KERNEL(split_kv_bf16_d64_g2_base, BF16, 64, 2, false)
 RG_KERNEL(split_kv_bf16_d64_g2_pipe, BF16, 64, 2, true)
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-// The bulk candidate (cp.async.bulk + mbarriers: sm_90+). 288 threads: 8 math warps
-// and the producer warp; `_bulkc` runs as clusters of 8 splits (docs/kernels.md).
-#define RG_BULK_KERNEL(NAME, KV, D, G, CLUSTER, ...)                                    \
-  extern "C" __global__ void __VA_ARGS__ __launch_bounds__(                            \
-      kBulkThreads, BulkCfg<KV, D, G>::BLOCKS) NAME(                                   \
-      const bf16_bits* q, const uint8_t* k, const uint8_t* v, const int* block_table,  \
-      const int* seq_lens, bf16_bits* out, float* ws_acc, float* ws_ml, int* counters, \
-      int bt_stride, int num_kv_heads, int page_shift, int chunk, float qk_scale_log2,     \
-      float v_scale) {                                                                   \
-    const Params p{q, k, v, block_table, seq_lens, out, ws_acc, ws_ml, counters,         \
-                   bt_stride, num_kv_heads, page_shift, chunk, qk_scale_log2, v_scale};  \
-    split_kv_bulk<KV, D, G, CLUSTER>(p);                                                 \
-  }
-#define RG_BULK_PAIR(KV_NAME, KV, D, G)                                                  \
-  RG_BULK_KERNEL(split_kv_##KV_NAME##_d##D##_g##G##_bulk, KV, D, G, false)              \
-  RG_BULK_KERNEL(split_kv_##KV_NAME##_d##D##_g##G##_bulkc, KV, D, G, true,              \
-                 __cluster_dims__(kClusterSplits, 1, 1))
-RG_BULK_PAIR(e5m2, E5M2, 128, 4)
-RG_BULK_PAIR(e5m2, E5M2, 128, 8)
-RG_BULK_PAIR(e5m2, E5M2, 64, 4)
-RG_BULK_PAIR(e5m2, E5M2, 64, 8)
-RG_BULK_PAIR(bf16, BF16, 128, 2)
-RG_BULK_PAIR(bf16, BF16, 128, 4)
-RG_BULK_PAIR(bf16, BF16, 128, 8)
-RG_BULK_PAIR(bf16, BF16, 64, 2)
-RG_BULK_PAIR(bf16, BF16, 64, 4)
-RG_BULK_PAIR(bf16, BF16, 64, 8)
-
-// The deep candidate (docs/kernels.md): 256 threads; `_deepc` as clusters of 8 splits.
-#define RG_DEEP_KERNEL(NAME, KV, D, G, CLUSTER, ...)                                    \
-  extern "C" __global__ void __VA_ARGS__ __launch_bounds__(                            \
-      kThreads, DeepCfg<KV, D, G>::BLOCKS) NAME(                                       \
-      const bf16_bits* q, const uint8_t* k, const uint8_t* v, const int* block_table,  \
-      const int* seq_lens, bf16_bits* out, float* ws_acc, float* ws_ml, int* counters, \
-      int bt_stride, int num_kv_heads, int page_shift, int chunk, float qk_scale_log2,     \
-      float v_scale) {                                                                   \
-    const Params p{q, k, v, block_table, seq_lens, out, ws_acc, ws_ml, counters,         \
-                   bt_stride, num_kv_heads, page_shift, chunk, qk_scale_log2, v_scale};  \
-    split_kv_deep<KV, D, G, CLUSTER>(p);                                                 \
-  }
-#define RG_DEEP_PAIR(KV_NAME, KV, D, G)                                                  \
-  RG_DEEP_KERNEL(split_kv_##KV_NAME##_d##D##_g##G##_deep, KV, D, G, false)              \
-  RG_DEEP_KERNEL(split_kv_##KV_NAME##_d##D##_g##G##_deepc, KV, D, G, true,              \
-                 __cluster_dims__(kClusterSplits, 1, 1))
-RG_DEEP_PAIR(e5m2, E5M2, 128, 4)
-RG_DEEP_PAIR(e5m2, E5M2, 128, 8)
-RG_DEEP_PAIR(e5m2, E5M2, 64, 4)
-RG_DEEP_PAIR(e5m2, E5M2, 64, 8)
-RG_DEEP_PAIR(bf16, BF16, 128, 2)
-RG_DEEP_PAIR(bf16, BF16, 128, 4)
-RG_DEEP_PAIR(bf16, BF16, 128, 8)
-RG_DEEP_PAIR(bf16, BF16, 64, 2)
-RG_DEEP_PAIR(bf16, BF16, 64, 4)
-RG_DEEP_PAIR(bf16, BF16, 64, 8)
+// The sm_90+ candidates' shapes, each a pair: the candidate and its cluster entry point,
+// launched as clusters of 8 splits (docs/kernels.md).
+#define RG_SM90_SHAPES(PAIR)                                                             \
+  PAIR(e5m2, E5M2, 128, 4) PAIR(e5m2, E5M2, 128, 8) PAIR(e5m2, E5M2, 64, 4)                \
+  PAIR(e5m2, E5M2, 64, 8) PAIR(bf16, BF16, 128, 2) PAIR(bf16, BF16, 128, 4)                \
+  PAIR(bf16, BF16, 128, 8) PAIR(bf16, BF16, 64, 2) PAIR(bf16, BF16, 64, 4)                 \
+  PAIR(bf16, BF16, 64, 8)
+#define RG_SM90_PAIR(SUFFIX, FN, THREADS, CFG, KV_NAME, KV, D, G)                        \
+  RG_ENTRY(split_kv_##KV_NAME##_d##D##_g##G##_##SUFFIX, (FN<KV, D, G, false>), THREADS,    \
+           (CFG<KV, D, G>::BLOCKS))                                                      \
+  RG_ENTRY(split_kv_##KV_NAME##_d##D##_g##G##_##SUFFIX##c, (FN<KV, D, G, true>), THREADS,  \
+           (CFG<KV, D, G>::BLOCKS), __cluster_dims__(kClusterSplits, 1, 1))
+// The bulk candidate (cp.async.bulk + mbarriers): 288 threads, 8 math warps and the
+// producer warp.
+#define RG_BULK_PAIR(...) RG_SM90_PAIR(bulk, split_kv_bulk, kBulkThreads, BulkCfg, __VA_ARGS__)
+// The deep candidate: 256 threads.
+#define RG_DEEP_PAIR(...) RG_SM90_PAIR(deep, split_kv_deep, kThreads, DeepCfg, __VA_ARGS__)
+RG_SM90_SHAPES(RG_BULK_PAIR)
+RG_SM90_SHAPES(RG_DEEP_PAIR)
 #endif
 #endif

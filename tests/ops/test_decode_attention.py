@@ -44,13 +44,7 @@ def test_bulk_operator_launch_rules_and_shared_memory():
     splits when a call has at most 8; its rings (opt-in, past 48 KiB) never shrink
     the chunk, so the plan is the baseline's."""
     bulk = op.SPLIT_KV_BULK
-    assert bulk.kernel == "split_kv_bulk" and len(bulk.all_entries()) == 30
-    shapes = [(kv, d, g) for kv in bulk.kv_dtypes for d in bulk.head_dims
-              for g in bulk.groups_for(kv)]
-    assert len(shapes) == 10
-    for kv, dim, group in shapes:
-        roles = bulk.entries(kv, dim, group)
-        assert roles["candidate"].endswith("_bulk") and roles["baseline"].endswith("_base")
+    for kv, dim, group, roles in _shapes(bulk, "bulk"):
         slot, nk, nv = _bulk_cfg(kv, dim, group)
         for entry in (roles["candidate"], roles["candidate"] + "c"):
             assert bulk.smem(entry, 448, group, dim) == 256 + (nk + nv) * slot + 448 * group * 4
@@ -62,14 +56,35 @@ def test_bulk_operator_launch_rules_and_shared_memory():
         assert bulk.geometry(roles["candidate"], 9) == contract.Geometry(
             roles["candidate"], 9, 288, 0)
     entries = list(bulk.entries("e5m2", 128, 8).values())
-    for length, batch, hkv in ((16384, 16, 1), (1024, 1, 8)):
-        p = contract.plan(bulk, entries, batch=batch, kv_heads=hkv, group=8, dim=128, page=64,
-                          max_seq_len=length, sm_count=132)
-        base = contract.plan(bulk, entries[:1], batch=batch, kv_heads=hkv, group=8, dim=128,
-                             page=64, max_seq_len=length, sm_count=132)
-        assert (p.chunk, p.splits) == (base.chunk, base.splits)
+    p = _plan_is_the_baselines(bulk, entries, 8, ((16384, 16, 1), (1024, 1, 8)))
     assert (p.chunk, p.splits) == (128, 8)           # B1 x 1K: the cluster entry point
     assert bulk.geometry(entries[1], p.splits).entry == "split_kv_e5m2_d128_g8_bulkc"
+
+
+def _shapes(operator, suffix):
+    """An sm_90+ operator's 10 shapes (E5M2 and bf16 x D64/D128 x its groups) with their
+    roles: `_{suffix}` against `_base`, 30 entry points with the cluster ones."""
+    assert operator.kernel == f"split_kv_{suffix}" and len(operator.all_entries()) == 30
+    shapes = [(kv, d, g) for kv in operator.kv_dtypes for d in operator.head_dims
+              for g in operator.groups_for(kv)]
+    assert len(shapes) == 10
+    for kv, dim, group in shapes:
+        roles = operator.entries(kv, dim, group)
+        assert roles["candidate"].endswith(f"_{suffix}") and roles["baseline"].endswith("_base")
+        yield kv, dim, group, roles
+
+
+def _plan_is_the_baselines(operator, entries, group, calls):
+    """The plan of both roles of each (length, batch, KV heads) call (D128, page 64) is the
+    baseline's own (the candidate's opt-in shared memory never shrinks the chunk): the
+    last call's."""
+    for length, batch, hkv in calls:
+        p = contract.plan(operator, entries, batch=batch, kv_heads=hkv, group=group, dim=128,
+                          page=64, max_seq_len=length, sm_count=132)
+        base = contract.plan(operator, entries[:1], batch=batch, kv_heads=hkv, group=group,
+                             dim=128, page=64, max_seq_len=length, sm_count=132)
+        assert (p.chunk, p.splits) == (base.chunk, base.splits)
+    return p
 
 
 def test_deep_operator_launch_rules_and_shared_memory():
@@ -79,13 +94,7 @@ def test_deep_operator_launch_rules_and_shared_memory():
     mirror of the kernel's DeepCfg gives kernels.toml's sizes, and its depth variants'."""
     bench = _benchmark()
     deep = op.SPLIT_KV_DEEP
-    assert deep.kernel == "split_kv_deep" and len(deep.all_entries()) == 30
-    shapes = [(kv, d, g) for kv in deep.kv_dtypes for d in deep.head_dims
-              for g in deep.groups_for(kv)]
-    assert len(shapes) == 10
-    for kv, dim, group in shapes:
-        roles = deep.entries(kv, dim, group)
-        assert roles["candidate"].endswith("_deep") and roles["baseline"].endswith("_base")
+    for kv, dim, group, roles in _shapes(deep, "deep"):
         ring = bench.deep_ring_bytes(kv, dim)
         assert ring >= 32 * group * dim  # the cross-warp reduction reuses the ring
         for chunk in (64, 128, 448, 512):
@@ -102,12 +111,9 @@ def test_deep_operator_launch_rules_and_shared_memory():
         assert deep.geometry(roles["candidate"], 9) == contract.Geometry(
             roles["candidate"], 9, 256, 0)
     entries = list(deep.entries("e5m2", 128, 4).values())
-    for length, batch, hkv, want in ((16384, 16, 8, (512, 32)), (1024, 1, 8, (128, 8))):
-        p = contract.plan(deep, entries, batch=batch, kv_heads=hkv, group=4, dim=128, page=64,
-                          max_seq_len=length, sm_count=132)
-        base = contract.plan(deep, entries[:1], batch=batch, kv_heads=hkv, group=4, dim=128,
-                             page=64, max_seq_len=length, sm_count=132)
-        assert (p.chunk, p.splits) == (base.chunk, base.splits) == want
+    for call, want in (((16384, 16, 8), (512, 32)), ((1024, 1, 8), (128, 8))):
+        p = _plan_is_the_baselines(deep, entries, 4, (call,))
+        assert (p.chunk, p.splits) == want
     assert {stages for stages, _ in bench.DEEP_BUILDS.values()} == {2, 3}
     for stages in (3, 4):
         variant = bench.deep_operator(stages)

@@ -5,7 +5,7 @@
 
 Sections (each one's failure is recorded and the next still runs):
   build     split_kv.cu for the device's arch, plus the RG_PHASE timing variants and the
-            deep candidate's build variants (DEEP_BUILDS below)
+            deep candidate's build variants and ablations (DEEP_BUILDS, ABLATIONS below)
   ceiling   device-to-device copy bandwidth (bytes read + written), this run
   operator  the row's operator gate cases (randomized pages, poison, bitwise A/B,
             fp64 reference) -> DIR/operator/{cases.json.gz,cases.csv.gz,timing.json},
@@ -15,10 +15,11 @@ Sections (each one's failure is recorded and the next still runs):
             split_kv); operator_bf16 the same matrix on bf16 KV,
             operator_g2 on bf16 GQA groups of 2 (16/8 heads)
   bench     FP8/bf16 B16x16K and FP8 B1x1K: split_kv baseline, ring (pipelined), bulk
-            and deep candidates (and the deep ring's depth variants), torch SDPA on
+            and deep candidates (and the deep candidate's build variants), torch SDPA on
             dense bf16 KV, the naive path (dequantise to bf16, then SDPA), interleaved
             in rotated order, L2 flushed / inputs rotated; at B1x1K also the launch
-            floor (a graph of one small zero-fill kernel per call)
+            floor (a graph of one small zero-fill kernel per call), the deep candidate
+            without its cluster and its timing-only ablations
   phase     B16 ragged 17.8K E5M2: leave-one-out / do-twice variants of each phase
   ncu       hardware counters for the target shapes (--clock-control none)
 Everything lands in DIR/results.json; a short table is printed last.

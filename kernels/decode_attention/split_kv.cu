@@ -1492,15 +1492,16 @@ __device__ __forceinline__ void split_kv_bulk(const Params& p) {
 // commit group per load (an empty one past the stream's end) keeps the wait constant: when
 // load j is due, the groups committed after it are always S - 1. Each lane reads back only
 // the bytes it copied, so no barrier orders the ring. The issue is lean because the SMs
-// are issue-bound here (H200 run 2: ~48 % issue-active, one eligible warp per scheduler,
-// ~500 instructions a 16-token tile): a tile's four pieces go from one tile pointer with
-// the pieces' offsets as immediates, full tiles without zero-fill predicates, and the
-// CTA's pages come with the sequence length in one round trip, one per lane (a page of the
-// table past the sequence is read, inside the table, and never used). The arithmetic is
-// the baseline's MMA path on the same operand values (rows past the sequence zero-filled
-// by the copies, as the baseline fills them), in its order, so the candidate is bitwise
-// equal to the baseline. `_deepc` runs as clusters of 8 splits and merges them through
-// distributed shared memory (the bulk candidate's merge).
+// were issue-bound here (H200, 2026-12-04 run 22: ~48 % issue-active, one eligible warp per
+// scheduler, ~500 instructions a 16-token tile): a tile's four pieces go from one tile
+// pointer with the pieces' offsets as immediates, full tiles without zero-fill predicates,
+// and the CTA's pages come with the sequence length in one round trip, one per lane (a
+// page of the table past the sequence is read, inside the table, and never used). QK runs
+// as S = K Q^T (qk_tile_kq) and the softmax has no pass of its own (kDeepSoftmax). The
+// arithmetic is the baseline's MMA path on the same operand values (rows past the sequence
+// zero-filled by the copies, as the baseline fills them), in its order, so the candidate
+// is bitwise equal to the baseline. `_deepc` runs as clusters of 8 splits and merges them
+// by push (push_partial, merge_landed).
 constexpr int kMaxWarpTiles = kMaxChunk / kTile / kWarps;  // 4 tiles per warp at most
 
 // RG_DEEP_ABLATE selects a timing variant of the deep candidate for B1x1K's attribution
@@ -1525,6 +1526,9 @@ struct DeepCfg {
 #else
   static constexpr int BLOCKS = REGS3 ? 3 : 2;
 #endif
+  // Two stages: deeper rings measured slower at every point (H200, 2026-12-04 runs 21-26:
+  // 3, 4 and 8 stages), in step with the L1 the larger shared memory leaves (.ca copies
+  // hold an L1 line in flight).
 #ifdef RG_DEEP_STAGES
   static constexpr int S = RG_DEEP_STAGES;  // benchmarks' A/B of the ring depth
 #else
@@ -1536,7 +1540,7 @@ struct DeepCfg {
 
 // One 16-byte (8: D64 E5M2) cp.async at immediate offsets from the lane's bases; with ZFILL
 // it copies `bytes` (PB or 0: zero-fill, the source not read). .ca: .cg (L2 only) measured
-// 36 % slower at B16x16K (H200 run 4).
+// 36 % slower at B16x16K (H200, 2026-12-04 run 24).
 template <int BYTES, int DST, int SRC, bool ZFILL = false>
 __device__ __forceinline__ void cp_piece(uint32_t dst, const uint8_t* src, int bytes = BYTES) {
   if constexpr (ZFILL)
@@ -1787,9 +1791,9 @@ __device__ __forceinline__ void st_cluster(uint32_t remote, float v) {
 // in warp order, finish_cluster's) into split 0's landing area (kClusterSplits states of
 // 2G + G*D floats past the scores, used for nothing else) before the cluster barrier, whose
 // release orders the stores before split 0's reads; split 0 then merges from its own shared
-// memory with merge_cluster's arithmetic in its order. (Pulling the states after the barrier
-// cost B1x1K ~1.6 us on the H200, run 6: remote round trips and a second barrier that kept
-// every split until split 0 was done reading.)
+// memory with merge_cluster's arithmetic in its order. (Pulling the states after the
+// barrier cost B1x1K ~1.6 us on the H200, 2026-12-04 run 26: remote round trips and a
+// second barrier that kept every split until split 0 was done reading.)
 template <int D, int G>
 __device__ __forceinline__ void push_partial(const Params& p, const Ctx& c, const float* red,
                                              const float* s_ml, float* landing, int nsplit) {

@@ -521,18 +521,15 @@ __device__ __forceinline__ uint8_t* ring_slot(uint8_t* ring, int warp, int stage
 
 template <int PB>
 __device__ __forceinline__ void cp_async(uint8_t* dst, const uint8_t* src, bool valid) {
-  if constexpr (PB == 32) {  // a bf16 D128 piece: two 16-byte copies
-    cp_async<16>(dst, src, valid);
-    cp_async<16>(dst + 16, src + 16, valid);
-  } else {
-    static_assert(PB == 16 || PB == 8, "8-, 16- or 32-byte pieces");
-    const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-    const int n = valid ? PB : 0;  // 0: zero-fill, the source is not read
-    // .ca: through L1, so the two 16-byte halves of a 32-byte sector cost one L2 read
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(d), "l"(src), "n"(PB),
-                 "r"(n)
+  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  const int n = valid ? PB : 0;  // 0: zero-fill, the source is not read
+  // .ca: through L1, so the two 16-byte halves of a 32-byte sector cost one L2 read
+  if constexpr (PB == 16)
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(n)
                  : "memory");
-  }
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(d), "l"(src), "r"(n)
+                 : "memory");
 }
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
@@ -1574,6 +1571,15 @@ __device__ __forceinline__ void tile_piece(uint32_t dst, const uint8_t* src, int
     cp_piece<16, Pc::DST + 16, Pc::SRC + 16, ZFILL>(dst, src, bytes);
 }
 
+template <class KV, int D, bool IS_V, bool ZFILL>
+__device__ __forceinline__ void tile_pieces(uint32_t dst, const uint8_t* src, int lane_row,
+                                            int valid) {
+  tile_piece<KV, D, IS_V, 0, ZFILL>(dst, src, lane_row, valid);
+  tile_piece<KV, D, IS_V, 1, ZFILL>(dst, src, lane_row, valid);
+  tile_piece<KV, D, IS_V, 2, ZFILL>(dst, src, lane_row, valid);
+  tile_piece<KV, D, IS_V, 3, ZFILL>(dst, src, lane_row, valid);
+}
+
 // The lane's part of one tile (t: the tile's index in the chunk) of K or V into `dst`
 // (the lane's slot in a stage); zero-fills rows at or past `valid`.
 template <class KV, int D, bool IS_V>
@@ -1589,17 +1595,10 @@ __device__ __forceinline__ void issue_tile(const Params& p, const Ctx& c, uint32
                             : lane_row * D * KV::kBytes + tig * (D / 8 * KV::kBytes);
   const uint8_t* src = (IS_V ? p.v : p.k) + row * D * KV::kBytes + lane_off;
   const int valid = c.n_tok - rel;
-  if (valid >= kTile) {
-    tile_piece<KV, D, IS_V, 0, false>(dst, src, lane_row, valid);
-    tile_piece<KV, D, IS_V, 1, false>(dst, src, lane_row, valid);
-    tile_piece<KV, D, IS_V, 2, false>(dst, src, lane_row, valid);
-    tile_piece<KV, D, IS_V, 3, false>(dst, src, lane_row, valid);
-  } else {
-    tile_piece<KV, D, IS_V, 0, true>(dst, src, lane_row, valid);
-    tile_piece<KV, D, IS_V, 1, true>(dst, src, lane_row, valid);
-    tile_piece<KV, D, IS_V, 2, true>(dst, src, lane_row, valid);
-    tile_piece<KV, D, IS_V, 3, true>(dst, src, lane_row, valid);
-  }
+  if (valid >= kTile)  // a full tile: no zero-fill predicates
+    tile_pieces<KV, D, IS_V, false>(dst, src, lane_row, valid);
+  else
+    tile_pieces<KV, D, IS_V, true>(dst, src, lane_row, valid);
 }
 
 // Load j of the warp's stream (K of its tile j for j < nw, V of its tile j - nw next) into
@@ -1609,10 +1608,10 @@ __device__ __forceinline__ void deep_load(const Params& p, const Ctx& c, uint32_
                                           int nw, int my_page) {
   using DC = DeepCfg<KV, D, G>;
   const uint32_t dst = wring + (j % DC::S) * DC::STAGE + c.lane * DC::PB;
-  if (RG_DEEP_ABLATE == 2) {
-  } else if (j < nw)
+  const bool copies = RG_DEEP_ABLATE != 2;  // the ablation keeps the groups, not the copies
+  if (copies && j < nw)
     issue_tile<KV, D, false>(p, c, dst, c.warp + j * kWarps, my_page);
-  else if (j < 2 * nw)
+  else if (copies && j < 2 * nw)
     issue_tile<KV, D, true>(p, c, dst, c.warp + (j - nw) * kWarps, my_page);
   cp_commit();
 }
@@ -1852,7 +1851,7 @@ __device__ __forceinline__ void split_kv_deep(const Params& p) {
   }
   const bool active = (int)blockIdx.x < nsplit;
 #if RG_DEEP_ABLATE == 3
-  if (blockIdx.x == 0 && my_page != -7)
+  if (blockIdx.x == 0 && my_page != -7)  // (uses the page read, so it stays in the prologue)
     for (int i = c.tid; i < G * D; i += kThreads)
       p.out[((size_t)c.b * c.hq + c.h * G) * D + i] = rowgate::float_to_bf16(0.f);
   return;

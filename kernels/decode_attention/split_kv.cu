@@ -1509,10 +1509,22 @@ constexpr int kMaxWarpTiles = kMaxChunk / kTile / kWarps;  // 4 tiles per warp a
 #define RG_DEEP_ABLATE 0
 #endif
 
+// RG_DEEP_ROWS=0 builds E5M2 D128 with the per-lane cp.async ring (the benchmarks' A/B).
+#ifndef RG_DEEP_ROWS
+#define RG_DEEP_ROWS 1
+#endif
+
 template <class KV, int D, int G>
 struct DeepCfg {
   static constexpr int PB = D / 8 * KV::kBytes;  // bytes per lane and piece
-  static constexpr int STAGE = 4 * 32 * PB;      // one warp's tile: 4 pieces x 32 lanes
+  // Bulk rows (E5M2 D128): a tile lands by cp.async.bulk on the stage's mbarrier, in
+  // flight in neither L1 nor the lanes' copy groups (deep_load_rows); K rows 128 B apart
+  // with odd rows' halves swapped, V rows 144 B apart, so that the QK's and the PV's
+  // 16-byte reads of a quarter warp fall in eight different bank groups.
+  static constexpr bool ROWS = RG_DEEP_ROWS != 0 && KV::kBytes == 1 && D == 128;
+  static constexpr int ROW = D * KV::kBytes;
+  static constexpr int VPITCH = ROW + 16;
+  static constexpr int STAGE = ROWS ? kTile * VPITCH : 4 * 32 * PB;  // one warp's tile
   // Three CTAs per SM where the math fits 80 registers (ptxas spills the D128 bf16 math
   // there), else two. sm_110 allocates more: one.
   static constexpr bool REGS3 = !(D == 128 && KV::kBytes == 2);
@@ -1616,6 +1628,80 @@ __device__ __forceinline__ void deep_load(const Params& p, const Ctx& c, uint32_
   cp_commit();
 }
 
+// Load j of the warp's stream as bulk rows (DeepCfg::ROWS) into stage j % S, completing on
+// the stage's mbarrier (phase j / S): K as 64-byte halves (lane 2r + h copies row r's half
+// h, odd rows' halves swapped), V as whole rows 144 B apart (lanes 0-15). Rows past the
+// sequence are not copied (the reads zero them); nothing is issued past the stream's end.
+// The __syncwarp before: every lane has read the stage's previous tile; the one after:
+// the expected bytes are set before any copy can complete.
+template <class KV, int D, int G>
+__device__ __forceinline__ void deep_load_rows(const Params& p, const Ctx& c, uint32_t wring,
+                                               uint32_t wbar, int j, int nw, int my_page) {
+  using DC = DeepCfg<KV, D, G>;
+  if (j >= 2 * nw) return;
+  const bool is_v = j >= nw;
+  const int rel = (c.warp + (is_v ? j - nw : j) * kWarps) * kTile;
+  const int page = __shfl_sync(0xffffffffu, my_page, rel >> p.page_shift);
+  const size_t row0 = (((size_t)page * p.num_kv_heads + c.h) << p.page_shift) +
+                      (rel & ((1 << p.page_shift) - 1));
+  const int valid = min(kTile, c.n_tok - rel);
+  const uint32_t stage = wring + (j % DC::S) * DC::STAGE, bar = wbar + (j % DC::S) * 8;
+  constexpr bool kCopies = RG_DEEP_ABLATE != 2;  // the ablation completes the phase empty
+  __syncwarp();
+  if (c.lane == 0) mbar_expect_tx(bar, kCopies ? valid * DC::ROW : 0);
+  __syncwarp();
+  if (!kCopies) return;
+  if (!is_v) {
+    const int r = c.lane >> 1, h = c.lane & 1;
+    if (r < valid)
+      bulk_copy(stage + r * DC::ROW + (h ^ (r & 1)) * (DC::ROW / 2),
+                p.k + (row0 + r) * DC::ROW + h * (DC::ROW / 2), DC::ROW / 2, bar);
+  } else if (c.lane < valid) {
+    bulk_copy(stage + c.lane * DC::VPITCH, p.v + (row0 + c.lane) * DC::ROW, DC::ROW, bar);
+  }
+}
+
+// A tile's K (load_k's words: rows grp and 8 + grp) and V (load_v's: rows 2tig + r % 2 +
+// r / 2 * 8) from a bulk-rows stage; rows at or past `valid` zero, as the baseline's loads.
+template <class KV, int D, int G>
+__device__ __forceinline__ void lds_k_rows(uint32_t (&k)[2][Mma<KV, D>::KW], const uint8_t* st,
+                                           int valid, int lane) {
+  using M = Mma<KV, D>;
+  using DC = DeepCfg<KV, D, G>;
+  const int grp = lane >> 2, tig = lane & 3;
+  const int swap = (grp & 1) * (DC::ROW / 2);  // rows grp and 8 + grp: the same parity
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt) {
+    const int tt = nt * 8 + grp;
+    const uint8_t* row = st + tt * DC::ROW + tig * M::HB;
+    if (tt < valid) {
+      lds_u32<M::KW / 2>(k[nt], row + swap);
+      lds_u32<M::KW / 2>(k[nt] + M::KW / 2, row + (DC::ROW / 2 - swap));
+    } else {
+#pragma unroll
+      for (int i = 0; i < M::KW; ++i) k[nt][i] = 0u;
+    }
+  }
+}
+
+template <class KV, int D, int G>
+__device__ __forceinline__ void lds_v_rows(uint32_t (&v)[4][Mma<KV, D>::VW], const uint8_t* st,
+                                           int valid, int lane) {
+  using M = Mma<KV, D>;
+  using DC = DeepCfg<KV, D, G>;
+  const int grp = lane >> 2, tig = lane & 3;
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const int tt = 2 * tig + (r & 1) + (r >> 1) * 8;
+    if (tt < valid) {
+      lds_u32<M::VW>(v[r], st + tt * DC::VPITCH + grp * M::VD * KV::kBytes);
+    } else {
+#pragma unroll
+      for (int i = 0; i < M::VW; ++i) v[r][i] = 0u;
+    }
+  }
+}
+
 // The softmax without a pass of its own (kDeepSoftmax, the default): each warp takes its
 // heads' maxima while it publishes its scores (fmax: the same maxima in any order), P is
 // exp2(score - max) taken in the PV (the softmax pass's values, rounded as it rounds them),
@@ -1662,19 +1748,49 @@ __device__ __forceinline__ void head_sums(const float* scores, const float* wmax
   }
 }
 
+// Load j of the warp's stream (bulk rows or cp.async pieces) and its wait, due when load
+// j is read next.
+template <class KV, int D, int G>
+__device__ __forceinline__ void deep_issue(const Params& p, const Ctx& c, uint32_t wring,
+                                           uint32_t wbar, int j, int nw, int my_page) {
+  if constexpr (DeepCfg<KV, D, G>::ROWS)
+    deep_load_rows<KV, D, G>(p, c, wring, wbar, j, nw, my_page);
+  else
+    deep_load<KV, D, G>(p, c, wring, j, nw, my_page);
+}
+
+template <class KV, int D, int G>
+__device__ __forceinline__ void deep_wait(uint32_t wbar, int j) {
+  using DC = DeepCfg<KV, D, G>;
+  if constexpr (DC::ROWS)
+    mbar_wait(wbar + (j % DC::S) * 8, (j / DC::S) & 1);
+  else
+    cp_wait<DC::S - 1>();
+}
+
 // Phases A, softmax and C of one CTA from the warps' rings; the warps' PV results end in
-// red[warp][G][D] at the start of shared memory.
+// red[warp][G][D] at the start of shared memory. `bars`: the warps' stages' mbarriers
+// (bulk rows).
 template <class KV, int D, int G>
 __device__ __forceinline__ void deep_attend(const Params& p, const Ctx& c, uint8_t* smem,
                                             float* scores, float* s_ml, float* wmax,
-                                            int my_page) {
+                                            unsigned long long* bars, int my_page) {
   using M = Mma<KV, D>;
   using DC = DeepCfg<KV, D, G>;
   const int nw = c.warp < c.n_tiles ? (c.n_tiles - c.warp + kWarps - 1) / kWarps : 0;
-  const uint8_t* lring = smem + c.warp * DC::S * DC::STAGE + c.lane * DC::PB;  // this lane's
-  const uint32_t wring = smem_addr(smem + c.warp * DC::S * DC::STAGE);
+  const uint8_t* wst = smem + c.warp * DC::S * DC::STAGE;  // this warp's stages
+  const uint8_t* lring = wst + c.lane * DC::PB;             // this lane's pieces
+  const uint32_t wring = smem_addr(wst);
+  const uint32_t wbar = smem_addr(bars + c.warp * DC::S);
+  if constexpr (DC::ROWS) {
+    if (c.lane == 0) {
 #pragma unroll
-  for (int j = 0; j < DC::S; ++j) deep_load<KV, D, G>(p, c, wring, j, nw, my_page);
+      for (int j = 0; j < DC::S; ++j) mbar_init(wbar + 8 * j, 1);
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < DC::S; ++j) deep_issue<KV, D, G>(p, c, wring, wbar, j, nw, my_page);
   uint32_t qa[M::STEPS][2];
   q_operand<KV, D, G>(p, c, qa);  // in flight beside the first copies
   float mx[2] = {-__int_as_float(0x7f800000), -__int_as_float(0x7f800000)};
@@ -1682,16 +1798,21 @@ __device__ __forceinline__ void deep_attend(const Params& p, const Ctx& c, uint8
   for (int i = 0; i < kMaxWarpTiles; ++i) {  // K of the warp's tile i is load i
     if (i >= nw) break;
     const int t = c.warp + i * kWarps;
-    cp_wait<DC::S - 1>();
-    const uint8_t* src = lring + (i % DC::S) * DC::STAGE;
-    uint32_t k0[M::KW], k1[M::KW];
-    lds_u32<M::KW / 2>(k0, src);
-    lds_u32<M::KW / 2>(k0 + M::KW / 2, src + 32 * DC::PB);
-    lds_u32<M::KW / 2>(k1, src + 2 * 32 * DC::PB);
-    lds_u32<M::KW / 2>(k1 + M::KW / 2, src + 3 * 32 * DC::PB);
-    qk_tile_kq<KV, D, G>(p, qa, k0, k1, scores, t, min(kTile, c.n_tok - t * kTile), c.lane, mx);
+    const int valid = min(kTile, c.n_tok - t * kTile);
+    deep_wait<KV, D, G>(wbar, i);
+    uint32_t k[2][M::KW];
+    if constexpr (DC::ROWS) {
+      lds_k_rows<KV, D, G>(k, wst + (i % DC::S) * DC::STAGE, valid, c.lane);
+    } else {
+      const uint8_t* src = lring + (i % DC::S) * DC::STAGE;
+      lds_u32<M::KW / 2>(k[0], src);
+      lds_u32<M::KW / 2>(k[0] + M::KW / 2, src + 32 * DC::PB);
+      lds_u32<M::KW / 2>(k[1], src + 2 * 32 * DC::PB);
+      lds_u32<M::KW / 2>(k[1] + M::KW / 2, src + 3 * 32 * DC::PB);
+    }
+    qk_tile_kq<KV, D, G>(p, qa, k[0], k[1], scores, t, valid, c.lane, mx);
     // after the scores are stored: the stage's bytes are used
-    deep_load<KV, D, G>(p, c, wring, i + DC::S, nw, my_page);
+    deep_issue<KV, D, G>(p, c, wring, wbar, i + DC::S, nw, my_page);
   }
   if constexpr (kDeepSoftmax) publish_max<G>(mx, wmax, c);
   __syncthreads();
@@ -1709,14 +1830,18 @@ __device__ __forceinline__ void deep_attend(const Params& p, const Ctx& c, uint8
   for (int i = 0; i < kMaxWarpTiles; ++i) {  // V of the warp's tile i is load nw + i
     if (i >= nw) break;
     const int t = c.warp + i * kWarps;
-    cp_wait<DC::S - 1>();
-    const uint8_t* src = lring + ((nw + i) % DC::S) * DC::STAGE;
+    const int valid = min(kTile, c.n_tok - t * kTile);
+    deep_wait<KV, D, G>(wbar, nw + i);
     uint32_t vr[4][M::VW];
+    if constexpr (DC::ROWS) {
+      lds_v_rows<KV, D, G>(vr, wst + ((nw + i) % DC::S) * DC::STAGE, valid, c.lane);
+    } else {
+      const uint8_t* src = lring + ((nw + i) % DC::S) * DC::STAGE;
 #pragma unroll
-    for (int r = 0; r < 4; ++r) lds_u32<M::VW>(vr[r], src + r * 32 * DC::PB);
-    pv_tile_mma<KV, D, G, kDeepSoftmax>(scores, vr, o, t, min(kTile, c.n_tok - t * kTile),
-                                        c.lane, m);
-    deep_load<KV, D, G>(p, c, wring, nw + i + DC::S, nw, my_page);
+      for (int r = 0; r < 4; ++r) lds_u32<M::VW>(vr[r], src + r * 32 * DC::PB);
+    }
+    pv_tile_mma<KV, D, G, kDeepSoftmax>(scores, vr, o, t, valid, c.lane, m);
+    deep_issue<KV, D, G>(p, c, wring, wbar, nw + i + DC::S, nw, my_page);
   }
   if constexpr (kDeepSoftmax) head_sums<G>(scores, wmax, s_ml, c);
   __syncthreads();  // every warp is done with its ring and the scores: red reuses them
@@ -1831,6 +1956,7 @@ __device__ __forceinline__ void split_kv_deep(const Params& p) {
   __shared__ float s_ml[2 * G];
   __shared__ float s_wmax[kWarps * G];  // the warps' maxima of each head
   __shared__ int s_last;
+  __shared__ unsigned long long s_bars[DC::ROWS ? kWarps * DC::S : 1];  // the stages' (bulk rows)
 
   if (p.chunk > kMaxChunk) return;  // outside the operator's plan (max_chunk): nothing written
   Ctx c;
@@ -1867,7 +1993,7 @@ __device__ __forceinline__ void split_kv_deep(const Params& p) {
   float* scores = reinterpret_cast<float*>(deep_smem + DC::RING);
   float* landing = scores + p.chunk * G;  // `_deepc`: split 0 receives the splits' states
   if (active) {
-    deep_attend<KV, D, G>(p, c, deep_smem, scores, s_ml, s_wmax, my_page);
+    deep_attend<KV, D, G>(p, c, deep_smem, scores, s_ml, s_wmax, s_bars, my_page);
     if constexpr (CLUSTER)
       push_partial<D, G>(p, c, red, s_ml, landing, merges ? nsplit : 1);
     else if (finish_partial<D, G>(p, c, red, s_ml, nsplit, &s_last))

@@ -114,10 +114,16 @@ def test_deep_operator_launch_rules_and_shared_memory():
     for call, want in (((16384, 16, 8), (512, 32)), ((1024, 1, 8), (128, 8))):
         p = _plan_is_the_baselines(deep, entries, 4, (call,))
         assert (p.chunk, p.splits) == want
-    assert {stages for stages, _ in bench.DEEP_BUILDS.values()} == {2, 3}
+    assert {stages for stages, _ in bench.DEEP_BUILDS.values()} == {2, 3, 4}
+    assert [n for n, (_, d) in bench.DEEP_BUILDS.items() if not bench.build_rows(d)] == ["ca"]
+    assert bench.deep_ring_bytes("e5m2", 128) == 8 * 2 * 16 * 144  # bulk rows 144 B apart
+    assert bench.deep_ring_bytes("e5m2", 128, rows=False) == 8 * 2 * 2048
+    assert bench.deep_ring_bytes("e5m2", 64, rows=True) == 8 * 2 * 1024  # D64: cp.async
+    ca = bench.deep_operator(2, rows=False)
+    assert ca.smem("split_kv_e5m2_d128_g4_deep", 512, 4, 128) == 8 * 2 * 2048 + 8192
     for stages in (3, 4):
         variant = bench.deep_operator(stages)
-        assert variant.smem("split_kv_e5m2_d128_g4_deep", 512, 4, 128) == 8 * stages * 2048 + 8192
+        assert variant.smem("split_kv_e5m2_d128_g4_deep", 512, 4, 128) == 8 * stages * 2304 + 8192
         assert variant.smem("split_kv_bf16_d128_g4_deep", 512, 4, 128) == 8 * stages * 4096 + 8192
         assert variant.smem("split_kv_e5m2_d64_g8_deep", 512, 8, 64) == 16384 + 16384
         assert variant.smem("split_kv_e5m2_d128_g4_deepc", 512, 4, 128) == \

@@ -56,32 +56,34 @@ from pipeline.ops.paged_inputs import Case, make_inputs  # noqa: E402
 SOURCE = REPO / "kernels" / "decode_attention" / "split_kv.cu"
 PHASES = {0: "full", 1: "no_k_load", 2: "no_v_load", 3: "qk_x2", 4: "pv_x2",
           5: "convert_x2", 6: "no_sync", 7: "no_smem_publish"}
-DEEP_BUILDS = {"ca": (2, ["RG_DEEP_ROWS=0"]), "s3": (3, ["RG_DEEP_STAGES=3"]),
-               "s4b2": (4, ["RG_DEEP_STAGES=4", "RG_DEEP_BLOCKS=2"]),
-               "b2": (2, ["RG_DEEP_BLOCKS=2"])}
+DEEP_BUILDS = {"ca": (2, ["RG_DEEP_ROWS=0"]), "rows": (2, ["RG_DEEP_ROWS=1"]),
+               "rows3": (3, ["RG_DEEP_ROWS=1", "RG_DEEP_STAGES=3"]),
+               "s3": (3, ["RG_DEEP_STAGES=3"]),
+               "s4": (4, ["RG_DEEP_STAGES=4"])}
 """The deep candidate's build variants beside its default (split_kv.cu's DeepCfg: E5M2
-D128 tiles as bulk rows, two ring stages, three CTAs per SM): {name: (ring stages,
-defines)} -- the per-lane cp.async ring instead of bulk rows, a 3-stage ring, a 4-stage
-ring at two CTAs per SM, two CTAs per SM."""
+D128 tiles as one bulk copy a tile, two ring stages, three CTAs per SM): {name: (ring
+stages, defines)} -- the per-lane cp.async ring, bulk row copies, 3- and 4-stage rings."""
 ABLATIONS = {"abl_nomerge": ["RG_DEEP_ABLATE=1"], "abl_nokv": ["RG_DEEP_ABLATE=2"],
              "abl_prologue": ["RG_DEEP_ABLATE=3"]}
 """Timing-only builds of the deep candidate for B1x1K's attribution (split_kv.cu's
 RG_DEEP_ABLATE: no cluster merge, no K/V copies, the prologue alone)."""
 
 
-def deep_ring_bytes(kv: str, dim: int, stages: int = 2, rows: bool = True) -> int:
+def deep_ring_bytes(kv: str, dim: int, stages: int = 2, mode: int = 2) -> int:
     """The deep candidate's warps' rings (split_kv.cu's DeepCfg, line for line): 8 warps x
-    `stages` stages x one 16-token tile, E5M2 D128's as bulk rows (`rows`: 16 V rows 144 B
-    apart) unless built with RG_DEEP_ROWS=0. kernels.toml's split_kv_deep rules declare the
-    default build's (tests check they agree)."""
-    if rows and (kv, dim) == ("e5m2", 128):
+    `stages` stages x one 16-token tile; E5M2 D128's in `mode` (RG_DEEP_ROWS): bulk rows
+    (1) hold 16 V rows 144 B apart, the cp.async ring (0) and slabs (2) the tile's bytes.
+    kernels.toml's split_kv_deep rules declare the default build's (tests check they
+    agree)."""
+    if mode == 1 and (kv, dim) == ("e5m2", 128):
         return 8 * stages * 16 * (dim + 16)
     return 8 * stages * 4 * 32 * dim // 8 * (1 if kv == "e5m2" else 2)
 
 
-def build_rows(defines: list[str]) -> bool:
-    """Whether a build of DEEP_BUILDS lands E5M2 D128 tiles as bulk rows (the default)."""
-    return "RG_DEEP_ROWS=0" not in defines
+def build_mode(defines: list[str]) -> int:
+    """How a build of DEEP_BUILDS lands E5M2 D128 tiles (RG_DEEP_ROWS; 2, slabs, unless
+    defined)."""
+    return next((int(d.split("=")[1]) for d in defines if d.startswith("RG_DEEP_ROWS=")), 2)
 
 
 def deep_landing_bytes(dim: int, group: int) -> int:
@@ -90,12 +92,12 @@ def deep_landing_bytes(dim: int, group: int) -> int:
     return 8 * (2 * group + group * dim) * 4
 
 
-def deep_operator(stages: int, rows: bool = True):
-    """split_kv_deep as a build with RG_DEEP_STAGES=stages (and bulk rows or not) launches
+def deep_operator(stages: int, mode: int = 2):
+    """split_kv_deep as a build with RG_DEEP_STAGES=stages and RG_DEEP_ROWS=mode launches
     it: its shared memory for the timed shapes (D128 G4, `_deep`: B16x16K) ahead of
     kernels.toml's rules."""
     rules = tuple(contract.SharedMemory((f"split_kv_{kv}_d128_g4_deep",), chunk_heads=4,
-                                        fixed=deep_ring_bytes(kv, 128, stages, rows),
+                                        fixed=deep_ring_bytes(kv, 128, stages, mode),
                                         heads_dim=32, opt_in=True) for kv in ("e5m2", "bf16"))
     return dataclasses.replace(op.SPLIT_KV_DEEP,
                                shared_memory=rules + op.SPLIT_KV_DEEP.shared_memory)
@@ -282,9 +284,9 @@ def dense_bf16(batch, hkv, length, dim, dev, gen):
 
 
 def bench_large(cubin: Path, dev, repeats: int, ceiling: float,
-                extra: dict[str, tuple[Path, int, bool]] | None = None) -> dict:
+                extra: dict[str, tuple[Path, int, int]] | None = None) -> dict:
     """B16 x 16K, GQA 32/8, D128, page 64: every path, interleaved in rotated order;
-    `extra` ({name: (cubin, ring stages, bulk rows)}) adds the deep candidate of other
+    `extra` ({name: (cubin, ring stages, RG_DEEP_ROWS)}) adds the deep candidate of other
     builds."""
     batch, length, hq, hkv, dim = 16, 16384, 32, 8, 128
     fp8 = make_inputs(Case(7, batch, "uniform", str(length), 64, "e5m2", hq, hkv, dim,
@@ -310,9 +312,9 @@ def bench_large(cubin: Path, dev, repeats: int, ceiling: float,
            "naive_dequant_sdpa": lambda: reference.naive_dequant_sdpa(
                fp8.q, fp8.k_cache, fp8.v_cache, fp8.block_table, length,
                k_scale=fp8.k_scale, v_scale=fp8.v_scale)}
-    for name, (cub, stages, rows) in (extra or {}).items():
+    for name, (cub, stages, mode) in (extra or {}).items():
         for kv, inp in (("e5m2", fp8), ("bf16", bf)):
-            fns[f"{kv}_{name}"] = split(inp, "deep", deep_operator(stages, rows), cub)
+            fns[f"{kv}_{name}"] = split(inp, "deep", deep_operator(stages, mode), cub)
     # accuracy of the timed paths on this shape (SDPA paths against their own inputs)
     ref8 = reference.decode_attention_fp64(fp8.q, fp8.k_cache, fp8.v_cache, fp8.block_table,
                                            fp8.seq_lens, k_scale=fp8.k_scale,
@@ -646,7 +648,7 @@ def main(argv=None) -> int:
     plan = {"smoke": lambda: smoke(cubin, dev, ns.out, results),
             "bench_large": lambda: bench_large(cubin, dev, ns.repeats, ceiling, {
                 f"deep_{n}": (Path(build_rec["cubins"][f"deep_{n}"]), stages,
-                              build_rows(defines))
+                              build_mode(defines))
                 for n, (stages, defines) in DEEP_BUILDS.items()
                 if f"deep_{n}" in build_rec.get("cubins", {})}),
             "bench_small": lambda: bench_small(cubin, dev, max(9, ns.repeats // 2), {

@@ -1509,21 +1509,24 @@ constexpr int kMaxWarpTiles = kMaxChunk / kTile / kWarps;  // 4 tiles per warp a
 #define RG_DEEP_ABLATE 0
 #endif
 
-// RG_DEEP_ROWS=0 builds E5M2 D128 with the per-lane cp.async ring (the benchmarks' A/B).
+// How E5M2 D128 tiles land (the benchmarks' A/B): 0 the per-lane cp.async ring, 1 bulk
+// rows (64-byte K halves, 144-byte V rows), 2 bulk slabs (one copy a tile).
 #ifndef RG_DEEP_ROWS
-#define RG_DEEP_ROWS 1
+#define RG_DEEP_ROWS 2
 #endif
 
 template <class KV, int D, int G>
 struct DeepCfg {
   static constexpr int PB = D / 8 * KV::kBytes;  // bytes per lane and piece
-  // Bulk rows (E5M2 D128): a tile lands by cp.async.bulk on the stage's mbarrier, in
-  // flight in neither L1 nor the lanes' copy groups (deep_load_rows); K rows 128 B apart
-  // with odd rows' halves swapped, V rows 144 B apart, so that the QK's and the PV's
-  // 16-byte reads of a quarter warp fall in eight different bank groups.
-  static constexpr bool ROWS = RG_DEEP_ROWS != 0 && KV::kBytes == 1 && D == 128;
+  // Bulk (E5M2 D128): a tile lands by cp.async.bulk on the stage's mbarrier, in flight in
+  // neither L1 nor the lanes' copy groups (deep_load_rows). Rows (MODE 1): K rows 128 B
+  // apart with odd rows' halves swapped, V rows 144 B apart, so that the QK's and the PV's
+  // 16-byte reads of a quarter warp fall in eight different bank groups. Slabs (MODE 2):
+  // the tile's 2 KB as one copy, as the cache holds it.
+  static constexpr int MODE = KV::kBytes == 1 && D == 128 ? RG_DEEP_ROWS : 0;
+  static constexpr bool ROWS = MODE != 0;
   static constexpr int ROW = D * KV::kBytes;
-  static constexpr int VPITCH = ROW + 16;
+  static constexpr int VPITCH = MODE == 1 ? ROW + 16 : ROW;
   static constexpr int STAGE = ROWS ? kTile * VPITCH : 4 * 32 * PB;  // one warp's tile
   // Three CTAs per SM where the math fits 80 registers (ptxas spills the D128 bf16 math
   // there), else two. sm_110 allocates more: one.
@@ -1648,6 +1651,13 @@ __device__ __forceinline__ void deep_load_rows(const Params& p, const Ctx& c, ui
   const uint32_t stage = wring + (j % DC::S) * DC::STAGE, bar = wbar + (j % DC::S) * 8;
   constexpr bool kCopies = RG_DEEP_ABLATE != 2;  // the ablation completes the phase empty
   __syncwarp();
+  if constexpr (DC::MODE == 2) {  // one lane: the expected bytes, then the slab
+    if (c.lane == 0) {
+      mbar_expect_tx(bar, kCopies ? valid * DC::ROW : 0);
+      if (kCopies) bulk_copy(stage, (is_v ? p.v : p.k) + row0 * DC::ROW, valid * DC::ROW, bar);
+    }
+    return;
+  }
   if (c.lane == 0) mbar_expect_tx(bar, kCopies ? valid * DC::ROW : 0);
   __syncwarp();
   if (!kCopies) return;
@@ -1669,7 +1679,7 @@ __device__ __forceinline__ void lds_k_rows(uint32_t (&k)[2][Mma<KV, D>::KW], con
   using M = Mma<KV, D>;
   using DC = DeepCfg<KV, D, G>;
   const int grp = lane >> 2, tig = lane & 3;
-  const int swap = (grp & 1) * (DC::ROW / 2);  // rows grp and 8 + grp: the same parity
+  const int swap = DC::MODE == 1 ? (grp & 1) * (DC::ROW / 2) : 0;  // rows grp, 8 + grp alike
 #pragma unroll
   for (int nt = 0; nt < 2; ++nt) {
     const int tt = nt * 8 + grp;
@@ -1748,8 +1758,23 @@ __device__ __forceinline__ void head_sums(const float* scores, const float* wmax
   }
 }
 
-// Load j of the warp's stream (bulk rows or cp.async pieces) and its wait, due when load
-// j is read next.
+// mbar_wait that suspends the warp until the phase completes (a hint of 1 ms) instead of
+// polling: polling issued as many instructions as the math (H200, 2026-12-04 run 29).
+template <uint32_t kHintNs = 1000000u>  // a template: the cp.async builds never call it
+__device__ __forceinline__ void mbar_sleep(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\n"
+        " selp.u32 %0, 1, 0, p;\n}"
+        : "=r"(done)
+        : "r"(bar), "r"(parity), "r"(kHintNs)
+        : "memory");
+  }
+}
+
+// Load j of the warp's stream (bulk or cp.async pieces) and its wait, due when load j is
+// read next.
 template <class KV, int D, int G>
 __device__ __forceinline__ void deep_issue(const Params& p, const Ctx& c, uint32_t wring,
                                            uint32_t wbar, int j, int nw, int my_page) {
@@ -1763,7 +1788,7 @@ template <class KV, int D, int G>
 __device__ __forceinline__ void deep_wait(uint32_t wbar, int j) {
   using DC = DeepCfg<KV, D, G>;
   if constexpr (DC::ROWS)
-    mbar_wait(wbar + (j % DC::S) * 8, (j / DC::S) & 1);
+    mbar_sleep<>(wbar + (j % DC::S) * 8, (j / DC::S) & 1);
   else
     cp_wait<DC::S - 1>();
 }

@@ -115,15 +115,17 @@ def test_deep_operator_launch_rules_and_shared_memory():
         p = _plan_is_the_baselines(deep, entries, 4, (call,))
         assert (p.chunk, p.splits) == want
     assert {stages for stages, _ in bench.DEEP_BUILDS.values()} == {2, 3, 4}
-    assert [n for n, (_, d) in bench.DEEP_BUILDS.items() if not bench.build_rows(d)] == ["ca"]
-    assert bench.deep_ring_bytes("e5m2", 128) == 8 * 2 * 16 * 144  # bulk rows 144 B apart
-    assert bench.deep_ring_bytes("e5m2", 128, rows=False) == 8 * 2 * 2048
-    assert bench.deep_ring_bytes("e5m2", 64, rows=True) == 8 * 2 * 1024  # D64: cp.async
-    ca = bench.deep_operator(2, rows=False)
-    assert ca.smem("split_kv_e5m2_d128_g4_deep", 512, 4, 128) == 8 * 2 * 2048 + 8192
+    assert {n: bench.build_mode(d) for n, (_, d) in bench.DEEP_BUILDS.items()} == {
+        "ca": 0, "rows": 1, "rows3": 1, "s3": 2, "s4": 2}
+    assert bench.deep_ring_bytes("e5m2", 128, mode=1) == 8 * 2 * 16 * 144  # rows 144 B apart
+    for mode in (0, 2):
+        assert bench.deep_ring_bytes("e5m2", 128, mode=mode) == 8 * 2 * 2048
+    assert bench.deep_ring_bytes("e5m2", 64, mode=1) == 8 * 2 * 1024  # D64: cp.async
+    rows = bench.deep_operator(2, mode=1)
+    assert rows.smem("split_kv_e5m2_d128_g4_deep", 512, 4, 128) == 8 * 2 * 2304 + 8192
     for stages in (3, 4):
         variant = bench.deep_operator(stages)
-        assert variant.smem("split_kv_e5m2_d128_g4_deep", 512, 4, 128) == 8 * stages * 2304 + 8192
+        assert variant.smem("split_kv_e5m2_d128_g4_deep", 512, 4, 128) == 8 * stages * 2048 + 8192
         assert variant.smem("split_kv_bf16_d128_g4_deep", 512, 4, 128) == 8 * stages * 4096 + 8192
         assert variant.smem("split_kv_e5m2_d64_g8_deep", 512, 8, 64) == 16384 + 16384
         assert variant.smem("split_kv_e5m2_d128_g4_deepc", 512, 4, 128) == \

@@ -56,34 +56,23 @@ from pipeline.ops.paged_inputs import Case, make_inputs  # noqa: E402
 SOURCE = REPO / "kernels" / "decode_attention" / "split_kv.cu"
 PHASES = {0: "full", 1: "no_k_load", 2: "no_v_load", 3: "qk_x2", 4: "pv_x2",
           5: "convert_x2", 6: "no_sync", 7: "no_smem_publish"}
-DEEP_BUILDS = {"ca": (2, ["RG_DEEP_ROWS=0"]), "rows": (2, ["RG_DEEP_ROWS=1"]),
-               "rows3": (3, ["RG_DEEP_ROWS=1", "RG_DEEP_STAGES=3"]),
-               "s3": (3, ["RG_DEEP_STAGES=3"]),
-               "s4": (4, ["RG_DEEP_STAGES=4"])}
+DEEP_BUILDS = {"ca": (2, ["RG_DEEP_LINES=0"]), "cg": (2, ["RG_DEEP_CG"]),
+               "s3": (3, ["RG_DEEP_STAGES=3"]), "s3cg": (3, ["RG_DEEP_STAGES=3", "RG_DEEP_CG"])}
 """The deep candidate's build variants beside its default (split_kv.cu's DeepCfg: E5M2
-D128 tiles as one bulk copy a tile, two ring stages, three CTAs per SM): {name: (ring
-stages, defines)} -- the per-lane cp.async ring, bulk row copies, 3- and 4-stage rings."""
+D128 tiles copied as whole swizzled lines, two ring stages, .ca copies, three CTAs per
+SM): {name: (ring stages, defines)} -- per-lane pieces instead of whole lines, .cg copies,
+a 3-stage ring, both."""
 ABLATIONS = {"abl_nomerge": ["RG_DEEP_ABLATE=1"], "abl_nokv": ["RG_DEEP_ABLATE=2"],
              "abl_prologue": ["RG_DEEP_ABLATE=3"]}
 """Timing-only builds of the deep candidate for B1x1K's attribution (split_kv.cu's
 RG_DEEP_ABLATE: no cluster merge, no K/V copies, the prologue alone)."""
 
 
-def deep_ring_bytes(kv: str, dim: int, stages: int = 2, mode: int = 2) -> int:
+def deep_ring_bytes(kv: str, dim: int, stages: int = 2) -> int:
     """The deep candidate's warps' rings (split_kv.cu's DeepCfg, line for line): 8 warps x
-    `stages` stages x one 16-token tile; E5M2 D128's in `mode` (RG_DEEP_ROWS): bulk rows
-    (1) hold 16 V rows 144 B apart, the cp.async ring (0) and slabs (2) the tile's bytes.
-    kernels.toml's split_kv_deep rules declare the default build's (tests check they
-    agree)."""
-    if mode == 1 and (kv, dim) == ("e5m2", 128):
-        return 8 * stages * 16 * (dim + 16)
+    `stages` stages x one 16-token tile. kernels.toml's split_kv_deep rules declare the
+    default build's (tests check they agree)."""
     return 8 * stages * 4 * 32 * dim // 8 * (1 if kv == "e5m2" else 2)
-
-
-def build_mode(defines: list[str]) -> int:
-    """How a build of DEEP_BUILDS lands E5M2 D128 tiles (RG_DEEP_ROWS; 2, slabs, unless
-    defined)."""
-    return next((int(d.split("=")[1]) for d in defines if d.startswith("RG_DEEP_ROWS=")), 2)
 
 
 def deep_landing_bytes(dim: int, group: int) -> int:
@@ -92,13 +81,12 @@ def deep_landing_bytes(dim: int, group: int) -> int:
     return 8 * (2 * group + group * dim) * 4
 
 
-def deep_operator(stages: int, mode: int = 2):
-    """split_kv_deep as a build with RG_DEEP_STAGES=stages and RG_DEEP_ROWS=mode launches
-    it: its shared memory for the timed shapes (D128 G4, `_deep`: B16x16K) ahead of
-    kernels.toml's rules."""
+def deep_operator(stages: int):
+    """split_kv_deep as a build with RG_DEEP_STAGES=stages launches it: its shared memory
+    for the timed shapes (D128 G4, `_deep`: B16x16K) ahead of kernels.toml's rules."""
     rules = tuple(contract.SharedMemory((f"split_kv_{kv}_d128_g4_deep",), chunk_heads=4,
-                                        fixed=deep_ring_bytes(kv, 128, stages, mode),
-                                        heads_dim=32, opt_in=True) for kv in ("e5m2", "bf16"))
+                                        fixed=deep_ring_bytes(kv, 128, stages), heads_dim=32,
+                                        opt_in=True) for kv in ("e5m2", "bf16"))
     return dataclasses.replace(op.SPLIT_KV_DEEP,
                                shared_memory=rules + op.SPLIT_KV_DEEP.shared_memory)
 
@@ -284,10 +272,9 @@ def dense_bf16(batch, hkv, length, dim, dev, gen):
 
 
 def bench_large(cubin: Path, dev, repeats: int, ceiling: float,
-                extra: dict[str, tuple[Path, int, int]] | None = None) -> dict:
+                extra: dict[str, tuple[Path, int]] | None = None) -> dict:
     """B16 x 16K, GQA 32/8, D128, page 64: every path, interleaved in rotated order;
-    `extra` ({name: (cubin, ring stages, RG_DEEP_ROWS)}) adds the deep candidate of other
-    builds."""
+    `extra` ({name: (cubin, ring stages)}) adds the deep candidate of other builds."""
     batch, length, hq, hkv, dim = 16, 16384, 32, 8, 128
     fp8 = make_inputs(Case(7, batch, "uniform", str(length), 64, "e5m2", hq, hkv, dim,
                            [length] * batch), dev)
@@ -312,9 +299,9 @@ def bench_large(cubin: Path, dev, repeats: int, ceiling: float,
            "naive_dequant_sdpa": lambda: reference.naive_dequant_sdpa(
                fp8.q, fp8.k_cache, fp8.v_cache, fp8.block_table, length,
                k_scale=fp8.k_scale, v_scale=fp8.v_scale)}
-    for name, (cub, stages, mode) in (extra or {}).items():
+    for name, (cub, stages) in (extra or {}).items():
         for kv, inp in (("e5m2", fp8), ("bf16", bf)):
-            fns[f"{kv}_{name}"] = split(inp, "deep", deep_operator(stages, mode), cub)
+            fns[f"{kv}_{name}"] = split(inp, "deep", deep_operator(stages), cub)
     # accuracy of the timed paths on this shape (SDPA paths against their own inputs)
     ref8 = reference.decode_attention_fp64(fp8.q, fp8.k_cache, fp8.v_cache, fp8.block_table,
                                            fp8.seq_lens, k_scale=fp8.k_scale,
@@ -335,7 +322,7 @@ def bench_large(cubin: Path, dev, repeats: int, ceiling: float,
     samples = timing.interleaved(fns, repeats=repeats, device=dev, flush=True)
     kv_bytes = {"e5m2": batch * length * hkv * dim * 2, "bf16": batch * length * hkv * dim * 4}
     res = {"shape": "B16x16384 GQA32/8 D128 page64", "max_abs_err_vs_fp64": acc,
-           "extra_cubins": {k: [str(c), n, r] for k, (c, n, r) in (extra or {}).items()},
+           "extra_cubins": {k: [str(c), n] for k, (c, n) in (extra or {}).items()},
            "bitwise_equal_to_baseline": bits, "order": samples["order"], "variants": {}}
     for name, s in samples["samples_us"].items():
         nbytes = kv_bytes["e5m2" if name.startswith(("e5m2", "naive")) else "bf16"]
@@ -516,6 +503,14 @@ NCU_METRICS = ",".join([
     "sm__maximum_warps_per_active_cycle_pct",
     "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum",
     "lts__t_sectors_srcunit_tex_op_read.sum",
+    # where a request queues between the SM and DRAM, and the shared-memory pipe
+    "lts__throughput.avg.pct_of_peak_sustained_elapsed", "lts__t_sector_hit_rate.pct",
+    "l1tex__throughput.avg.pct_of_peak_sustained_active",
+    "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum",
+    "l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum",
+    "launch__waves_per_multiprocessor", "sm__cycles_active.avg",
+    "breakdown:lts__throughput.avg.pct_of_peak_sustained_elapsed",
+    "breakdown:l1tex__throughput.avg.pct_of_peak_sustained_active",
 ])
 
 
@@ -647,9 +642,8 @@ def main(argv=None) -> int:
     ceiling = section(results, "ceiling", lambda: copy_ceiling(dev)).get("tb_per_s", float("nan"))
     plan = {"smoke": lambda: smoke(cubin, dev, ns.out, results),
             "bench_large": lambda: bench_large(cubin, dev, ns.repeats, ceiling, {
-                f"deep_{n}": (Path(build_rec["cubins"][f"deep_{n}"]), stages,
-                              build_mode(defines))
-                for n, (stages, defines) in DEEP_BUILDS.items()
+                f"deep_{n}": (Path(build_rec["cubins"][f"deep_{n}"]), stages)
+                for n, (stages, _) in DEEP_BUILDS.items()
                 if f"deep_{n}" in build_rec.get("cubins", {})}),
             "bench_small": lambda: bench_small(cubin, dev, max(9, ns.repeats // 2), {
                 n: Path(build_rec["cubins"][n]) for n in ABLATIONS

@@ -1509,25 +1509,17 @@ constexpr int kMaxWarpTiles = kMaxChunk / kTile / kWarps;  // 4 tiles per warp a
 #define RG_DEEP_ABLATE 0
 #endif
 
-// How E5M2 D128 tiles land (the benchmarks' A/B): 0 the per-lane cp.async ring, 1 bulk
-// rows (64-byte K halves, 144-byte V rows), 2 bulk slabs (one copy a tile).
-#ifndef RG_DEEP_ROWS
-#define RG_DEEP_ROWS 2
+// RG_DEEP_LINES=0 builds E5M2 D128 with per-lane pieces (the benchmarks' A/B).
+#ifndef RG_DEEP_LINES
+#define RG_DEEP_LINES 1
 #endif
 
 template <class KV, int D, int G>
 struct DeepCfg {
   static constexpr int PB = D / 8 * KV::kBytes;  // bytes per lane and piece
-  // Bulk (E5M2 D128): a tile lands by cp.async.bulk on the stage's mbarrier, in flight in
-  // neither L1 nor the lanes' copy groups (deep_load_rows). Rows (MODE 1): K rows 128 B
-  // apart with odd rows' halves swapped, V rows 144 B apart, so that the QK's and the PV's
-  // 16-byte reads of a quarter warp fall in eight different bank groups. Slabs (MODE 2):
-  // the tile's 2 KB as one copy, as the cache holds it.
-  static constexpr int MODE = KV::kBytes == 1 && D == 128 ? RG_DEEP_ROWS : 0;
-  static constexpr bool ROWS = MODE != 0;
-  static constexpr int ROW = D * KV::kBytes;
-  static constexpr int VPITCH = MODE == 1 ? ROW + 16 : ROW;
-  static constexpr int STAGE = ROWS ? kTile * VPITCH : 4 * 32 * PB;  // one warp's tile
+  // Whole lines (E5M2 D128): a tile's rows are copied whole and swizzled (issue_lines).
+  static constexpr bool LINES = RG_DEEP_LINES != 0 && KV::kBytes == 1 && D == 128;
+  static constexpr int STAGE = 4 * 32 * PB;      // one warp's tile: 4 pieces x 32 lanes
   // Three CTAs per SM where the math fits 80 registers (ptxas spills the D128 bf16 math
   // there), else two. sm_110 allocates more: one.
   static constexpr bool REGS3 = !(D == 128 && KV::kBytes == 2);
@@ -1546,6 +1538,7 @@ struct DeepCfg {
 #else
   static constexpr int S = 2;
 #endif
+  static constexpr int ROW = D * KV::kBytes;
   static constexpr int RING = kWarps * S * STAGE;
   static_assert(S >= 2, "a ring of at least two stages");
 };
@@ -1553,9 +1546,20 @@ struct DeepCfg {
 // One 16-byte (8: D64 E5M2) cp.async at immediate offsets from the lane's bases; with ZFILL
 // it copies `bytes` (PB or 0: zero-fill, the source not read). .ca: .cg (L2 only) measured
 // 36 % slower at B16x16K (H200, 2026-12-04 run 24).
+#ifdef RG_DEEP_CG  // the benchmarks' A/B: .cg copies (L2 only)
+#define RG_DEEP_CACHE "cg"
+#else
+#define RG_DEEP_CACHE "ca"
+#endif
 template <int BYTES, int DST, int SRC, bool ZFILL = false>
 __device__ __forceinline__ void cp_piece(uint32_t dst, const uint8_t* src, int bytes = BYTES) {
-  if constexpr (ZFILL)
+  if constexpr (ZFILL && BYTES == 16)
+    asm volatile("cp.async." RG_DEEP_CACHE ".shared.global [%0+%2], [%1+%3], %4, %5;\n"
+                 ::"r"(dst), "l"(src), "n"(DST), "n"(SRC), "n"(BYTES), "r"(bytes) : "memory");
+  else if constexpr (BYTES == 16)
+    asm volatile("cp.async." RG_DEEP_CACHE ".shared.global [%0+%2], [%1+%3], %4;\n"
+                 ::"r"(dst), "l"(src), "n"(DST), "n"(SRC), "n"(BYTES) : "memory");
+  else if constexpr (ZFILL)  // 8 bytes (D64 E5M2): .ca only
     asm volatile("cp.async.ca.shared.global [%0+%2], [%1+%3], %4, %5;\n" ::"r"(dst), "l"(src),
                  "n"(DST), "n"(SRC), "n"(BYTES), "r"(bytes) : "memory");
   else
@@ -1616,100 +1620,58 @@ __device__ __forceinline__ void issue_tile(const Params& p, const Ctx& c, uint32
     tile_pieces<KV, D, IS_V, true>(dst, src, lane_row, valid);
 }
 
+// Whole lines (DeepCfg::LINES, E5M2 D128): each copy instruction of a warp reads four whole
+// 128-byte rows (lane l: row 4i + l / 8, 16-byte chunk l % 8), where per-lane pieces read
+// eight half rows: the L2 partitions' fabric ran 82 % busy at 69 % of DRAM bandwidth with
+// those (H200, 2026-12-04 run 33). Chunk c of row r lands at chunk c ^ line_swz(r), so that
+// the QK's reads (rows grp, grp + 1: chunks 4h..4h+3) and the PV's (rows 2tig..: chunk grp)
+// of a quarter warp fall in eight different bank groups. The lanes read each other's
+// copies: a __syncwarp follows each wait and precedes each reuse of a stage.
+__device__ __forceinline__ int line_swz(int row) {
+  return (((row >> 1) & 3) << 1) ^ ((row & 1) << 2);
+}
+
+template <class KV, int D>
+__device__ __forceinline__ void issue_lines(const Params& p, const Ctx& c, uint32_t stage,
+                                            int t, int my_page, bool is_v) {
+  constexpr int kRow = D * KV::kBytes;
+  const int rel = t * kTile;
+  const int page = __shfl_sync(0xffffffffu, my_page, rel >> p.page_shift);
+  const size_t row0 = (((size_t)page * p.num_kv_heads + c.h) << p.page_shift) +
+                      (rel & ((1 << p.page_shift) - 1));
+  const int r0 = c.lane >> 3, ch = c.lane & 7;
+  const uint8_t* src = (is_v ? p.v : p.k) + (row0 + r0) * kRow + ch * 16;
+  const int valid = c.n_tok - rel;
+  __syncwarp();  // every lane is done reading the stage's previous tile
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int row = r0 + 4 * i;
+    const uint32_t dst = stage + row * kRow + ((ch ^ line_swz(row)) << 4);
+    if (valid >= kTile)
+      cp_piece<16, 0, 0>(dst, src + i * 4 * kRow);
+    else
+      cp_piece<16, 0, 0, true>(dst, src + (row < valid ? i * 4 * kRow : 0), row < valid ? 16 : 0);
+  }
+}
+
 // Load j of the warp's stream (K of its tile j for j < nw, V of its tile j - nw next) into
 // stage j % S, or an empty group past the stream's end.
 template <class KV, int D, int G>
 __device__ __forceinline__ void deep_load(const Params& p, const Ctx& c, uint32_t wring, int j,
                                           int nw, int my_page) {
   using DC = DeepCfg<KV, D, G>;
-  const uint32_t dst = wring + (j % DC::S) * DC::STAGE + c.lane * DC::PB;
+  const uint32_t stage = wring + (j % DC::S) * DC::STAGE;
+  const uint32_t dst = stage + c.lane * DC::PB;
   const bool copies = RG_DEEP_ABLATE != 2;  // the ablation keeps the groups, not the copies
-  if (copies && j < nw)
+  if constexpr (DC::LINES) {
+    if (copies && j < 2 * nw)
+      issue_lines<KV, D>(p, c, stage, c.warp + (j < nw ? j : j - nw) * kWarps, my_page, j >= nw);
+  } else if (copies && j < nw) {
     issue_tile<KV, D, false>(p, c, dst, c.warp + j * kWarps, my_page);
-  else if (copies && j < 2 * nw)
+  } else if (copies && j < 2 * nw) {
     issue_tile<KV, D, true>(p, c, dst, c.warp + (j - nw) * kWarps, my_page);
+  }
   cp_commit();
-}
-
-// Load j of the warp's stream as bulk rows (DeepCfg::ROWS) into stage j % S, completing on
-// the stage's mbarrier (phase j / S): K as 64-byte halves (lane 2r + h copies row r's half
-// h, odd rows' halves swapped), V as whole rows 144 B apart (lanes 0-15). Rows past the
-// sequence are not copied (the reads zero them); nothing is issued past the stream's end.
-// The __syncwarp before: every lane has read the stage's previous tile; the one after:
-// the expected bytes are set before any copy can complete.
-template <class KV, int D, int G>
-__device__ __forceinline__ void deep_load_rows(const Params& p, const Ctx& c, uint32_t wring,
-                                               uint32_t wbar, int j, int nw, int my_page) {
-  using DC = DeepCfg<KV, D, G>;
-  if (j >= 2 * nw) return;
-  const bool is_v = j >= nw;
-  const int rel = (c.warp + (is_v ? j - nw : j) * kWarps) * kTile;
-  const int page = __shfl_sync(0xffffffffu, my_page, rel >> p.page_shift);
-  const size_t row0 = (((size_t)page * p.num_kv_heads + c.h) << p.page_shift) +
-                      (rel & ((1 << p.page_shift) - 1));
-  const int valid = min(kTile, c.n_tok - rel);
-  const uint32_t stage = wring + (j % DC::S) * DC::STAGE, bar = wbar + (j % DC::S) * 8;
-  constexpr bool kCopies = RG_DEEP_ABLATE != 2;  // the ablation completes the phase empty
-  __syncwarp();
-  if constexpr (DC::MODE == 2) {  // one lane: the expected bytes, then the slab
-    if (c.lane == 0) {
-      mbar_expect_tx(bar, kCopies ? valid * DC::ROW : 0);
-      if (kCopies) bulk_copy(stage, (is_v ? p.v : p.k) + row0 * DC::ROW, valid * DC::ROW, bar);
-    }
-    return;
-  }
-  if (c.lane == 0) mbar_expect_tx(bar, kCopies ? valid * DC::ROW : 0);
-  __syncwarp();
-  if (!kCopies) return;
-  if (!is_v) {
-    const int r = c.lane >> 1, h = c.lane & 1;
-    if (r < valid)
-      bulk_copy(stage + r * DC::ROW + (h ^ (r & 1)) * (DC::ROW / 2),
-                p.k + (row0 + r) * DC::ROW + h * (DC::ROW / 2), DC::ROW / 2, bar);
-  } else if (c.lane < valid) {
-    bulk_copy(stage + c.lane * DC::VPITCH, p.v + (row0 + c.lane) * DC::ROW, DC::ROW, bar);
-  }
-}
-
-// A tile's K (load_k's words: rows grp and 8 + grp) and V (load_v's: rows 2tig + r % 2 +
-// r / 2 * 8) from a bulk-rows stage; rows at or past `valid` zero, as the baseline's loads.
-template <class KV, int D, int G>
-__device__ __forceinline__ void lds_k_rows(uint32_t (&k)[2][Mma<KV, D>::KW], const uint8_t* st,
-                                           int valid, int lane) {
-  using M = Mma<KV, D>;
-  using DC = DeepCfg<KV, D, G>;
-  const int grp = lane >> 2, tig = lane & 3;
-  const int swap = DC::MODE == 1 ? (grp & 1) * (DC::ROW / 2) : 0;  // rows grp, 8 + grp alike
-#pragma unroll
-  for (int nt = 0; nt < 2; ++nt) {
-    const int tt = nt * 8 + grp;
-    const uint8_t* row = st + tt * DC::ROW + tig * M::HB;
-    if (tt < valid) {
-      lds_u32<M::KW / 2>(k[nt], row + swap);
-      lds_u32<M::KW / 2>(k[nt] + M::KW / 2, row + (DC::ROW / 2 - swap));
-    } else {
-#pragma unroll
-      for (int i = 0; i < M::KW; ++i) k[nt][i] = 0u;
-    }
-  }
-}
-
-template <class KV, int D, int G>
-__device__ __forceinline__ void lds_v_rows(uint32_t (&v)[4][Mma<KV, D>::VW], const uint8_t* st,
-                                           int valid, int lane) {
-  using M = Mma<KV, D>;
-  using DC = DeepCfg<KV, D, G>;
-  const int grp = lane >> 2, tig = lane & 3;
-#pragma unroll
-  for (int r = 0; r < 4; ++r) {
-    const int tt = 2 * tig + (r & 1) + (r >> 1) * 8;
-    if (tt < valid) {
-      lds_u32<M::VW>(v[r], st + tt * DC::VPITCH + grp * M::VD * KV::kBytes);
-    } else {
-#pragma unroll
-      for (int i = 0; i < M::VW; ++i) v[r][i] = 0u;
-    }
-  }
 }
 
 // The softmax without a pass of its own (kDeepSoftmax, the default): each warp takes its
@@ -1758,64 +1720,26 @@ __device__ __forceinline__ void head_sums(const float* scores, const float* wmax
   }
 }
 
-// mbar_wait that suspends the warp until the phase completes (a hint of 1 ms) instead of
-// polling: polling issued as many instructions as the math (H200, 2026-12-04 run 29).
-template <uint32_t kHintNs = 1000000u>  // a template: the cp.async builds never call it
-__device__ __forceinline__ void mbar_sleep(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\n"
-        " selp.u32 %0, 1, 0, p;\n}"
-        : "=r"(done)
-        : "r"(bar), "r"(parity), "r"(kHintNs)
-        : "memory");
-  }
-}
-
-// Load j of the warp's stream (bulk or cp.async pieces) and its wait, due when load j is
-// read next.
-template <class KV, int D, int G>
-__device__ __forceinline__ void deep_issue(const Params& p, const Ctx& c, uint32_t wring,
-                                           uint32_t wbar, int j, int nw, int my_page) {
-  if constexpr (DeepCfg<KV, D, G>::ROWS)
-    deep_load_rows<KV, D, G>(p, c, wring, wbar, j, nw, my_page);
-  else
-    deep_load<KV, D, G>(p, c, wring, j, nw, my_page);
-}
-
-template <class KV, int D, int G>
-__device__ __forceinline__ void deep_wait(uint32_t wbar, int j) {
-  using DC = DeepCfg<KV, D, G>;
-  if constexpr (DC::ROWS)
-    mbar_sleep<>(wbar + (j % DC::S) * 8, (j / DC::S) & 1);
-  else
-    cp_wait<DC::S - 1>();
-}
-
 // Phases A, softmax and C of one CTA from the warps' rings; the warps' PV results end in
-// red[warp][G][D] at the start of shared memory. `bars`: the warps' stages' mbarriers
-// (bulk rows).
+// red[warp][G][D] at the start of shared memory.
 template <class KV, int D, int G>
 __device__ __forceinline__ void deep_attend(const Params& p, const Ctx& c, uint8_t* smem,
                                             float* scores, float* s_ml, float* wmax,
-                                            unsigned long long* bars, int my_page) {
+                                            int my_page) {
   using M = Mma<KV, D>;
   using DC = DeepCfg<KV, D, G>;
   const int nw = c.warp < c.n_tiles ? (c.n_tiles - c.warp + kWarps - 1) / kWarps : 0;
   const uint8_t* wst = smem + c.warp * DC::S * DC::STAGE;  // this warp's stages
   const uint8_t* lring = wst + c.lane * DC::PB;             // this lane's pieces
-  const uint32_t wring = smem_addr(wst);
-  const uint32_t wbar = smem_addr(bars + c.warp * DC::S);
-  if constexpr (DC::ROWS) {
-    if (c.lane == 0) {
+  // whole lines: this lane's K chunks (halves 0, 1) and V chunks (rows 2tig, 2tig + 1)
+  const int grp = c.lane >> 2, tig = c.lane & 3;
+  const int kline[2] = {grp * DC::ROW + ((tig ^ line_swz(grp)) << 4),
+                        grp * DC::ROW + (((4 + tig) ^ line_swz(grp)) << 4)};
+  const int vline[2] = {2 * tig * DC::ROW + ((grp ^ line_swz(2 * tig)) << 4),
+                        (2 * tig + 1) * DC::ROW + ((grp ^ line_swz(2 * tig + 1)) << 4)};
+  const uint32_t wring = smem_addr(smem + c.warp * DC::S * DC::STAGE);
 #pragma unroll
-      for (int j = 0; j < DC::S; ++j) mbar_init(wbar + 8 * j, 1);
-      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-  }
-#pragma unroll
-  for (int j = 0; j < DC::S; ++j) deep_issue<KV, D, G>(p, c, wring, wbar, j, nw, my_page);
+  for (int j = 0; j < DC::S; ++j) deep_load<KV, D, G>(p, c, wring, j, nw, my_page);
   uint32_t qa[M::STEPS][2];
   q_operand<KV, D, G>(p, c, qa);  // in flight beside the first copies
   float mx[2] = {-__int_as_float(0x7f800000), -__int_as_float(0x7f800000)};
@@ -1823,21 +1747,25 @@ __device__ __forceinline__ void deep_attend(const Params& p, const Ctx& c, uint8
   for (int i = 0; i < kMaxWarpTiles; ++i) {  // K of the warp's tile i is load i
     if (i >= nw) break;
     const int t = c.warp + i * kWarps;
-    const int valid = min(kTile, c.n_tok - t * kTile);
-    deep_wait<KV, D, G>(wbar, i);
-    uint32_t k[2][M::KW];
-    if constexpr (DC::ROWS) {
-      lds_k_rows<KV, D, G>(k, wst + (i % DC::S) * DC::STAGE, valid, c.lane);
+    cp_wait<DC::S - 1>();
+    uint32_t k0[M::KW], k1[M::KW];
+    if constexpr (DC::LINES) {  // rows grp and 8 + grp, chunks 4h + tig, swizzled alike
+      __syncwarp();
+      const uint8_t* st = wst + (i % DC::S) * DC::STAGE;
+      lds_u32<M::KW / 2>(k0, st + kline[0]);
+      lds_u32<M::KW / 2>(k0 + M::KW / 2, st + kline[1]);
+      lds_u32<M::KW / 2>(k1, st + 8 * DC::ROW + kline[0]);
+      lds_u32<M::KW / 2>(k1 + M::KW / 2, st + 8 * DC::ROW + kline[1]);
     } else {
       const uint8_t* src = lring + (i % DC::S) * DC::STAGE;
-      lds_u32<M::KW / 2>(k[0], src);
-      lds_u32<M::KW / 2>(k[0] + M::KW / 2, src + 32 * DC::PB);
-      lds_u32<M::KW / 2>(k[1], src + 2 * 32 * DC::PB);
-      lds_u32<M::KW / 2>(k[1] + M::KW / 2, src + 3 * 32 * DC::PB);
+      lds_u32<M::KW / 2>(k0, src);
+      lds_u32<M::KW / 2>(k0 + M::KW / 2, src + 32 * DC::PB);
+      lds_u32<M::KW / 2>(k1, src + 2 * 32 * DC::PB);
+      lds_u32<M::KW / 2>(k1 + M::KW / 2, src + 3 * 32 * DC::PB);
     }
-    qk_tile_kq<KV, D, G>(p, qa, k[0], k[1], scores, t, valid, c.lane, mx);
+    qk_tile_kq<KV, D, G>(p, qa, k0, k1, scores, t, min(kTile, c.n_tok - t * kTile), c.lane, mx);
     // after the scores are stored: the stage's bytes are used
-    deep_issue<KV, D, G>(p, c, wring, wbar, i + DC::S, nw, my_page);
+    deep_load<KV, D, G>(p, c, wring, i + DC::S, nw, my_page);
   }
   if constexpr (kDeepSoftmax) publish_max<G>(mx, wmax, c);
   __syncthreads();
@@ -1855,18 +1783,21 @@ __device__ __forceinline__ void deep_attend(const Params& p, const Ctx& c, uint8
   for (int i = 0; i < kMaxWarpTiles; ++i) {  // V of the warp's tile i is load nw + i
     if (i >= nw) break;
     const int t = c.warp + i * kWarps;
-    const int valid = min(kTile, c.n_tok - t * kTile);
-    deep_wait<KV, D, G>(wbar, nw + i);
+    cp_wait<DC::S - 1>();
     uint32_t vr[4][M::VW];
-    if constexpr (DC::ROWS) {
-      lds_v_rows<KV, D, G>(vr, wst + ((nw + i) % DC::S) * DC::STAGE, valid, c.lane);
+    if constexpr (DC::LINES) {  // rows 2tig + r % 2 (+ 8: swizzled alike), chunk grp
+      __syncwarp();
+      const uint8_t* st = wst + ((nw + i) % DC::S) * DC::STAGE;
+#pragma unroll
+      for (int r = 0; r < 4; ++r) lds_u32<M::VW>(vr[r], st + (r >> 1) * 8 * DC::ROW + vline[r & 1]);
     } else {
       const uint8_t* src = lring + ((nw + i) % DC::S) * DC::STAGE;
 #pragma unroll
       for (int r = 0; r < 4; ++r) lds_u32<M::VW>(vr[r], src + r * 32 * DC::PB);
     }
-    pv_tile_mma<KV, D, G, kDeepSoftmax>(scores, vr, o, t, valid, c.lane, m);
-    deep_issue<KV, D, G>(p, c, wring, wbar, nw + i + DC::S, nw, my_page);
+    pv_tile_mma<KV, D, G, kDeepSoftmax>(scores, vr, o, t, min(kTile, c.n_tok - t * kTile),
+                                        c.lane, m);
+    deep_load<KV, D, G>(p, c, wring, nw + i + DC::S, nw, my_page);
   }
   if constexpr (kDeepSoftmax) head_sums<G>(scores, wmax, s_ml, c);
   __syncthreads();  // every warp is done with its ring and the scores: red reuses them
@@ -1981,7 +1912,6 @@ __device__ __forceinline__ void split_kv_deep(const Params& p) {
   __shared__ float s_ml[2 * G];
   __shared__ float s_wmax[kWarps * G];  // the warps' maxima of each head
   __shared__ int s_last;
-  __shared__ unsigned long long s_bars[DC::ROWS ? kWarps * DC::S : 1];  // the stages' (bulk rows)
 
   if (p.chunk > kMaxChunk) return;  // outside the operator's plan (max_chunk): nothing written
   Ctx c;
@@ -2018,7 +1948,7 @@ __device__ __forceinline__ void split_kv_deep(const Params& p) {
   float* scores = reinterpret_cast<float*>(deep_smem + DC::RING);
   float* landing = scores + p.chunk * G;  // `_deepc`: split 0 receives the splits' states
   if (active) {
-    deep_attend<KV, D, G>(p, c, deep_smem, scores, s_ml, s_wmax, s_bars, my_page);
+    deep_attend<KV, D, G>(p, c, deep_smem, scores, s_ml, s_wmax, my_page);
     if constexpr (CLUSTER)
       push_partial<D, G>(p, c, red, s_ml, landing, merges ? nsplit : 1);
     else if (finish_partial<D, G>(p, c, red, s_ml, nsplit, &s_last))

@@ -1631,26 +1631,45 @@ __device__ __forceinline__ int line_swz(int row) {
   return (((row >> 1) & 3) << 1) ^ ((row & 1) << 2);
 }
 
+// This lane's offsets for whole lines, computed once: its rows r0 and r0 + 4 in a stage
+// (rows r0 + 8, r0 + 12 swizzle alike: +1 KB) and its source bytes from a tile's row 0.
+struct LineOffs {
+  int dst[2];
+  int src;
+};
+
+template <class KV, int D>
+__device__ __forceinline__ LineOffs line_offs(int lane) {
+  constexpr int kRow = D * KV::kBytes;
+  const int r0 = lane >> 3, ch = lane & 7;
+  return {{r0 * kRow + ((ch ^ line_swz(r0)) << 4), (r0 + 4) * kRow + ((ch ^ line_swz(r0 + 4)) << 4)},
+          r0 * kRow + ch * 16};
+}
+
 template <class KV, int D>
 __device__ __forceinline__ void issue_lines(const Params& p, const Ctx& c, uint32_t stage,
-                                            int t, int my_page, bool is_v) {
+                                            int t, int my_page, bool is_v, const LineOffs& lo) {
   constexpr int kRow = D * KV::kBytes;
   const int rel = t * kTile;
   const int page = __shfl_sync(0xffffffffu, my_page, rel >> p.page_shift);
   const size_t row0 = (((size_t)page * p.num_kv_heads + c.h) << p.page_shift) +
                       (rel & ((1 << p.page_shift) - 1));
-  const int r0 = c.lane >> 3, ch = c.lane & 7;
-  const uint8_t* src = (is_v ? p.v : p.k) + (row0 + r0) * kRow + ch * 16;
+  const uint8_t* src = (is_v ? p.v : p.k) + row0 * kRow + lo.src;
   const int valid = c.n_tok - rel;
   __syncwarp();  // every lane is done reading the stage's previous tile
+  if (valid >= kTile) {  // rows r0 + 4i: immediates from the lane's two bases
+    cp_piece<16, 0, 0>(stage + lo.dst[0], src);
+    cp_piece<16, 0, 4 * kRow>(stage + lo.dst[1], src);
+    cp_piece<16, 8 * kRow, 8 * kRow>(stage + lo.dst[0], src);
+    cp_piece<16, 8 * kRow, 12 * kRow>(stage + lo.dst[1], src);
+    return;
+  }
+  const int r0 = c.lane >> 3;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const int row = r0 + 4 * i;
-    const uint32_t dst = stage + row * kRow + ((ch ^ line_swz(row)) << 4);
-    if (valid >= kTile)
-      cp_piece<16, 0, 0>(dst, src + i * 4 * kRow);
-    else
-      cp_piece<16, 0, 0, true>(dst, src + (row < valid ? i * 4 * kRow : 0), row < valid ? 16 : 0);
+    const bool ok = r0 + 4 * i < valid;
+    cp_piece<16, 0, 0, true>(stage + lo.dst[i & 1] + (i >> 1) * 8 * kRow,
+                             src + (ok ? i * 4 * kRow : 0), ok ? 16 : 0);
   }
 }
 
@@ -1658,14 +1677,15 @@ __device__ __forceinline__ void issue_lines(const Params& p, const Ctx& c, uint3
 // stage j % S, or an empty group past the stream's end.
 template <class KV, int D, int G>
 __device__ __forceinline__ void deep_load(const Params& p, const Ctx& c, uint32_t wring, int j,
-                                          int nw, int my_page) {
+                                          int nw, int my_page, const LineOffs& lo) {
   using DC = DeepCfg<KV, D, G>;
   const uint32_t stage = wring + (j % DC::S) * DC::STAGE;
   const uint32_t dst = stage + c.lane * DC::PB;
   const bool copies = RG_DEEP_ABLATE != 2;  // the ablation keeps the groups, not the copies
   if constexpr (DC::LINES) {
     if (copies && j < 2 * nw)
-      issue_lines<KV, D>(p, c, stage, c.warp + (j < nw ? j : j - nw) * kWarps, my_page, j >= nw);
+      issue_lines<KV, D>(p, c, stage, c.warp + (j < nw ? j : j - nw) * kWarps, my_page, j >= nw,
+                         lo);
   } else if (copies && j < nw) {
     issue_tile<KV, D, false>(p, c, dst, c.warp + j * kWarps, my_page);
   } else if (copies && j < 2 * nw) {
@@ -1735,11 +1755,12 @@ __device__ __forceinline__ void deep_attend(const Params& p, const Ctx& c, uint8
   const int grp = c.lane >> 2, tig = c.lane & 3;
   const int kline[2] = {grp * DC::ROW + ((tig ^ line_swz(grp)) << 4),
                         grp * DC::ROW + (((4 + tig) ^ line_swz(grp)) << 4)};
+  const LineOffs lo = line_offs<KV, D>(c.lane);
   const int vline[2] = {2 * tig * DC::ROW + ((grp ^ line_swz(2 * tig)) << 4),
                         (2 * tig + 1) * DC::ROW + ((grp ^ line_swz(2 * tig + 1)) << 4)};
   const uint32_t wring = smem_addr(smem + c.warp * DC::S * DC::STAGE);
 #pragma unroll
-  for (int j = 0; j < DC::S; ++j) deep_load<KV, D, G>(p, c, wring, j, nw, my_page);
+  for (int j = 0; j < DC::S; ++j) deep_load<KV, D, G>(p, c, wring, j, nw, my_page, lo);
   uint32_t qa[M::STEPS][2];
   q_operand<KV, D, G>(p, c, qa);  // in flight beside the first copies
   float mx[2] = {-__int_as_float(0x7f800000), -__int_as_float(0x7f800000)};
@@ -1765,7 +1786,7 @@ __device__ __forceinline__ void deep_attend(const Params& p, const Ctx& c, uint8
     }
     qk_tile_kq<KV, D, G>(p, qa, k0, k1, scores, t, min(kTile, c.n_tok - t * kTile), c.lane, mx);
     // after the scores are stored: the stage's bytes are used
-    deep_load<KV, D, G>(p, c, wring, i + DC::S, nw, my_page);
+    deep_load<KV, D, G>(p, c, wring, i + DC::S, nw, my_page, lo);
   }
   if constexpr (kDeepSoftmax) publish_max<G>(mx, wmax, c);
   __syncthreads();
@@ -1797,7 +1818,7 @@ __device__ __forceinline__ void deep_attend(const Params& p, const Ctx& c, uint8
     }
     pv_tile_mma<KV, D, G, kDeepSoftmax>(scores, vr, o, t, min(kTile, c.n_tok - t * kTile),
                                         c.lane, m);
-    deep_load<KV, D, G>(p, c, wring, nw + i + DC::S, nw, my_page);
+    deep_load<KV, D, G>(p, c, wring, nw + i + DC::S, nw, my_page, lo);
   }
   if constexpr (kDeepSoftmax) head_sums<G>(scores, wmax, s_ml, c);
   __syncthreads();  // every warp is done with its ring and the scores: red reuses them

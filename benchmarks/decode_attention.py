@@ -56,12 +56,11 @@ from pipeline.ops.paged_inputs import Case, make_inputs  # noqa: E402
 SOURCE = REPO / "kernels" / "decode_attention" / "split_kv.cu"
 PHASES = {0: "full", 1: "no_k_load", 2: "no_v_load", 3: "qk_x2", 4: "pv_x2",
           5: "convert_x2", 6: "no_sync", 7: "no_smem_publish"}
-DEEP_BUILDS = {"ca": (2, ["RG_DEEP_LINES=0"]), "cg": (2, ["RG_DEEP_CG"]),
-               "s3": (3, ["RG_DEEP_STAGES=3"]), "b4": (2, ["RG_DEEP_BLOCKS=4"])}
-"""The deep candidate's build variants beside its default (split_kv.cu's DeepCfg: E5M2
-D128 tiles copied as whole swizzled lines, two ring stages, .ca copies, three CTAs per
-SM): {name: (ring stages, defines)} -- per-lane pieces instead of whole lines, .cg copies,
-a 3-stage ring, four CTAs per SM (a 64-register cap)."""
+DEEP_BUILDS = {"ca": (2, ["RG_DEEP_LINES=0"]), "s3": (3, ["RG_DEEP_STAGES=3"])}
+"""The deep candidate's build variants beside its default (split_kv.cu's DeepCfg: D128
+tiles copied as whole swizzled lines, two ring stages, three CTAs per SM (E5M2) or two
+(bf16)): {name: (ring stages, defines)} -- per-lane pieces instead of whole lines, a
+3-stage ring."""
 ABLATIONS = {"abl_nomerge": ["RG_DEEP_ABLATE=1"], "abl_nokv": ["RG_DEEP_ABLATE=2"],
              "abl_prologue": ["RG_DEEP_ABLATE=3"]}
 """Timing-only builds of the deep candidate for B1x1K's attribution (split_kv.cu's

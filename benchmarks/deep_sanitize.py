@@ -28,6 +28,7 @@ SHAPES = [  # kv, batch, context, hq, hkv, dim, page
     ("e5m2", 2, 2000, 8, 1, 128, 16),
     ("e5m2", 1, 4100, 4, 1, 128, 64),
     ("bf16", 2, 1500, 8, 2, 64, 16),
+    ("bf16", 2, 1500, 8, 2, 128, 16),  # D128: whole lines
     ("e5m2", 1, 700, 8, 1, 64, 16),  # at most 8 splits: the cluster entry point
 ]
 

@@ -1509,7 +1509,7 @@ constexpr int kMaxWarpTiles = kMaxChunk / kTile / kWarps;  // 4 tiles per warp a
 #define RG_DEEP_ABLATE 0
 #endif
 
-// RG_DEEP_LINES=0 builds E5M2 D128 with per-lane pieces (the benchmarks' A/B).
+// RG_DEEP_LINES=0 builds D128 with per-lane pieces (the benchmarks' A/B).
 #ifndef RG_DEEP_LINES
 #define RG_DEEP_LINES 1
 #endif
@@ -1517,8 +1517,8 @@ constexpr int kMaxWarpTiles = kMaxChunk / kTile / kWarps;  // 4 tiles per warp a
 template <class KV, int D, int G>
 struct DeepCfg {
   static constexpr int PB = D / 8 * KV::kBytes;  // bytes per lane and piece
-  // Whole lines (E5M2 D128): a tile's rows are copied whole and swizzled (issue_lines).
-  static constexpr bool LINES = RG_DEEP_LINES != 0 && KV::kBytes == 1 && D == 128;
+  // Whole lines (D128): a tile's rows are copied whole and swizzled (issue_lines).
+  static constexpr bool LINES = RG_DEEP_LINES != 0 && D == 128;
   static constexpr int STAGE = 4 * 32 * PB;      // one warp's tile: 4 pieces x 32 lanes
   // Three CTAs per SM where the math fits 80 registers (ptxas spills the D128 bf16 math
   // there), else two. sm_110 allocates more: one.
@@ -1538,7 +1538,6 @@ struct DeepCfg {
 #else
   static constexpr int S = 2;
 #endif
-  static constexpr int ROW = D * KV::kBytes;
   static constexpr int RING = kWarps * S * STAGE;
   static_assert(S >= 2, "a ring of at least two stages");
 };
@@ -1620,56 +1619,102 @@ __device__ __forceinline__ void issue_tile(const Params& p, const Ctx& c, uint32
     tile_pieces<KV, D, IS_V, true>(dst, src, lane_row, valid);
 }
 
-// Whole lines (DeepCfg::LINES, E5M2 D128): each copy instruction of a warp reads four whole
-// 128-byte rows (lane l: row 4i + l / 8, 16-byte chunk l % 8), where per-lane pieces read
-// eight half rows: the L2 partitions' fabric ran 82 % busy at 69 % of DRAM bandwidth with
-// those (H200, 2026-12-04 run 33). Chunk c of row r lands at chunk c ^ line_swz(r), so that
-// the QK's reads (rows grp, grp + 1: chunks 4h..4h+3) and the PV's (rows 2tig..: chunk grp)
-// of a quarter warp fall in eight different bank groups. The lanes read each other's
-// copies: a __syncwarp follows each wait and precedes each reuse of a stage.
+// Whole lines (DeepCfg::LINES, D128): each copy instruction of a warp reads whole rows
+// (E5M2: four 128-byte rows, lane l row 4i + l / 8, 16-byte chunk l % 8; bf16: two 256-byte
+// rows, lane l row 2i + l / 16, chunk l % 16), where per-lane pieces read half rows: the L2
+// partitions' fabric ran 82 % busy at 69 % of DRAM bandwidth with those (H200, 2026-12-04
+// run 33). Chunk c of row r lands at chunk c ^ line_swz(r), which puts the 16-byte reads of
+// a quarter warp in eight different bank groups: the QK's (rows grp and grp + 1, chunks
+// c of the same parity (bf16) or the same half (E5M2)) and the PV's (rows 2tig.., chunk
+// grp (E5M2) or 2grp + u (bf16)). The lanes read each other's copies: a __syncwarp follows
+// each wait and precedes each reuse of a stage.
+template <class KV>
 __device__ __forceinline__ int line_swz(int row) {
-  return (((row >> 1) & 3) << 1) ^ ((row & 1) << 2);
+  const int q = (row >> 1) & 3;
+  if constexpr (KV::kBytes == 1)
+    return (q << 1) ^ ((row & 1) << 2);  // bits 1-2: odd rows' halves swapped
+  else
+    return ((q & 1) | ((q >> 1) << 2)) ^ (row & 1);  // bits 0 and 2: odd rows' parity flipped
 }
 
-// This lane's offsets for whole lines, computed once: its rows r0 and r0 + 4 in a stage
-// (rows r0 + 8, r0 + 12 swizzle alike: +1 KB) and its source bytes from a tile's row 0.
+template <class KV, int D>
+struct Lines {
+  static constexpr int ROW = D * KV::kBytes;
+  static constexpr int CH = ROW / 16;         // 16-byte chunks a row
+  static constexpr int RPI = 32 / CH;         // rows a copy instruction
+  static constexpr int NC = kTile / RPI;      // copy instructions a tile
+  static constexpr int NOFF = 8 / RPI;        // a lane's rows' swizzles (they repeat every 8)
+  static constexpr int KU = Mma<KV, D>::HB / 16;              // chunks of a K half a lane
+  static constexpr int VU = Mma<KV, D>::VD * KV::kBytes / 16;  // chunks of V a lane
+};
+
+// This lane's offsets for whole lines, computed once: where its copies land (rows r0 +
+// RPI k, k < NOFF; rows 8 further land 8 rows further), its source bytes from a tile's row
+// 0, its K chunks (row grp, half h, chunk u) and its V chunks (rows 2tig + r % 2, chunk u).
 struct LineOffs {
-  int dst[2];
+  int dst[4];
   int src;
+  int k[4];
+  int v[4];
 };
 
 template <class KV, int D>
 __device__ __forceinline__ LineOffs line_offs(int lane) {
-  constexpr int kRow = D * KV::kBytes;
-  const int r0 = lane >> 3, ch = lane & 7;
-  return {{r0 * kRow + ((ch ^ line_swz(r0)) << 4), (r0 + 4) * kRow + ((ch ^ line_swz(r0 + 4)) << 4)},
-          r0 * kRow + ch * 16};
+  using L = Lines<KV, D>;
+  LineOffs lo{};
+  const int r0 = lane / L::CH, ch = lane % L::CH, grp = lane >> 2, tig = lane & 3;
+#pragma unroll
+  for (int k = 0; k < L::NOFF; ++k) {
+    const int row = r0 + L::RPI * k;
+    lo.dst[k] = row * L::ROW + ((ch ^ line_swz<KV>(row)) << 4);
+  }
+  lo.src = r0 * L::ROW + ch * 16;
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int u = 0; u < L::KU; ++u)
+      lo.k[h * L::KU + u] =
+          grp * L::ROW + (((h * L::CH / 2 + tig * L::KU + u) ^ line_swz<KV>(grp)) << 4);
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int u = 0; u < L::VU; ++u)
+      lo.v[r * L::VU + u] = (2 * tig + r) * L::ROW +
+                            (((grp * L::VU + u) ^ line_swz<KV>(2 * tig + r)) << 4);
+  return lo;
+}
+
+// A full tile's copies, copy I at immediate offsets from the lane's bases.
+template <class KV, int D, int I = 0>
+__device__ __forceinline__ void copy_lines(uint32_t stage, const uint8_t* src, const LineOffs& lo) {
+  using L = Lines<KV, D>;
+  if constexpr (I < L::NC) {
+    cp_piece<16, (I / L::NOFF) * 8 * L::ROW, I * L::RPI * L::ROW>(stage + lo.dst[I % L::NOFF], src);
+    copy_lines<KV, D, I + 1>(stage, src, lo);
+  }
 }
 
 template <class KV, int D>
 __device__ __forceinline__ void issue_lines(const Params& p, const Ctx& c, uint32_t stage,
                                             int t, int my_page, bool is_v, const LineOffs& lo) {
-  constexpr int kRow = D * KV::kBytes;
+  using L = Lines<KV, D>;
   const int rel = t * kTile;
   const int page = __shfl_sync(0xffffffffu, my_page, rel >> p.page_shift);
   const size_t row0 = (((size_t)page * p.num_kv_heads + c.h) << p.page_shift) +
                       (rel & ((1 << p.page_shift) - 1));
-  const uint8_t* src = (is_v ? p.v : p.k) + row0 * kRow + lo.src;
+  const uint8_t* src = (is_v ? p.v : p.k) + row0 * L::ROW + lo.src;
   const int valid = c.n_tok - rel;
   __syncwarp();  // every lane is done reading the stage's previous tile
-  if (valid >= kTile) {  // rows r0 + 4i: immediates from the lane's two bases
-    cp_piece<16, 0, 0>(stage + lo.dst[0], src);
-    cp_piece<16, 0, 4 * kRow>(stage + lo.dst[1], src);
-    cp_piece<16, 8 * kRow, 8 * kRow>(stage + lo.dst[0], src);
-    cp_piece<16, 8 * kRow, 12 * kRow>(stage + lo.dst[1], src);
+  if (valid >= kTile) {
+    copy_lines<KV, D>(stage, src, lo);
     return;
   }
-  const int r0 = c.lane >> 3;
+  const int r0 = c.lane / L::CH;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const bool ok = r0 + 4 * i < valid;
-    cp_piece<16, 0, 0, true>(stage + lo.dst[i & 1] + (i >> 1) * 8 * kRow,
-                             src + (ok ? i * 4 * kRow : 0), ok ? 16 : 0);
+  for (int i = 0; i < L::NC; ++i) {
+    const bool ok = r0 + L::RPI * i < valid;
+    cp_piece<16, 0, 0, true>(stage + lo.dst[i % L::NOFF] + (i / L::NOFF) * 8 * L::ROW,
+                             src + (ok ? i * L::RPI * L::ROW : 0), ok ? 16 : 0);
   }
 }
 
@@ -1751,13 +1796,9 @@ __device__ __forceinline__ void deep_attend(const Params& p, const Ctx& c, uint8
   const int nw = c.warp < c.n_tiles ? (c.n_tiles - c.warp + kWarps - 1) / kWarps : 0;
   const uint8_t* wst = smem + c.warp * DC::S * DC::STAGE;  // this warp's stages
   const uint8_t* lring = wst + c.lane * DC::PB;             // this lane's pieces
-  // whole lines: this lane's K chunks (halves 0, 1) and V chunks (rows 2tig, 2tig + 1)
-  const int grp = c.lane >> 2, tig = c.lane & 3;
-  const int kline[2] = {grp * DC::ROW + ((tig ^ line_swz(grp)) << 4),
-                        grp * DC::ROW + (((4 + tig) ^ line_swz(grp)) << 4)};
-  const LineOffs lo = line_offs<KV, D>(c.lane);
-  const int vline[2] = {2 * tig * DC::ROW + ((grp ^ line_swz(2 * tig)) << 4),
-                        (2 * tig + 1) * DC::ROW + ((grp ^ line_swz(2 * tig + 1)) << 4)};
+  // whole lines: this lane's copy and read offsets (unused by the per-lane pieces)
+  LineOffs lo{};
+  if constexpr (DC::LINES) lo = line_offs<KV, D>(c.lane);
   const uint32_t wring = smem_addr(smem + c.warp * DC::S * DC::STAGE);
 #pragma unroll
   for (int j = 0; j < DC::S; ++j) deep_load<KV, D, G>(p, c, wring, j, nw, my_page, lo);
@@ -1770,13 +1811,15 @@ __device__ __forceinline__ void deep_attend(const Params& p, const Ctx& c, uint8
     const int t = c.warp + i * kWarps;
     cp_wait<DC::S - 1>();
     uint32_t k0[M::KW], k1[M::KW];
-    if constexpr (DC::LINES) {  // rows grp and 8 + grp, chunks 4h + tig, swizzled alike
+    if constexpr (DC::LINES) {  // rows grp and 8 + grp (swizzled alike), the lane's chunks
+      using L = Lines<KV, D>;
       __syncwarp();
       const uint8_t* st = wst + (i % DC::S) * DC::STAGE;
-      lds_u32<M::KW / 2>(k0, st + kline[0]);
-      lds_u32<M::KW / 2>(k0 + M::KW / 2, st + kline[1]);
-      lds_u32<M::KW / 2>(k1, st + 8 * DC::ROW + kline[0]);
-      lds_u32<M::KW / 2>(k1 + M::KW / 2, st + 8 * DC::ROW + kline[1]);
+#pragma unroll
+      for (int q = 0; q < 2 * L::KU; ++q) {
+        lds_u32<4>(k0 + 4 * q, st + lo.k[q]);
+        lds_u32<4>(k1 + 4 * q, st + 8 * L::ROW + lo.k[q]);
+      }
     } else {
       const uint8_t* src = lring + (i % DC::S) * DC::STAGE;
       lds_u32<M::KW / 2>(k0, src);
@@ -1806,11 +1849,15 @@ __device__ __forceinline__ void deep_attend(const Params& p, const Ctx& c, uint8
     const int t = c.warp + i * kWarps;
     cp_wait<DC::S - 1>();
     uint32_t vr[4][M::VW];
-    if constexpr (DC::LINES) {  // rows 2tig + r % 2 (+ 8: swizzled alike), chunk grp
+    if constexpr (DC::LINES) {  // rows 2tig + r % 2 (+ 8: swizzled alike), the lane's chunks
+      using L = Lines<KV, D>;
       __syncwarp();
       const uint8_t* st = wst + ((nw + i) % DC::S) * DC::STAGE;
 #pragma unroll
-      for (int r = 0; r < 4; ++r) lds_u32<M::VW>(vr[r], st + (r >> 1) * 8 * DC::ROW + vline[r & 1]);
+      for (int r = 0; r < 4; ++r)
+#pragma unroll
+        for (int u = 0; u < L::VU; ++u)
+          lds_u32<4>(vr[r] + 4 * u, st + (r >> 1) * 8 * L::ROW + lo.v[(r & 1) * L::VU + u]);
     } else {
       const uint8_t* src = lring + ((nw + i) % DC::S) * DC::STAGE;
 #pragma unroll

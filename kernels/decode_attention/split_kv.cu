@@ -1544,7 +1544,8 @@ struct DeepCfg {
 
 // One 16-byte (8: D64 E5M2) cp.async at immediate offsets from the lane's bases; with ZFILL
 // it copies `bytes` (PB or 0: zero-fill, the source not read). .ca: .cg (L2 only) measured
-// 36 % slower at B16x16K (H200, 2026-12-04 run 24).
+// 36 % slower at B16x16K with per-lane pieces and 16 % with whole lines (H200, 2026-12-04
+// runs 24 and 34).
 #ifdef RG_DEEP_CG  // the benchmarks' A/B: .cg copies (L2 only)
 #define RG_DEEP_CACHE "cg"
 #else

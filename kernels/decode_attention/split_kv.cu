@@ -44,6 +44,13 @@
 #ifndef RG_PHASE
 #define RG_PHASE 0
 #endif
+// RG_UNIT keeps a build to one kernels.toml unit's entry points and their code: the
+// baselines and one candidate family (1 the ring `_pipe`, 2 bulk, 3 deep), so that the
+// three units of this file do not each seal every entry point (a sealed bundle held three
+// identical cubins, 2026-12-04); unset (0), every entry point (the benchmarks build so).
+#ifndef RG_UNIT
+#define RG_UNIT 0
+#endif
 
 namespace {
 
@@ -1006,7 +1013,8 @@ __device__ __forceinline__ void split_kv(const Params& p) {
 
 // The sm_90+ candidates (bulk, deep): not in the phase-attribution builds, whose
 // RG_ONLY_E5M2_D128_G4 keeps the baseline and ring entry points alone.
-#if (!defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900) && !defined(RG_ONLY_E5M2_D128_G4)
+#if (!defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900) && !defined(RG_ONLY_E5M2_D128_G4) && \
+    RG_UNIT != 1
 // ============================================================ bulk candidate (sm_90+)
 // A producer warp streams the chunk's K and V through two shared-memory rings
 // of 64-token slots: whole page slabs (one cp.async.bulk per page piece of a
@@ -1021,11 +1029,12 @@ __device__ __forceinline__ void split_kv(const Params& p) {
 // launched as clusters of 8 splits: the last step merges the splits' partial
 // states through distributed shared memory in split order instead of a global
 // workspace, a device-scope fence and an atomic ticket (same arithmetic).
+constexpr int kClusterSplits = 8;
+constexpr int kMaxChunk = 512;
+#if RG_UNIT != 3  // the bulk candidate's alone (RG_UNIT: the deep unit leaves them out)
 constexpr int kSlotTokens = 64;
 constexpr int kBulkThreads = kThreads + 32;  // 8 math warps + the producer warp
 constexpr int kBarrierBytes = 256;           // 4 x 8 mbarriers of 8 bytes
-constexpr int kClusterSplits = 8;
-constexpr int kMaxChunk = 512;
 
 __host__ __device__ constexpr int cmin(int a, int b) { return a < b ? a : b; }
 
@@ -1057,10 +1066,12 @@ struct BulkCfg {
   static_assert(kWarps * G * D * 4 <= NK * SLOT, "the cross-warp reduction reuses the K ring");
   static_assert(G * D * 4 <= NV * SLOT, "the cluster partial reuses the V ring");
 };
+#endif  // RG_UNIT != 3
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
+#if RG_UNIT != 3
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
 }
@@ -1151,6 +1162,7 @@ __device__ __forceinline__ void produce(const Params& p, const Ctx& c, uint32_t 
     produce_slot<KV, D>(p, c, p.v, vring + i * B::SLOT, bars.full_v(i), s, my_page);
   }
 }
+#endif  // RG_UNIT != 3
 
 template <int N>
 __device__ __forceinline__ void lds_u32(uint32_t* w, const uint8_t* ptr) {
@@ -1309,6 +1321,7 @@ __device__ __forceinline__ void pv_tile_mma(const float* scores,
   }
 }
 
+#if RG_UNIT != 3
 // Phase A from the K ring: the baseline's loads (load_k) from shared memory, then its
 // MMA and score publication.
 template <class KV, int D, int G>
@@ -1377,11 +1390,13 @@ __device__ __forceinline__ void phase_c_bulk(const Ctx& c, const float* scores, 
   }
   store_warp_partial<KV, D, G>(c, o, red);
 }
+#endif  // RG_UNIT != 3
 
 __device__ __forceinline__ void cluster_sync_all() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;"
                ::: "memory");
 }
+#if RG_UNIT != 3
 // A float in CTA `rank`'s shared memory at the address `p` has in this CTA.
 __device__ __forceinline__ float ld_cluster(const float* p, uint32_t rank) {
   uint32_t remote;
@@ -1481,6 +1496,9 @@ __device__ __forceinline__ void split_kv_bulk(const Params& p) {
     cluster_sync_all();  // no split leaves while split 0 reads its shared memory
   }
 }
+#endif  // RG_UNIT != 3
+
+#if RG_UNIT != 2
 // ============================================================ deep candidate (sm_90+)
 // Each math warp streams its own tiles' K rows, then their V rows, through one cp.async
 // ring of S stages in the order it consumes them: load j of the warp's stream (K of its
@@ -2031,6 +2049,7 @@ __device__ __forceinline__ void split_kv_deep(const Params& p) {
   }
 }
 
+#endif  // RG_UNIT != 2
 #endif  // sm_90+
 
 }  // namespace
@@ -2059,35 +2078,40 @@ __device__ __forceinline__ void split_kv_deep(const Params& p) {
   }
 #define RG_KERNEL(NAME, KV, D, G, PIPE) \
   RG_ENTRY(NAME, (split_kv<KV, D, G, PIPE>), kThreads, (RG_BLOCKS(KV, PIPE)))
+#if RG_UNIT == 0 || RG_UNIT == 1
+#define RG_PIPE(NAME, KV, D, G) RG_KERNEL(NAME, KV, D, G, true)
+#else
+#define RG_PIPE(NAME, KV, D, G)
+#endif
 
 #ifdef RG_ONLY_E5M2_D128_G4
 RG_KERNEL(split_kv_e5m2_d128_g4_base, E5M2, 128, 4, false)
 RG_KERNEL(split_kv_e5m2_d128_g4_pipe, E5M2, 128, 4, true)
 #else
 RG_KERNEL(split_kv_e5m2_d128_g4_base, E5M2, 128, 4, false)
-RG_KERNEL(split_kv_e5m2_d128_g4_pipe, E5M2, 128, 4, true)
+RG_PIPE(split_kv_e5m2_d128_g4_pipe, E5M2, 128, 4)
 RG_KERNEL(split_kv_e5m2_d128_g8_base, E5M2, 128, 8, false)
-RG_KERNEL(split_kv_e5m2_d128_g8_pipe, E5M2, 128, 8, true)
+RG_PIPE(split_kv_e5m2_d128_g8_pipe, E5M2, 128, 8)
 RG_KERNEL(split_kv_e5m2_d64_g4_base, E5M2, 64, 4, false)
-RG_KERNEL(split_kv_e5m2_d64_g4_pipe, E5M2, 64, 4, true)
+RG_PIPE(split_kv_e5m2_d64_g4_pipe, E5M2, 64, 4)
 RG_KERNEL(split_kv_e5m2_d64_g8_base, E5M2, 64, 8, false)
-RG_KERNEL(split_kv_e5m2_d64_g8_pipe, E5M2, 64, 8, true)
+RG_PIPE(split_kv_e5m2_d64_g8_pipe, E5M2, 64, 8)
 RG_KERNEL(split_kv_bf16_d128_g4_base, BF16, 128, 4, false)
-RG_KERNEL(split_kv_bf16_d128_g4_pipe, BF16, 128, 4, true)
+RG_PIPE(split_kv_bf16_d128_g4_pipe, BF16, 128, 4)
 RG_KERNEL(split_kv_bf16_d128_g8_base, BF16, 128, 8, false)
-RG_KERNEL(split_kv_bf16_d128_g8_pipe, BF16, 128, 8, true)
+RG_PIPE(split_kv_bf16_d128_g8_pipe, BF16, 128, 8)
 RG_KERNEL(split_kv_bf16_d64_g4_base, BF16, 64, 4, false)
-RG_KERNEL(split_kv_bf16_d64_g4_pipe, BF16, 64, 4, true)
+RG_PIPE(split_kv_bf16_d64_g4_pipe, BF16, 64, 4)
 RG_KERNEL(split_kv_bf16_d64_g8_base, BF16, 64, 8, false)
-RG_KERNEL(split_kv_bf16_d64_g8_pipe, BF16, 64, 8, true)
+RG_PIPE(split_kv_bf16_d64_g8_pipe, BF16, 64, 8)
 // GQA groups of 2 (e.g. 16 query heads over 8 KV heads): the bf16 cache of the
 // fused reference engine (pipeline/engines/fused.py).
 RG_KERNEL(split_kv_bf16_d128_g2_base, BF16, 128, 2, false)
-RG_KERNEL(split_kv_bf16_d128_g2_pipe, BF16, 128, 2, true)
+RG_PIPE(split_kv_bf16_d128_g2_pipe, BF16, 128, 2)
 RG_KERNEL(split_kv_bf16_d64_g2_base, BF16, 64, 2, false)
-RG_KERNEL(split_kv_bf16_d64_g2_pipe, BF16, 64, 2, true)
+RG_PIPE(split_kv_bf16_d64_g2_pipe, BF16, 64, 2)
 
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+#if (!defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900) && RG_UNIT != 1
 // The sm_90+ candidates' shapes, each a pair: the candidate and its cluster entry point,
 // launched as clusters of 8 splits (docs/kernels.md).
 #define RG_SM90_SHAPES(PAIR)                                                             \
@@ -2105,7 +2129,11 @@ RG_KERNEL(split_kv_bf16_d64_g2_pipe, BF16, 64, 2, true)
 #define RG_BULK_PAIR(...) RG_SM90_PAIR(bulk, split_kv_bulk, kBulkThreads, BulkCfg, __VA_ARGS__)
 // The deep candidate: 256 threads.
 #define RG_DEEP_PAIR(...) RG_SM90_PAIR(deep, split_kv_deep, kThreads, DeepCfg, __VA_ARGS__)
+#if RG_UNIT == 0 || RG_UNIT == 2
 RG_SM90_SHAPES(RG_BULK_PAIR)
+#endif
+#if RG_UNIT == 0 || RG_UNIT == 3
 RG_SM90_SHAPES(RG_DEEP_PAIR)
+#endif
 #endif
 #endif

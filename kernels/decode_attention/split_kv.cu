@@ -1564,20 +1564,9 @@ struct DeepCfg {
 // it copies `bytes` (PB or 0: zero-fill, the source not read). .ca: .cg (L2 only) measured
 // 36 % slower at B16x16K with per-lane pieces and 16 % with whole lines (H200, 2026-12-04
 // runs 24 and 34).
-#ifdef RG_DEEP_CG  // the benchmarks' A/B: .cg copies (L2 only)
-#define RG_DEEP_CACHE "cg"
-#else
-#define RG_DEEP_CACHE "ca"
-#endif
 template <int BYTES, int DST, int SRC, bool ZFILL = false>
 __device__ __forceinline__ void cp_piece(uint32_t dst, const uint8_t* src, int bytes = BYTES) {
-  if constexpr (ZFILL && BYTES == 16)
-    asm volatile("cp.async." RG_DEEP_CACHE ".shared.global [%0+%2], [%1+%3], %4, %5;\n"
-                 ::"r"(dst), "l"(src), "n"(DST), "n"(SRC), "n"(BYTES), "r"(bytes) : "memory");
-  else if constexpr (BYTES == 16)
-    asm volatile("cp.async." RG_DEEP_CACHE ".shared.global [%0+%2], [%1+%3], %4;\n"
-                 ::"r"(dst), "l"(src), "n"(DST), "n"(SRC), "n"(BYTES) : "memory");
-  else if constexpr (ZFILL)  // 8 bytes (D64 E5M2): .ca only
+  if constexpr (ZFILL)
     asm volatile("cp.async.ca.shared.global [%0+%2], [%1+%3], %4, %5;\n" ::"r"(dst), "l"(src),
                  "n"(DST), "n"(SRC), "n"(BYTES), "r"(bytes) : "memory");
   else

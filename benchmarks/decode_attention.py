@@ -56,21 +56,30 @@ from pipeline.ops.paged_inputs import Case, make_inputs  # noqa: E402
 SOURCE = REPO / "kernels" / "decode_attention" / "split_kv.cu"
 PHASES = {0: "full", 1: "no_k_load", 2: "no_v_load", 3: "qk_x2", 4: "pv_x2",
           5: "convert_x2", 6: "no_sync", 7: "no_smem_publish"}
-DEEP_BUILDS = {"ca": (2, ["RG_DEEP_LINES=0"]), "s3": (3, ["RG_DEEP_STAGES=3"])}
+DEEP_BUILDS = {"ca": (2, ["RG_DEEP_LINES=0", "RG_DEEP_STAGES=2"], 1024),
+               "s2": (2, ["RG_DEEP_STAGES=2"], 1024), "s3": (3, ["RG_DEEP_STAGES=3"], 1024),
+               "c512": (2, ["RG_DEEP_MAX_CHUNK=512", "RG_DEEP_STAGES=2"], 512)}
 """The deep candidate's build variants beside its default (split_kv.cu's DeepCfg: D128
-tiles copied as whole swizzled lines, two ring stages, three CTAs per SM (E5M2) or two
-(bf16)): {name: (ring stages, defines)} -- per-lane pieces instead of whole lines, a
-3-stage ring."""
+tiles copied as whole swizzled lines; ring stages: three for E5M2 D128 G4, two else; three
+CTAs per SM (E5M2) or two (bf16); chunks up to 1024): {name: (ring stages, defines,
+max_chunk)} -- per-lane pieces instead of whole lines (two stages), two stages, three
+stages (bf16's A/B), chunks up to 512 (split_kv's) with two stages (run 38's kernel)."""
 ABLATIONS = {"abl_nomerge": ["RG_DEEP_ABLATE=1"], "abl_nokv": ["RG_DEEP_ABLATE=2"],
              "abl_prologue": ["RG_DEEP_ABLATE=3"]}
 """Timing-only builds of the deep candidate for B1x1K's attribution (split_kv.cu's
 RG_DEEP_ABLATE: no cluster merge, no K/V copies, the prologue alone)."""
 
 
-def deep_ring_bytes(kv: str, dim: int, stages: int = 2) -> int:
+def deep_stages(kv: str, dim: int, group: int) -> int:
+    """split_kv.cu's DeepCfg::S of a default build: three for E5M2 D128 up to G4, else two."""
+    return 3 if kv == "e5m2" and dim == 128 and group <= 4 else 2
+
+
+def deep_ring_bytes(kv: str, dim: int, stages: int | None = None, group: int = 4) -> int:
     """The deep candidate's warps' rings (split_kv.cu's DeepCfg, line for line): 8 warps x
-    `stages` stages x one 16-token tile. kernels.toml's split_kv_deep rules declare the
-    default build's (tests check they agree)."""
+    `stages` stages (the default build's: deep_stages) x one 16-token tile. kernels.toml's
+    split_kv_deep rules declare the default build's (tests check they agree)."""
+    stages = stages or deep_stages(kv, dim, group)
     return 8 * stages * 4 * 32 * dim // 8 * (1 if kv == "e5m2" else 2)
 
 
@@ -80,14 +89,16 @@ def deep_landing_bytes(dim: int, group: int) -> int:
     return 8 * (2 * group + group * dim) * 4
 
 
-def deep_operator(stages: int):
-    """split_kv_deep as a build with RG_DEEP_STAGES=stages launches it: its shared memory
-    for the timed shapes (D128 G4, `_deep`: B16x16K) ahead of kernels.toml's rules."""
+def deep_operator(stages: int, max_chunk: int | None = None):
+    """split_kv_deep as a build with RG_DEEP_STAGES=stages (and RG_DEEP_MAX_CHUNK=max_chunk)
+    launches it: its shared memory for the timed shapes (D128 G4, `_deep`: B16x16K) ahead of
+    kernels.toml's rules, and its largest chunk."""
     rules = tuple(contract.SharedMemory((f"split_kv_{kv}_d128_g4_deep",), chunk_heads=4,
                                         fixed=deep_ring_bytes(kv, 128, stages), heads_dim=32,
                                         opt_in=True) for kv in ("e5m2", "bf16"))
     return dataclasses.replace(op.SPLIT_KV_DEEP,
-                               shared_memory=rules + op.SPLIT_KV_DEEP.shared_memory)
+                               shared_memory=rules + op.SPLIT_KV_DEEP.shared_memory,
+                               max_chunk=max_chunk or op.SPLIT_KV_DEEP.max_chunk)
 
 
 SM90_CANDIDATES = ("bulk", "deep")
@@ -131,7 +142,7 @@ def build(nvcc: str, arch: str, build_dir: Path, out: Path) -> dict:
     for n in PHASES:
         jobs[f"phase{n}"] = (build_dir / "phase" / f"split_kv.phase{n}.{arch}.cubin",
                              [f"RG_PHASE={n}", "RG_ONLY_E5M2_D128_G4"])
-    for name, (_, defines) in DEEP_BUILDS.items():
+    for name, (_, defines, _) in DEEP_BUILDS.items():
         jobs[f"deep_{name}"] = (build_dir / "deep" / f"split_kv.deep_{name}.{arch}.cubin", defines)
     for name, defines in ABLATIONS.items():
         jobs[name] = (build_dir / "deep" / f"split_kv.{name}.{arch}.cubin", defines)
@@ -271,9 +282,10 @@ def dense_bf16(batch, hkv, length, dim, dev, gen):
 
 
 def bench_large(cubin: Path, dev, repeats: int, ceiling: float,
-                extra: dict[str, tuple[Path, int]] | None = None) -> dict:
+                extra: dict[str, tuple[Path, int, int]] | None = None) -> dict:
     """B16 x 16K, GQA 32/8, D128, page 64: every path, interleaved in rotated order;
-    `extra` ({name: (cubin, ring stages)}) adds the deep candidate of other builds."""
+    `extra` ({name: (cubin, ring stages, max_chunk)}) adds the deep candidate of other
+    builds."""
     batch, length, hq, hkv, dim = 16, 16384, 32, 8, 128
     fp8 = make_inputs(Case(7, batch, "uniform", str(length), 64, "e5m2", hq, hkv, dim,
                            [length] * batch), dev)
@@ -298,9 +310,11 @@ def bench_large(cubin: Path, dev, repeats: int, ceiling: float,
            "naive_dequant_sdpa": lambda: reference.naive_dequant_sdpa(
                fp8.q, fp8.k_cache, fp8.v_cache, fp8.block_table, length,
                k_scale=fp8.k_scale, v_scale=fp8.v_scale)}
-    for name, (cub, stages) in (extra or {}).items():
+    operators = {"bulk": (op.SPLIT_KV_BULK, cubin), "deep": (op.SPLIT_KV_DEEP, cubin)}
+    for name, (cub, stages, max_chunk) in (extra or {}).items():
+        operators[name] = (deep_operator(stages, max_chunk), cub)
         for kv, inp in (("e5m2", fp8), ("bf16", bf)):
-            fns[f"{kv}_{name}"] = split(inp, "deep", deep_operator(stages), cub)
+            fns[f"{kv}_{name}"] = split(inp, "deep", operators[name][0], cub)
     # accuracy of the timed paths on this shape (SDPA paths against their own inputs)
     ref8 = reference.decode_attention_fp64(fp8.q, fp8.k_cache, fp8.v_cache, fp8.block_table,
                                            fp8.seq_lens, k_scale=fp8.k_scale,
@@ -309,19 +323,20 @@ def bench_large(cubin: Path, dev, repeats: int, ceiling: float,
     for name in [n for n in fns if n.startswith("e5m2_")] + ["naive_dequant_sdpa"]:
         outs[name] = fns[name]().clone()
         acc[name] = float((outs[name].double() - ref8).abs().max())
-    # each sm_90+ candidate (and depth variant) against the baseline of its own operator's
-    # plan (split_kv_bulk / split_kv_deep: the same chunk as split_kv's here)
+    # each sm_90+ candidate (and build variant) against the baseline of its own operator's
+    # plan, from its own cubin (split_kv_bulk: split_kv's chunk; split_kv_deep: up to 1024)
     bits = {}
     for kv, inp in (("e5m2", fp8), ("bf16", bf)):
-        base = split(inp, "baseline", op.SPLIT_KV_BULK)().view(torch.int16).clone()
         for name in fns:
-            if name.startswith(kv + "_") and name.split("_", 1)[1] not in ("baseline",
-                                                                         "pipelined"):
+            variant = name.split("_", 1)[1] if name.startswith(kv + "_") else ""
+            if variant in operators:
+                oper, cub = operators[variant]
+                base = split(inp, "baseline", oper, cub)().view(torch.int16).clone()
                 bits[name] = bool(torch.equal(fns[name]().view(torch.int16), base))
     samples = timing.interleaved(fns, repeats=repeats, device=dev, flush=True)
     kv_bytes = {"e5m2": batch * length * hkv * dim * 2, "bf16": batch * length * hkv * dim * 4}
     res = {"shape": "B16x16384 GQA32/8 D128 page64", "max_abs_err_vs_fp64": acc,
-           "extra_cubins": {k: [str(c), n] for k, (c, n) in (extra or {}).items()},
+           "extra_cubins": {k: [str(c), n, m] for k, (c, n, m) in (extra or {}).items()},
            "bitwise_equal_to_baseline": bits, "order": samples["order"], "variants": {}}
     for name, s in samples["samples_us"].items():
         nbytes = kv_bytes["e5m2" if name.startswith(("e5m2", "naive")) else "bf16"]
@@ -641,8 +656,8 @@ def main(argv=None) -> int:
     ceiling = section(results, "ceiling", lambda: copy_ceiling(dev)).get("tb_per_s", float("nan"))
     plan = {"smoke": lambda: smoke(cubin, dev, ns.out, results),
             "bench_large": lambda: bench_large(cubin, dev, ns.repeats, ceiling, {
-                f"deep_{n}": (Path(build_rec["cubins"][f"deep_{n}"]), stages)
-                for n, (stages, _) in DEEP_BUILDS.items()
+                f"deep_{n}": (Path(build_rec["cubins"][f"deep_{n}"]), stages, max_chunk)
+                for n, (stages, _, max_chunk) in DEEP_BUILDS.items()
                 if f"deep_{n}" in build_rec.get("cubins", {})}),
             "bench_small": lambda: bench_small(cubin, dev, max(9, ns.repeats // 2), {
                 n: Path(build_rec["cubins"][n]) for n in ABLATIONS

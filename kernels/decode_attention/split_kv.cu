@@ -916,13 +916,10 @@ __device__ __forceinline__ void sum_warps(const Params& p, const Ctx& c, const f
 // Sum the warps' partials (fixed order); write the output (one split) or the
 // partial and take the (sequence, head)'s ticket. True in the CTA that finished last
 // of several splits: it merges them.
-// (ITEM: the persistent candidate's item gives the split and the plan's splits, where a
-// CTA's are blockIdx.x and gridDim.x)
-template <int D, int G, bool NAMED = false, bool ITEM = false>
+template <int D, int G, bool NAMED = false>
 __device__ __forceinline__ bool finish_partial(const Params& p, const Ctx& c, const float* red,
-                                               const float* s_ml, int nsplit, int* s_last,
-                                               int split = 0, int splits = 0) {
-  const int s = ITEM ? split : (int)blockIdx.x;
+                                               const float* s_ml, int nsplit, int* s_last) {
+  const int s = blockIdx.x;
   const size_t bh = (size_t)c.b * p.num_kv_heads + c.h;
   cta_sync<NAMED>();
   // sum_warps' loop, written out: through its lambda ptxas allocates the bulk candidate's
@@ -935,10 +932,10 @@ __device__ __forceinline__ bool finish_partial(const Params& p, const Ctx& c, co
     if (nsplit == 1)
       p.out[((size_t)c.b * c.hq + c.h * G) * D + i] = rowgate::float_to_bf16(o / s_ml[G + g] * p.v_scale);
     else
-      p.ws_acc[(bh * (ITEM ? splits : gridDim.x) + s) * G * D + i] = o;
+      p.ws_acc[(bh * gridDim.x + s) * G * D + i] = o;
   }
   if (nsplit == 1) return false;
-  if (c.tid < 2 * G) p.ws_ml[(bh * (ITEM ? splits : gridDim.x) + s) * 2 * G + c.tid] = s_ml[c.tid];
+  if (c.tid < 2 * G) p.ws_ml[(bh * gridDim.x + s) * 2 * G + c.tid] = s_ml[c.tid];
 
   __threadfence();
   cta_sync<NAMED>();
@@ -949,13 +946,12 @@ __device__ __forceinline__ bool finish_partial(const Params& p, const Ctx& c, co
 
 // The splits' states merged in split order: the running max first, then each split
 // weighted by exp2(its max - the max), summed with FMAs in split order.
-template <int D, int G, bool ITEM = false>
-__device__ __forceinline__ void merge_splits(const Params& p, const Ctx& c, int nsplit,
-                                             int splits = 0) {
+template <int D, int G>
+__device__ __forceinline__ void merge_splits(const Params& p, const Ctx& c, int nsplit) {
   const size_t bh = (size_t)c.b * p.num_kv_heads + c.h;
   __threadfence();
-  const float* ml = p.ws_ml + bh * (ITEM ? splits : gridDim.x) * 2 * G;
-  const float* pa = p.ws_acc + bh * (ITEM ? splits : gridDim.x) * G * D;
+  const float* ml = p.ws_ml + bh * gridDim.x * 2 * G;
+  const float* pa = p.ws_acc + bh * gridDim.x * G * D;
   for (int i = c.tid; i < G * D; i += kThreads) {
     const int g = i / D;
     float m = -__int_as_float(0x7f800000);
@@ -1034,7 +1030,7 @@ __device__ __forceinline__ void split_kv(const Params& p) {
 // states through distributed shared memory in split order instead of a global
 // workspace, a device-scope fence and an atomic ticket (same arithmetic).
 constexpr int kClusterSplits = 8;
-constexpr int kMaxChunk = 512;
+[[maybe_unused]] constexpr int kMaxChunk = 512;
 #if RG_UNIT != 3  // the bulk candidate's alone (RG_UNIT: the deep unit leaves them out)
 constexpr int kSlotTokens = 64;
 constexpr int kBulkThreads = kThreads + 32;  // 8 math warps + the producer warp
@@ -1075,16 +1071,18 @@ struct BulkCfg {
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
-// mbarriers: the bulk candidate's and the deep candidate's tensor copies (RG_DEEP_TMA;
-// maybe_unused: a deep unit's build without them references them only in templates)
-[[maybe_unused]] __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+#if RG_UNIT != 3
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
 }
-[[maybe_unused]] __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
                : "memory");
 }
-[[maybe_unused]] __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   uint32_t done = 0;
   while (!done) {
     asm volatile(
@@ -1094,10 +1092,6 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
         : "r"(bar), "r"(parity)
         : "memory");
   }
-}
-#if RG_UNIT != 3
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
 // Global -> shared bulk copy completing on `bar` (bytes a multiple of 16, both ends
 // 16-byte aligned: a token row is D * element bytes >= 64).
@@ -1252,11 +1246,7 @@ __device__ __forceinline__ void qk_ntile(const Params& p, const uint32_t (&qa)[M
 // swapped, half the MMAs (8 tokens' worth of them computed padded rows) and no zero rows.
 // k0/k1: load_k's words of n-tile 0 / 1. Publishes the scores of tokens grp and grp + 8,
 // heads 2tig and 2tig + 1, and takes them into mx, this lane's maxima of the two heads.
-// With SIGMA, MMA rows m and m + 8 hold tokens tma_token(m) and tma_token(m) + 8 (the
-// tensor-copy layout's conflict-free reads; each score's products and order unchanged).
-[[maybe_unused]] __device__ __forceinline__ int tma_token(int m) { return (m >> 1) | ((m & 1) << 2); }
-
-template <class KV, int D, int G, bool SIGMA = false>
+template <class KV, int D, int G>
 __device__ __forceinline__ void qk_tile_kq(const Params& p,
                                            const uint32_t (&qa)[Mma<KV, D>::STEPS][2],
                                            const uint32_t (&k0)[Mma<KV, D>::KW],
@@ -1281,7 +1271,7 @@ __device__ __forceinline__ void qk_tile_kq(const Params& p,
   if (2 * tig < G) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int tt = (SIGMA ? tma_token(grp) : grp) + 8 * h;
+      const int tt = grp + 8 * h;
       if (tt < valid) {
         const float2 x = make_float2(s[2 * h] * p.qk_scale_log2, s[2 * h + 1] * p.qk_scale_log2);
         *reinterpret_cast<float2*>(scores + (size_t)(t * kTile + tt) * G + 2 * tig) = x;
@@ -1527,14 +1517,32 @@ __device__ __forceinline__ void split_kv_bulk(const Params& p) {
 // zero-filled by the copies, as the baseline fills them), in its order, so the candidate
 // is bitwise equal to the baseline. `_deepc` runs as clusters of 8 splits and merges them
 // by push (push_partial, merge_landed).
-constexpr int kMaxWarpTiles = kMaxChunk / kTile / kWarps;  // 4 tiles per warp at most
+// The deep candidate's largest chunk (kernels.toml's max_chunk for split_kv_deep): 1024
+// tokens, 8 tiles a warp. Against 512 it halves the CTAs' prologues, partial stores and
+// merge inputs at B16x16K: 155.9 -> 151.0 us E5M2, 267.5 -> 262.1 us bf16; 2048 lost
+// (166.6 / 278.8 us: 2.6 waves of CTAs) (H200, 2026-12-04 run 49). RG_DEEP_MAX_CHUNK=512 is
+// the benchmarks' A/B build.
+#ifndef RG_DEEP_MAX_CHUNK
+#define RG_DEEP_MAX_CHUNK 1024
+#endif
+constexpr int kDeepMaxChunk = RG_DEEP_MAX_CHUNK;
+constexpr int kMaxWarpTiles = kDeepMaxChunk / kTile / kWarps;
+
+// A chunk's pages, two a lane: lane l holds the chunk's pages l and 32 + l (1024 tokens of
+// 16-token pages are 64 pages); `i` is warp-uniform.
+struct Pages {
+  int lo, hi;
+};
+__device__ __forceinline__ int page_at(const Pages& pg, int i) {
+  return __shfl_sync(0xffffffffu, i < 32 ? pg.lo : pg.hi, i & 31);
+}
 
 // RG_DEEP_ABLATE selects a timing variant of the deep candidate for B1x1K's attribution
 // (benchmarks/decode_attention.py; never for results): 1 no cluster merge (each split writes
 // its own normalized partial; no cluster barrier), 2 no K/V copies (the math on whatever the
 // ring holds), 3 the prologue alone (the length and pages read, the output zeroed); with
-// no copies either (B16x16K's attribution): 4 no partial store or merge, 5 no PV, 6 no QK
-// MMAs (the scores the ring's bytes, unscaled).
+// no copies either (B16x16K's attribution, benchmarks/deep_ceiling.py): 4 no partial store
+// or merge, 5 no PV, 6 no QK MMAs (the scores the ring's bytes).
 #ifndef RG_DEEP_ABLATE
 #define RG_DEEP_ABLATE 0
 #endif
@@ -1544,23 +1552,7 @@ constexpr int kMaxWarpTiles = kMaxChunk / kTile / kWarps;  // 4 tiles per warp a
 #define RG_DEEP_LINES 1
 #endif
 
-// RG_DEEP_TMA=1 adds `_deept` / `_deeptc` (E5M2 D128): the deep candidate whose tiles
-// arrive as one tensor copy each (cp.async.bulk.tensor through a tensor map of the cache as
-// [rows, 128 bytes] with the 128-byte swizzle, completing on the warp's mbarrier of the
-// stage), passed as two __grid_constant__ tensor maps (K, V) after the contract's
-// parameters. cp.async.ca stages every byte in flight in an L1 line beside its shared-memory
-// copy; a tensor copy lands in shared memory alone, so a deeper ring fits beside it.
-#ifndef RG_DEEP_TMA
-#define RG_DEEP_TMA 0
-#endif
-#ifndef RG_DEEP_TMA_STAGES
-#define RG_DEEP_TMA_STAGES 4
-#endif
-struct alignas(64) TensorMap {  // a CUtensorMap's 128 opaque bytes
-  unsigned long long words[16];
-};
-
-template <class KV, int D, int G, bool TMA = false>
+template <class KV, int D, int G>
 struct DeepCfg {
   static constexpr int PB = D / 8 * KV::kBytes;  // bytes per lane and piece
   // Whole lines (D128): a tile's rows are copied whole and swizzled (issue_lines).
@@ -1576,22 +1568,18 @@ struct DeepCfg {
 #else
   static constexpr int BLOCKS = REGS3 ? 3 : 2;
 #endif
-  // Two stages: deeper rings measured slower at every point (H200, 2026-12-04 runs 21-26:
-  // 3, 4 and 8 stages), in step with the L1 the larger shared memory leaves (.ca copies
-  // hold an L1 line in flight).
+  // Three stages for E5M2 D128 up to 4 heads a group, whose three CTAs still fit an SM with
+  // 1024-token chunks: 147.1 against 150.3 us at B16x16K (H200, 2026-12-04 run 51); two
+  // elsewhere: bf16 lost with three (281.2 against 262.4 us, two CTAs an SM), a group of 8
+  // would drop to two CTAs an SM, and with per-lane pieces and 512-token chunks deeper rings
+  // lost at every point (runs 21-26: .ca copies hold an L1 line in flight).
 #ifdef RG_DEEP_STAGES
-  static constexpr int S0 = RG_DEEP_STAGES;  // benchmarks' A/B of the ring depth
+  static constexpr int S = RG_DEEP_STAGES;  // benchmarks' A/B of the ring depth
 #else
-  static constexpr int S0 = 2;
+  static constexpr int S = KV::kBytes == 1 && D == 128 && G <= 4 ? 3 : 2;
 #endif
-  static constexpr int S = TMA ? RG_DEEP_TMA_STAGES : S0;
-  // tensor copies: the warps' stages from a 1 KB boundary (the swizzle's atom), then their
-  // mbarriers (one a stage)
-  static constexpr int BARS = TMA ? kWarps * S * 8 : 0;
-  static constexpr int ALIGN = TMA ? 1024 : 0;
-  static constexpr int RING = kWarps * S * STAGE + BARS + ALIGN;
+  static constexpr int RING = kWarps * S * STAGE;
   static_assert(S >= 2, "a ring of at least two stages");
-  static_assert(!TMA || (KV::kBytes == 1 && D == 128), "tensor copies: E5M2 D128 tiles");
 };
 
 // One 16-byte (8: D64 E5M2) cp.async at immediate offsets from the lane's bases; with ZFILL
@@ -1644,9 +1632,9 @@ __device__ __forceinline__ void tile_pieces(uint32_t dst, const uint8_t* src, in
 // (the lane's slot in a stage); zero-fills rows at or past `valid`.
 template <class KV, int D, bool IS_V>
 __device__ __forceinline__ void issue_tile(const Params& p, const Ctx& c, uint32_t dst, int t,
-                                           int my_page) {
+                                           const Pages& pg) {
   const int rel = t * kTile;
-  const int page = __shfl_sync(0xffffffffu, my_page, rel >> p.page_shift);
+  const int page = page_at(pg, rel >> p.page_shift);
   const size_t row = (((size_t)page * p.num_kv_heads + c.h) << p.page_shift) +
                      (rel & ((1 << p.page_shift) - 1));
   const int grp = c.lane >> 2, tig = c.lane & 3;
@@ -1738,10 +1726,11 @@ __device__ __forceinline__ void copy_lines(uint32_t stage, const uint8_t* src, c
 
 template <class KV, int D>
 __device__ __forceinline__ void issue_lines(const Params& p, const Ctx& c, uint32_t stage,
-                                            int t, int my_page, bool is_v, const LineOffs& lo) {
+                                            int t, const Pages& pg, bool is_v,
+                                            const LineOffs& lo) {
   using L = Lines<KV, D>;
   const int rel = t * kTile;
-  const int page = __shfl_sync(0xffffffffu, my_page, rel >> p.page_shift);
+  const int page = page_at(pg, rel >> p.page_shift);
   const size_t row0 = (((size_t)page * p.num_kv_heads + c.h) << p.page_shift) +
                       (rel & ((1 << p.page_shift) - 1));
   const uint8_t* src = (is_v ? p.v : p.k) + row0 * L::ROW + lo.src;
@@ -1764,92 +1753,20 @@ __device__ __forceinline__ void issue_lines(const Params& p, const Ctx& c, uint3
 // stage j % S, or an empty group past the stream's end.
 template <class KV, int D, int G>
 __device__ __forceinline__ void deep_load(const Params& p, const Ctx& c, uint32_t wring, int j,
-                                          int nw, int my_page, const LineOffs& lo) {
+                                          int nw, const Pages& pg, const LineOffs& lo) {
   using DC = DeepCfg<KV, D, G>;
   const uint32_t stage = wring + (j % DC::S) * DC::STAGE;
   const uint32_t dst = stage + c.lane * DC::PB;
   const bool copies = RG_DEEP_ABLATE != 2 && RG_DEEP_ABLATE < 4;  // keeps the groups
   if constexpr (DC::LINES) {
     if (copies && j < 2 * nw)
-      issue_lines<KV, D>(p, c, stage, c.warp + (j < nw ? j : j - nw) * kWarps, my_page, j >= nw,
-                         lo);
+      issue_lines<KV, D>(p, c, stage, c.warp + (j < nw ? j : j - nw) * kWarps, pg, j >= nw, lo);
   } else if (copies && j < nw) {
-    issue_tile<KV, D, false>(p, c, dst, c.warp + j * kWarps, my_page);
+    issue_tile<KV, D, false>(p, c, dst, c.warp + j * kWarps, pg);
   } else if (copies && j < 2 * nw) {
-    issue_tile<KV, D, true>(p, c, dst, c.warp + (j - nw) * kWarps, my_page);
+    issue_tile<KV, D, true>(p, c, dst, c.warp + (j - nw) * kWarps, pg);
   }
   cp_commit();
-}
-
-// Tensor copies (RG_DEEP_TMA): the stage holds the tile's 16 rows in order, chunk c of row r
-// at chunk c ^ (r & 7) (the 128-byte swizzle of a 1 KB-aligned stage). The V reads (rows
-// 2tig + r, chunk grp) are then in eight bank groups a quarter warp as they are; the QK
-// reads rows tma_token(grp) (+ 8), so that a quarter warp's two rows differ in bit 2 and
-// read opposite halves.
-template <class KV, int D>
-__device__ __forceinline__ LineOffs tma_offs(int lane) {
-  using L = Lines<KV, D>;
-  LineOffs lo{};
-  const int grp = lane >> 2, tig = lane & 3, row = tma_token(grp);
-#pragma unroll
-  for (int h = 0; h < 2; ++h) lo.k[h] = row * L::ROW + (((4 * h + tig) ^ row) << 4);
-#pragma unroll
-  for (int r = 0; r < 2; ++r)
-    lo.v[r] = (2 * tig + r) * L::ROW + ((grp ^ (2 * tig + r)) << 4);
-  return lo;
-}
-
-// One tile of `map` (rows row .. row + 15) into the stage at `dst`, completing on `bar`.
-[[maybe_unused]] __device__ __forceinline__ void tensor_copy(uint32_t dst, const TensorMap* map, int row,
-                                            uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%2, %3}], [%4];" ::"r"(dst),
-      "l"(map), "r"(0), "r"(row), "r"(bar)
-      : "memory");
-}
-
-// Load j (of 2 nw) of head h's stream as the warp's load g (its stage g % S) by tensor copy:
-// lane 0 issues it; every lane takes part in the page's shuffle.
-template <class KV, int D, int G>
-__device__ __forceinline__ void tma_issue(const Params& p, int h, int warp, int lane,
-                                          uint32_t wring, uint32_t bars, int g, int j, int nw,
-                                          int my_page, const TensorMap* kmap,
-                                          const TensorMap* vmap) {
-  using DC = DeepCfg<KV, D, G, true>;
-  const int rel = (warp + (j < nw ? j : j - nw) * kWarps) * kTile;
-  const int page = __shfl_sync(0xffffffffu, my_page, rel >> p.page_shift);
-  const int row = ((page * p.num_kv_heads + h) << p.page_shift) + (rel & ((1 << p.page_shift) - 1));
-  __syncwarp();  // every lane is done reading the stage's previous tile
-  if (lane == 0) {
-    const uint32_t bar = bars + 8 * (g % DC::S);
-    mbar_expect_tx(bar, DC::STAGE);
-    tensor_copy(wring + (g % DC::S) * DC::STAGE, j < nw ? kmap : vmap, row, bar);
-  }
-}
-
-// Load j of the warp's stream (its load j): nothing past the stream's end.
-template <class KV, int D, int G>
-__device__ __forceinline__ void tma_load(const Params& p, const Ctx& c, uint32_t wring,
-                                         uint32_t bars, int j, int nw, int my_page,
-                                         const TensorMap* kmap, const TensorMap* vmap) {
-  if (j < 2 * nw)
-    tma_issue<KV, D, G>(p, c.h, c.warp, c.lane, wring, bars, j, j, nw, my_page, kmap, vmap);
-}
-
-// Wait for load j; a V tile of `valid` < 16 tokens has its rows past the sequence zeroed
-// (the copy reads the page's rows as they are; the baseline's operands are zero there).
-template <class KV, int D, int G>
-__device__ __forceinline__ void tma_wait(uint32_t bars, int j, uint8_t* stage, int valid,
-                                         int lane) {
-  using DC = DeepCfg<KV, D, G, true>;
-  mbar_wait(bars + 8 * (j % DC::S), (j / DC::S) & 1);
-  if (valid < kTile) {
-    for (int i = valid * 8 + lane; i < kTile * 8; i += 32)
-      reinterpret_cast<uint4*>(stage)[i] = make_uint4(0u, 0u, 0u, 0u);
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-  }
-  __syncwarp();
 }
 
 // The softmax without a pass of its own (kDeepSoftmax, the default): each warp takes its
@@ -1900,42 +1817,21 @@ __device__ __forceinline__ void head_sums(const float* scores, const float* wmax
 
 // Phases A, softmax and C of one CTA from the warps' rings; the warps' PV results end in
 // red[warp][G][D] at the start of shared memory.
-template <class KV, int D, int G, bool TMA = false>
+template <class KV, int D, int G>
 __device__ __forceinline__ void deep_attend(const Params& p, const Ctx& c, uint8_t* smem,
                                             float* scores, float* s_ml, float* wmax,
-                                            int my_page, const TensorMap* kmap = nullptr,
-                                            const TensorMap* vmap = nullptr) {
+                                            const Pages& pg) {
   using M = Mma<KV, D>;
-  using DC = DeepCfg<KV, D, G, TMA>;
+  using DC = DeepCfg<KV, D, G>;
   const int nw = c.warp < c.n_tiles ? (c.n_tiles - c.warp + kWarps - 1) / kWarps : 0;
-  uint8_t* ring = smem;
-  uint32_t bars = 0;  // tensor copies: this warp's mbarriers
-  if constexpr (TMA) {
-    ring = smem + ((1024u - (smem_addr(smem) & 1023u)) & 1023u);
-    bars = smem_addr(ring + kWarps * DC::S * DC::STAGE) + 8 * DC::S * c.warp;
-    if (c.lane == 0) {
-#pragma unroll
-      for (int j = 0; j < DC::S; ++j) mbar_init(bars + 8 * j, 1);
-      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    __syncwarp();
-  }
-  uint8_t* wst = ring + c.warp * DC::S * DC::STAGE;  // this warp's stages
-  const uint8_t* lring = wst + c.lane * DC::PB;      // this lane's pieces
+  const uint8_t* wst = smem + c.warp * DC::S * DC::STAGE;  // this warp's stages
+  const uint8_t* lring = wst + c.lane * DC::PB;             // this lane's pieces
   // whole lines: this lane's copy and read offsets (unused by the per-lane pieces)
   LineOffs lo{};
-  if constexpr (TMA)
-    lo = tma_offs<KV, D>(c.lane);
-  else if constexpr (DC::LINES)
-    lo = line_offs<KV, D>(c.lane);
-  const uint32_t wring = smem_addr(wst);
+  if constexpr (DC::LINES) lo = line_offs<KV, D>(c.lane);
+  const uint32_t wring = smem_addr(smem + c.warp * DC::S * DC::STAGE);
 #pragma unroll
-  for (int j = 0; j < DC::S; ++j) {
-    if constexpr (TMA)
-      tma_load<KV, D, G>(p, c, wring, bars, j, nw, my_page, kmap, vmap);
-    else
-      deep_load<KV, D, G>(p, c, wring, j, nw, my_page, lo);
-  }
+  for (int j = 0; j < DC::S; ++j) deep_load<KV, D, G>(p, c, wring, j, nw, pg, lo);
   uint32_t qa[M::STEPS][2];
   q_operand<KV, D, G>(p, c, qa);  // in flight beside the first copies
   float mx[2] = {-__int_as_float(0x7f800000), -__int_as_float(0x7f800000)};
@@ -1943,14 +1839,11 @@ __device__ __forceinline__ void deep_attend(const Params& p, const Ctx& c, uint8
   for (int i = 0; i < kMaxWarpTiles; ++i) {  // K of the warp's tile i is load i
     if (i >= nw) break;
     const int t = c.warp + i * kWarps;
-    if constexpr (TMA)
-      tma_wait<KV, D, G>(bars, i, wst + (i % DC::S) * DC::STAGE, kTile, c.lane);
-    else
-      cp_wait<DC::S - 1>();
+    cp_wait<DC::S - 1>();
     uint32_t k0[M::KW], k1[M::KW];
     if constexpr (DC::LINES) {  // rows grp and 8 + grp (swizzled alike), the lane's chunks
       using L = Lines<KV, D>;
-      if constexpr (!TMA) __syncwarp();
+      __syncwarp();
       const uint8_t* st = wst + (i % DC::S) * DC::STAGE;
 #pragma unroll
       for (int q = 0; q < 2 * L::KU; ++q) {
@@ -1964,17 +1857,13 @@ __device__ __forceinline__ void deep_attend(const Params& p, const Ctx& c, uint8
       lds_u32<M::KW / 2>(k1, src + 2 * 32 * DC::PB);
       lds_u32<M::KW / 2>(k1 + M::KW / 2, src + 3 * 32 * DC::PB);
     }
-    if constexpr (RG_DEEP_ABLATE == 6) {
-      if (c.lane < 4) scores[t * kTile * G + c.lane] = __uint_as_float(k0[0] ^ k1[1]);
-    } else {
-      qk_tile_kq<KV, D, G, TMA>(p, qa, k0, k1, scores, t, min(kTile, c.n_tok - t * kTile),
-                                c.lane, mx);
-    }
+#if RG_DEEP_ABLATE == 6
+    if (c.lane < 4) scores[t * kTile * G + c.lane] = __uint_as_float(k0[0] ^ k1[1]);
+#else
+    qk_tile_kq<KV, D, G>(p, qa, k0, k1, scores, t, min(kTile, c.n_tok - t * kTile), c.lane, mx);
+#endif
     // after the scores are stored: the stage's bytes are used
-    if constexpr (TMA)
-      tma_load<KV, D, G>(p, c, wring, bars, i + DC::S, nw, my_page, kmap, vmap);
-    else
-      deep_load<KV, D, G>(p, c, wring, i + DC::S, nw, my_page, lo);
+    deep_load<KV, D, G>(p, c, wring, i + DC::S, nw, pg, lo);
   }
   if constexpr (kDeepSoftmax) publish_max<G>(mx, wmax, c);
   __syncthreads();
@@ -1995,15 +1884,11 @@ __device__ __forceinline__ void deep_attend(const Params& p, const Ctx& c, uint8
 #endif
     if (i >= nw) break;
     const int t = c.warp + i * kWarps;
-    if constexpr (TMA)
-      tma_wait<KV, D, G>(bars, nw + i, wst + ((nw + i) % DC::S) * DC::STAGE, c.n_tok - t * kTile,
-                         c.lane);
-    else
-      cp_wait<DC::S - 1>();
+    cp_wait<DC::S - 1>();
     uint32_t vr[4][M::VW];
     if constexpr (DC::LINES) {  // rows 2tig + r % 2 (+ 8: swizzled alike), the lane's chunks
       using L = Lines<KV, D>;
-      if constexpr (!TMA) __syncwarp();
+      __syncwarp();
       const uint8_t* st = wst + ((nw + i) % DC::S) * DC::STAGE;
 #pragma unroll
       for (int r = 0; r < 4; ++r)
@@ -2017,10 +1902,7 @@ __device__ __forceinline__ void deep_attend(const Params& p, const Ctx& c, uint8
     }
     pv_tile_mma<KV, D, G, kDeepSoftmax>(scores, vr, o, t, min(kTile, c.n_tok - t * kTile),
                                         c.lane, m);
-    if constexpr (TMA)
-      tma_load<KV, D, G>(p, c, wring, bars, nw + i + DC::S, nw, my_page, kmap, vmap);
-    else
-      deep_load<KV, D, G>(p, c, wring, nw + i + DC::S, nw, my_page, lo);
+    deep_load<KV, D, G>(p, c, wring, nw + i + DC::S, nw, pg, lo);
   }
   if constexpr (kDeepSoftmax) head_sums<G>(scores, wmax, s_ml, c);
   __syncthreads();  // every warp is done with its ring and the scores: red reuses them
@@ -2031,19 +1913,18 @@ __device__ __forceinline__ void deep_attend(const Params& p, const Ctx& c, uint8
 // sum) staged in shared memory in one round trip, the partials read 16 splits at a time
 // (the baseline's loop waits on ~nsplit / 2 dependent L2 round trips); a merge of more
 // splits than `stage` holds (`cap`) takes the baseline's loop.
-template <int D, int G, bool ITEM = false>
+template <int D, int G>
 __device__ __forceinline__ void merge_splits_staged(const Params& p, const Ctx& c, int nsplit,
-                                                    float* stage, int cap,
-                                                    int splits = 0) {
+                                                    float* stage, int cap) {
   if (nsplit > cap) {
-    merge_splits<D, G, ITEM>(p, c, nsplit, splits);
+    merge_splits<D, G>(p, c, nsplit);
     return;
   }
   constexpr int kBatch = 16;
   const size_t bh = (size_t)c.b * p.num_kv_heads + c.h;
   __threadfence();
-  const float* ml = p.ws_ml + bh * (ITEM ? splits : gridDim.x) * 2 * G;
-  const float* pa = p.ws_acc + bh * (ITEM ? splits : gridDim.x) * G * D;
+  const float* ml = p.ws_ml + bh * gridDim.x * 2 * G;
+  const float* pa = p.ws_acc + bh * gridDim.x * G * D;
   for (int k = c.tid; k < nsplit * 2 * G; k += kThreads) stage[k] = __ldcg(ml + k);
   __syncthreads();
   for (int i = c.tid; i < G * D; i += kThreads) {
@@ -2128,25 +2009,27 @@ __device__ __forceinline__ void merge_landed(const Params& p, const Ctx& c, cons
   }
 }
 
-template <class KV, int D, int G, bool CLUSTER, bool TMA = false>
-__device__ __forceinline__ void split_kv_deep(const Params& p, const TensorMap* kmap = nullptr,
-                                              const TensorMap* vmap = nullptr) {
+template <class KV, int D, int G, bool CLUSTER>
+__device__ __forceinline__ void split_kv_deep(const Params& p) {
   static_assert(G == 2 || G == 4 || G == 8, "GQA groups of 2, 4 or 8 query heads");
-  using DC = DeepCfg<KV, D, G, TMA>;
+  using DC = DeepCfg<KV, D, G>;
   extern __shared__ __align__(16) uint8_t deep_smem[];  // ring | scores | (`_deepc`) landing
   __shared__ float s_ml[2 * G];
   __shared__ float s_wmax[kWarps * G];  // the warps' maxima of each head
   __shared__ int s_last;
 
-  if (p.chunk > kMaxChunk) return;  // outside the operator's plan (max_chunk): nothing written
+  if (p.chunk > kDeepMaxChunk) return;  // outside the operator's plan (max_chunk): nothing written
   Ctx c;
   c.b = blockIdx.z; c.h = blockIdx.y;
   c.tid = threadIdx.x; c.warp = c.tid >> 5; c.lane = c.tid & 31;
   c.hq = p.num_kv_heads * G;
   c.start = blockIdx.x * p.chunk;
-  // at most 512 / 16 = 32 pages a chunk, one per lane; read beside the length
-  const int my_page = __ldg(p.block_table + (size_t)c.b * p.bt_stride +
-                            min((c.start >> p.page_shift) + c.lane, p.bt_stride - 1));
+  // at most 1024 / 16 = 64 pages a chunk, two a lane (the second only past 32); read
+  // beside the length
+  const int* bt = p.block_table + (size_t)c.b * p.bt_stride;
+  const int first = c.start >> p.page_shift;
+  Pages pg{__ldg(bt + min(first + c.lane, p.bt_stride - 1)), 0};
+  if ((p.chunk >> p.page_shift) > 32) pg.hi = __ldg(bt + min(first + 32 + c.lane, p.bt_stride - 1));
   const int len = p.seq_lens[c.b];
   const int nsplit = min((len + p.chunk - 1) / p.chunk, (int)gridDim.x);
   if (len <= 0) {  // a cluster is one sequence and head: it leaves together
@@ -2157,7 +2040,7 @@ __device__ __forceinline__ void split_kv_deep(const Params& p, const TensorMap* 
   }
   const bool active = (int)blockIdx.x < nsplit;
 #if RG_DEEP_ABLATE == 3
-  if (blockIdx.x == 0 && my_page != -7)  // (uses the page read, so it stays in the prologue)
+  if (blockIdx.x == 0 && pg.lo != -7)  // (uses the page read, so it stays in the prologue)
     for (int i = c.tid; i < G * D; i += kThreads)
       p.out[((size_t)c.b * c.hq + c.h * G) * D + i] = rowgate::float_to_bf16(0.f);
   return;
@@ -2173,7 +2056,7 @@ __device__ __forceinline__ void split_kv_deep(const Params& p, const TensorMap* 
   float* scores = reinterpret_cast<float*>(deep_smem + DC::RING);
   float* landing = scores + p.chunk * G;  // `_deepc`: split 0 receives the splits' states
   if (active) {
-    deep_attend<KV, D, G, TMA>(p, c, deep_smem, scores, s_ml, s_wmax, my_page, kmap, vmap);
+    deep_attend<KV, D, G>(p, c, deep_smem, scores, s_ml, s_wmax, pg);
     if constexpr (CLUSTER)
       push_partial<D, G>(p, c, red, s_ml, landing, merges ? nsplit : 1);
 #if RG_DEEP_ABLATE == 4
@@ -2190,186 +2073,6 @@ __device__ __forceinline__ void split_kv_deep(const Params& p, const TensorMap* 
     if (blockIdx.x % kClusterSplits == 0) merge_landed<D, G>(p, c, landing, nsplit);
   }
 }
-
-#if RG_DEEP_TMA
-// ============================================================ persistent deep candidate
-// `_deepp` (RG_DEEP_TMA, E5M2 D128): gridDim.x CTAs walk the plan's items (split, head,
-// sequence; split fastest, as split_kv launches them) with stride gridDim.x, and each
-// warp's tensor-copy stream runs on across items: after consuming load g it issues load
-// g + S, of this item or the CTA's next one, so the next item's K tiles arrive during this
-// item's PV, merge and prologue. Each item's arithmetic is the deep candidate's in its
-// order (bitwise equal to the baseline); the partial sum lands in its own region (`red`
-// past the scores), not in the ring, which holds the next item's tiles by then.
-struct Item {
-  int idx, len, my_page;  // the plan's item index, its sequence's length, this lane's page
-};
-
-__device__ __forceinline__ Item fetch_item(const Params& p, int idx, int items, int splits,
-                                           int lane) {
-  Item it{idx, 0, 0};
-  if (idx >= items) return it;
-  const int x = idx % splits, b = idx / splits / p.num_kv_heads;
-  it.my_page = __ldg(p.block_table + (size_t)b * p.bt_stride +
-                     min(((x * p.chunk) >> p.page_shift) + lane, p.bt_stride - 1));
-  it.len = p.seq_lens[b];
-  return it;
-}
-
-// The loads of `it` in warp `warp`'s stream: K then V of its tiles (none past the items).
-__device__ __forceinline__ int item_loads(const Params& p, const Item& it, int items, int splits,
-                                          int warp) {
-  if (it.idx >= items) return 0;
-  const int start = (it.idx % splits) * p.chunk;
-  const int n_tok = min(it.len, start + p.chunk) - start;
-  if (n_tok <= 0) return 0;
-  const int n_tiles = (n_tok + kTile - 1) / kTile;
-  return warp < n_tiles ? 2 * ((n_tiles - warp + kWarps - 1) / kWarps) : 0;
-}
-
-template <int G>
-struct Stream {  // one warp's tensor-copy stream across the CTA's items
-  int issued, consumed, base;  // global load indices: next to issue, next to consume, item 0
-  int l_cur, l_nxt;            // loads of the current and the next item
-};
-
-template <int G>
-__device__ __forceinline__ void top_up(const Params& p, Stream<G>& st, const Item& cur,
-                                       const Item& nxt, int splits, int warp, int lane,
-                                       uint32_t wring, uint32_t bars, const TensorMap* kmap,
-                                       const TensorMap* vmap) {
-  using DC = DeepCfg<E5M2, 128, G, true>;
-  while (st.issued < st.consumed + DC::S) {
-    int j = st.issued - st.base;
-    const Item* it = &cur;
-    int nw2 = st.l_cur;
-    if (j >= st.l_cur) {
-#ifdef RG_DEEPP_NOPREFETCH  // diagnostic: no load of the next item before it starts
-      break;
-#endif
-      j -= st.l_cur;
-      it = &nxt;
-      nw2 = st.l_nxt;
-      if (j >= nw2) break;
-    }
-    const int h = it->idx / splits % p.num_kv_heads;
-    tma_issue<E5M2, 128, G>(p, h, warp, lane, wring, bars, st.issued, j, nw2 / 2, it->my_page,
-                            kmap, vmap);
-    ++st.issued;
-  }
-}
-
-template <int G>
-__device__ __forceinline__ void split_kv_deepp(const Params& p, const TensorMap* kmap,
-                                               const TensorMap* vmap, int splits, int batch) {
-  using KV = E5M2;
-  constexpr int D = 128;
-  using M = Mma<KV, D>;
-  using DC = DeepCfg<KV, D, G, true>;
-  using L = Lines<KV, D>;
-  extern __shared__ __align__(16) uint8_t deep_smem[];  // ring | scores | red
-  __shared__ float s_ml[2 * G];
-  __shared__ float s_wmax[kWarps * G];
-  __shared__ int s_last;
-  if (p.chunk > kMaxChunk) return;
-  Ctx c;
-  c.tid = threadIdx.x; c.warp = c.tid >> 5; c.lane = c.tid & 31;
-  c.hq = p.num_kv_heads * G;
-  const int items = splits * p.num_kv_heads * batch;
-  uint8_t* ring = deep_smem + ((1024u - (smem_addr(deep_smem) & 1023u)) & 1023u);
-  const uint32_t bars = smem_addr(ring + kWarps * DC::S * DC::STAGE) + 8 * DC::S * c.warp;
-  float* scores = reinterpret_cast<float*>(deep_smem + DC::RING);
-  float* red = scores + kMaxChunk * G;
-  if (c.lane == 0) {
-#pragma unroll
-    for (int j = 0; j < DC::S; ++j) mbar_init(bars + 8 * j, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncwarp();
-  uint8_t* wst = ring + c.warp * DC::S * DC::STAGE;
-  const uint32_t wring = smem_addr(wst);
-  const LineOffs lo = tma_offs<KV, D>(c.lane);
-#ifdef RG_DEEPP_SKEW  // diagnostic: CTAs start a third of an item apart (lockstep test)
-  __nanosleep((blockIdx.x % 3) * 5000u);
-#endif
-  Item cur = fetch_item(p, blockIdx.x, items, splits, c.lane);
-  Item nxt = fetch_item(p, blockIdx.x + gridDim.x, items, splits, c.lane);
-  Stream<G> st{0, 0, 0, item_loads(p, cur, items, splits, c.warp),
-               item_loads(p, nxt, items, splits, c.warp)};
-  top_up<G>(p, st, cur, nxt, splits, c.warp, c.lane, wring, bars, kmap, vmap);
-  for (; cur.idx < items;) {
-    const int x = cur.idx % splits;
-    c.h = cur.idx / splits % p.num_kv_heads;
-    c.b = cur.idx / splits / p.num_kv_heads;
-    c.start = x * p.chunk;
-    const int nsplit = min((cur.len + p.chunk - 1) / p.chunk, splits);
-    const int nw = st.l_cur / 2;
-    if (cur.len <= 0) {
-      if (x == 0)
-        for (int i = c.tid; i < G * D; i += kThreads)
-          p.out[((size_t)c.b * c.hq + c.h * G) * D + i] = rowgate::float_to_bf16(0.f);
-    } else if (x < nsplit) {
-      c.n_tok = min(cur.len, c.start + p.chunk) - c.start;
-      c.n_tiles = (c.n_tok + kTile - 1) / kTile;
-      uint32_t qa[M::STEPS][2];
-      q_operand<KV, D, G>(p, c, qa);
-      float mx[2] = {-__int_as_float(0x7f800000), -__int_as_float(0x7f800000)};
-#pragma unroll
-      for (int i = 0; i < kMaxWarpTiles; ++i) {
-        if (i >= nw) break;
-        const int t = c.warp + i * kWarps;
-        const int g = st.consumed;
-        const uint8_t* stg = wst + (g % DC::S) * DC::STAGE;
-        tma_wait<KV, D, G>(bars, g, const_cast<uint8_t*>(stg), kTile, c.lane);
-        uint32_t k0[M::KW], k1[M::KW];
-#pragma unroll
-        for (int q = 0; q < 2 * L::KU; ++q) {
-          lds_u32<4>(k0 + 4 * q, stg + lo.k[q]);
-          lds_u32<4>(k1 + 4 * q, stg + 8 * L::ROW + lo.k[q]);
-        }
-        qk_tile_kq<KV, D, G, true>(p, qa, k0, k1, scores, t, min(kTile, c.n_tok - t * kTile),
-                                   c.lane, mx);
-        ++st.consumed;
-        top_up<G>(p, st, cur, nxt, splits, c.warp, c.lane, wring, bars, kmap, vmap);
-      }
-      publish_max<G>(mx, s_wmax, c);
-      __syncthreads();
-      const float m = head_max<G>(s_wmax, min(c.lane >> 2, G - 1));
-      float o[M::STEPS][4];
-#pragma unroll
-      for (int mm = 0; mm < M::STEPS; ++mm) o[mm][0] = o[mm][1] = o[mm][2] = o[mm][3] = 0.f;
-#pragma unroll
-      for (int i = 0; i < kMaxWarpTiles; ++i) {
-        if (i >= nw) break;
-        const int t = c.warp + i * kWarps;
-        const int g = st.consumed;
-        uint8_t* stg = wst + (g % DC::S) * DC::STAGE;
-        tma_wait<KV, D, G>(bars, g, stg, c.n_tok - t * kTile, c.lane);
-        uint32_t vr[4][M::VW];
-#pragma unroll
-        for (int r = 0; r < 4; ++r)
-#pragma unroll
-          for (int u = 0; u < L::VU; ++u)
-            lds_u32<4>(vr[r] + 4 * u, stg + (r >> 1) * 8 * L::ROW + lo.v[(r & 1) * L::VU + u]);
-        pv_tile_mma<KV, D, G, true>(scores, vr, o, t, min(kTile, c.n_tok - t * kTile), c.lane, m);
-        ++st.consumed;
-        top_up<G>(p, st, cur, nxt, splits, c.warp, c.lane, wring, bars, kmap, vmap);
-      }
-      head_sums<G>(scores, s_wmax, s_ml, c);
-      __syncthreads();  // every warp is done with the scores and this item's wmax
-      store_warp_partial<KV, D, G>(c, o, red);
-      if (finish_partial<D, G, false, true>(p, c, red, s_ml, nsplit, &s_last, x, splits))
-        merge_splits_staged<D, G, true>(p, c, nsplit, red, kWarps * D / 2, splits);
-      __syncthreads();  // red and s_ml are free for the next item
-    }
-    st.base += st.l_cur;
-    st.l_cur = st.l_nxt;
-    cur = nxt;
-    nxt = fetch_item(p, cur.idx + gridDim.x, items, splits, c.lane);
-    st.l_nxt = item_loads(p, nxt, items, splits, c.warp);
-    top_up<G>(p, st, cur, nxt, splits, c.warp, c.lane, wring, bars, kmap, vmap);
-  }
-}
-#endif  // RG_DEEP_TMA
 
 #endif  // RG_UNIT != 2
 #endif  // sm_90+
@@ -2456,39 +2159,6 @@ RG_SM90_SHAPES(RG_BULK_PAIR)
 #endif
 #if RG_UNIT == 0 || RG_UNIT == 3
 RG_SM90_SHAPES(RG_DEEP_PAIR)
-#endif
-#if RG_DEEP_TMA && (RG_UNIT == 0 || RG_UNIT == 3)
-// The tensor-copy deep candidate (E5M2 D128): the contract's parameters, then the K and V
-// caches' tensor maps.
-#define RG_TMA_ENTRY(NAME, G, CLUSTER, ...)                                               \
-  extern "C" __global__ void __VA_ARGS__ __launch_bounds__(kThreads, (DeepCfg<E5M2, 128, G, true>::BLOCKS)) NAME( \
-      const bf16_bits* q, const uint8_t* k, const uint8_t* v, const int* block_table,  \
-      const int* seq_lens, bf16_bits* out, float* ws_acc, float* ws_ml, int* counters, \
-      int bt_stride, int num_kv_heads, int page_shift, int chunk, float qk_scale_log2,     \
-      float v_scale, const __grid_constant__ TensorMap kmap,                           \
-      const __grid_constant__ TensorMap vmap) {                                        \
-    const Params p{q, k, v, block_table, seq_lens, out, ws_acc, ws_ml, counters,         \
-                   bt_stride, num_kv_heads, page_shift, chunk, qk_scale_log2, v_scale};  \
-    split_kv_deep<E5M2, 128, G, CLUSTER, true>(p, &kmap, &vmap);                         \
-  }
-// The persistent candidate: the plan's splits and the batch after the tensor maps.
-#define RG_DEEPP_ENTRY(NAME, G)                                                           \
-  extern "C" __global__ void __launch_bounds__(kThreads, (DeepCfg<E5M2, 128, G, true>::BLOCKS)) NAME( \
-      const bf16_bits* q, const uint8_t* k, const uint8_t* v, const int* block_table,  \
-      const int* seq_lens, bf16_bits* out, float* ws_acc, float* ws_ml, int* counters, \
-      int bt_stride, int num_kv_heads, int page_shift, int chunk, float qk_scale_log2,     \
-      float v_scale, const __grid_constant__ TensorMap kmap,                           \
-      const __grid_constant__ TensorMap vmap, int splits, int batch) {                 \
-    const Params p{q, k, v, block_table, seq_lens, out, ws_acc, ws_ml, counters,         \
-                   bt_stride, num_kv_heads, page_shift, chunk, qk_scale_log2, v_scale};  \
-    split_kv_deepp<G>(p, &kmap, &vmap, splits, batch);                                   \
-  }
-RG_DEEPP_ENTRY(split_kv_e5m2_d128_g4_deepp, 4)
-RG_DEEPP_ENTRY(split_kv_e5m2_d128_g8_deepp, 8)
-RG_TMA_ENTRY(split_kv_e5m2_d128_g4_deept, 4, false)
-RG_TMA_ENTRY(split_kv_e5m2_d128_g4_deeptc, 4, true, __cluster_dims__(kClusterSplits, 1, 1))
-RG_TMA_ENTRY(split_kv_e5m2_d128_g8_deept, 8, false)
-RG_TMA_ENTRY(split_kv_e5m2_d128_g8_deeptc, 8, true, __cluster_dims__(kClusterSplits, 1, 1))
 #endif
 #endif
 #endif

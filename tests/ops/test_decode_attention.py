@@ -90,14 +90,15 @@ def _plan_is_the_baselines(operator, entries, group, calls):
 def test_deep_operator_launch_rules_and_shared_memory():
     """split_kv_deep: `_deep` against `_base` with the baseline's 256 threads, `_deepc` as
     one cluster of 8 splits when a call has at most 8; its shared memory (opt-in) never
-    shrinks the chunk, so the plan is the baseline's. benchmarks/decode_attention.py's
-    mirror of the kernel's DeepCfg gives kernels.toml's sizes, and its depth variants'."""
+    shrinks the chunk, which goes up to 1024 (split_kv's: 512), so a large call's plan is
+    its own and a small call's split_kv's. benchmarks/decode_attention.py's mirror of the
+    kernel's DeepCfg gives kernels.toml's sizes, and its build variants'."""
     bench = _benchmark()
     deep = op.SPLIT_KV_DEEP
     for kv, dim, group, roles in _shapes(deep, "deep"):
-        ring = bench.deep_ring_bytes(kv, dim)
+        ring = bench.deep_ring_bytes(kv, dim, group=group)
         assert ring >= 32 * group * dim  # the cross-warp reduction reuses the ring
-        for chunk in (64, 128, 448, 512):
+        for chunk in (64, 128, 448, 512, 1024):
             assert deep.smem(roles["candidate"], chunk, group, dim) == ring + chunk * group * 4
             assert deep.smem(roles["candidate"] + "c", chunk, group, dim) == \
                 ring + chunk * group * 4 + bench.deep_landing_bytes(dim, group)
@@ -105,17 +106,23 @@ def test_deep_operator_launch_rules_and_shared_memory():
             assert not deep.bounds_chunk(entry)
         # three CTAs of the E5M2 D128 G4 shape fit an SM's 228 KiB (1 KiB reserved each)
         if (kv, dim, group) == ("e5m2", 128, 4):
-            assert 3 * (deep.smem(roles["candidate"], 512, group, dim) + 1024) <= 228 * 1024
+            assert 3 * (deep.smem(roles["candidate"], 1024, group, dim) + 1024) <= 228 * 1024
         assert deep.geometry(roles["candidate"], 8) == contract.Geometry(
             roles["candidate"] + "c", 8, 256, 8)
         assert deep.geometry(roles["candidate"], 9) == contract.Geometry(
             roles["candidate"], 9, 256, 0)
     entries = list(deep.entries("e5m2", 128, 4).values())
-    for call, want in (((16384, 16, 8), (512, 32)), ((1024, 1, 8), (128, 8))):
+    assert deep.max_chunk == 1024 and op.SPLIT_KV.max_chunk == 512
+    for call, want in (((16384, 16, 8), (1024, 16)), ((1024, 1, 8), (128, 8))):
         p = _plan_is_the_baselines(deep, entries, 4, (call,))
         assert (p.chunk, p.splits) == want
-    assert {stages for stages, _ in bench.DEEP_BUILDS.values()} == {2, 3}
-    assert bench.DEEP_BUILDS["ca"] == (2, ["RG_DEEP_LINES=0"])  # the per-lane pieces' A/B
+    assert bench.deep_stages("e5m2", 128, 4) == 3 and bench.deep_stages("e5m2", 128, 8) == 2
+    assert bench.deep_stages("bf16", 128, 4) == 2 and bench.deep_stages("e5m2", 64, 4) == 2
+    for name, (stages, defines, _) in bench.DEEP_BUILDS.items():  # each names its depth
+        assert f"RG_DEEP_STAGES={stages}" in defines, name
+    assert bench.DEEP_BUILDS["ca"][1][0] == "RG_DEEP_LINES=0"  # the per-lane pieces' A/B
+    assert bench.DEEP_BUILDS["c512"][1:] == (["RG_DEEP_MAX_CHUNK=512", "RG_DEEP_STAGES=2"], 512)
+    assert bench.deep_operator(2, 512).max_chunk == 512
     for stages in (3, 4):
         variant = bench.deep_operator(stages)
         assert variant.smem("split_kv_e5m2_d128_g4_deep", 512, 4, 128) == 8 * stages * 2048 + 8192

@@ -71,10 +71,11 @@ def planned(inp, cubin: Path, variant: str = "deep") -> op.DecodeAttention:
 
 
 class RawLaunch:
-    """One entry point of a cubin with fixed arguments (ctypes values) and geometry."""
+    """One entry point of a cubin with fixed arguments (ctypes values) and geometry;
+    `keep`: the tensors the arguments point into, alive as long as the launch."""
 
     def __init__(self, cubin: Path, entry: str, grid: tuple[int, int, int], block: int,
-                 smem: int, values: list):
+                 smem: int, values: list, keep: tuple = ()):
         from cuda.bindings import driver as d
         self.d, self.entry, self.grid, self.block, self.smem = d, entry, grid, block, smem
         self.raw = op._Launcher._function(d, launch.kernel(str(cubin), entry))
@@ -83,7 +84,7 @@ class RawLaunch:
             (err,) = d.cuFuncSetAttribute(self.raw, attr, smem)
             if err != d.CUresult.CUDA_SUCCESS:
                 raise RuntimeError(f"{entry}: dynamic shared memory {smem}: {err!r}")
-        self.values = values
+        self.values, self.keep = values, keep
         self.array = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
 
     def __call__(self) -> None:
@@ -109,9 +110,7 @@ def read_probe(cubin: Path, inp, chunk: int, order: int, flat: int) -> RawLaunch
     values = [*_cache_args(inp), ctypes.c_int32(chunk), ctypes.c_int32(order),
               ctypes.c_int32(flat), ctypes.c_void_p(sink.data_ptr())]
     grid = (hkv, splits, batch) if order else (splits, hkv, batch)
-    launch_ = RawLaunch(cubin, "paged_read", grid, 256, 0, values)
-    launch_.sink = sink  # type: ignore[attr-defined]  # kept alive with the launch
-    return launch_
+    return RawLaunch(cubin, "paged_read", grid, 256, 0, values, keep=(sink,))
 
 
 def bulk_probe(cubin: Path, inp, chunk: int, mode: int, seg: int) -> RawLaunch:

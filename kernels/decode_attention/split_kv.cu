@@ -1030,8 +1030,8 @@ __device__ __forceinline__ void split_kv(const Params& p) {
 // states through distributed shared memory in split order instead of a global
 // workspace, a device-scope fence and an atomic ticket (same arithmetic).
 constexpr int kClusterSplits = 8;
-[[maybe_unused]] constexpr int kMaxChunk = 512;
 #if RG_UNIT != 3  // the bulk candidate's alone (RG_UNIT: the deep unit leaves them out)
+constexpr int kMaxChunk = 512;  // kernels.toml's max_chunk for split_kv_bulk
 constexpr int kSlotTokens = 64;
 constexpr int kBulkThreads = kThreads + 32;  // 8 math warps + the producer warp
 constexpr int kBarrierBytes = 256;           // 4 x 8 mbarriers of 8 bytes
@@ -1829,7 +1829,7 @@ __device__ __forceinline__ void deep_attend(const Params& p, const Ctx& c, uint8
   // whole lines: this lane's copy and read offsets (unused by the per-lane pieces)
   LineOffs lo{};
   if constexpr (DC::LINES) lo = line_offs<KV, D>(c.lane);
-  const uint32_t wring = smem_addr(smem + c.warp * DC::S * DC::STAGE);
+  const uint32_t wring = smem_addr(wst);
 #pragma unroll
   for (int j = 0; j < DC::S; ++j) deep_load<KV, D, G>(p, c, wring, j, nw, pg, lo);
   uint32_t qa[M::STEPS][2];

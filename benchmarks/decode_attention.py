@@ -58,12 +58,36 @@ PHASES = {0: "full", 1: "no_k_load", 2: "no_v_load", 3: "qk_x2", 4: "pv_x2",
           5: "convert_x2", 6: "no_sync", 7: "no_smem_publish"}
 DEEP_BUILDS = {"ca": (2, ["RG_DEEP_LINES=0", "RG_DEEP_STAGES=2"], 1024),
                "s2": (2, ["RG_DEEP_STAGES=2"], 1024), "s3": (3, ["RG_DEEP_STAGES=3"], 1024),
-               "c512": (2, ["RG_DEEP_MAX_CHUNK=512", "RG_DEEP_STAGES=2"], 512)}
+               "c512": (2, ["RG_DEEP_MAX_CHUNK=512", "RG_DEEP_STAGES=2"], 512),
+               "pf256": (3, ["RG_DEEP_L2PF=256", "RG_DEEP_STAGES=3"], 1024),
+               "pf256s2": (2, ["RG_DEEP_L2PF=256", "RG_DEEP_STAGES=2"], 1024),
+               "pf128": (3, ["RG_DEEP_L2PF=128", "RG_DEEP_STAGES=3"], 1024),
+               "evict": (3, ["RG_DEEP_EVICT=1", "RG_DEEP_STAGES=3"], 1024),
+               "c1408": (3, ["RG_DEEP_MAX_CHUNK=1408", "RG_DEEP_STAGES=3"], 1408),
+               "tk": (3, ["RG_DEEP_TICKET=1", "RG_DEEP_STAGES=3"], 1024),
+               "tks2": (2, ["RG_DEEP_TICKET=1", "RG_DEEP_STAGES=2"], 1024),
+               "nx1": (3, ["RG_DEEP_NEXT=1", "RG_DEEP_STAGES=3"], 1024),
+               "nx2": (3, ["RG_DEEP_NEXT=2", "RG_DEEP_STAGES=3"], 1024),
+               "nx4": (3, ["RG_DEEP_NEXT=4", "RG_DEEP_STAGES=3"], 1024),
+               "nx2tk": (3, ["RG_DEEP_NEXT=2", "RG_DEEP_TICKET=1", "RG_DEEP_STAGES=3"], 1024),
+               "nx2s2": (2, ["RG_DEEP_NEXT=2", "RG_DEEP_STAGES=2"], 1024),
+               "nx4s2": (2, ["RG_DEEP_NEXT=4", "RG_DEEP_STAGES=2"], 1024),
+               "c1280s2": (2, ["RG_DEEP_MAX_CHUNK=1280", "RG_DEEP_STAGES=2"], 1280),
+               "c1408s2": (2, ["RG_DEEP_MAX_CHUNK=1408", "RG_DEEP_STAGES=2"], 1408),
+               "c1536s2": (2, ["RG_DEEP_MAX_CHUNK=1536", "RG_DEEP_STAGES=2"], 1536),
+               "c1792s2": (2, ["RG_DEEP_MAX_CHUNK=1792", "RG_DEEP_STAGES=2"], 1792)}
 """The deep candidate's build variants beside its default (split_kv.cu's DeepCfg: D128
 tiles copied as whole swizzled lines; ring stages: three for E5M2 D128 G4, two else; three
 CTAs per SM (E5M2) or two (bf16); chunks up to 1024): {name: (ring stages, defines,
 max_chunk)} -- per-lane pieces instead of whole lines (two stages), two stages, three
-stages (bf16's A/B), chunks up to 512 (split_kv's) with two stages (run 38's kernel)."""
+stages (bf16's A/B), chunks up to 512 (split_kv's) with two stages (run 38's kernel); the
+copies' L2 hints (RG_DEEP_L2PF: 256- or 128-byte L2 prefetch, with E5M2's three stages and
+bf16's two; RG_DEEP_EVICT: evict-first); 1408-token chunks (12 splits of 16K: 3.9 waves of
+three CTAs an SM against 5.2; at page 64 only, where a chunk's pages fit two a lane); the
+splits' tickets taken as they start (RG_DEEP_TICKET, three and two stages); the K rows of
+N tiles a warp of the likely successor CTA prefetched into L2 before the epilogue
+(RG_DEEP_NEXT).
+`--deep-builds` picks some."""
 ABLATIONS = {"abl_nomerge": ["RG_DEEP_ABLATE=1"], "abl_nokv": ["RG_DEEP_ABLATE=2"],
              "abl_prologue": ["RG_DEEP_ABLATE=3"]}
 """Timing-only builds of the deep candidate for B1x1K's attribution (split_kv.cu's
@@ -137,12 +161,13 @@ def nvcc_cmd(nvcc: str, arch: str, out: Path, defines: list[str]) -> list[str]:
             "-o", str(out), str(SOURCE)]
 
 
-def build(nvcc: str, arch: str, build_dir: Path, out: Path) -> dict:
+def build(nvcc: str, arch: str, build_dir: Path, out: Path,
+          deep_builds: dict = DEEP_BUILDS) -> dict:
     jobs = {"main": (op.cubin_path(arch, build_dir), [])}
     for n in PHASES:
         jobs[f"phase{n}"] = (build_dir / "phase" / f"split_kv.phase{n}.{arch}.cubin",
                              [f"RG_PHASE={n}", "RG_ONLY_E5M2_D128_G4"])
-    for name, (_, defines, _) in DEEP_BUILDS.items():
+    for name, (_, defines, _) in deep_builds.items():
         jobs[f"deep_{name}"] = (build_dir / "deep" / f"split_kv.deep_{name}.{arch}.cubin", defines)
     for name, defines in ABLATIONS.items():
         jobs[name] = (build_dir / "deep" / f"split_kv.{name}.{arch}.cubin", defines)
@@ -629,6 +654,9 @@ def main(argv=None) -> int:
     ap.add_argument("--row", type=Path, default=REPO / "rows" / "SM70-XQA-E5M2-DECODE.toml")
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--skip", action="append", default=[], help="section names to skip")
+    ap.add_argument("--deep-builds", nargs="*", choices=list(DEEP_BUILDS),
+                    default=list(DEEP_BUILDS), help="the deep candidate's build variants to "
+                    "build and time (DEEP_BUILDS; default all)")
     ap.add_argument("--ncu-target", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--cubin", type=Path,
                     help="a split_kv cubin built elsewhere (skips the build and phase sections)")
@@ -648,8 +676,9 @@ def main(argv=None) -> int:
         build_rec, cubin = {"cubin": str(ns.cubin)}, ns.cubin
         ns.skip.append("phase")
     else:
-        build_rec = section(results, "build", lambda: build(ns.nvcc, arch, REPO / "build",
-                                                            ns.out))
+        build_rec = section(results, "build", lambda: build(
+            ns.nvcc, arch, REPO / "build", ns.out,
+            {n: DEEP_BUILDS[n] for n in ns.deep_builds}))
         cubin = op.cubin_path(arch, REPO / "build")
     cand = {"candidate": ns.candidate} if ns.candidate else {}
     cand16 = {"candidate": "bf16_" + ns.candidate.rsplit("_", 1)[-1]} if ns.candidate else {}

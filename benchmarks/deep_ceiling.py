@@ -34,9 +34,14 @@ from pipeline.ops.paged_inputs import Case, make_inputs  # noqa: E402
 PROBE = REPO / "benchmarks" / "probes" / "paged_read.cu"
 ROW = 128  # bytes of an E5M2 D128 token row
 ABLATIONS = {"nokv": ["RG_DEEP_ABLATE=2"], "nokv_noepi": ["RG_DEEP_ABLATE=4"],
-             "nokv_nopv": ["RG_DEEP_ABLATE=5"], "nokv_noqk": ["RG_DEEP_ABLATE=6"]}
+             "nokv_nopv": ["RG_DEEP_ABLATE=5"], "nokv_noqk": ["RG_DEEP_ABLATE=6"],
+             "noqk": ["RG_DEEP_ABLATE=7"], "nopv": ["RG_DEEP_ABLATE=8"],
+             "noepi": ["RG_DEEP_ABLATE=9"], "storeonly": ["RG_DEEP_ABLATE=10"],
+             "ticket": ["RG_DEEP_TICKET=1"]}
 """Timing-only builds of the deep unit: no K/V copies (the math on whatever the ring holds),
-and without them also no partial store or merge, no PV, no QK MMAs."""
+and without them also no partial store or merge, no PV, no QK MMAs; with the copies, no QK
+MMAs, no PV MMAs, no partial store or merge, the partial stored and nothing after it (what
+each part costs the streaming kernel); and the splits' tickets taken as they start."""
 
 
 def build(nvcc: str, arch: str, out: Path) -> tuple[Path, dict[str, Path], Path]:

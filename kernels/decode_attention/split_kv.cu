@@ -1542,7 +1542,9 @@ __device__ __forceinline__ int page_at(const Pages& pg, int i) {
 // its own normalized partial; no cluster barrier), 2 no K/V copies (the math on whatever the
 // ring holds), 3 the prologue alone (the length and pages read, the output zeroed); with
 // no copies either (B16x16K's attribution, benchmarks/deep_ceiling.py): 4 no partial store
-// or merge, 5 no PV, 6 no QK MMAs (the scores the ring's bytes).
+// or merge, 5 no PV, 6 no QK MMAs (the scores the ring's bytes); with the copies (how much
+// of each part the stream leaves exposed): 7 no QK MMAs, 8 no PV MMAs (V still read from
+// the ring), 9 no partial store or merge, 10 the partial stored, no fence, ticket or merge.
 #ifndef RG_DEEP_ABLATE
 #define RG_DEEP_ABLATE 0
 #endif
@@ -1582,18 +1584,61 @@ struct DeepCfg {
   static_assert(S >= 2, "a ring of at least two stages");
 };
 
+// RG_DEEP_L2PF (128 or 256: the cp.async's L2 prefetch size) and RG_DEEP_EVICT=1 (an
+// L2::evict_first cache policy on the stream, which is read once) build the benchmarks'
+// A/B of the copies' L2 hints; the default build has neither.
+#ifndef RG_DEEP_L2PF
+#define RG_DEEP_L2PF 0
+#endif
+#ifndef RG_DEEP_EVICT
+#define RG_DEEP_EVICT 0
+#endif
+#if RG_DEEP_L2PF == 0
+#define RG_DEEP_PF ""
+#elif RG_DEEP_L2PF == 128
+#define RG_DEEP_PF ".L2::128B"
+#elif RG_DEEP_L2PF == 256
+#define RG_DEEP_PF ".L2::256B"
+#else
+#error "RG_DEEP_L2PF: 0, 128 or 256"
+#endif
+#if RG_DEEP_EVICT
+#define RG_DEEP_CP "cp.async.ca.shared.global.L2::cache_hint" RG_DEEP_PF
+#else
+#define RG_DEEP_CP "cp.async.ca.shared.global" RG_DEEP_PF
+#endif
+
+#if RG_DEEP_EVICT
+// Not volatile: one policy a thread, created where the compiler likes.
+__device__ __forceinline__ unsigned long long evict_first_policy() {
+  unsigned long long pol;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  return pol;
+}
+#endif
+
 // One 16-byte (8: D64 E5M2) cp.async at immediate offsets from the lane's bases; with ZFILL
 // it copies `bytes` (PB or 0: zero-fill, the source not read). .ca: .cg (L2 only) measured
 // 36 % slower at B16x16K with per-lane pieces and 16 % with whole lines (H200, 2026-12-04
 // runs 24 and 34).
 template <int BYTES, int DST, int SRC, bool ZFILL = false>
 __device__ __forceinline__ void cp_piece(uint32_t dst, const uint8_t* src, int bytes = BYTES) {
+#if RG_DEEP_EVICT
+  const unsigned long long pol = evict_first_policy();
   if constexpr (ZFILL)
-    asm volatile("cp.async.ca.shared.global [%0+%2], [%1+%3], %4, %5;\n" ::"r"(dst), "l"(src),
+    asm volatile(RG_DEEP_CP " [%0+%2], [%1+%3], %4, %5, %6;\n" ::"r"(dst), "l"(src),
+                 "n"(DST), "n"(SRC), "n"(BYTES), "r"(bytes), "l"(pol) : "memory");
+  else
+    asm volatile(RG_DEEP_CP " [%0+%2], [%1+%3], %4, %5;\n" ::"r"(dst), "l"(src),
+                 "n"(DST), "n"(SRC), "n"(BYTES), "l"(pol) : "memory");
+#else
+  if constexpr (ZFILL)
+    asm volatile(RG_DEEP_CP " [%0+%2], [%1+%3], %4, %5;\n" ::"r"(dst), "l"(src),
                  "n"(DST), "n"(SRC), "n"(BYTES), "r"(bytes) : "memory");
   else
-    asm volatile("cp.async.ca.shared.global [%0+%2], [%1+%3], %4;\n" ::"r"(dst), "l"(src),
+    asm volatile(RG_DEEP_CP " [%0+%2], [%1+%3], %4;\n" ::"r"(dst), "l"(src),
                  "n"(DST), "n"(SRC), "n"(BYTES) : "memory");
+#endif
 }
 
 // Piece P of a tile (load_k's / load_v's rows for this lane): the row it holds (for the
@@ -1757,7 +1802,7 @@ __device__ __forceinline__ void deep_load(const Params& p, const Ctx& c, uint32_
   using DC = DeepCfg<KV, D, G>;
   const uint32_t stage = wring + (j % DC::S) * DC::STAGE;
   const uint32_t dst = stage + c.lane * DC::PB;
-  const bool copies = RG_DEEP_ABLATE != 2 && RG_DEEP_ABLATE < 4;  // keeps the groups
+  const bool copies = RG_DEEP_ABLATE != 2 && (RG_DEEP_ABLATE < 4 || RG_DEEP_ABLATE > 6);
   if constexpr (DC::LINES) {
     if (copies && j < 2 * nw)
       issue_lines<KV, D>(p, c, stage, c.warp + (j < nw ? j : j - nw) * kWarps, pg, j >= nw, lo);
@@ -1815,6 +1860,35 @@ __device__ __forceinline__ void head_sums(const float* scores, const float* wmax
   }
 }
 
+// RG_DEEP_NEXT=N (the benchmarks' A/B): after its last V tile each warp prefetches into L2
+// the K rows of N of its tiles of the CTA that is likely to take this CTA's place (linear
+// index + the CTAs resident at once: BLOCKS an SM), so the DRAM reads that the slot leaves
+// unissued through the epilogue (partial, ticket, merge) are the successor's first ones. A
+// hint: the successor reads its tiles itself, whatever it finds in L2.
+#ifndef RG_DEEP_NEXT
+#define RG_DEEP_NEXT 0
+#endif
+#if RG_DEEP_NEXT
+template <class KV, int D, int G>
+__device__ __forceinline__ void prefetch_successor(const Params& p, const Ctx& c) {
+  unsigned nsm;
+  asm("mov.u32 %0, %%nsmid;" : "=r"(nsm));
+  const unsigned lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z) +
+                       DeepCfg<KV, D, G>::BLOCKS * nsm;
+  if (lin >= gridDim.x * gridDim.y * gridDim.z || c.lane >= RG_DEEP_NEXT) return;
+  const int x = lin % gridDim.x, y = lin / gridDim.x % gridDim.y, z = lin / gridDim.x / gridDim.y;
+  const int rel = (c.warp + c.lane * kWarps) * kTile;  // the lane's tile of the successor's
+  const int tok = x * p.chunk + rel;
+  const int page_i = tok >> p.page_shift;
+  if (rel >= p.chunk || page_i >= p.bt_stride || tok >= __ldg(p.seq_lens + z)) return;
+  const int page = __ldg(p.block_table + (size_t)z * p.bt_stride + page_i);
+  const size_t row = (((size_t)page * p.num_kv_heads + y) << p.page_shift) +
+                     (tok & ((1 << p.page_shift) - 1));
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p.k + row * D * KV::kBytes),
+               "n"(kTile * D * KV::kBytes) : "memory");
+}
+#endif
+
 // Phases A, softmax and C of one CTA from the warps' rings; the warps' PV results end in
 // red[warp][G][D] at the start of shared memory.
 template <class KV, int D, int G>
@@ -1857,7 +1931,7 @@ __device__ __forceinline__ void deep_attend(const Params& p, const Ctx& c, uint8
       lds_u32<M::KW / 2>(k1, src + 2 * 32 * DC::PB);
       lds_u32<M::KW / 2>(k1 + M::KW / 2, src + 3 * 32 * DC::PB);
     }
-#if RG_DEEP_ABLATE == 6
+#if RG_DEEP_ABLATE == 6 || RG_DEEP_ABLATE == 7
     if (c.lane < 4) scores[t * kTile * G + c.lane] = __uint_as_float(k0[0] ^ k1[1]);
 #else
     qk_tile_kq<KV, D, G>(p, qa, k0, k1, scores, t, min(kTile, c.n_tok - t * kTile), c.lane, mx);
@@ -1900,10 +1974,17 @@ __device__ __forceinline__ void deep_attend(const Params& p, const Ctx& c, uint8
 #pragma unroll
       for (int r = 0; r < 4; ++r) lds_u32<M::VW>(vr[r], src + r * 32 * DC::PB);
     }
+#if RG_DEEP_ABLATE == 8
+    o[t & (M::STEPS - 1)][0] += __uint_as_float(vr[0][0] ^ vr[3][M::VW - 1]);
+#else
     pv_tile_mma<KV, D, G, kDeepSoftmax>(scores, vr, o, t, min(kTile, c.n_tok - t * kTile),
                                         c.lane, m);
+#endif
     deep_load<KV, D, G>(p, c, wring, nw + i + DC::S, nw, pg, lo);
   }
+#if RG_DEEP_NEXT
+  prefetch_successor<KV, D, G>(p, c);
+#endif
   if constexpr (kDeepSoftmax) head_sums<G>(scores, wmax, s_ml, c);
   __syncthreads();  // every warp is done with its ring and the scores: red reuses them
   store_warp_partial<KV, D, G>(c, o, reinterpret_cast<float*>(smem));
@@ -2009,6 +2090,72 @@ __device__ __forceinline__ void merge_landed(const Params& p, const Ctx& c, cons
   }
 }
 
+// RG_DEEP_TICKET=1 (the benchmarks' A/B): a split takes its (sequence, head)'s ticket as
+// it starts, in the prologue, where the atomic's round trip hides behind the first copies;
+// the split with the last ticket merges. Every other split leaves right after its partial:
+// its thread 0 fences and adds a finish mark (2^16) to the same counter without waiting
+// for the result, where finish_partial waits on an all-thread fence and then the atomic's
+// round trip. The merger waits for the nsplit - 1 marks. It cannot wait forever: the
+// splits that hold the earlier tickets have started, so they run to the end, whatever order
+// the CTAs are scheduled in. The merge is merge_splits_staged in split order, as before,
+// so the result is the same bits; the merger leaves the counter zero.
+#ifndef RG_DEEP_TICKET
+#define RG_DEEP_TICKET 0
+#endif
+#if RG_DEEP_TICKET
+constexpr unsigned kFinishMark = 1u << 16;  // the counter: tickets below, finish marks above
+
+__device__ __forceinline__ unsigned ld_acquire_gpu(const int* ptr) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(ptr) : "memory");
+  return v;
+}
+
+// The partial (finish_partial's sum and stores); true in the merger, once every other
+// split's partial is visible. `ticket`: thread 0's atomicAdd result from the prologue.
+template <int D, int G>
+__device__ __forceinline__ bool finish_ticket(const Params& p, const Ctx& c, const float* red,
+                                              const float* s_ml, int nsplit, unsigned ticket,
+                                              int* s_last) {
+  const size_t bh = (size_t)c.b * p.num_kv_heads + c.h;
+  if (c.tid == 0) *s_last = (ticket & (kFinishMark - 1)) == (unsigned)nsplit - 1;
+  cta_sync<false>();
+  sum_warps<D, G>(p, c, red, s_ml, nsplit,
+                  [&](int i, float o) { p.ws_acc[(bh * gridDim.x + blockIdx.x) * G * D + i] = o; });
+  if (nsplit == 1) return false;
+  if (c.tid < 2 * G) p.ws_ml[(bh * gridDim.x + blockIdx.x) * 2 * G + c.tid] = s_ml[c.tid];
+  const bool merger = *s_last;
+  cta_sync<false>();  // every thread's stores come before thread 0's fence
+  if (!merger) {
+    if (c.tid == 0) {
+      __threadfence();
+      atomicAdd(p.counters + bh, (int)kFinishMark);  // no result: a reduction, no round trip
+    }
+    return false;
+  }
+  if (c.tid == 0)
+    while (ld_acquire_gpu(p.counters + bh) / kFinishMark != (unsigned)nsplit - 1) __nanosleep(64);
+  cta_sync<false>();
+  return true;
+}
+#endif  // RG_DEEP_TICKET
+
+#if RG_DEEP_ABLATE == 10
+// A timing-only build: the partial stored and nothing after it, no fence, no ticket, no
+// merge: what any arrival protocol could save.
+template <int D, int G>
+__device__ __forceinline__ bool store_partial_only(const Params& p, const Ctx& c,
+                                                   const float* red, const float* s_ml,
+                                                   int nsplit) {
+  const size_t bh = (size_t)c.b * p.num_kv_heads + c.h;
+  cta_sync<false>();
+  sum_warps<D, G>(p, c, red, s_ml, nsplit,
+                  [&](int i, float o) { p.ws_acc[(bh * gridDim.x + blockIdx.x) * G * D + i] = o; });
+  if (nsplit > 1 && c.tid < 2 * G) p.ws_ml[(bh * gridDim.x + blockIdx.x) * 2 * G + c.tid] = s_ml[c.tid];
+  return false;
+}
+#endif
+
 template <class KV, int D, int G, bool CLUSTER>
 __device__ __forceinline__ void split_kv_deep(const Params& p) {
   static_assert(G == 2 || G == 4 || G == 8, "GQA groups of 2, 4 or 8 query heads");
@@ -2052,6 +2199,11 @@ __device__ __forceinline__ void split_kv_deep(const Params& p) {
   if (merges) cluster_arrive_relaxed();
   c.n_tok = active ? min(len, c.start + p.chunk) - c.start : 0;
   c.n_tiles = (c.n_tok + kTile - 1) / kTile;
+#if RG_DEEP_TICKET
+  unsigned ticket = 0;  // thread 0's, used at the end
+  if (!CLUSTER && nsplit > 1 && c.tid == 0)
+    ticket = (unsigned)atomicAdd(p.counters + (size_t)c.b * p.num_kv_heads + c.h, 1);
+#endif
   float* red = reinterpret_cast<float*>(deep_smem);  // the warps' PV results (in the ring)
   float* scores = reinterpret_cast<float*>(deep_smem + DC::RING);
   float* landing = scores + p.chunk * G;  // `_deepc`: split 0 receives the splits' states
@@ -2059,8 +2211,12 @@ __device__ __forceinline__ void split_kv_deep(const Params& p) {
     deep_attend<KV, D, G>(p, c, deep_smem, scores, s_ml, s_wmax, pg);
     if constexpr (CLUSTER)
       push_partial<D, G>(p, c, red, s_ml, landing, merges ? nsplit : 1);
-#if RG_DEEP_ABLATE == 4
+#if RG_DEEP_ABLATE == 4 || RG_DEEP_ABLATE == 9
     else if (c.tid >= kThreads && s_last)  // never: the partials stay in shared memory
+#elif RG_DEEP_ABLATE == 10
+    else if (store_partial_only<D, G>(p, c, red, s_ml, nsplit) && s_last)
+#elif RG_DEEP_TICKET
+    else if (finish_ticket<D, G>(p, c, red, s_ml, nsplit, ticket, &s_last))
 #else
     else if (finish_partial<D, G>(p, c, red, s_ml, nsplit, &s_last))
 #endif

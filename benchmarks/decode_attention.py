@@ -59,34 +59,15 @@ PHASES = {0: "full", 1: "no_k_load", 2: "no_v_load", 3: "qk_x2", 4: "pv_x2",
 DEEP_BUILDS = {"ca": (2, ["RG_DEEP_LINES=0", "RG_DEEP_STAGES=2"], 1024),
                "s2": (2, ["RG_DEEP_STAGES=2"], 1024), "s3": (3, ["RG_DEEP_STAGES=3"], 1024),
                "c512": (2, ["RG_DEEP_MAX_CHUNK=512", "RG_DEEP_STAGES=2"], 512),
-               "pf256": (3, ["RG_DEEP_L2PF=256", "RG_DEEP_STAGES=3"], 1024),
-               "pf256s2": (2, ["RG_DEEP_L2PF=256", "RG_DEEP_STAGES=2"], 1024),
-               "pf128": (3, ["RG_DEEP_L2PF=128", "RG_DEEP_STAGES=3"], 1024),
-               "evict": (3, ["RG_DEEP_EVICT=1", "RG_DEEP_STAGES=3"], 1024),
-               "c1408": (3, ["RG_DEEP_MAX_CHUNK=1408", "RG_DEEP_STAGES=3"], 1408),
-               "tk": (3, ["RG_DEEP_TICKET=1", "RG_DEEP_STAGES=3"], 1024),
-               "tks2": (2, ["RG_DEEP_TICKET=1", "RG_DEEP_STAGES=2"], 1024),
-               "nx1": (3, ["RG_DEEP_NEXT=1", "RG_DEEP_STAGES=3"], 1024),
-               "nx2": (3, ["RG_DEEP_NEXT=2", "RG_DEEP_STAGES=3"], 1024),
-               "nx4": (3, ["RG_DEEP_NEXT=4", "RG_DEEP_STAGES=3"], 1024),
-               "nx2tk": (3, ["RG_DEEP_NEXT=2", "RG_DEEP_TICKET=1", "RG_DEEP_STAGES=3"], 1024),
-               "nx2s2": (2, ["RG_DEEP_NEXT=2", "RG_DEEP_STAGES=2"], 1024),
-               "nx4s2": (2, ["RG_DEEP_NEXT=4", "RG_DEEP_STAGES=2"], 1024),
-               "c1280s2": (2, ["RG_DEEP_MAX_CHUNK=1280", "RG_DEEP_STAGES=2"], 1280),
-               "c1408s2": (2, ["RG_DEEP_MAX_CHUNK=1408", "RG_DEEP_STAGES=2"], 1408),
-               "c1536s2": (2, ["RG_DEEP_MAX_CHUNK=1536", "RG_DEEP_STAGES=2"], 1536),
-               "c1792s2": (2, ["RG_DEEP_MAX_CHUNK=1792", "RG_DEEP_STAGES=2"], 1792)}
+               "hs": (3, ["RG_DEEP_HSUM=1", "RG_DEEP_STAGES=3"], 1024),
+               "hss2": (2, ["RG_DEEP_HSUM=1", "RG_DEEP_STAGES=2"], 1024),
+               "b2s3": (3, ["RG_DEEP_BLOCKS=2", "RG_DEEP_STAGES=3"], 1024),
+               "b2s4": (4, ["RG_DEEP_BLOCKS=2", "RG_DEEP_STAGES=4"], 1024)}
 """The deep candidate's build variants beside its default (split_kv.cu's DeepCfg: D128
 tiles copied as whole swizzled lines; ring stages: three for E5M2 D128 G4, two else; three
 CTAs per SM (E5M2) or two (bf16); chunks up to 1024): {name: (ring stages, defines,
 max_chunk)} -- per-lane pieces instead of whole lines (two stages), two stages, three
-stages (bf16's A/B), chunks up to 512 (split_kv's) with two stages (run 38's kernel); the
-copies' L2 hints (RG_DEEP_L2PF: 256- or 128-byte L2 prefetch, with E5M2's three stages and
-bf16's two; RG_DEEP_EVICT: evict-first); 1408-token chunks (12 splits of 16K: 3.9 waves of
-three CTAs an SM against 5.2; at page 64 only, where a chunk's pages fit two a lane); the
-splits' tickets taken as they start (RG_DEEP_TICKET, three and two stages); the K rows of
-N tiles a warp of the likely successor CTA prefetched into L2 before the epilogue
-(RG_DEEP_NEXT).
+stages (bf16's A/B), chunks up to 512 (split_kv's) with two stages (run 38's kernel).
 `--deep-builds` picks some."""
 ABLATIONS = {"abl_nomerge": ["RG_DEEP_ABLATE=1"], "abl_nokv": ["RG_DEEP_ABLATE=2"],
              "abl_prologue": ["RG_DEEP_ABLATE=3"]}

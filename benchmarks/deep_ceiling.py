@@ -3,10 +3,13 @@ the bytes it reads, read by probes that do nothing else (benchmarks/probes/paged
 16-byte loads, and bulk copies of split_kv's own segments, of whole pages, of flat slices)
 beside the kernel at pages of 16, 64 and 256 tokens; and the kernel's own compute without
 its copies (split_kv.cu's RG_DEEP_ABLATE 2, 4-6: all of it, no partial store or merge, no
-PV, no QK MMAs: timing-only builds, no result comes from them).
+PV, no QK MMAs), and with them, what each part costs the streaming kernel (7-10: no QK
+MMAs, no PV MMAs, no partial store or merge, the partial stored and nothing after it):
+timing-only builds, no result comes from them.
 
 The tensor-copy and persistent forms of the deep candidate first measured with this script
-(runs 39-47, docs/perf.md) are in commit 6e2d7d6 with their launchers.
+(runs 39-47, docs/perf.md) are in commit 6e2d7d6 with their launchers; the copies' L2
+hints, early tickets and successor prefetches (runs 54-57) in fd7c4e7.
 """
 
 from __future__ import annotations
@@ -36,12 +39,11 @@ ROW = 128  # bytes of an E5M2 D128 token row
 ABLATIONS = {"nokv": ["RG_DEEP_ABLATE=2"], "nokv_noepi": ["RG_DEEP_ABLATE=4"],
              "nokv_nopv": ["RG_DEEP_ABLATE=5"], "nokv_noqk": ["RG_DEEP_ABLATE=6"],
              "noqk": ["RG_DEEP_ABLATE=7"], "nopv": ["RG_DEEP_ABLATE=8"],
-             "noepi": ["RG_DEEP_ABLATE=9"], "storeonly": ["RG_DEEP_ABLATE=10"],
-             "ticket": ["RG_DEEP_TICKET=1"]}
+             "noepi": ["RG_DEEP_ABLATE=9"], "storeonly": ["RG_DEEP_ABLATE=10"]}
 """Timing-only builds of the deep unit: no K/V copies (the math on whatever the ring holds),
 and without them also no partial store or merge, no PV, no QK MMAs; with the copies, no QK
 MMAs, no PV MMAs, no partial store or merge, the partial stored and nothing after it (what
-each part costs the streaming kernel); and the splits' tickets taken as they start."""
+each part costs the streaming kernel)."""
 
 
 def build(nvcc: str, arch: str, out: Path) -> tuple[Path, dict[str, Path], Path]:

@@ -44,3 +44,33 @@ def test_a_planted_warning_fails_the_same_build(tmp_path: Path) -> None:
         "  const int b = blockIdx.z;", "  const int b = blockIdx.z;\n  int unused = 1;", 1))
     built = _nvcc(src, tmp_path / "x.cubin")
     assert built.returncode != 0 and "unused" in built.stderr
+
+
+def test_the_streaming_ablations_build_clean_and_each_changes_the_kernel(tmp_path: Path) -> None:
+    """deep_ceiling.py's timing-only builds with the copies on (RG_DEEP_ABLATE 7-10, runs
+    54-57): each compiles with the benchmark's own flags (warnings as errors), and no two
+    leave the E5M2 D128 G4 kernel the same (an ablation that changed nothing would)."""
+    import concurrent.futures
+
+    from benchmarks import deep_ceiling
+    from benchmarks.decode_attention import nvcc_cmd
+
+    names = ["noqk", "nopv", "noepi", "storeonly"]
+    nvcc = toolchains.for_arch("sm_90").compiler.path
+
+    def one(name: str) -> tuple[str, subprocess.CompletedProcess[str]]:
+        out = tmp_path / f"{name}.cubin"
+        cmd = nvcc_cmd(str(nvcc), "sm_90", out, ["RG_UNIT=3", *deep_ceiling.ABLATIONS[name]])
+        return name, subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+
+    with concurrent.futures.ThreadPoolExecutor(len(names)) as pool:
+        built = dict(pool.map(one, names))
+    for name, done in built.items():
+        assert done.returncode == 0, f"{name}: {done.stderr[-2000:]}"
+    cuobjdump = toolchains.for_arch("sm_90").cuobjdump
+    assert cuobjdump is not None
+    sass = {n: subprocess.run([cuobjdump.path, "-sass", "-fun", "split_kv_e5m2_d128_g4_deep",
+                               str(tmp_path / f"{n}.cubin")], capture_output=True, text=True,
+                              timeout=120, check=True).stdout for n in names}
+    assert all("HMMA" in s or n == "noqk" for n, s in sass.items())
+    assert len(set(sass.values())) == len(names)

@@ -1584,61 +1584,19 @@ struct DeepCfg {
   static_assert(S >= 2, "a ring of at least two stages");
 };
 
-// RG_DEEP_L2PF (128 or 256: the cp.async's L2 prefetch size) and RG_DEEP_EVICT=1 (an
-// L2::evict_first cache policy on the stream, which is read once) build the benchmarks'
-// A/B of the copies' L2 hints; the default build has neither.
-#ifndef RG_DEEP_L2PF
-#define RG_DEEP_L2PF 0
-#endif
-#ifndef RG_DEEP_EVICT
-#define RG_DEEP_EVICT 0
-#endif
-#if RG_DEEP_L2PF == 0
-#define RG_DEEP_PF ""
-#elif RG_DEEP_L2PF == 128
-#define RG_DEEP_PF ".L2::128B"
-#elif RG_DEEP_L2PF == 256
-#define RG_DEEP_PF ".L2::256B"
-#else
-#error "RG_DEEP_L2PF: 0, 128 or 256"
-#endif
-#if RG_DEEP_EVICT
-#define RG_DEEP_CP "cp.async.ca.shared.global.L2::cache_hint" RG_DEEP_PF
-#else
-#define RG_DEEP_CP "cp.async.ca.shared.global" RG_DEEP_PF
-#endif
-
-#if RG_DEEP_EVICT
-// Not volatile: one policy a thread, created where the compiler likes.
-__device__ __forceinline__ unsigned long long evict_first_policy() {
-  unsigned long long pol;
-  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-  return pol;
-}
-#endif
-
 // One 16-byte (8: D64 E5M2) cp.async at immediate offsets from the lane's bases; with ZFILL
 // it copies `bytes` (PB or 0: zero-fill, the source not read). .ca: .cg (L2 only) measured
 // 36 % slower at B16x16K with per-lane pieces and 16 % with whole lines (H200, 2026-12-04
-// runs 24 and 34).
+// runs 24 and 34); L2 prefetch sizes (.L2::128B / 256B) and an evict-first policy measured
+// no faster (148.9 / 152.6 / 149.8 against 148.8 us, run 54).
 template <int BYTES, int DST, int SRC, bool ZFILL = false>
 __device__ __forceinline__ void cp_piece(uint32_t dst, const uint8_t* src, int bytes = BYTES) {
-#if RG_DEEP_EVICT
-  const unsigned long long pol = evict_first_policy();
   if constexpr (ZFILL)
-    asm volatile(RG_DEEP_CP " [%0+%2], [%1+%3], %4, %5, %6;\n" ::"r"(dst), "l"(src),
-                 "n"(DST), "n"(SRC), "n"(BYTES), "r"(bytes), "l"(pol) : "memory");
-  else
-    asm volatile(RG_DEEP_CP " [%0+%2], [%1+%3], %4, %5;\n" ::"r"(dst), "l"(src),
-                 "n"(DST), "n"(SRC), "n"(BYTES), "l"(pol) : "memory");
-#else
-  if constexpr (ZFILL)
-    asm volatile(RG_DEEP_CP " [%0+%2], [%1+%3], %4, %5;\n" ::"r"(dst), "l"(src),
+    asm volatile("cp.async.ca.shared.global [%0+%2], [%1+%3], %4, %5;\n" ::"r"(dst), "l"(src),
                  "n"(DST), "n"(SRC), "n"(BYTES), "r"(bytes) : "memory");
   else
-    asm volatile(RG_DEEP_CP " [%0+%2], [%1+%3], %4;\n" ::"r"(dst), "l"(src),
+    asm volatile("cp.async.ca.shared.global [%0+%2], [%1+%3], %4;\n" ::"r"(dst), "l"(src),
                  "n"(DST), "n"(SRC), "n"(BYTES) : "memory");
-#endif
 }
 
 // Piece P of a tile (load_k's / load_v's rows for this lane): the row it holds (for the
@@ -1860,34 +1818,22 @@ __device__ __forceinline__ void head_sums(const float* scores, const float* wmax
   }
 }
 
-// RG_DEEP_NEXT=N (the benchmarks' A/B): after its last V tile each warp prefetches into L2
-// the K rows of N of its tiles of the CTA that is likely to take this CTA's place (linear
-// index + the CTAs resident at once: BLOCKS an SM), so the DRAM reads that the slot leaves
-// unissued through the epilogue (partial, ticket, merge) are the successor's first ones. A
-// hint: the successor reads its tiles itself, whatever it finds in L2.
-#ifndef RG_DEEP_NEXT
-#define RG_DEEP_NEXT 0
+// RG_DEEP_HSUM=1 (the benchmarks' A/B): warp g takes head g's sum in steps inside its PV
+// loop (a share of the lane-strided terms a tile, in the same order from the same zero),
+// where head_sums runs it after the loop, on the way to the CTA's barrier.
+#ifndef RG_DEEP_HSUM
+#define RG_DEEP_HSUM 0
 #endif
-#if RG_DEEP_NEXT
-template <class KV, int D, int G>
-__device__ __forceinline__ void prefetch_successor(const Params& p, const Ctx& c) {
-  unsigned nsm;
-  asm("mov.u32 %0, %%nsmid;" : "=r"(nsm));
-  const unsigned lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z) +
-                       DeepCfg<KV, D, G>::BLOCKS * nsm;
-  if (lin >= gridDim.x * gridDim.y * gridDim.z || c.lane >= RG_DEEP_NEXT) return;
-  const int x = lin % gridDim.x, y = lin / gridDim.x % gridDim.y, z = lin / gridDim.x / gridDim.y;
-  const int rel = (c.warp + c.lane * kWarps) * kTile;  // the lane's tile of the successor's
-  const int tok = x * p.chunk + rel;
-  const int page_i = tok >> p.page_shift;
-  if (rel >= p.chunk || page_i >= p.bt_stride || tok >= __ldg(p.seq_lens + z)) return;
-  const int page = __ldg(p.block_table + (size_t)z * p.bt_stride + page_i);
-  const size_t row = (((size_t)page * p.num_kv_heads + y) << p.page_shift) +
-                     (tok & ((1 << p.page_shift) - 1));
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p.k + row * D * KV::kBytes),
-               "n"(kTile * D * KV::kBytes) : "memory");
+
+// Head g's sum terms k0 <= k < k1 of this lane (tokens lane + 32k) into l.
+template <int G>
+__device__ __forceinline__ void head_sum_steps(const float* scores, float m, int g, int k0,
+                                               int k1, const Ctx& c, float& l) {
+  for (int k = k0; k < k1; ++k) {
+    const int i = c.lane + 32 * k;
+    if (i < c.n_tok) l += fast_exp2(scores[i * G + g] - m);
+  }
 }
-#endif
 
 // Phases A, softmax and C of one CTA from the warps' rings; the warps' PV results end in
 // red[warp][G][D] at the start of shared memory.
@@ -1951,6 +1897,14 @@ __device__ __forceinline__ void deep_attend(const Params& p, const Ctx& c, uint8
   float o[M::STEPS][4];
 #pragma unroll
   for (int mm = 0; mm < M::STEPS; ++mm) o[mm][0] = o[mm][1] = o[mm][2] = o[mm][3] = 0.f;
+#if RG_DEEP_HSUM
+  // warp g < G: head g's sum, `per` terms a lane with each of its tiles
+  const bool sums = kDeepSoftmax && c.warp < G;
+  const float hm = sums ? head_max<G>(wmax, c.warp) : 0.f;
+  const int terms = (c.n_tok + 31) / 32, per = nw ? (terms + nw - 1) / nw : 0;
+  float hl = 0.f;
+  int done = 0;  // this warp's terms summed so far
+#endif
 #pragma unroll
   for (int i = 0; i < kMaxWarpTiles; ++i) {  // V of the warp's tile i is load nw + i
 #if RG_DEEP_ABLATE == 5
@@ -1980,12 +1934,23 @@ __device__ __forceinline__ void deep_attend(const Params& p, const Ctx& c, uint8
     pv_tile_mma<KV, D, G, kDeepSoftmax>(scores, vr, o, t, min(kTile, c.n_tok - t * kTile),
                                         c.lane, m);
 #endif
+#if RG_DEEP_HSUM
+    if (sums) {
+      head_sum_steps<G>(scores, hm, c.warp, done, min(terms, done + per), c, hl);
+      done = min(terms, done + per);
+    }
+#endif
     deep_load<KV, D, G>(p, c, wring, nw + i + DC::S, nw, pg, lo);
   }
-#if RG_DEEP_NEXT
-  prefetch_successor<KV, D, G>(p, c);
-#endif
+#if RG_DEEP_HSUM
+  if (sums) {  // what the tiles left (all of it for a warp without a tile)
+    head_sum_steps<G>(scores, hm, c.warp, done, terms, c, hl);
+    hl = warp_sum(hl);
+    if (c.lane == 0) { s_ml[c.warp] = hm; s_ml[G + c.warp] = hl; }
+  }
+#else
   if constexpr (kDeepSoftmax) head_sums<G>(scores, wmax, s_ml, c);
+#endif
   __syncthreads();  // every warp is done with its ring and the scores: red reuses them
   store_warp_partial<KV, D, G>(c, o, reinterpret_cast<float*>(smem));
 }
@@ -2090,56 +2055,6 @@ __device__ __forceinline__ void merge_landed(const Params& p, const Ctx& c, cons
   }
 }
 
-// RG_DEEP_TICKET=1 (the benchmarks' A/B): a split takes its (sequence, head)'s ticket as
-// it starts, in the prologue, where the atomic's round trip hides behind the first copies;
-// the split with the last ticket merges. Every other split leaves right after its partial:
-// its thread 0 fences and adds a finish mark (2^16) to the same counter without waiting
-// for the result, where finish_partial waits on an all-thread fence and then the atomic's
-// round trip. The merger waits for the nsplit - 1 marks. It cannot wait forever: the
-// splits that hold the earlier tickets have started, so they run to the end, whatever order
-// the CTAs are scheduled in. The merge is merge_splits_staged in split order, as before,
-// so the result is the same bits; the merger leaves the counter zero.
-#ifndef RG_DEEP_TICKET
-#define RG_DEEP_TICKET 0
-#endif
-#if RG_DEEP_TICKET
-constexpr unsigned kFinishMark = 1u << 16;  // the counter: tickets below, finish marks above
-
-__device__ __forceinline__ unsigned ld_acquire_gpu(const int* ptr) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(ptr) : "memory");
-  return v;
-}
-
-// The partial (finish_partial's sum and stores); true in the merger, once every other
-// split's partial is visible. `ticket`: thread 0's atomicAdd result from the prologue.
-template <int D, int G>
-__device__ __forceinline__ bool finish_ticket(const Params& p, const Ctx& c, const float* red,
-                                              const float* s_ml, int nsplit, unsigned ticket,
-                                              int* s_last) {
-  const size_t bh = (size_t)c.b * p.num_kv_heads + c.h;
-  if (c.tid == 0) *s_last = (ticket & (kFinishMark - 1)) == (unsigned)nsplit - 1;
-  cta_sync<false>();
-  sum_warps<D, G>(p, c, red, s_ml, nsplit,
-                  [&](int i, float o) { p.ws_acc[(bh * gridDim.x + blockIdx.x) * G * D + i] = o; });
-  if (nsplit == 1) return false;
-  if (c.tid < 2 * G) p.ws_ml[(bh * gridDim.x + blockIdx.x) * 2 * G + c.tid] = s_ml[c.tid];
-  const bool merger = *s_last;
-  cta_sync<false>();  // every thread's stores come before thread 0's fence
-  if (!merger) {
-    if (c.tid == 0) {
-      __threadfence();
-      atomicAdd(p.counters + bh, (int)kFinishMark);  // no result: a reduction, no round trip
-    }
-    return false;
-  }
-  if (c.tid == 0)
-    while (ld_acquire_gpu(p.counters + bh) / kFinishMark != (unsigned)nsplit - 1) __nanosleep(64);
-  cta_sync<false>();
-  return true;
-}
-#endif  // RG_DEEP_TICKET
-
 #if RG_DEEP_ABLATE == 10
 // A timing-only build: the partial stored and nothing after it, no fence, no ticket, no
 // merge: what any arrival protocol could save.
@@ -2199,24 +2114,22 @@ __device__ __forceinline__ void split_kv_deep(const Params& p) {
   if (merges) cluster_arrive_relaxed();
   c.n_tok = active ? min(len, c.start + p.chunk) - c.start : 0;
   c.n_tiles = (c.n_tok + kTile - 1) / kTile;
-#if RG_DEEP_TICKET
-  unsigned ticket = 0;  // thread 0's, used at the end
-  if (!CLUSTER && nsplit > 1 && c.tid == 0)
-    ticket = (unsigned)atomicAdd(p.counters + (size_t)c.b * p.num_kv_heads + c.h, 1);
-#endif
   float* red = reinterpret_cast<float*>(deep_smem);  // the warps' PV results (in the ring)
   float* scores = reinterpret_cast<float*>(deep_smem + DC::RING);
   float* landing = scores + p.chunk * G;  // `_deepc`: split 0 receives the splits' states
   if (active) {
     deep_attend<KV, D, G>(p, c, deep_smem, scores, s_ml, s_wmax, pg);
+    // The epilogue (partial, fence and ticket, merge) is ~11.5 us of B16x16K's 148.8 with
+    // the copies on (RG_DEEP_ABLATE 9 and 10: 137.3 without it, 142.3 with the partial
+    // stored alone). Tickets taken at the start with fire-and-forget finish marks, and the
+    // likely successor's first tiles prefetched into L2 before it, measured no faster
+    // (149.0 and 153.1-161.2 us; H200, 2026-12-04 runs 55-56).
     if constexpr (CLUSTER)
       push_partial<D, G>(p, c, red, s_ml, landing, merges ? nsplit : 1);
 #if RG_DEEP_ABLATE == 4 || RG_DEEP_ABLATE == 9
     else if (c.tid >= kThreads && s_last)  // never: the partials stay in shared memory
 #elif RG_DEEP_ABLATE == 10
     else if (store_partial_only<D, G>(p, c, red, s_ml, nsplit) && s_last)
-#elif RG_DEEP_TICKET
-    else if (finish_ticket<D, G>(p, c, red, s_ml, nsplit, ticket, &s_last))
 #else
     else if (finish_partial<D, G>(p, c, red, s_ml, nsplit, &s_last))
 #endif

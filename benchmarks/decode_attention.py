@@ -58,11 +58,7 @@ PHASES = {0: "full", 1: "no_k_load", 2: "no_v_load", 3: "qk_x2", 4: "pv_x2",
           5: "convert_x2", 6: "no_sync", 7: "no_smem_publish"}
 DEEP_BUILDS = {"ca": (2, ["RG_DEEP_LINES=0", "RG_DEEP_STAGES=2"], 1024),
                "s2": (2, ["RG_DEEP_STAGES=2"], 1024), "s3": (3, ["RG_DEEP_STAGES=3"], 1024),
-               "c512": (2, ["RG_DEEP_MAX_CHUNK=512", "RG_DEEP_STAGES=2"], 512),
-               "hs": (3, ["RG_DEEP_HSUM=1", "RG_DEEP_STAGES=3"], 1024),
-               "hss2": (2, ["RG_DEEP_HSUM=1", "RG_DEEP_STAGES=2"], 1024),
-               "b2s3": (3, ["RG_DEEP_BLOCKS=2", "RG_DEEP_STAGES=3"], 1024),
-               "b2s4": (4, ["RG_DEEP_BLOCKS=2", "RG_DEEP_STAGES=4"], 1024)}
+               "c512": (2, ["RG_DEEP_MAX_CHUNK=512", "RG_DEEP_STAGES=2"], 512)}
 """The deep candidate's build variants beside its default (split_kv.cu's DeepCfg: D128
 tiles copied as whole swizzled lines; ring stages: three for E5M2 D128 G4, two else; three
 CTAs per SM (E5M2) or two (bf16); chunks up to 1024): {name: (ring stages, defines,

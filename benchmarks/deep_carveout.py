@@ -26,8 +26,11 @@ from pipeline.ops import timing  # noqa: E402
 from pipeline.ops.paged_inputs import Case, make_inputs  # noqa: E402
 
 CARVEOUTS = {"default": -1, "c164": 72, "c196": 86, "c228": 100}
-"""Preferred carveout, % of the most shared memory an SM can have (228 KB): the driver's
-choice, 164, 196 and 228 KB (L1 the rest of 256 KB)."""
+"""Requested carveout, % of the most shared memory an SM can have (228 KB): none (the
+driver's choice), 72, 86 and 100 % (164, 196 and 228 KB requested). The driver takes a
+configuration of at least the request that also fits the occupancy (CTAs an SM are
+reported beside), so a request is a lower bound on the shared memory and an upper bound on
+the L1 that the copies are staged through."""
 
 
 def planned(inp, cubin: Path) -> op.DecodeAttention:

@@ -1,7 +1,9 @@
-"""benchmarks/probes/paged_read.cu, the deep candidate's read ceilings (docs/perf.md, runs
-39-53): built as benchmarks/deep_ceiling.py builds it on the device, with the project's
-nvcc, warnings as errors, both entry points present and neither spilling; the same flags
-refuse a planted warning, so the check can fail."""
+"""The deep candidate's measurement builds (docs/perf.md, runs 39-59), with the project's
+nvcc and warnings as errors: benchmarks/probes/paged_read.cu, its read ceilings, as
+benchmarks/deep_ceiling.py builds it on the device, both entry points present and neither
+spilling (the same flags refuse a planted warning, so the check can fail); the timing-only
+ablations with the copies on, each changing the kernel; and the shared memory of the E5M2
+entry points that run three CTAs an SM, inside the carveout they were measured in."""
 
 from __future__ import annotations
 
@@ -74,3 +76,32 @@ def test_the_streaming_ablations_build_clean_and_each_changes_the_kernel(tmp_pat
                               timeout=120, check=True).stdout for n in names}
     assert all("HMMA" in s or n == "noqk" for n, s in sass.items())
     assert len(set(sass.values())) == len(names)
+
+
+def test_three_e5m2_ctas_fit_the_196_kb_carveout(tmp_path: Path) -> None:
+    """Each E5M2 `_deep` entry point runs three CTAs an SM (DeepCfg::BLOCKS) at the
+    B16x16K plan's 1024-token chunk. Their shared memory (dynamic, static, and the 1 KB the
+    SM reserves a CTA, both in cuobjdump's SHARED) must fit the 196 KB carveout: past it
+    the SM takes 228 KB and leaves the cp.async.ca copies 28 KB of L1 instead of 60, 6 %
+    slower on the H200
+    (benchmarks/deep_carveout.py, run 58: 156.0 against 147.0 us). D128 G8 is 16 bytes
+    inside it; so this guards every byte of static shared memory a change adds."""
+    from benchmarks.decode_attention import nvcc_cmd
+    from pipeline.ops import decode_attention as op
+
+    tc = toolchains.for_arch("sm_90")
+    cubin = tmp_path / "deep.cubin"
+    built = subprocess.run(nvcc_cmd(str(tc.compiler.path), "sm_90", cubin, ["RG_UNIT=3"]),
+                           capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stderr[-2000:]
+    assert tc.cuobjdump is not None
+    usage = resources.parse_resource_usage(subprocess.run(
+        [tc.cuobjdump.path, "--dump-resource-usage", str(cubin)], capture_output=True,
+        text=True, timeout=60, check=True).stdout)
+    for dim in (128, 64):
+        for group in (4, 8):
+            entry = f"split_kv_e5m2_d{dim}_g{group}_deep"
+            dynamic = op.SPLIT_KV_DEEP.smem(entry, 1024, group, dim)
+            shared = usage[entry]["SHARED"]  # sm_90: the static bytes and the 1 KB reserved
+            assert shared >= 1024, (entry, shared)
+            assert 3 * (dynamic + shared) <= 196 * 1024, (entry, dynamic, shared)

@@ -5,7 +5,9 @@ beside the kernel at pages of 16, 64 and 256 tokens; and the kernel's own comput
 its copies (split_kv.cu's RG_DEEP_ABLATE 2, 4-6: all of it, no partial store or merge, no
 PV, no QK MMAs), and with them, what each part costs the streaming kernel (7-10: no QK
 MMAs, no PV MMAs, no partial store or merge, the partial stored and nothing after it):
-timing-only builds, no result comes from them.
+timing-only builds, no result comes from them. At page 64 the same for bf16 (256-byte
+rows): the deep candidate, bulk copies of its segments, whole pages and flat slices, beside
+torch SDPA on the same bytes dense, the bf16 bar's comparison point.
 
 The tensor-copy and persistent forms of the deep candidate first measured with this script
 (runs 39-47, docs/perf.md) are in commit 6e2d7d6 with their launchers; the copies' L2
@@ -31,7 +33,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.decode_attention import log, median, nvcc_cmd, spread  # noqa: E402
 from pipeline.ops import decode_attention as op  # noqa: E402
-from pipeline.ops import launch, timing  # noqa: E402
+from pipeline.ops import launch, reference, timing  # noqa: E402
 from pipeline.ops.paged_inputs import Case, make_inputs  # noqa: E402
 
 PROBE = REPO / "benchmarks" / "probes" / "paged_read.cu"
@@ -123,7 +125,9 @@ def read_probe(cubin: Path, inp, chunk: int, order: int, flat: int) -> RawLaunch
 def bulk_probe(cubin: Path, inp, chunk: int, mode: int, seg: int) -> RawLaunch:
     """paged_bulk_read: split_kv's segments (mode 0), whole pages (1) or flat slices (2)."""
     batch, hkv, splits = inp.q.shape[0], inp.k_cache.shape[1], 16384 // chunk
-    values = [*_cache_args(inp), ctypes.c_int32(chunk), ctypes.c_int32(seg), ctypes.c_int32(mode)]
+    row = inp.k_cache.shape[-1] * inp.k_cache.element_size()  # bytes a token row
+    values = [*_cache_args(inp), ctypes.c_int32(chunk), ctypes.c_int32(seg), ctypes.c_int32(mode),
+              ctypes.c_int32(row)]
     grid = (splits, 1 if mode == 1 else hkv, batch)
     return RawLaunch(cubin, "paged_bulk_read", grid, 32, 8 * seg, values)
 
@@ -156,6 +160,7 @@ def pattern(default: Path, ablations: dict[str, Path], probe: Path, dev, repeats
                     planned(inp, cub), args, out)
             fns["read_flat"] = read_probe(probe, inp, chunk, 0, 1)
             fns["bulk_flat"] = bulk_probe(probe, inp, chunk, 2, 8192)
+    bits.update(bf16_pattern(default, probe, dev, fns))
     log(f"pattern bitwise == baseline: {bits}")
     samples = timing.interleaved(fns, repeats=repeats, device=dev, flush=True)
     kv_bytes = 16 * 16384 * 8 * 128 * 2
@@ -163,11 +168,35 @@ def pattern(default: Path, ablations: dict[str, Path], probe: Path, dev, repeats
                  "order": samples["order"], "variants": {}}
     for name, smp in samples["samples_us"].items():
         med = median(smp)
+        nbytes = kv_bytes * (2 if name.startswith("bf16_") else 1)
         res["variants"][name] = {"samples_us": smp, "median_us": med, **spread(smp),
-                                 "tb_per_s": kv_bytes / med / 1e6}
+                                 "kv_bytes": nbytes, "tb_per_s": nbytes / med / 1e6}
         log(f"pattern {name:22s} {med:7.1f} us  [{min(smp):.1f}..{max(smp):.1f}]  "
-            f"{kv_bytes / med / 1e6:.3f} TB/s")
+            f"{nbytes / med / 1e6:.3f} TB/s")
     return res
+
+
+def bf16_pattern(default: Path, probe: Path, dev, fns: dict) -> dict[str, bool]:
+    """B16x16K bf16 at page 64 into `fns`: the deep candidate, bulk copies of its segments,
+    of whole pages and of flat slices (the access pattern's DMA ceiling for 256-byte rows),
+    and torch SDPA on the same bytes dense (the bf16 bar's comparison point); the deep
+    launch checked bit for bit against its plan's `_base` first."""
+    inp = make_inputs(Case(7, 16, "uniform", "16384", 64, "bf16", 32, 8, 128, [16384] * 16),
+                      dev)
+    out = torch.empty_like(inp.q)
+    args = (inp.q, inp.k_cache, inp.v_cache, inp.block_table, inp.seq_lens)
+    deep = planned(inp, default)
+    base = planned(inp, default, "baseline").run(*args).view(torch.int16).clone()
+    bits = {"bf16_deep_p64": bool(torch.equal(deep.run(*args).view(torch.int16), base))}
+    fns["bf16_deep_p64"] = (lambda d_, a, o: lambda: d_.run(*a, out=o))(deep, args, out)
+    fns["bf16_bulk_p64"] = bulk_probe(probe, inp, deep.plan.chunk, 0, 8192)
+    fns["bf16_bulk_pages_p64"] = bulk_probe(probe, inp, 128, 1, 8192)
+    fns["bf16_bulk_flat"] = bulk_probe(probe, inp, deep.plan.chunk, 2, 8192)
+    gen = torch.Generator(device=dev).manual_seed(11)
+    dense = [torch.randn((16, 8, 16384, 128), generator=gen, device=dev).to(torch.bfloat16)
+             for _ in range(2)]
+    fns["bf16_sdpa_dense"] = lambda: reference.dense_sdpa(inp.q, *dense)
+    return bits
 
 
 def main() -> int:

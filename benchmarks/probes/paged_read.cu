@@ -39,7 +39,8 @@ extern "C" __global__ void __launch_bounds__(256) paged_read(
 }
 
 // The same bytes read by bulk copies alone (one thread a CTA, the copies' data never read):
-// the DMA rate of the access pattern. Each CTA streams its segments through `kSlots`
+// the DMA rate of the access pattern, for token rows of `row` bytes (128: E5M2 D128, 256:
+// bf16 D128). Each CTA streams its segments through `kSlots`
 // shared-memory slots of `seg` bytes, each completing on its mbarrier. mode 0: split_kv's
 // segments (grid (splits, Hkv, B): for each page of the chunk, the head's page run, K then
 // V); mode 1: whole pages, every head's run at once (grid (splits, 1, B)); mode 2: one
@@ -59,13 +60,13 @@ __device__ __forceinline__ void bar_wait(uint32_t bar, uint32_t parity) {
 extern "C" __global__ void __launch_bounds__(32) paged_bulk_read(
     const uint8_t* __restrict__ k, const uint8_t* __restrict__ v,
     const int* __restrict__ block_table, int bt_stride, int hkv, int page_shift, int chunk,
-    int seg, int mode) {
+    int seg, int mode, int row) {
   extern __shared__ __align__(128) uint8_t slots[];
   __shared__ __align__(8) unsigned long long bars[kSlots];
   if (threadIdx.x != 0) return;
   const int x = blockIdx.x, h = blockIdx.y, b = blockIdx.z, splits = gridDim.x;
   const int page = 1 << page_shift;
-  const size_t run = (size_t)page * 128;                 // a head's page run
+  const size_t run = (size_t)page * row;                 // a head's page run
   const size_t unit = mode == 1 ? run * hkv : run;       // bytes a page a CTA
   const int pages = chunk >> page_shift;
   const int per_page = (int)(unit / seg);

@@ -6,8 +6,9 @@ its copies (split_kv.cu's RG_DEEP_ABLATE 2, 4-6: all of it, no partial store or 
 PV, no QK MMAs), and with them, what each part costs the streaming kernel (7-10: no QK
 MMAs, no PV MMAs, no partial store or merge, the partial stored and nothing after it):
 timing-only builds, no result comes from them. At page 64 the same for bf16 (256-byte
-rows): the deep candidate, bulk copies of its segments, whole pages and flat slices, beside
-torch SDPA on the same bytes dense, the bf16 bar's comparison point.
+rows): the deep candidate and its epilogue ablations (9, 10), bulk copies of its segments,
+whole pages and flat slices, beside torch SDPA on the same bytes dense, the bf16 bar's
+comparison point.
 
 The tensor-copy and persistent forms of the deep candidate first measured with this script
 (runs 39-47, docs/perf.md) are in commit 6e2d7d6 with their launchers; the copies' L2
@@ -46,6 +47,8 @@ ABLATIONS = {"nokv": ["RG_DEEP_ABLATE=2"], "nokv_noepi": ["RG_DEEP_ABLATE=4"],
 and without them also no partial store or merge, no PV, no QK MMAs; with the copies, no QK
 MMAs, no PV MMAs, no partial store or merge, the partial stored and nothing after it (what
 each part costs the streaming kernel)."""
+BF16_ABLATIONS = ("noepi", "storeonly")
+"""The ablations timed on bf16 too (the epilogue's share there)."""
 
 
 def build(nvcc: str, arch: str, out: Path) -> tuple[Path, dict[str, Path], Path]:
@@ -160,7 +163,7 @@ def pattern(default: Path, ablations: dict[str, Path], probe: Path, dev, repeats
                     planned(inp, cub), args, out)
             fns["read_flat"] = read_probe(probe, inp, chunk, 0, 1)
             fns["bulk_flat"] = bulk_probe(probe, inp, chunk, 2, 8192)
-    bits.update(bf16_pattern(default, probe, dev, fns))
+    bits.update(bf16_pattern(default, {n: ablations[n] for n in BF16_ABLATIONS}, probe, dev, fns))
     log(f"pattern bitwise == baseline: {bits}")
     samples = timing.interleaved(fns, repeats=repeats, device=dev, flush=True)
     kv_bytes = 16 * 16384 * 8 * 128 * 2
@@ -176,11 +179,13 @@ def pattern(default: Path, ablations: dict[str, Path], probe: Path, dev, repeats
     return res
 
 
-def bf16_pattern(default: Path, probe: Path, dev, fns: dict) -> dict[str, bool]:
-    """B16x16K bf16 at page 64 into `fns`: the deep candidate, bulk copies of its segments,
-    of whole pages and of flat slices (the access pattern's DMA ceiling for 256-byte rows),
-    and torch SDPA on the same bytes dense (the bf16 bar's comparison point); the deep
-    launch checked bit for bit against its plan's `_base` first."""
+def bf16_pattern(default: Path, ablations: dict[str, Path], probe: Path, dev,
+                 fns: dict) -> dict[str, bool]:
+    """B16x16K bf16 at page 64 into `fns`: the deep candidate and `ablations` of it, bulk
+    copies of its segments, of whole pages and of flat slices (the access pattern's DMA
+    ceiling for 256-byte rows), and torch SDPA on the same bytes dense (the bf16 bar's
+    comparison point); the deep launch checked bit for bit against its plan's `_base`
+    first."""
     inp = make_inputs(Case(7, 16, "uniform", "16384", 64, "bf16", 32, 8, 128, [16384] * 16),
                       dev)
     out = torch.empty_like(inp.q)
@@ -189,6 +194,9 @@ def bf16_pattern(default: Path, probe: Path, dev, fns: dict) -> dict[str, bool]:
     base = planned(inp, default, "baseline").run(*args).view(torch.int16).clone()
     bits = {"bf16_deep_p64": bool(torch.equal(deep.run(*args).view(torch.int16), base))}
     fns["bf16_deep_p64"] = (lambda d_, a, o: lambda: d_.run(*a, out=o))(deep, args, out)
+    for name, cub in ablations.items():
+        fns[f"bf16_deep_{name}_p64"] = (lambda d_, a, o: lambda: d_.run(*a, out=o))(
+            planned(inp, cub), args, out)
     fns["bf16_bulk_p64"] = bulk_probe(probe, inp, deep.plan.chunk, 0, 8192)
     fns["bf16_bulk_pages_p64"] = bulk_probe(probe, inp, 128, 1, 8192)
     fns["bf16_bulk_flat"] = bulk_probe(probe, inp, deep.plan.chunk, 2, 8192)

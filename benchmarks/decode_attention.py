@@ -312,6 +312,7 @@ def bench_large(cubin: Path, dev, repeats: int, ceiling: float,
            "naive_dequant_sdpa": lambda: reference.naive_dequant_sdpa(
                fp8.q, fp8.k_cache, fp8.v_cache, fp8.block_table, length,
                k_scale=fp8.k_scale, v_scale=fp8.v_scale)}
+    fns.update(sdpa_backends(lambda: reference.dense_sdpa(bf.q, dk, dvv)))
     operators = {"bulk": (op.SPLIT_KV_BULK, cubin), "deep": (op.SPLIT_KV_DEEP, cubin)}
     for name, (cub, stages, max_chunk) in (extra or {}).items():
         operators[name] = (deep_operator(stages, max_chunk), cub)
@@ -347,6 +348,27 @@ def bench_large(cubin: Path, dev, repeats: int, ceiling: float,
                                  "kv_bytes": nbytes, "tb_per_s": nbytes / med / 1e6,
                                  "pct_of_copy": 100 * nbytes / med / 1e6 / ceiling}
     return res
+
+
+def sdpa_backends(call) -> dict:
+    """`call` (torch SDPA) pinned to each backend that takes it: {"sdpa_bf16_dense_<backend>":
+    fn}. The bf16 bar's comparison point is the fastest of them and of SDPA's own dispatch,
+    which has run in a slow mode in some processes (docs/perf.md, runs 54-59)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    fns = {}
+    for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                    SDPBackend.CUDNN_ATTENTION):
+        def fn(backend=backend):
+            with sdpa_kernel(backend):
+                return call()
+        try:
+            fn()
+        except RuntimeError as exc:  # this backend does not take the shape: not timed
+            log(f"sdpa {backend.name}: not available here ({str(exc).splitlines()[0][:120]})")
+            continue
+        fns[f"sdpa_bf16_dense_{backend.name.lower()}"] = fn
+    return fns
 
 
 def bench_small(cubin: Path, dev, repeats: int, ablations: dict[str, Path] | None = None) -> dict:
@@ -610,6 +632,13 @@ def summary(results: dict) -> None:
     for name, v in big.get("variants", {}).items():
         log(f"B16x16K {name:22s} {v['median_us']:9.1f} us  [{v['min']:.1f}..{v['max']:.1f}]  "
             f"{v['tb_per_s']:.3f} TB/s  {v['pct_of_copy']:.1f}% of copy")
+    sdpa = {n: v["median_us"] for n, v in big.get("variants", {}).items()
+            if n.startswith("sdpa_bf16_dense")}
+    if sdpa and "bf16_deep" in big.get("variants", {}):
+        best = min(sdpa, key=sdpa.__getitem__)
+        deep = big["variants"]["bf16_deep"]["median_us"]
+        log(f"B16x16K bf16_deep against the fastest SDPA ({best}, {sdpa[best]:.1f} us): "
+            f"{100 * (deep / sdpa[best] - 1):+.1f} %")
     small = results.get("bench_small", {})
     if "bulk_kernel" in small:
         log(f"B1x1K   bulk runs {small['bulk_kernel']}, deep runs {small.get('deep_kernel')}")

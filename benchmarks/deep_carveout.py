@@ -10,6 +10,7 @@ checked bit for bit against the default first, then timed interleaved (L2 flushe
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import shutil
 import sys
@@ -21,6 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.decode_attention import log, median, spread  # noqa: E402
+from benchmarks.deep_ceiling import planned  # noqa: E402
 from pipeline.ops import decode_attention as op  # noqa: E402
 from pipeline.ops import timing  # noqa: E402
 from pipeline.ops.paged_inputs import Case, make_inputs  # noqa: E402
@@ -33,12 +35,6 @@ reported beside), so a request is a lower bound on the shared memory and an uppe
 the L1 that the copies are staged through."""
 
 
-def planned(inp, cubin: Path) -> op.DecodeAttention:
-    return op.DecodeAttention(inp.q, inp.k_cache, inp.v_cache, inp.block_table, inp.seq_lens,
-                              max_seq_len=16384, cubin=cubin, k_scale=inp.k_scale,
-                              v_scale=inp.v_scale, variant="deep", operator=op.SPLIT_KV_DEEP)
-
-
 def set_carveout(plan: op.DecodeAttention, pct: int) -> int:
     """The launch's preferred carveout, and the CTAs an SM the driver then reports."""
     from cuda.bindings import driver as d
@@ -47,10 +43,12 @@ def set_carveout(plan: op.DecodeAttention, pct: int) -> int:
     if pct >= 0:
         (err,) = d.cuFuncSetAttribute(
             raw, d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, pct)
-        assert err == d.CUresult.CUDA_SUCCESS, err
+        if err != d.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"cuFuncSetAttribute(preferred carveout {pct} %): {err!r}")
     err, blocks = d.cuOccupancyMaxActiveBlocksPerMultiprocessor(raw, plan.launcher.block,
                                                                 plan.launcher.smem)
-    assert err == d.CUresult.CUDA_SUCCESS, err
+    if err != d.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuOccupancyMaxActiveBlocksPerMultiprocessor: {err!r}")
     return int(blocks)
 
 
@@ -76,7 +74,7 @@ def main() -> int:
             got = plan.run(*args).view(torch.int16).clone()
             ref = got if ref is None else ref
             bits[f"{kv}_{name}"] = bool(torch.equal(got, ref))
-            fns[f"{kv}_{name}"] = (lambda p_, a, o: lambda: p_.run(*a, out=o))(plan, args, out)
+            fns[f"{kv}_{name}"] = functools.partial(plan.run, *args, out=out)
     log(f"bitwise == default: {bits}; CTAs an SM: {blocks}")
     samples = timing.interleaved(fns, repeats=ns.repeats, device=dev, flush=True)
     res: dict = {"device": torch.cuda.get_device_name(dev), "carveouts": CARVEOUTS,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import ctypes
+import functools
 import json
 import shutil
 import subprocess
@@ -32,7 +33,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.decode_attention import log, median, nvcc_cmd, spread  # noqa: E402
+from benchmarks.decode_attention import dense_bf16, log, median, nvcc_cmd, spread  # noqa: E402
 from pipeline.ops import decode_attention as op  # noqa: E402
 from pipeline.ops import launch, reference, timing  # noqa: E402
 from pipeline.ops.paged_inputs import Case, make_inputs  # noqa: E402
@@ -152,15 +153,15 @@ def pattern(default: Path, ablations: dict[str, Path], probe: Path, dev, repeats
         chunk = deep.plan.chunk
         base = planned(inp, default, "baseline").run(*args).view(torch.int16).clone()
         bits[f"deep_p{page}"] = bool(torch.equal(deep.run(*args).view(torch.int16), base))
-        fns[f"deep_p{page}"] = (lambda d_, a, o: lambda: d_.run(*a, out=o))(deep, args, out)
+        fns[f"deep_p{page}"] = functools.partial(deep.run, *args, out=out)
         fns[f"read_p{page}"] = read_probe(probe, inp, chunk, 0, 0)
         fns[f"read_p{page}_heads"] = read_probe(probe, inp, chunk, 1, 0)
         fns[f"bulk_p{page}"] = bulk_probe(probe, inp, chunk, 0, min(page * ROW, 8192))
         fns[f"bulk_pages_p{page}"] = bulk_probe(probe, inp, max(128, page), 1, 8192)
         if page == 64:
             for name, cub in ablations.items():
-                fns[f"deep_{name}_p64"] = (lambda d_, a, o: lambda: d_.run(*a, out=o))(
-                    planned(inp, cub), args, out)
+                fns[f"deep_{name}_p64"] = functools.partial(
+                    planned(inp, cub).run, *args, out=out)
             fns["read_flat"] = read_probe(probe, inp, chunk, 0, 1)
             fns["bulk_flat"] = bulk_probe(probe, inp, chunk, 2, 8192)
     bits.update(bf16_pattern(default, {n: ablations[n] for n in BF16_ABLATIONS}, probe, dev, fns))
@@ -193,16 +194,14 @@ def bf16_pattern(default: Path, ablations: dict[str, Path], probe: Path, dev,
     deep = planned(inp, default)
     base = planned(inp, default, "baseline").run(*args).view(torch.int16).clone()
     bits = {"bf16_deep_p64": bool(torch.equal(deep.run(*args).view(torch.int16), base))}
-    fns["bf16_deep_p64"] = (lambda d_, a, o: lambda: d_.run(*a, out=o))(deep, args, out)
+    fns["bf16_deep_p64"] = functools.partial(deep.run, *args, out=out)
     for name, cub in ablations.items():
-        fns[f"bf16_deep_{name}_p64"] = (lambda d_, a, o: lambda: d_.run(*a, out=o))(
-            planned(inp, cub), args, out)
+        fns[f"bf16_deep_{name}_p64"] = functools.partial(planned(inp, cub).run, *args,
+                                                            out=out)
     fns["bf16_bulk_p64"] = bulk_probe(probe, inp, deep.plan.chunk, 0, 8192)
     fns["bf16_bulk_pages_p64"] = bulk_probe(probe, inp, 128, 1, 8192)
     fns["bf16_bulk_flat"] = bulk_probe(probe, inp, deep.plan.chunk, 2, 8192)
-    gen = torch.Generator(device=dev).manual_seed(11)
-    dense = [torch.randn((16, 8, 16384, 128), generator=gen, device=dev).to(torch.bfloat16)
-             for _ in range(2)]
+    dense = dense_bf16(16, 8, 16384, 128, dev, torch.Generator(device=dev).manual_seed(11))
     fns["bf16_sdpa_dense"] = lambda: reference.dense_sdpa(inp.q, *dense)
     return bits
 

@@ -7,7 +7,7 @@
 # operator gate's case matrices with the deep candidate (E5M2, bf16, bf16 GQA 2) and ncu on
 # the target shapes; then compute-sanitizer's memcheck and racecheck run the deep kernels
 # on small shapes (benchmarks/deep_sanitize.py). SKIP="ncu operator sanitize ..." skips sections;
-# DEEP="s3 pf256 ..." times only those of the deep candidate's build variants.
+# DEEP="s2 s3 ..." times only those of the deep candidate's build variants.
 # No Python packages beyond the device image's are needed (no carry). Results:
 # $OUT/deep.tar.gz and the log's summary.
 set -u
@@ -16,11 +16,11 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD"
 R=/tmp/deep && rm -rf "$R" && mkdir -p "$R"
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu \
     --format=csv; nvcc --version | tail -1; } | tee "$R/env.txt"
-skips=(--skip phase)
-for s in ${SKIP:-}; do skips+=(--skip "$s"); done
-[ -n "${DEEP:-}" ] && skips+=(--deep-builds $DEEP)  # DEEP="pf256 s3": those build variants
+args=(--skip phase)
+for s in ${SKIP:-}; do args+=(--skip "$s"); done
+[ -n "${DEEP:-}" ] && args+=(--deep-builds $DEEP)  # DEEP="s2 s3": those build variants
 timeout "${DA_TIMEOUT:-420}" python3 benchmarks/decode_attention.py --out "$R/da" \
-  --candidate e5m2_deep --repeats "${REPEATS:-15}" "${skips[@]}" 2>&1 | tee "$R/da.log" |
+  --candidate e5m2_deep --repeats "${REPEATS:-15}" "${args[@]}" 2>&1 | tee "$R/da.log" |
   grep -v "^\s*$" | tail -n 40
 echo "decode_attention took $(( $(date +%s) - T0 )) s"
 if [[ " ${SKIP:-} " != *" sanitize "* ]] && command -v compute-sanitizer >/dev/null &&

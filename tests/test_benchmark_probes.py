@@ -27,15 +27,27 @@ def _nvcc(src: Path, out: Path) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=300)
 
 
+def _deep_unit(out: Path, defines: list[str]) -> subprocess.CompletedProcess[str]:
+    """split_kv.cu's deep unit for sm_90 as the benchmarks build it (their nvcc_cmd)."""
+    from benchmarks.decode_attention import nvcc_cmd
+
+    nvcc = str(toolchains.for_arch("sm_90").compiler.path)
+    return subprocess.run(nvcc_cmd(nvcc, "sm_90", out, ["RG_UNIT=3", *defines]),
+                          capture_output=True, text=True, timeout=600)
+
+
+def _cuobjdump(*args: str) -> str:
+    tool = toolchains.for_arch("sm_90").cuobjdump
+    assert tool is not None
+    return subprocess.run([tool.path, *args], capture_output=True, text=True, timeout=120,
+                          check=True).stdout
+
+
 def test_the_probes_build_clean_with_both_entry_points_and_no_spills(tmp_path: Path) -> None:
     out = tmp_path / "paged_read.cubin"
     built = _nvcc(PROBE, out)
     assert built.returncode == 0, built.stderr
-    tc = toolchains.for_arch("sm_90")
-    assert tc.cuobjdump is not None
-    usage = subprocess.run([tc.cuobjdump.path, "--dump-resource-usage", str(out)],
-                           capture_output=True, text=True, timeout=60, check=True).stdout
-    funcs = resources.parse_resource_usage(usage)
+    funcs = resources.parse_resource_usage(_cuobjdump("--dump-resource-usage", str(out)))
     assert set(funcs) == {"paged_read", "paged_bulk_read"}
     assert all(f.get("LOCAL", 0) == 0 and f.get("STACK", 0) == 0 for f in funcs.values())
 
@@ -55,25 +67,18 @@ def test_the_streaming_ablations_build_clean_and_each_changes_the_kernel(tmp_pat
     import concurrent.futures
 
     from benchmarks import deep_ceiling
-    from benchmarks.decode_attention import nvcc_cmd
 
     names = ["noqk", "nopv", "noepi", "storeonly"]
-    nvcc = toolchains.for_arch("sm_90").compiler.path
 
     def one(name: str) -> tuple[str, subprocess.CompletedProcess[str]]:
-        out = tmp_path / f"{name}.cubin"
-        cmd = nvcc_cmd(str(nvcc), "sm_90", out, ["RG_UNIT=3", *deep_ceiling.ABLATIONS[name]])
-        return name, subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        return name, _deep_unit(tmp_path / f"{name}.cubin", deep_ceiling.ABLATIONS[name])
 
     with concurrent.futures.ThreadPoolExecutor(len(names)) as pool:
         built = dict(pool.map(one, names))
     for name, done in built.items():
         assert done.returncode == 0, f"{name}: {done.stderr[-2000:]}"
-    cuobjdump = toolchains.for_arch("sm_90").cuobjdump
-    assert cuobjdump is not None
-    sass = {n: subprocess.run([cuobjdump.path, "-sass", "-fun", "split_kv_e5m2_d128_g4_deep",
-                               str(tmp_path / f"{n}.cubin")], capture_output=True, text=True,
-                              timeout=120, check=True).stdout for n in names}
+    sass = {n: _cuobjdump("-sass", "-fun", "split_kv_e5m2_d128_g4_deep",
+                          str(tmp_path / f"{n}.cubin")) for n in names}
     assert all("HMMA" in s or n == "noqk" for n, s in sass.items())
     assert len(set(sass.values())) == len(names)
 
@@ -83,21 +88,15 @@ def test_three_e5m2_ctas_fit_the_196_kb_carveout(tmp_path: Path) -> None:
     B16x16K plan's 1024-token chunk. Their shared memory (dynamic, static, and the 1 KB the
     SM reserves a CTA, both in cuobjdump's SHARED) must fit the 196 KB carveout: past it
     the SM takes 228 KB and leaves the cp.async.ca copies 28 KB of L1 instead of 60, 6 %
-    slower on the H200
-    (benchmarks/deep_carveout.py, run 58: 156.0 against 147.0 us). D128 G8 is 16 bytes
-    inside it; so this guards every byte of static shared memory a change adds."""
-    from benchmarks.decode_attention import nvcc_cmd
+    slower on the H200 (benchmarks/deep_carveout.py, run 58: 156.0 against 147.0 us).
+    D128 G8 is 16 bytes inside it; so this guards every byte of static shared memory a
+    change adds."""
     from pipeline.ops import decode_attention as op
 
-    tc = toolchains.for_arch("sm_90")
     cubin = tmp_path / "deep.cubin"
-    built = subprocess.run(nvcc_cmd(str(tc.compiler.path), "sm_90", cubin, ["RG_UNIT=3"]),
-                           capture_output=True, text=True, timeout=600)
+    built = _deep_unit(cubin, [])
     assert built.returncode == 0, built.stderr[-2000:]
-    assert tc.cuobjdump is not None
-    usage = resources.parse_resource_usage(subprocess.run(
-        [tc.cuobjdump.path, "--dump-resource-usage", str(cubin)], capture_output=True,
-        text=True, timeout=60, check=True).stdout)
+    usage = resources.parse_resource_usage(_cuobjdump("--dump-resource-usage", str(cubin)))
     for dim in (128, 64):
         for group in (4, 8):
             entry = f"split_kv_e5m2_d{dim}_g{group}_deep"

@@ -915,8 +915,9 @@ __device__ __forceinline__ void sum_warps(const Params& p, const Ctx& c, const f
 
 // Sum the warps' partials (fixed order); write the output (one split) or the
 // partial and take the (sequence, head)'s ticket. True in the CTA that finished last
-// of several splits: it merges them.
-template <int D, int G, bool NAMED = false>
+// of several splits: it merges them. TICKET = false (the deep candidate's timing-only
+// RG_DEEP_ABLATE 10) stops after the stores: no fence, no ticket, no merge.
+template <int D, int G, bool NAMED = false, bool TICKET = true>
 __device__ __forceinline__ bool finish_partial(const Params& p, const Ctx& c, const float* red,
                                                const float* s_ml, int nsplit, int* s_last) {
   const int s = blockIdx.x;
@@ -936,6 +937,7 @@ __device__ __forceinline__ bool finish_partial(const Params& p, const Ctx& c, co
   }
   if (nsplit == 1) return false;
   if (c.tid < 2 * G) p.ws_ml[(bh * gridDim.x + s) * 2 * G + c.tid] = s_ml[c.tid];
+  if constexpr (!TICKET) return false;
 
   __threadfence();
   cta_sync<NAMED>();
@@ -2018,22 +2020,6 @@ __device__ __forceinline__ void merge_landed(const Params& p, const Ctx& c, cons
   }
 }
 
-#if RG_DEEP_ABLATE == 10
-// A timing-only build: the partial stored and nothing after it, no fence, no ticket, no
-// merge: what any arrival protocol could save.
-template <int D, int G>
-__device__ __forceinline__ bool store_partial_only(const Params& p, const Ctx& c,
-                                                   const float* red, const float* s_ml,
-                                                   int nsplit) {
-  const size_t bh = (size_t)c.b * p.num_kv_heads + c.h;
-  cta_sync<false>();
-  sum_warps<D, G>(p, c, red, s_ml, nsplit,
-                  [&](int i, float o) { p.ws_acc[(bh * gridDim.x + blockIdx.x) * G * D + i] = o; });
-  if (nsplit > 1 && c.tid < 2 * G) p.ws_ml[(bh * gridDim.x + blockIdx.x) * 2 * G + c.tid] = s_ml[c.tid];
-  return false;
-}
-#endif
-
 template <class KV, int D, int G, bool CLUSTER>
 __device__ __forceinline__ void split_kv_deep(const Params& p) {
   static_assert(G == 2 || G == 4 || G == 8, "GQA groups of 2, 4 or 8 query heads");
@@ -2092,7 +2078,7 @@ __device__ __forceinline__ void split_kv_deep(const Params& p) {
 #if RG_DEEP_ABLATE == 4 || RG_DEEP_ABLATE == 9
     else if (c.tid >= kThreads && s_last)  // never: the partials stay in shared memory
 #elif RG_DEEP_ABLATE == 10
-    else if (store_partial_only<D, G>(p, c, red, s_ml, nsplit) && s_last)
+    else if (finish_partial<D, G, false, false>(p, c, red, s_ml, nsplit, &s_last))
 #else
     else if (finish_partial<D, G>(p, c, red, s_ml, nsplit, &s_last))
 #endif

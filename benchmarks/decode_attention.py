@@ -58,12 +58,15 @@ PHASES = {0: "full", 1: "no_k_load", 2: "no_v_load", 3: "qk_x2", 4: "pv_x2",
           5: "convert_x2", 6: "no_sync", 7: "no_smem_publish"}
 DEEP_BUILDS = {"ca": (2, ["RG_DEEP_LINES=0", "RG_DEEP_STAGES=2"], 1024),
                "s2": (2, ["RG_DEEP_STAGES=2"], 1024), "s3": (3, ["RG_DEEP_STAGES=3"], 1024),
-               "c512": (2, ["RG_DEEP_MAX_CHUNK=512", "RG_DEEP_STAGES=2"], 512)}
+               "c512": (2, ["RG_DEEP_MAX_CHUNK=512", "RG_DEEP_STAGES=2"], 512),
+               "ps": (None, ["RG_DEEP_PERSIST=1"], 1024)}
 """The deep candidate's build variants beside its default (split_kv.cu's DeepCfg: D128
 tiles copied as whole swizzled lines; ring stages: three for E5M2 D128 G4, two else; three
 CTAs per SM (E5M2) or two (bf16); chunks up to 1024): {name: (ring stages, defines,
 max_chunk)} -- per-lane pieces instead of whole lines (two stages), two stages, three
-stages (bf16's A/B), chunks up to 512 (split_kv's) with two stages (run 38's kernel).
+stages (bf16's A/B), chunks up to 512 (split_kv's) with two stages (run 38's kernel), and
+the persistent CTAs that stream through their epilogues (RG_DEEP_PERSIST) at the default's
+stages (None: kernels.toml's rules hold for it, so the operator matrices can run on it).
 `--deep-builds` picks some."""
 ABLATIONS = {"abl_nomerge": ["RG_DEEP_ABLATE=1"], "abl_nokv": ["RG_DEEP_ABLATE=2"],
              "abl_prologue": ["RG_DEEP_ABLATE=3"]}
@@ -90,10 +93,10 @@ def deep_landing_bytes(dim: int, group: int) -> int:
     return 8 * (2 * group + group * dim) * 4
 
 
-def deep_operator(stages: int, max_chunk: int | None = None):
-    """split_kv_deep as a build with RG_DEEP_STAGES=stages (and RG_DEEP_MAX_CHUNK=max_chunk)
-    launches it: its shared memory for the timed shapes (D128 G4, `_deep`: B16x16K) ahead of
-    kernels.toml's rules, and its largest chunk."""
+def deep_operator(stages: int | None, max_chunk: int | None = None):
+    """split_kv_deep as a build with RG_DEEP_STAGES=stages (None: the default's, deep_stages)
+    and RG_DEEP_MAX_CHUNK=max_chunk launches it: its shared memory for the timed shapes (D128
+    G4, `_deep`: B16x16K) ahead of kernels.toml's rules, and its largest chunk."""
     rules = tuple(contract.SharedMemory((f"split_kv_{kv}_d128_g4_deep",), chunk_heads=4,
                                         fixed=deep_ring_bytes(kv, 128, stages), heads_dim=32,
                                         opt_in=True) for kv in ("e5m2", "bf16"))

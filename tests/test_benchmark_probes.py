@@ -7,6 +7,7 @@ entry points that run three CTAs an SM, inside the carveout they were measured i
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -104,3 +105,48 @@ def test_three_e5m2_ctas_fit_the_196_kb_carveout(tmp_path: Path) -> None:
             shared = usage[entry]["SHARED"]  # sm_90: the static bytes and the 1 KB reserved
             assert shared >= 1024, (entry, shared)
             assert 3 * (dynamic + shared) <= 196 * 1024, (entry, dynamic, shared)
+
+
+def _sass_by_function(cubin: Path) -> dict[str, str]:
+    """cuobjdump's SASS of each entry point, addresses stripped and blanks collapsed (the
+    columns' padding follows the longest address in the whole dump)."""
+    out: dict[str, str] = {}
+    name = ""
+    for line in _cuobjdump("-sass", str(cubin)).splitlines():
+        if "Function : " in line:
+            name = line.split("Function : ", 1)[1].strip()
+            out[name] = ""
+        elif name:
+            out[name] += " ".join(re.sub(r"/\*[0-9a-f]{4,}\*/", "", line).split()) + "\n"
+    return out
+
+
+def test_the_persistent_build_changes_the_deep_entry_points_and_nothing_else(
+        tmp_path: Path) -> None:
+    """The benchmarks' "ps" build (split_kv.cu's RG_DEEP_PERSIST, the persistent CTAs that
+    stream through their epilogues) compiles with warnings as errors; it changes every
+    `_deep` entry point and none other (the cluster entry points and the baseline keep the
+    default's code, so the default's measurements stand for them), and it adds no shared
+    memory (the carveout test's bytes hold for it: its partials reuse the scores' area)."""
+    import concurrent.futures
+
+    from benchmarks.decode_attention import DEEP_BUILDS
+
+    builds = {"main": [], "ps": DEEP_BUILDS["ps"][1]}
+
+    def one(item: tuple[str, list[str]]) -> tuple[str, subprocess.CompletedProcess[str]]:
+        return item[0], _deep_unit(tmp_path / f"{item[0]}.cubin", item[1])
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        built = dict(pool.map(one, builds.items()))
+    for name, done in built.items():
+        assert done.returncode == 0, f"{name}: {done.stderr[-2000:]}"
+    main, ps = (_sass_by_function(tmp_path / f"{n}.cubin") for n in builds)
+    assert set(main) == set(ps) and len(main) == 30
+    changed = {f for f in main if main[f] != ps[f]}
+    assert changed == {f for f in main if f.endswith("_deep")} and len(changed) == 10
+    usage = {n: resources.parse_resource_usage(_cuobjdump("--dump-resource-usage",
+                                                          str(tmp_path / f"{n}.cubin")))
+             for n in builds}
+    for entry in changed:
+        assert usage["ps"][entry]["SHARED"] == usage["main"][entry]["SHARED"], entry

@@ -919,8 +919,9 @@ __device__ __forceinline__ void sum_warps(const Params& p, const Ctx& c, const f
 // RG_DEEP_ABLATE 10) stops after the stores: no fence, no ticket, no merge.
 template <int D, int G, bool NAMED = false, bool TICKET = true>
 __device__ __forceinline__ bool finish_partial(const Params& p, const Ctx& c, const float* red,
-                                               const float* s_ml, int nsplit, int* s_last) {
-  const int s = blockIdx.x;
+                                               const float* s_ml, int nsplit, int* s_last,
+                                               int split = -1) {  // -1: the CTA's blockIdx.x
+  const int s = split < 0 ? (int)blockIdx.x : split;
   const size_t bh = (size_t)c.b * p.num_kv_heads + c.h;
   cta_sync<NAMED>();
   // sum_warps' loop, written out: through its lambda ptxas allocates the bulk candidate's
@@ -1784,6 +1785,45 @@ __device__ __forceinline__ void deep_load(const Params& p, const Ctx& c, uint32_
 #endif
 constexpr bool kDeepSoftmax = RG_DEEP_SOFTMAX != 0;  // benchmarks' A/B (0: the baseline's pass)
 
+// RG_DEEP_PERSIST=1 (the benchmarks' A/B, default 0) keeps a slot streaming through its
+// epilogue, which holds both bars at B16x16K (E5M2 135.0 against 146.4 us without it, bf16
+// 248.7 against 262.4; H200, 2026-12-04 run 61): `_deep` keeps `per` CTAs of a (sequence,
+// head), as many as the SMs' slots share out (deep_slots), each taking splits x, x + per, ..
+// in turn, and every warp issues its next split's first S loads into its ring right after
+// its PV, before the CTA sums and stores the partial and takes its ticket. The partials move
+// to the scores' area (free after the sums; kWarps x D floats a head fit in a chunk of at
+// least kWarps x D tokens' scores), so the ring stays the loads'. The CTAs past `per` leave
+// at once; the arithmetic and its order are the baseline's, split by split.
+#ifndef RG_DEEP_PERSIST
+#define RG_DEEP_PERSIST 0
+#endif
+constexpr bool kDeepPersist = RG_DEEP_PERSIST != 0;
+
+// The SMs' slots of kDeepPersist's CTAs (DeepCfg::BLOCKS each). %nsmid may count past the
+// SMs there are (a few CTAs may then wait for a slot). Read again where it is used (volatile):
+// held in a register across the loops it spilled the E5M2 D128 math.
+template <class DC>
+__device__ __forceinline__ int deep_slots() {
+  uint32_t sms;
+  asm volatile("mov.u32 %0, %%nsmid;" : "=r"(sms));
+  return (int)sms * DC::BLOCKS;
+}
+// kDeepPersist: the CTAs a (sequence, head) keeps, the SMs' slots shared out over the grid's
+// (sequence, head) pairs; the grid's splits (not persistent) where that is not fewer, or where
+// the partials do not fit the scores' area (chunks under kWarps x D).
+template <class DC, int D>
+__device__ __forceinline__ int deep_per(const Params& p) {
+  if (p.chunk < kWarps * D) return gridDim.x;
+  return max(1, deep_slots<DC>() / (int)(gridDim.y * gridDim.z));
+}
+
+// kDeepPersist: the split this CTA takes after split s of a sequence of len tokens, or -1.
+template <class DC, int D>
+__device__ __forceinline__ int deep_next(const Params& p, int len, int s) {
+  const int n = s + deep_per<DC, D>(p);
+  return n < min((len + p.chunk - 1) / p.chunk, (int)gridDim.x) ? n : -1;
+}
+
 // The warp's maxima of heads 2tig, 2tig + 1 (mx, per lane) into wmax[warp][G].
 template <int G>
 __device__ __forceinline__ void publish_max(float (&mx)[2], float* wmax, const Ctx& c) {
@@ -1821,11 +1861,15 @@ __device__ __forceinline__ void head_sums(const float* scores, const float* wmax
 }
 
 // Phases A, softmax and C of one CTA from the warps' rings; the warps' PV results end in
-// red[warp][G][D] at the start of shared memory.
-template <class KV, int D, int G>
+// red[warp][G][D] at the start of shared memory. PERSIST (kDeepPersist's CTA, at `split`):
+// the split's first S loads are in the ring already unless it is the CTA's first; where the
+// CTA has a next split, each warp issues that split's first S loads after its PV (pg becomes
+// its pages) and the PV results go to the scores' area instead. `split` and the sequence's
+// `len` are all it holds for that across the loops (deep_next reads `per` again).
+template <class KV, int D, int G, bool PERSIST = false>
 __device__ __forceinline__ void deep_attend(const Params& p, const Ctx& c, uint8_t* smem,
                                             float* scores, float* s_ml, float* wmax,
-                                            const Pages& pg) {
+                                            Pages& pg, int split = -1, int len = 0) {
   using M = Mma<KV, D>;
   using DC = DeepCfg<KV, D, G>;
   const int nw = c.warp < c.n_tiles ? (c.n_tiles - c.warp + kWarps - 1) / kWarps : 0;
@@ -1835,8 +1879,10 @@ __device__ __forceinline__ void deep_attend(const Params& p, const Ctx& c, uint8
   LineOffs lo{};
   if constexpr (DC::LINES) lo = line_offs<KV, D>(c.lane);
   const uint32_t wring = smem_addr(wst);
+  if (!PERSIST || split == (int)blockIdx.x) {
 #pragma unroll
-  for (int j = 0; j < DC::S; ++j) deep_load<KV, D, G>(p, c, wring, j, nw, pg, lo);
+    for (int j = 0; j < DC::S; ++j) deep_load<KV, D, G>(p, c, wring, j, nw, pg, lo);
+  }
   uint32_t qa[M::STEPS][2];
   q_operand<KV, D, G>(p, c, qa);  // in flight beside the first copies
   float mx[2] = {-__int_as_float(0x7f800000), -__int_as_float(0x7f800000)};
@@ -1882,6 +1928,13 @@ __device__ __forceinline__ void deep_attend(const Params& p, const Ctx& c, uint8
   float o[M::STEPS][4];
 #pragma unroll
   for (int mm = 0; mm < M::STEPS; ++mm) o[mm][0] = o[mm][1] = o[mm][2] = o[mm][3] = 0.f;
+  const int* bt = p.block_table + (size_t)c.b * p.bt_stride;
+  if constexpr (PERSIST) {  // the next split's pages into L1 under the PV (no registers)
+    const int next = deep_next<DC, D>(p, len, split);
+    if (next >= 0)
+      asm volatile("prefetch.global.L1 [%0];" ::"l"(
+          bt + min(((next * p.chunk) >> p.page_shift) + c.lane, p.bt_stride - 1)));
+  }
 #pragma unroll
   for (int i = 0; i < kMaxWarpTiles; ++i) {  // V of the warp's tile i is load nw + i
 #if RG_DEEP_ABLATE == 5
@@ -1913,11 +1966,25 @@ __device__ __forceinline__ void deep_attend(const Params& p, const Ctx& c, uint8
 #endif
     deep_load<KV, D, G>(p, c, wring, nw + i + DC::S, nw, pg, lo);
   }
+  const int next = PERSIST ? deep_next<DC, D>(p, len, split) : -1;
+  if (PERSIST && next >= 0) {  // the ring is this warp's again: the next split's loads
+    const int first = (next * p.chunk) >> p.page_shift;
+    Pages pn{__ldg(bt + min(first + c.lane, p.bt_stride - 1)), 0};
+    if ((p.chunk >> p.page_shift) > 32) pn.hi = __ldg(bt + min(first + 32 + c.lane, p.bt_stride - 1));
+    Ctx cn = c;
+    cn.start = next * p.chunk;
+    cn.n_tok = min(len, cn.start + p.chunk) - cn.start;
+    cn.n_tiles = (cn.n_tok + kTile - 1) / kTile;
+    const int nwn = c.warp < cn.n_tiles ? (cn.n_tiles - c.warp + kWarps - 1) / kWarps : 0;
+#pragma unroll
+    for (int j = 0; j < DC::S; ++j) deep_load<KV, D, G>(p, cn, wring, j, nwn, pn, lo);
+    pg = pn;
+  }
   // (head g's sum inside warp g's PV loop instead, the same terms in the same order, measured
   // 160.9 against 146.6 us at B16x16K E5M2: H200, 2026-12-04 run 58)
   if constexpr (kDeepSoftmax) head_sums<G>(scores, wmax, s_ml, c);
   __syncthreads();  // every warp is done with its ring and the scores: red reuses them
-  store_warp_partial<KV, D, G>(c, o, reinterpret_cast<float*>(smem));
+  store_warp_partial<KV, D, G>(c, o, next >= 0 ? scores : reinterpret_cast<float*>(smem));
 }
 
 // merge_splits' arithmetic in its order, with its loads in parallel: every split's (max,
@@ -2020,6 +2087,36 @@ __device__ __forceinline__ void merge_landed(const Params& p, const Ctx& c, cons
   }
 }
 
+// One persistent CTA of kDeepPersist: splits x, x + per, .. of its (sequence, head), each
+// ended by the baseline's epilogue (finish_partial at its own split index) while the next
+// split's first loads are in flight.
+template <class KV, int D, int G>
+__device__ __forceinline__ void deep_persist(const Params& p, Ctx c, uint8_t* smem, float* s_ml,
+                                             float* wmax, int* s_last, Pages pg) {
+  using DC = DeepCfg<KV, D, G>;
+  float* scores = reinterpret_cast<float*>(smem + DC::RING);
+  // the sequence's length read again (volatile): with the prologue's value held through the
+  // loops ptxas spills more (20 / 24 bytes of E5M2 D128 G4 against 12 / 16)
+  int len;
+  asm volatile("ld.global.nc.s32 %0, [%1];" : "=r"(len) : "l"(p.seq_lens + c.b));
+  for (int s = blockIdx.x;;) {
+    c.start = s * p.chunk;
+    c.n_tok = min(len, c.start + p.chunk) - c.start;
+    c.n_tiles = (c.n_tok + kTile - 1) / kTile;
+    deep_attend<KV, D, G, true>(p, c, smem, scores, s_ml, wmax, pg, s, len);
+    const int nsplit = min((len + p.chunk - 1) / p.chunk, (int)gridDim.x);
+    const int next = deep_next<DC, D>(p, len, s);
+    // the partials where deep_attend left them: the scores' area while a next split's loads
+    // hold the ring, else the ring (as `_deep`'s)
+    float* red = next >= 0 ? scores : reinterpret_cast<float*>(smem);
+    if (finish_partial<D, G>(p, c, red, s_ml, nsplit, s_last, s))
+      merge_splits_staged<D, G>(p, c, nsplit, red, kWarps * D / 2);  // the partials spent
+    if (next < 0) return;
+    s = next;
+    __syncthreads();  // the sums and the merge are done with the scores' area
+  }
+}
+
 template <class KV, int D, int G, bool CLUSTER>
 __device__ __forceinline__ void split_kv_deep(const Params& p) {
   static_assert(G == 2 || G == 4 || G == 8, "GQA groups of 2, 4 or 8 query heads");
@@ -2056,6 +2153,11 @@ __device__ __forceinline__ void split_kv_deep(const Params& p) {
       p.out[((size_t)c.b * c.hq + c.h * G) * D + i] = rowgate::float_to_bf16(0.f);
   return;
 #endif
+  if constexpr (kDeepPersist && !CLUSTER) {  // CTAs past `per` leave; the others persist
+    if ((int)blockIdx.x < deep_per<DC, D>(p) && active)
+      deep_persist<KV, D, G>(p, c, deep_smem, s_ml, s_wmax, &s_last, pg);
+    return;
+  }
   if (!CLUSTER && !active) return;
   // `_deepc` with several splits: every split arrives now and waits before it stores into
   // split 0 (push_partial), then meets the others again before split 0 merges

@@ -119,7 +119,15 @@ def test_deep_operator_launch_rules_and_shared_memory():
     assert bench.deep_stages("e5m2", 128, 4) == 3 and bench.deep_stages("e5m2", 128, 8) == 2
     assert bench.deep_stages("bf16", 128, 4) == 2 and bench.deep_stages("e5m2", 64, 4) == 2
     for name, (stages, defines, _) in bench.DEEP_BUILDS.items():  # each names its depth
-        assert f"RG_DEEP_STAGES={stages}" in defines, name
+        if stages is None:  # the default's depths: kernels.toml's rules launch it
+            assert not any(d.startswith("RG_DEEP_STAGES") for d in defines), name
+        else:
+            assert f"RG_DEEP_STAGES={stages}" in defines, name
+    assert bench.DEEP_BUILDS["ps"] == (None, ["RG_DEEP_PERSIST=1"], 1024)
+    for kv, stages in (("e5m2", 3), ("bf16", 2)):  # None sizes each ring at its default depth
+        assert bench.deep_operator(None).smem(f"split_kv_{kv}_d128_g4_deep", 1024, 4, 128) == \
+            deep.smem(f"split_kv_{kv}_d128_g4_deep", 1024, 4, 128) == \
+            8 * stages * 2048 * (1 if kv == "e5m2" else 2) + 16384
     assert bench.DEEP_BUILDS["ca"][1][0] == "RG_DEEP_LINES=0"  # the per-lane pieces' A/B
     assert bench.DEEP_BUILDS["c512"][1:] == (["RG_DEEP_MAX_CHUNK=512", "RG_DEEP_STAGES=2"], 512)
     assert bench.deep_operator(2, 512).max_chunk == 512
@@ -132,15 +140,34 @@ def test_deep_operator_launch_rules_and_shared_memory():
             deep.smem("split_kv_e5m2_d128_g4_deepc", 512, 4, 128)
 
 
-def _benchmark():
+def _benchmark(name: str = "decode_attention"):
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "decode_attention.py"
-    spec = importlib.util.spec_from_file_location("bench_da", path)
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     return bench
+
+
+def test_the_persistent_sanitize_shapes_give_ctas_several_splits():
+    """deep_sanitize.py --persist runs a RG_DEEP_PERSIST build where its CTAs take more than
+    one split: under the deep operator's plan on the H200 (132 SMs) each shape's chunk holds
+    the partials (at least 8 x D tokens) and split_kv.cu's deep_per (the slots, DeepCfg::
+    BLOCKS an SM: 2 for bf16 D128, else 3, over the (sequence, head)s) is below the splits;
+    and the ragged batch's sequences end in splits of two counts."""
+    sanitize = _benchmark("deep_sanitize")
+    deep = op.SPLIT_KV_DEEP
+    for kv, batch, ctx, hq, hkv, dim, page in sanitize.PERSIST_SHAPES:
+        group = hq // hkv
+        p = contract.plan(deep, list(deep.entries(kv, dim, group).values()), batch=batch,
+                          kv_heads=hkv, group=group, dim=dim, page=page, max_seq_len=ctx,
+                          sm_count=132)
+        per = 132 * (2 if (kv, dim) == ("bf16", 128) else 3) // (batch * hkv)
+        assert p.chunk >= 8 * dim and 1 <= per < p.splits, (kv, dim, p, per)
+        splits = {-(-(ctx - 37 * j) // p.chunk) for j in range(batch)}  # its ragged lengths
+        assert len(splits) == 2 and max(splits) > per, (kv, dim, splits)
 
 
 def test_variant_names_pick_rowgates_operator():

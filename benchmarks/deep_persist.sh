@@ -2,8 +2,8 @@
 # One device call (issue 19, item 3): the deep candidate's persistent CTAs (split_kv.cu's
 # RG_DEEP_PERSIST, DEEP_BUILDS "ps"), which keep a slot streaming through its epilogue.
 #  1. benchmarks/issue19_deep.sh builds everything and times B16x16K E5M2 and bf16 beside
-#     SDPA: main's deep candidate, its two- and three-stage builds and "ps", each checked bit
-#     for bit against the baseline of its own plan first;
+#     SDPA: main's deep candidate, its two- and three-stage builds, "ps" and "ps2" (two
+#     stages), each checked bit for bit against the baseline of its own plan first;
 #  2. compute-sanitizer's memcheck and racecheck run "ps" on the shapes where its CTAs take
 #     several splits each (deep_sanitize.py --persist) and on the small shapes;
 #  3. the operator gate's case matrices (E5M2, bf16, bf16 GQA 2) run on "ps" against the
@@ -17,7 +17,7 @@ R=/tmp/persist && rm -rf "$R" && mkdir -p "$R"
 # what %nsmid reads here (the persistent CTAs' slots) against the SM count
 nvcc -arch=sm_90 -o "$R/nsmid" benchmarks/probes/nsmid.cu && "$R/nsmid" | tee "$R/nsmid.txt"
 SKIP="phase ncu operator operator_bf16 operator_g2 sanitize bench_small smoke" \
-  DEEP="${DEEP:-s3 s2 ps}" REPEATS="${REPEATS:-15}" bash benchmarks/issue19_deep.sh
+  DEEP="${DEEP:-s3 s2 ps ps2}" REPEATS="${REPEATS:-15}" bash benchmarks/issue19_deep.sh
 PS=build/deep/split_kv.deep_ps.sm_90.cubin
 if [ ! -f "$PS" ]; then
   echo "no $PS: the build failed (see the log above)"

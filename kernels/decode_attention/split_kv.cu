@@ -2100,6 +2100,14 @@ __device__ __forceinline__ void deep_persist(const Params& p, Ctx c, uint8_t* sm
   int len;
   asm volatile("ld.global.nc.s32 %0, [%1];" : "=r"(len) : "l"(p.seq_lens + c.b));
   for (int s = blockIdx.x;;) {
+    // the thread's index made opaque each split, so the lane's offsets are formed again
+    // rather than hoisted out of the loop and held through it: E5M2 D128 G8 spilled 24 / 140
+    // bytes (two reloads a tile) with them held, 4 / 4 without (G4 12 / 16 either way)
+    int tid = threadIdx.x;
+    asm volatile("" : "+r"(tid));
+    c.tid = tid;
+    c.warp = tid >> 5;
+    c.lane = tid & 31;
     c.start = s * p.chunk;
     c.n_tok = min(len, c.start + p.chunk) - c.start;
     c.n_tiles = (c.n_tok + kTile - 1) / kTile;

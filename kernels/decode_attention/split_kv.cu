@@ -1800,12 +1800,11 @@ constexpr bool kDeepSoftmax = RG_DEEP_SOFTMAX != 0;  // benchmarks' A/B (0: the 
 constexpr bool kDeepPersist = RG_DEEP_PERSIST != 0;
 
 // The SMs' slots of kDeepPersist's CTAs (DeepCfg::BLOCKS each). %nsmid may count past the
-// SMs there are (a few CTAs may then wait for a slot). Read again where it is used (volatile):
-// held in a register across the loops it spilled the E5M2 D128 math.
+// SMs there are (a few CTAs would then wait for a slot; benchmarks/probes/nsmid.cu reads it).
 template <class DC>
 __device__ __forceinline__ int deep_slots() {
   uint32_t sms;
-  asm volatile("mov.u32 %0, %%nsmid;" : "=r"(sms));
+  asm("mov.u32 %0, %%nsmid;" : "=r"(sms));
   return (int)sms * DC::BLOCKS;
 }
 // kDeepPersist: the CTAs a (sequence, head) keeps, the SMs' slots shared out over the grid's
@@ -1815,6 +1814,14 @@ template <class DC, int D>
 __device__ __forceinline__ int deep_per(const Params& p) {
   if (p.chunk < kWarps * D) return gridDim.x;
   return max(1, deep_slots<DC>() / (int)(gridDim.y * gridDim.z));
+}
+
+// kDeepPersist: the CTA's current split, at the shared-memory address `at` (a constant: read
+// where it is used, nothing held for it through the loops).
+__device__ __forceinline__ int split_of(uint32_t at) {
+  int s;
+  asm volatile("ld.shared.s32 %0, [%1];" : "=r"(s) : "r"(at) : "memory");
+  return s;
 }
 
 // kDeepPersist: the split this CTA takes after split s of a sequence of len tokens, or -1.
@@ -1864,12 +1871,13 @@ __device__ __forceinline__ void head_sums(const float* scores, const float* wmax
 // red[warp][G][D] at the start of shared memory. PERSIST (kDeepPersist's CTA, at `split`):
 // the split's first S loads are in the ring already unless it is the CTA's first; where the
 // CTA has a next split, each warp issues that split's first S loads after its PV (pg becomes
-// its pages) and the PV results go to the scores' area instead. `split` and the sequence's
-// `len` are all it holds for that across the loops (deep_next reads `per` again).
+// its pages) and the PV results go to the scores' area instead. The CTA's split is read
+// from shared memory (`split_at`) where it is used and `per` formed again (deep_next); the
+// sequence's `len` is all it holds for that through the loops.
 template <class KV, int D, int G, bool PERSIST = false>
 __device__ __forceinline__ void deep_attend(const Params& p, const Ctx& c, uint8_t* smem,
                                             float* scores, float* s_ml, float* wmax,
-                                            Pages& pg, int split = -1, int len = 0) {
+                                            Pages& pg, uint32_t split_at = 0, int len = 0) {
   using M = Mma<KV, D>;
   using DC = DeepCfg<KV, D, G>;
   const int nw = c.warp < c.n_tiles ? (c.n_tiles - c.warp + kWarps - 1) / kWarps : 0;
@@ -1879,7 +1887,7 @@ __device__ __forceinline__ void deep_attend(const Params& p, const Ctx& c, uint8
   LineOffs lo{};
   if constexpr (DC::LINES) lo = line_offs<KV, D>(c.lane);
   const uint32_t wring = smem_addr(wst);
-  if (!PERSIST || split == (int)blockIdx.x) {
+  if (!PERSIST || split_of(split_at) == (int)blockIdx.x) {
 #pragma unroll
     for (int j = 0; j < DC::S; ++j) deep_load<KV, D, G>(p, c, wring, j, nw, pg, lo);
   }
@@ -1930,7 +1938,7 @@ __device__ __forceinline__ void deep_attend(const Params& p, const Ctx& c, uint8
   for (int mm = 0; mm < M::STEPS; ++mm) o[mm][0] = o[mm][1] = o[mm][2] = o[mm][3] = 0.f;
   const int* bt = p.block_table + (size_t)c.b * p.bt_stride;
   if constexpr (PERSIST) {  // the next split's pages into L1 under the PV (no registers)
-    const int next = deep_next<DC, D>(p, len, split);
+    const int next = deep_next<DC, D>(p, len, split_of(split_at));
     if (next >= 0)
       asm volatile("prefetch.global.L1 [%0];" ::"l"(
           bt + min(((next * p.chunk) >> p.page_shift) + c.lane, p.bt_stride - 1)));
@@ -1966,7 +1974,7 @@ __device__ __forceinline__ void deep_attend(const Params& p, const Ctx& c, uint8
 #endif
     deep_load<KV, D, G>(p, c, wring, nw + i + DC::S, nw, pg, lo);
   }
-  const int next = PERSIST ? deep_next<DC, D>(p, len, split) : -1;
+  const int next = PERSIST ? deep_next<DC, D>(p, len, split_of(split_at)) : -1;
   if (PERSIST && next >= 0) {  // the ring is this warp's again: the next split's loads
     const int first = (next * p.chunk) >> p.page_shift;
     Pages pn{__ldg(bt + min(first + c.lane, p.bt_stride - 1)), 0};
@@ -2095,33 +2103,37 @@ __device__ __forceinline__ void deep_persist(const Params& p, Ctx c, uint8_t* sm
                                              float* wmax, int* s_last, Pages pg) {
   using DC = DeepCfg<KV, D, G>;
   float* scores = reinterpret_cast<float*>(smem + DC::RING);
-  // the sequence's length read again (volatile): with the prologue's value held through the
-  // loops ptxas spills more (20 / 24 bytes of E5M2 D128 G4 against 12 / 16)
-  int len;
-  asm volatile("ld.global.nc.s32 %0, [%1];" : "=r"(len) : "l"(p.seq_lens + c.b));
-  for (int s = blockIdx.x;;) {
+  const int len = p.seq_lens[c.b];
+  // the CTA's current split in shared memory (within the static bytes' padding: the CTA's
+  // shared memory is the default's), read where it is used: held in a register through the
+  // loops it was spilled (E5M2 D128 G4, 12 / 16 bytes a split; 4 / 4 left: its address)
+  __shared__ int s_split;
+  if (threadIdx.x == 0) s_split = blockIdx.x;
+  __syncthreads();
+  for (;;) {
     // the thread's index made opaque each split, so the lane's offsets are formed again
     // rather than hoisted out of the loop and held through it: E5M2 D128 G8 spilled 24 / 140
-    // bytes (two reloads a tile) with them held, 4 / 4 without (G4 12 / 16 either way)
+    // bytes (two reloads a tile) with them held, none without
     int tid = threadIdx.x;
     asm volatile("" : "+r"(tid));
     c.tid = tid;
     c.warp = tid >> 5;
     c.lane = tid & 31;
-    c.start = s * p.chunk;
+    c.start = s_split * p.chunk;
     c.n_tok = min(len, c.start + p.chunk) - c.start;
     c.n_tiles = (c.n_tok + kTile - 1) / kTile;
-    deep_attend<KV, D, G, true>(p, c, smem, scores, s_ml, wmax, pg, s, len);
+    deep_attend<KV, D, G, true>(p, c, smem, scores, s_ml, wmax, pg, smem_addr(&s_split), len);
+    const int s = s_split;
     const int nsplit = min((len + p.chunk - 1) / p.chunk, (int)gridDim.x);
     const int next = deep_next<DC, D>(p, len, s);
     // the partials where deep_attend left them: the scores' area while a next split's loads
     // hold the ring, else the ring (as `_deep`'s)
     float* red = next >= 0 ? scores : reinterpret_cast<float*>(smem);
-    if (finish_partial<D, G>(p, c, red, s_ml, nsplit, s_last, s))
+    if (finish_partial<D, G>(p, c, red, s_ml, nsplit, s_last, s))  // its barrier: s read
       merge_splits_staged<D, G>(p, c, nsplit, red, kWarps * D / 2);  // the partials spent
     if (next < 0) return;
-    s = next;
-    __syncthreads();  // the sums and the merge are done with the scores' area
+    if (c.tid == 0) s_split = next;
+    __syncthreads();  // the sums and the merge are done with the scores' area; s_split set
   }
 }
 

@@ -1816,12 +1816,12 @@ __device__ __forceinline__ int deep_per(const Params& p) {
   return max(1, deep_slots<DC>() / (int)(gridDim.y * gridDim.z));
 }
 
-// kDeepPersist: the CTA's current split, at the shared-memory address `at` (a constant: read
-// where it is used, nothing held for it through the loops).
-__device__ __forceinline__ int split_of(uint32_t at) {
-  int s;
-  asm volatile("ld.shared.s32 %0, [%1];" : "=r"(s) : "r"(at) : "memory");
-  return s;
+// kDeepPersist: the CTA's current split, kept past the warps' maxima (s_wmax's last word in
+// the persistent build), so that it is read where it is used at an offset from a pointer the
+// kernel holds anyway.
+template <int G>
+__device__ __forceinline__ int& split_slot(float* wmax) {
+  return reinterpret_cast<int*>(wmax)[kWarps * G];
 }
 
 // kDeepPersist: the split this CTA takes after split s of a sequence of len tokens, or -1.
@@ -1872,12 +1872,12 @@ __device__ __forceinline__ void head_sums(const float* scores, const float* wmax
 // the split's first S loads are in the ring already unless it is the CTA's first; where the
 // CTA has a next split, each warp issues that split's first S loads after its PV (pg becomes
 // its pages) and the PV results go to the scores' area instead. The CTA's split is read
-// from shared memory (`split_at`) where it is used and `per` formed again (deep_next); the
+// from shared memory (split_slot) where it is used and `per` formed again (deep_next); the
 // sequence's `len` is all it holds for that through the loops.
 template <class KV, int D, int G, bool PERSIST = false>
 __device__ __forceinline__ void deep_attend(const Params& p, const Ctx& c, uint8_t* smem,
                                             float* scores, float* s_ml, float* wmax,
-                                            Pages& pg, uint32_t split_at = 0, int len = 0) {
+                                            Pages& pg, int len = 0) {
   using M = Mma<KV, D>;
   using DC = DeepCfg<KV, D, G>;
   const int nw = c.warp < c.n_tiles ? (c.n_tiles - c.warp + kWarps - 1) / kWarps : 0;
@@ -1887,7 +1887,7 @@ __device__ __forceinline__ void deep_attend(const Params& p, const Ctx& c, uint8
   LineOffs lo{};
   if constexpr (DC::LINES) lo = line_offs<KV, D>(c.lane);
   const uint32_t wring = smem_addr(wst);
-  if (!PERSIST || split_of(split_at) == (int)blockIdx.x) {
+  if (!PERSIST || split_slot<G>(wmax) == (int)blockIdx.x) {
 #pragma unroll
     for (int j = 0; j < DC::S; ++j) deep_load<KV, D, G>(p, c, wring, j, nw, pg, lo);
   }
@@ -1938,7 +1938,7 @@ __device__ __forceinline__ void deep_attend(const Params& p, const Ctx& c, uint8
   for (int mm = 0; mm < M::STEPS; ++mm) o[mm][0] = o[mm][1] = o[mm][2] = o[mm][3] = 0.f;
   const int* bt = p.block_table + (size_t)c.b * p.bt_stride;
   if constexpr (PERSIST) {  // the next split's pages into L1 under the PV (no registers)
-    const int next = deep_next<DC, D>(p, len, split_of(split_at));
+    const int next = deep_next<DC, D>(p, len, split_slot<G>(wmax));
     if (next >= 0)
       asm volatile("prefetch.global.L1 [%0];" ::"l"(
           bt + min(((next * p.chunk) >> p.page_shift) + c.lane, p.bt_stride - 1)));
@@ -1974,7 +1974,7 @@ __device__ __forceinline__ void deep_attend(const Params& p, const Ctx& c, uint8
 #endif
     deep_load<KV, D, G>(p, c, wring, nw + i + DC::S, nw, pg, lo);
   }
-  const int next = PERSIST ? deep_next<DC, D>(p, len, split_of(split_at)) : -1;
+  const int next = PERSIST ? deep_next<DC, D>(p, len, split_slot<G>(wmax)) : -1;
   if (PERSIST && next >= 0) {  // the ring is this warp's again: the next split's loads
     const int first = (next * p.chunk) >> p.page_shift;
     Pages pn{__ldg(bt + min(first + c.lane, p.bt_stride - 1)), 0};
@@ -2104,10 +2104,10 @@ __device__ __forceinline__ void deep_persist(const Params& p, Ctx c, uint8_t* sm
   using DC = DeepCfg<KV, D, G>;
   float* scores = reinterpret_cast<float*>(smem + DC::RING);
   const int len = p.seq_lens[c.b];
-  // the CTA's current split in shared memory (within the static bytes' padding: the CTA's
-  // shared memory is the default's), read where it is used: held in a register through the
-  // loops it was spilled (E5M2 D128 G4, 12 / 16 bytes a split; 4 / 4 left: its address)
-  __shared__ int s_split;
+  // the CTA's current split in shared memory (split_slot: within the static bytes' padding,
+  // the CTA's shared memory is the default's), read where it is used: held in a register
+  // through the loops it was spilled (E5M2 D128 G4, 12 / 16 bytes a split)
+  int& s_split = split_slot<G>(wmax);
   if (threadIdx.x == 0) s_split = blockIdx.x;
   __syncthreads();
   for (;;) {
@@ -2122,7 +2122,7 @@ __device__ __forceinline__ void deep_persist(const Params& p, Ctx c, uint8_t* sm
     c.start = s_split * p.chunk;
     c.n_tok = min(len, c.start + p.chunk) - c.start;
     c.n_tiles = (c.n_tok + kTile - 1) / kTile;
-    deep_attend<KV, D, G, true>(p, c, smem, scores, s_ml, wmax, pg, smem_addr(&s_split), len);
+    deep_attend<KV, D, G, true>(p, c, smem, scores, s_ml, wmax, pg, len);
     const int s = s_split;
     const int nsplit = min((len + p.chunk - 1) / p.chunk, (int)gridDim.x);
     const int next = deep_next<DC, D>(p, len, s);
@@ -2143,7 +2143,8 @@ __device__ __forceinline__ void split_kv_deep(const Params& p) {
   using DC = DeepCfg<KV, D, G>;
   extern __shared__ __align__(16) uint8_t deep_smem[];  // ring | scores | (`_deepc`) landing
   __shared__ float s_ml[2 * G];
-  __shared__ float s_wmax[kWarps * G];  // the warps' maxima of each head
+  // the warps' maxima of each head (+ kDeepPersist's split_slot in `_deep`)
+  __shared__ float s_wmax[kWarps * G + (kDeepPersist && !CLUSTER)];
   __shared__ int s_last;
 
   if (p.chunk > kDeepMaxChunk) return;  // outside the operator's plan (max_chunk): nothing written

@@ -7,9 +7,11 @@
 #  2. compute-sanitizer's memcheck and racecheck run "ps" on the shapes where its CTAs take
 #     several splits each (deep_sanitize.py --persist) and on the small shapes;
 #  3. the operator gate's case matrices (E5M2, bf16, bf16 GQA 2) run on "ps" against the
-#     baseline bit for bit (benchmarks/decode_attention.py --cubin).
+#     baseline bit for bit (benchmarks/decode_attention.py --cubin), and ncu's counters on
+#     its target shapes where the call has used less than NCU_BEFORE (300) seconds.
 # benchmarks/probes/nsmid.cu first prints what %nsmid reads against the SM count (the
-# persistent CTAs' slots). No carry. Results: $OUT/deep.tar.gz (step 1) and $OUT/persist.tar.gz (steps 2-3).
+# persistent CTAs' slots). No carry; ~5-8 minutes. Results: $OUT/deep.tar.gz (step 1) and
+# $OUT/persist.tar.gz (steps 2-3).
 set -u
 T0=$(date +%s)
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD"
@@ -35,8 +37,12 @@ if command -v compute-sanitizer >/dev/null; then
     done
   done
 fi
-timeout "${OP_TIMEOUT:-240}" python3 benchmarks/decode_attention.py --cubin "$PS" \
+# ncu on "ps" too (DRAM and issue counters beside main's in run 52) while the call has time
+ncu_args=(--skip ncu)
+[ $(( $(date +%s) - T0 )) -lt "${NCU_BEFORE:-300}" ] && ncu_args=()
+timeout "${OP_TIMEOUT:-270}" python3 benchmarks/decode_attention.py --cubin "$PS" \
   --candidate e5m2_deep --out "$R/operator" --skip smoke --skip bench_large \
-  --skip bench_small --skip ncu 2>&1 | tee "$R/operator.log" | grep -v "^\s*$" | tail -n 20
+  --skip bench_small ${ncu_args[@]+"${ncu_args[@]}"} 2>&1 | tee "$R/operator.log" | grep -v "^\s*$" |
+  tail -n 20
 tar czf "$OUT/persist.tar.gz" -C "$R" .
 echo "total $(( $(date +%s) - T0 )) s"

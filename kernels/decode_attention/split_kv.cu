@@ -1539,6 +1539,23 @@ struct Pages {
 __device__ __forceinline__ int page_at(const Pages& pg, int i) {
   return __shfl_sync(0xffffffffu, i < 32 ? pg.lo : pg.hi, i & 31);
 }
+// The pages of the chunk that starts at page `first` of a block-table row (a page past the
+// sequence is read, inside the row, and never used).
+__device__ __forceinline__ Pages chunk_pages(const Params& p, const int* bt, int first, int lane) {
+  Pages pg{__ldg(bt + min(first + lane, p.bt_stride - 1)), 0};
+  if ((p.chunk >> p.page_shift) > 32) pg.hi = __ldg(bt + min(first + 32 + lane, p.bt_stride - 1));
+  return pg;
+}
+// A CTA's split that starts at token `start` of a sequence of `len` tokens.
+__device__ __forceinline__ void place_split(Ctx& c, int start, int len, int chunk) {
+  c.start = start;
+  c.n_tok = min(len, start + chunk) - start;
+  c.n_tiles = (c.n_tok + kTile - 1) / kTile;
+}
+// The tiles of its split a warp takes (tiles warp, warp + kWarps, ..).
+__device__ __forceinline__ int warp_tiles(const Ctx& c) {
+  return c.warp < c.n_tiles ? (c.n_tiles - c.warp + kWarps - 1) / kWarps : 0;
+}
 
 // RG_DEEP_ABLATE selects a timing variant of the deep candidate for B1x1K's attribution
 // (benchmarks/decode_attention.py; never for results): 1 no cluster merge (each split writes
@@ -1880,7 +1897,7 @@ __device__ __forceinline__ void deep_attend(const Params& p, const Ctx& c, uint8
                                             Pages& pg, int len = 0) {
   using M = Mma<KV, D>;
   using DC = DeepCfg<KV, D, G>;
-  const int nw = c.warp < c.n_tiles ? (c.n_tiles - c.warp + kWarps - 1) / kWarps : 0;
+  const int nw = warp_tiles(c);
   const uint8_t* wst = smem + c.warp * DC::S * DC::STAGE;  // this warp's stages
   const uint8_t* lring = wst + c.lane * DC::PB;             // this lane's pieces
   // whole lines: this lane's copy and read offsets (unused by the per-lane pieces)
@@ -1976,17 +1993,11 @@ __device__ __forceinline__ void deep_attend(const Params& p, const Ctx& c, uint8
   }
   const int next = PERSIST ? deep_next<DC, D>(p, len, split_slot<G>(wmax)) : -1;
   if (PERSIST && next >= 0) {  // the ring is this warp's again: the next split's loads
-    const int first = (next * p.chunk) >> p.page_shift;
-    Pages pn{__ldg(bt + min(first + c.lane, p.bt_stride - 1)), 0};
-    if ((p.chunk >> p.page_shift) > 32) pn.hi = __ldg(bt + min(first + 32 + c.lane, p.bt_stride - 1));
+    pg = chunk_pages(p, bt, (next * p.chunk) >> p.page_shift, c.lane);
     Ctx cn = c;
-    cn.start = next * p.chunk;
-    cn.n_tok = min(len, cn.start + p.chunk) - cn.start;
-    cn.n_tiles = (cn.n_tok + kTile - 1) / kTile;
-    const int nwn = c.warp < cn.n_tiles ? (cn.n_tiles - c.warp + kWarps - 1) / kWarps : 0;
+    place_split(cn, next * p.chunk, len, p.chunk);
 #pragma unroll
-    for (int j = 0; j < DC::S; ++j) deep_load<KV, D, G>(p, cn, wring, j, nwn, pn, lo);
-    pg = pn;
+    for (int j = 0; j < DC::S; ++j) deep_load<KV, D, G>(p, cn, wring, j, warp_tiles(cn), pg, lo);
   }
   // (head g's sum inside warp g's PV loop instead, the same terms in the same order, measured
   // 160.9 against 146.6 us at B16x16K E5M2: H200, 2026-12-04 run 58)
@@ -2119,9 +2130,7 @@ __device__ __forceinline__ void deep_persist(const Params& p, Ctx c, uint8_t* sm
     c.tid = tid;
     c.warp = tid >> 5;
     c.lane = tid & 31;
-    c.start = s_split * p.chunk;
-    c.n_tok = min(len, c.start + p.chunk) - c.start;
-    c.n_tiles = (c.n_tok + kTile - 1) / kTile;
+    place_split(c, s_split * p.chunk, len, p.chunk);
     deep_attend<KV, D, G, true>(p, c, smem, scores, s_ml, wmax, pg, len);
     const int s = s_split;
     const int nsplit = min((len + p.chunk - 1) / p.chunk, (int)gridDim.x);
@@ -2157,8 +2166,7 @@ __device__ __forceinline__ void split_kv_deep(const Params& p) {
   // beside the length
   const int* bt = p.block_table + (size_t)c.b * p.bt_stride;
   const int first = c.start >> p.page_shift;
-  Pages pg{__ldg(bt + min(first + c.lane, p.bt_stride - 1)), 0};
-  if ((p.chunk >> p.page_shift) > 32) pg.hi = __ldg(bt + min(first + 32 + c.lane, p.bt_stride - 1));
+  Pages pg = chunk_pages(p, bt, first, c.lane);
   const int len = p.seq_lens[c.b];
   const int nsplit = min((len + p.chunk - 1) / p.chunk, (int)gridDim.x);
   if (len <= 0) {  // a cluster is one sequence and head: it leaves together

@@ -5,7 +5,8 @@
 #     SDPA: main's deep candidate, its two- and three-stage builds, "ps" and "ps2" (two
 #     stages), each checked bit for bit against the baseline of its own plan first;
 #  2. compute-sanitizer's memcheck and racecheck run "ps" on the shapes where its CTAs take
-#     several splits each (deep_sanitize.py --persist) and on the small shapes;
+#     several splits each (deep_sanitize.sh, deep_sanitize.py --persist) and on the small
+#     shapes;
 #  3. the operator gate's case matrices (E5M2, bf16, bf16 GQA 2) run on "ps" against the
 #     baseline bit for bit (benchmarks/decode_attention.py --cubin), and ncu's counters on
 #     its target shapes where the call has used less than NCU_BEFORE (300) seconds.
@@ -25,18 +26,8 @@ if [ ! -f "$PS" ]; then
   echo "no $PS: the build failed (see the log above)"
   exit 1
 fi
-if command -v compute-sanitizer >/dev/null; then
-  for shapes in --persist ""; do
-    for tool in memcheck racecheck; do
-      log="$R/$tool${shapes:+-persist}.txt"
-      timeout "${SAN_TIMEOUT:-150}" compute-sanitizer --tool "$tool" --kernel-name kns=_deep \
-        --report-api-errors no --print-limit 20 python3 benchmarks/deep_sanitize.py \
-        --cubin "$PS" $shapes > "$log" 2>&1
-      echo "$tool $shapes rc=$?: $(grep -c 'bitwise True' "$log") shapes bitwise"
-      grep -E "ERROR SUMMARY|RACECHECK SUMMARY|bitwise False|Error" "$log" | head -n 6
-    done
-  done
-fi
+SAN_TIMEOUT="${SAN_TIMEOUT:-150}" bash benchmarks/deep_sanitize.sh "$PS" "$R" -persist --persist
+SAN_TIMEOUT="${SAN_TIMEOUT:-150}" bash benchmarks/deep_sanitize.sh "$PS" "$R"
 # ncu on "ps" too (DRAM and issue counters beside main's in run 52) while the call has time
 ncu_args=(--skip ncu)
 [ $(( $(date +%s) - T0 )) -lt "${NCU_BEFORE:-300}" ] && ncu_args=()

@@ -6,7 +6,7 @@
 # candidate and its build variants) and B1x1K (beside the launch floor), runs the
 # operator gate's case matrices with the deep candidate (E5M2, bf16, bf16 GQA 2) and ncu on
 # the target shapes; then compute-sanitizer's memcheck and racecheck run the deep kernels
-# on small shapes (benchmarks/deep_sanitize.py). SKIP="ncu operator sanitize ..." skips sections;
+# on small shapes (benchmarks/deep_sanitize.sh). SKIP="ncu operator sanitize ..." skips sections;
 # DEEP="s2 s3 ..." times only those of the deep candidate's build variants.
 # No Python packages beyond the device image's are needed (no carry). Results:
 # $OUT/deep.tar.gz and the log's summary.
@@ -23,15 +23,8 @@ timeout "${DA_TIMEOUT:-420}" python3 benchmarks/decode_attention.py --out "$R/da
   --candidate e5m2_deep --repeats "${REPEATS:-15}" "${args[@]}" 2>&1 | tee "$R/da.log" |
   grep -v "^\s*$" | tail -n 40
 echo "decode_attention took $(( $(date +%s) - T0 )) s"
-if [[ " ${SKIP:-} " != *" sanitize "* ]] && command -v compute-sanitizer >/dev/null &&
-    [ -f build/ops/sm_90/split_kv.cubin ]; then
-  for tool in memcheck racecheck; do
-    timeout "${SAN_TIMEOUT:-120}" compute-sanitizer --tool "$tool" --kernel-name kns=_deep \
-      --report-api-errors no --print-limit 20 python3 benchmarks/deep_sanitize.py \
-      --cubin build/ops/sm_90/split_kv.cubin > "$R/$tool.txt" 2>&1
-    echo "$tool rc=$?: $(grep -c 'bitwise True' "$R/$tool.txt") shapes bitwise"
-    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|bitwise False|Error" "$R/$tool.txt" | head -n 6
-  done
+if [[ " ${SKIP:-} " != *" sanitize "* ]] && [ -f build/ops/sm_90/split_kv.cubin ]; then
+  bash benchmarks/deep_sanitize.sh build/ops/sm_90/split_kv.cubin "$R"
 fi
 tar czf "$OUT/deep.tar.gz" -C "$R" .
 echo "total $(( $(date +%s) - T0 )) s"

@@ -194,6 +194,11 @@ struct Params {
   float qk_scale_log2, v_scale;
 };
 
+// The splits a sequence of `len` tokens takes: its chunks, at most the grid's.
+__device__ __forceinline__ int seq_splits(const Params& p, int len) {
+  return min((len + p.chunk - 1) / p.chunk, (int)gridDim.x);
+}
+
 // Where one tile's rows start for this lane (a tile never crosses a page).
 template <class KV, int D, int VEC>
 __device__ __forceinline__ const uint8_t* tile_base(const Params& p, const uint8_t* cache,
@@ -920,8 +925,7 @@ __device__ __forceinline__ void sum_warps(const Params& p, const Ctx& c, const f
 template <int D, int G, bool NAMED = false, bool TICKET = true>
 __device__ __forceinline__ bool finish_partial(const Params& p, const Ctx& c, const float* red,
                                                const float* s_ml, int nsplit, int* s_last,
-                                               int split = -1) {  // -1: the CTA's blockIdx.x
-  const int s = split < 0 ? (int)blockIdx.x : split;
+                                               int s) {  // s: the split (its workspace slot)
   const size_t bh = (size_t)c.b * p.num_kv_heads + c.h;
   cta_sync<NAMED>();
   // sum_warps' loop, written out: through its lambda ptxas allocates the bulk candidate's
@@ -973,7 +977,8 @@ __device__ __forceinline__ void merge_splits(const Params& p, const Ctx& c, int 
 template <int D, int G, bool NAMED = false>
 __device__ __forceinline__ void finish(const Params& p, const Ctx& c, const float* red,
                                        const float* s_ml, int nsplit, int* s_last) {
-  if (finish_partial<D, G, NAMED>(p, c, red, s_ml, nsplit, s_last)) merge_splits<D, G>(p, c, nsplit);
+  if (finish_partial<D, G, NAMED>(p, c, red, s_ml, nsplit, s_last, blockIdx.x))
+    merge_splits<D, G>(p, c, nsplit);
 }
 
 template <class KV, int D, int G, bool PIPE>
@@ -988,7 +993,7 @@ __device__ __forceinline__ void split_kv(const Params& p) {
   c.tid = threadIdx.x; c.warp = c.tid >> 5; c.lane = c.tid & 31;
   c.hq = p.num_kv_heads * G;
   const int len = p.seq_lens[c.b];
-  const int nsplit = min((len + p.chunk - 1) / p.chunk, (int)gridDim.x);
+  const int nsplit = seq_splits(p, len);
   if (len <= 0) {  // nothing to attend to: a defined output instead of a stale one
     if (blockIdx.x == 0)
       for (int i = c.tid; i < G * D; i += kThreads)
@@ -1449,7 +1454,7 @@ __device__ __forceinline__ void split_kv_bulk(const Params& p) {
   c.tid = threadIdx.x; c.warp = c.tid >> 5; c.lane = c.tid & 31;
   c.hq = p.num_kv_heads * G;
   const int len = p.seq_lens[c.b];
-  const int nsplit = min((len + p.chunk - 1) / p.chunk, (int)gridDim.x);
+  const int nsplit = seq_splits(p, len);
   if (len <= 0) {  // the whole cluster (one sequence and head) leaves together
     if (blockIdx.x == 0)
       for (int i = c.tid; i < G * D; i += kBulkThreads)
@@ -1845,7 +1850,7 @@ __device__ __forceinline__ int& split_slot(float* wmax) {
 template <class DC, int D>
 __device__ __forceinline__ int deep_next(const Params& p, int len, int s) {
   const int n = s + deep_per<DC, D>(p);
-  return n < min((len + p.chunk - 1) / p.chunk, (int)gridDim.x) ? n : -1;
+  return n < seq_splits(p, len) ? n : -1;
 }
 
 // The warp's maxima of heads 2tig, 2tig + 1 (mx, per lane) into wmax[warp][G].
@@ -1885,16 +1890,16 @@ __device__ __forceinline__ void head_sums(const float* scores, const float* wmax
 }
 
 // Phases A, softmax and C of one CTA from the warps' rings; the warps' PV results end in
-// red[warp][G][D] at the start of shared memory. PERSIST (kDeepPersist's CTA, at `split`):
+// red[warp][G][D] at the start of shared memory, which it returns. PERSIST (kDeepPersist's CTA, at `split`):
 // the split's first S loads are in the ring already unless it is the CTA's first; where the
 // CTA has a next split, each warp issues that split's first S loads after its PV (pg becomes
 // its pages) and the PV results go to the scores' area instead. The CTA's split is read
 // from shared memory (split_slot) where it is used and `per` formed again (deep_next); the
 // sequence's `len` is all it holds for that through the loops.
 template <class KV, int D, int G, bool PERSIST = false>
-__device__ __forceinline__ void deep_attend(const Params& p, const Ctx& c, uint8_t* smem,
-                                            float* scores, float* s_ml, float* wmax,
-                                            Pages& pg, int len = 0) {
+__device__ __forceinline__ float* deep_attend(const Params& p, const Ctx& c, uint8_t* smem,
+                                              float* scores, float* s_ml, float* wmax,
+                                              Pages& pg, int len = 0) {
   using M = Mma<KV, D>;
   using DC = DeepCfg<KV, D, G>;
   const int nw = warp_tiles(c);
@@ -2003,7 +2008,9 @@ __device__ __forceinline__ void deep_attend(const Params& p, const Ctx& c, uint8
   // 160.9 against 146.6 us at B16x16K E5M2: H200, 2026-12-04 run 58)
   if constexpr (kDeepSoftmax) head_sums<G>(scores, wmax, s_ml, c);
   __syncthreads();  // every warp is done with its ring and the scores: red reuses them
-  store_warp_partial<KV, D, G>(c, o, next >= 0 ? scores : reinterpret_cast<float*>(smem));
+  float* red = next >= 0 ? scores : reinterpret_cast<float*>(smem);
+  store_warp_partial<KV, D, G>(c, o, red);
+  return red;
 }
 
 // merge_splits' arithmetic in its order, with its loads in parallel: every split's (max,
@@ -2131,13 +2138,12 @@ __device__ __forceinline__ void deep_persist(const Params& p, Ctx c, uint8_t* sm
     c.warp = tid >> 5;
     c.lane = tid & 31;
     place_split(c, s_split * p.chunk, len, p.chunk);
-    deep_attend<KV, D, G, true>(p, c, smem, scores, s_ml, wmax, pg, len);
+    // the partials: the scores' area while a next split's loads hold the ring, else the
+    // ring (as `_deep`'s)
+    float* red = deep_attend<KV, D, G, true>(p, c, smem, scores, s_ml, wmax, pg, len);
     const int s = s_split;
-    const int nsplit = min((len + p.chunk - 1) / p.chunk, (int)gridDim.x);
+    const int nsplit = seq_splits(p, len);
     const int next = deep_next<DC, D>(p, len, s);
-    // the partials where deep_attend left them: the scores' area while a next split's loads
-    // hold the ring, else the ring (as `_deep`'s)
-    float* red = next >= 0 ? scores : reinterpret_cast<float*>(smem);
     if (finish_partial<D, G>(p, c, red, s_ml, nsplit, s_last, s))  // its barrier: s read
       merge_splits_staged<D, G>(p, c, nsplit, red, kWarps * D / 2);  // the partials spent
     if (next < 0) return;
@@ -2150,10 +2156,10 @@ template <class KV, int D, int G, bool CLUSTER>
 __device__ __forceinline__ void split_kv_deep(const Params& p) {
   static_assert(G == 2 || G == 4 || G == 8, "GQA groups of 2, 4 or 8 query heads");
   using DC = DeepCfg<KV, D, G>;
+  constexpr bool PERSIST = kDeepPersist && !CLUSTER;  // `_deep` of the persistent build
   extern __shared__ __align__(16) uint8_t deep_smem[];  // ring | scores | (`_deepc`) landing
   __shared__ float s_ml[2 * G];
-  // the warps' maxima of each head (+ kDeepPersist's split_slot in `_deep`)
-  __shared__ float s_wmax[kWarps * G + (kDeepPersist && !CLUSTER)];
+  __shared__ float s_wmax[kWarps * G + PERSIST];  // the warps' maxima of each head (+ split_slot)
   __shared__ int s_last;
 
   if (p.chunk > kDeepMaxChunk) return;  // outside the operator's plan (max_chunk): nothing written
@@ -2168,7 +2174,7 @@ __device__ __forceinline__ void split_kv_deep(const Params& p) {
   const int first = c.start >> p.page_shift;
   Pages pg = chunk_pages(p, bt, first, c.lane);
   const int len = p.seq_lens[c.b];
-  const int nsplit = min((len + p.chunk - 1) / p.chunk, (int)gridDim.x);
+  const int nsplit = seq_splits(p, len);
   if (len <= 0) {  // a cluster is one sequence and head: it leaves together
     if (blockIdx.x == 0)
       for (int i = c.tid; i < G * D; i += kThreads)
@@ -2182,7 +2188,7 @@ __device__ __forceinline__ void split_kv_deep(const Params& p) {
       p.out[((size_t)c.b * c.hq + c.h * G) * D + i] = rowgate::float_to_bf16(0.f);
   return;
 #endif
-  if constexpr (kDeepPersist && !CLUSTER) {  // CTAs past `per` leave; the others persist
+  if constexpr (PERSIST) {  // CTAs past `per` leave; the others persist
     if ((int)blockIdx.x < deep_per<DC, D>(p) && active)
       deep_persist<KV, D, G>(p, c, deep_smem, s_ml, s_wmax, &s_last, pg);
     return;
@@ -2194,11 +2200,10 @@ __device__ __forceinline__ void split_kv_deep(const Params& p) {
   if (merges) cluster_arrive_relaxed();
   c.n_tok = active ? min(len, c.start + p.chunk) - c.start : 0;
   c.n_tiles = (c.n_tok + kTile - 1) / kTile;
-  float* red = reinterpret_cast<float*>(deep_smem);  // the warps' PV results (in the ring)
   float* scores = reinterpret_cast<float*>(deep_smem + DC::RING);
   float* landing = scores + p.chunk * G;  // `_deepc`: split 0 receives the splits' states
   if (active) {
-    deep_attend<KV, D, G>(p, c, deep_smem, scores, s_ml, s_wmax, pg);
+    float* red = deep_attend<KV, D, G>(p, c, deep_smem, scores, s_ml, s_wmax, pg);  // the ring
     // The epilogue (partial, fence and ticket, merge) is ~11.5 us of B16x16K's 148.8 with
     // the copies on (RG_DEEP_ABLATE 9 and 10: 137.3 without it, 142.3 with the partial
     // stored alone). Tickets taken at the start with fire-and-forget finish marks, and the
@@ -2209,9 +2214,9 @@ __device__ __forceinline__ void split_kv_deep(const Params& p) {
 #if RG_DEEP_ABLATE == 4 || RG_DEEP_ABLATE == 9
     else if (c.tid >= kThreads && s_last)  // never: the partials stay in shared memory
 #elif RG_DEEP_ABLATE == 10
-    else if (finish_partial<D, G, false, false>(p, c, red, s_ml, nsplit, &s_last))
+    else if (finish_partial<D, G, false, false>(p, c, red, s_ml, nsplit, &s_last, blockIdx.x))
 #else
-    else if (finish_partial<D, G>(p, c, red, s_ml, nsplit, &s_last))
+    else if (finish_partial<D, G>(p, c, red, s_ml, nsplit, &s_last, blockIdx.x))
 #endif
       merge_splits_staged<D, G>(p, c, nsplit, red, kWarps * D / 2);  // red is spent
   } else if (merges) {

@@ -121,18 +121,19 @@ def _sass_by_function(cubin: Path) -> dict[str, str]:
     return out
 
 
-def test_the_persistent_build_changes_the_deep_entry_points_and_nothing_else(
+def test_the_persistent_builds_change_the_deep_entry_points_and_nothing_else(
         tmp_path: Path) -> None:
-    """The benchmarks' "ps" build (split_kv.cu's RG_DEEP_PERSIST, the persistent CTAs that
-    stream through their epilogues) compiles with warnings as errors; it changes every
-    `_deep` entry point and none other (the cluster entry points and the baseline keep the
-    default's code, so the default's measurements stand for them), and it adds no shared
-    memory (the carveout test's bytes hold for it: its partials reuse the scores' area)."""
+    """The benchmarks' "ps" and "psr" builds (split_kv.cu's RG_DEEP_PERSIST 1 and 2, the
+    persistent CTAs that stream through their epilogues, in the grid's numbering or first in
+    its dispatch order) compile with warnings as errors; each changes every `_deep` entry
+    point and none other (the cluster entry points and the baseline keep the default's code,
+    so the default's measurements stand for them), the two differ, and neither adds shared
+    memory (the carveout test's bytes hold for them: their partials reuse the scores' area)."""
     import concurrent.futures
 
     from benchmarks.decode_attention import DEEP_BUILDS
 
-    builds = {"main": [], "ps": DEEP_BUILDS["ps"][1]}
+    builds = {"main": [], "ps": DEEP_BUILDS["ps"][1], "psr": DEEP_BUILDS["psr"][1]}
 
     def one(item: tuple[str, list[str]]) -> tuple[str, subprocess.CompletedProcess[str]]:
         return item[0], _deep_unit(tmp_path / f"{item[0]}.cubin", item[1])
@@ -141,12 +142,15 @@ def test_the_persistent_build_changes_the_deep_entry_points_and_nothing_else(
         built = dict(pool.map(one, builds.items()))
     for name, done in built.items():
         assert done.returncode == 0, f"{name}: {done.stderr[-2000:]}"
-    main, ps = (_sass_by_function(tmp_path / f"{n}.cubin") for n in builds)
-    assert set(main) == set(ps) and len(main) == 30
-    changed = {f for f in main if main[f] != ps[f]}
-    assert changed == {f for f in main if f.endswith("_deep")} and len(changed) == 10
+    sass = {n: _sass_by_function(tmp_path / f"{n}.cubin") for n in builds}
+    main = sass["main"]
     usage = {n: resources.parse_resource_usage(_cuobjdump("--dump-resource-usage",
                                                           str(tmp_path / f"{n}.cubin")))
              for n in builds}
-    for entry in changed:
-        assert usage["ps"][entry]["SHARED"] == usage["main"][entry]["SHARED"], entry
+    for name in ("ps", "psr"):
+        assert set(main) == set(sass[name]) and len(main) == 30
+        changed = {f for f in main if main[f] != sass[name][f]}
+        assert changed == {f for f in main if f.endswith("_deep")} and len(changed) == 10
+        for entry in changed:
+            assert usage[name][entry]["SHARED"] == usage["main"][entry]["SHARED"], entry
+    assert all(sass["ps"][f] != sass["psr"][f] for f in main if f.endswith("_deep"))

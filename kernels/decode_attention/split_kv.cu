@@ -1853,6 +1853,26 @@ __device__ __forceinline__ int deep_next(const Params& p, int len, int s) {
   return n < seq_splits(p, len) ? n : -1;
 }
 
+// kDeepPersist: which split x of which (sequence z, head y) a CTA of the grid starts at, x
+// -1 for a CTA past `per` (it leaves before it reads anything). RG_DEEP_PERSIST=1 keeps the
+// grid's numbering (a (sequence, head)'s CTAs x < per persist; the CTAs that leave, B16x16K
+// 14 of its 16, dispatch between them); 2 numbers the persistent CTAs first in the grid's
+// linear order (x fastest, the order the CTAs dispatch in), so they take the first wave's slots
+// and every CTA that leaves comes after them.
+struct CtaAt {
+  int x, y, z;
+};
+template <class DC, int D>
+__device__ __forceinline__ CtaAt persist_cta(const Params& p) {
+  const int per = deep_per<DC, D>(p);
+  if (RG_DEEP_PERSIST != 2)
+    return {(int)blockIdx.x < per ? (int)blockIdx.x : -1, (int)blockIdx.y, (int)blockIdx.z};
+  const int gy = gridDim.y;
+  const int at = blockIdx.x + gridDim.x * (blockIdx.y + gy * blockIdx.z);
+  if (at >= per * gy * (int)gridDim.z) return {-1, 0, 0};
+  return {at % per, (at / per) % gy, at / per / gy};
+}
+
 // The warp's maxima of heads 2tig, 2tig + 1 (mx, per lane) into wmax[warp][G].
 template <int G>
 __device__ __forceinline__ void publish_max(float (&mx)[2], float* wmax, const Ctx& c) {
@@ -1909,7 +1929,7 @@ __device__ __forceinline__ float* deep_attend(const Params& p, const Ctx& c, uin
   LineOffs lo{};
   if constexpr (DC::LINES) lo = line_offs<KV, D>(c.lane);
   const uint32_t wring = smem_addr(wst);
-  if (!PERSIST || split_slot<G>(wmax) == (int)blockIdx.x) {
+  if (!PERSIST || split_slot<G>(wmax) < deep_per<DC, D>(p)) {  // the CTA's first split
 #pragma unroll
     for (int j = 0; j < DC::S; ++j) deep_load<KV, D, G>(p, c, wring, j, nw, pg, lo);
   }
@@ -2118,7 +2138,7 @@ __device__ __forceinline__ void merge_landed(const Params& p, const Ctx& c, cons
 // split's first loads are in flight.
 template <class KV, int D, int G>
 __device__ __forceinline__ void deep_persist(const Params& p, Ctx c, uint8_t* smem, float* s_ml,
-                                             float* wmax, int* s_last, Pages pg) {
+                                             float* wmax, int* s_last, Pages pg, int x) {
   using DC = DeepCfg<KV, D, G>;
   float* scores = reinterpret_cast<float*>(smem + DC::RING);
   const int len = p.seq_lens[c.b];
@@ -2126,7 +2146,7 @@ __device__ __forceinline__ void deep_persist(const Params& p, Ctx c, uint8_t* sm
   // the CTA's shared memory is the default's), read where it is used: held in a register
   // through the loops it was spilled (E5M2 D128 G4, 12 / 16 bytes a split)
   int& s_split = split_slot<G>(wmax);
-  if (threadIdx.x == 0) s_split = blockIdx.x;
+  if (threadIdx.x == 0) s_split = x;
   __syncthreads();
   for (;;) {
     // the thread's index made opaque each split, so the lane's offsets are formed again
@@ -2163,11 +2183,16 @@ __device__ __forceinline__ void split_kv_deep(const Params& p) {
   __shared__ int s_last;
 
   if (p.chunk > kDeepMaxChunk) return;  // outside the operator's plan (max_chunk): nothing written
+  CtaAt at{};  // the persistent build's CTA (persist_cta); the others read blockIdx
+  if constexpr (PERSIST) {  // the CTAs past `per` leave
+    at = persist_cta<DC, D>(p);
+    if (at.x < 0) return;
+  }
   Ctx c;
-  c.b = blockIdx.z; c.h = blockIdx.y;
+  c.b = PERSIST ? at.z : blockIdx.z; c.h = PERSIST ? at.y : blockIdx.y;
   c.tid = threadIdx.x; c.warp = c.tid >> 5; c.lane = c.tid & 31;
   c.hq = p.num_kv_heads * G;
-  c.start = blockIdx.x * p.chunk;
+  c.start = (PERSIST ? at.x : blockIdx.x) * p.chunk;
   // at most 1024 / 16 = 64 pages a chunk, two a lane (the second only past 32); read
   // beside the length
   const int* bt = p.block_table + (size_t)c.b * p.bt_stride;
@@ -2176,21 +2201,20 @@ __device__ __forceinline__ void split_kv_deep(const Params& p) {
   const int len = p.seq_lens[c.b];
   const int nsplit = seq_splits(p, len);
   if (len <= 0) {  // a cluster is one sequence and head: it leaves together
-    if (blockIdx.x == 0)
+    if ((PERSIST ? at.x : blockIdx.x) == 0)
       for (int i = c.tid; i < G * D; i += kThreads)
         p.out[((size_t)c.b * c.hq + c.h * G) * D + i] = rowgate::float_to_bf16(0.f);
     return;
   }
-  const bool active = (int)blockIdx.x < nsplit;
+  const bool active = (PERSIST ? at.x : (int)blockIdx.x) < nsplit;
 #if RG_DEEP_ABLATE == 3
   if (blockIdx.x == 0 && pg.lo != -7)  // (uses the page read, so it stays in the prologue)
     for (int i = c.tid; i < G * D; i += kThreads)
       p.out[((size_t)c.b * c.hq + c.h * G) * D + i] = rowgate::float_to_bf16(0.f);
   return;
 #endif
-  if constexpr (PERSIST) {  // CTAs past `per` leave; the others persist
-    if ((int)blockIdx.x < deep_per<DC, D>(p) && active)
-      deep_persist<KV, D, G>(p, c, deep_smem, s_ml, s_wmax, &s_last, pg);
+  if constexpr (PERSIST) {  // a CTA within `per` (persist_cta): it persists
+    if (active) deep_persist<KV, D, G>(p, c, deep_smem, s_ml, s_wmax, &s_last, pg, at.x);
     return;
   }
   if (!CLUSTER && !active) return;

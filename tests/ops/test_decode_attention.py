@@ -124,6 +124,7 @@ def test_deep_operator_launch_rules_and_shared_memory():
         else:
             assert f"RG_DEEP_STAGES={stages}" in defines, name
     assert bench.DEEP_BUILDS["ps"] == (None, ["RG_DEEP_PERSIST=1"], 1024)
+    assert bench.DEEP_BUILDS["psr"] == (None, ["RG_DEEP_PERSIST=2"], 1024)
     for kv, stages in (("e5m2", 3), ("bf16", 2)):  # None sizes each ring at its default depth
         assert bench.deep_operator(None).smem(f"split_kv_{kv}_d128_g4_deep", 1024, 4, 128) == \
             deep.smem(f"split_kv_{kv}_d128_g4_deep", 1024, 4, 128) == \
@@ -168,6 +169,33 @@ def test_the_persistent_sanitize_shapes_give_ctas_several_splits():
         assert p.chunk >= 8 * dim and 1 <= per < p.splits, (kv, dim, p, per)
         splits = {-(-(ctx - 37 * j) // p.chunk) for j in range(batch)}  # its ragged lengths
         assert len(splits) == 2 and max(splits) > per, (kv, dim, splits)
+
+
+def test_the_persist_call_checks_whole_the_faster_bitwise_build(tmp_path):
+    """deep_persist.sh's pick (benchmarks/deep_persist_pick.py) on run 62's recorded
+    results: of the builds timed there, the one whose E5M2 + bf16 B16x16K medians sum
+    least, never one that was not bit for bit its baseline's, nothing where none counts."""
+    import json
+    from pathlib import Path
+
+    pick = _benchmark("deep_persist_pick")
+    run62 = Path(__file__).resolve().parents[2] / \
+        "benchmarks/results/h200-2026-12-04/run62/deep/da/results.json"
+    results = json.loads(run62.read_text())
+    assert pick.pick(results, ["s2"]) == "s2"
+    assert pick.pick(results, ["ps", "psr"]) is None  # not timed in run 62
+    bench = results["bench_large"]
+    for kv in ("e5m2", "bf16"):  # a faster "ps" beside it, then one that is not bitwise
+        bench["variants"][f"{kv}_deep_ps"] = dict(bench["variants"][f"{kv}_deep_s2"])
+        bench["variants"][f"{kv}_deep_ps"]["median_us"] -= 1.0
+        bench["bitwise_equal_to_baseline"][f"{kv}_deep_ps"] = True
+    assert pick.pick(results, ["s2", "ps"]) == "ps"
+    bench["bitwise_equal_to_baseline"]["bf16_deep_ps"] = False
+    assert pick.pick(results, ["s2", "ps"]) == "s2"
+    out = tmp_path / "r.json"
+    out.write_text(json.dumps(results))
+    assert pick.main([str(out), "ps"]) == 0
+    assert pick.main([str(tmp_path / "missing.json"), "ps"]) == 2
 
 
 def test_variant_names_pick_rowgates_operator():

@@ -1816,6 +1816,8 @@ constexpr bool kDeepSoftmax = RG_DEEP_SOFTMAX != 0;  // benchmarks' A/B (0: the 
 // to the scores' area (free after the sums; kWarps x D floats a head fit in a chunk of at
 // least kWarps x D tokens' scores), so the ring stays the loads'. The CTAs past `per` leave
 // at once; the arithmetic and its order are the baseline's, split by split.
+// RG_DEEP_PERSIST=2 is the same with the persistent CTAs first in the grid's dispatch order
+// (persist_cta).
 #ifndef RG_DEEP_PERSIST
 #define RG_DEEP_PERSIST 0
 #endif

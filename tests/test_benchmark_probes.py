@@ -37,6 +37,18 @@ def _deep_unit(out: Path, defines: list[str]) -> subprocess.CompletedProcess[str
                           capture_output=True, text=True, timeout=600)
 
 
+def _deep_units(tmp_path: Path, builds: dict[str, list[str]],
+                workers: int) -> dict[str, subprocess.CompletedProcess[str]]:
+    """_deep_unit of each build (name: defines) into tmp_path/<name>.cubin, `workers` at once."""
+    import concurrent.futures
+
+    def one(item: tuple[str, list[str]]) -> tuple[str, subprocess.CompletedProcess[str]]:
+        return item[0], _deep_unit(tmp_path / f"{item[0]}.cubin", item[1])
+
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        return dict(pool.map(one, builds.items()))
+
+
 def _cuobjdump(*args: str) -> str:
     tool = toolchains.for_arch("sm_90").cuobjdump
     assert tool is not None
@@ -65,17 +77,10 @@ def test_the_streaming_ablations_build_clean_and_each_changes_the_kernel(tmp_pat
     """deep_ceiling.py's timing-only builds with the copies on (RG_DEEP_ABLATE 7-10, runs
     54-57): each compiles with the benchmark's own flags (warnings as errors), and no two
     leave the E5M2 D128 G4 kernel the same (an ablation that changed nothing would)."""
-    import concurrent.futures
-
     from benchmarks import deep_ceiling
 
     names = ["noqk", "nopv", "noepi", "storeonly"]
-
-    def one(name: str) -> tuple[str, subprocess.CompletedProcess[str]]:
-        return name, _deep_unit(tmp_path / f"{name}.cubin", deep_ceiling.ABLATIONS[name])
-
-    with concurrent.futures.ThreadPoolExecutor(len(names)) as pool:
-        built = dict(pool.map(one, names))
+    built = _deep_units(tmp_path, {n: deep_ceiling.ABLATIONS[n] for n in names}, len(names))
     for name, done in built.items():
         assert done.returncode == 0, f"{name}: {done.stderr[-2000:]}"
     sass = {n: _cuobjdump("-sass", "-fun", "split_kv_e5m2_d128_g4_deep",
@@ -129,17 +134,10 @@ def test_the_persistent_builds_change_the_deep_entry_points_and_nothing_else(
     point and none other (the cluster entry points and the baseline keep the default's code,
     so the default's measurements stand for them), the two differ, and neither adds shared
     memory (the carveout test's bytes hold for them: their partials reuse the scores' area)."""
-    import concurrent.futures
-
     from benchmarks.decode_attention import DEEP_BUILDS
 
     builds = {"main": [], "ps": DEEP_BUILDS["ps"][1], "psr": DEEP_BUILDS["psr"][1]}
-
-    def one(item: tuple[str, list[str]]) -> tuple[str, subprocess.CompletedProcess[str]]:
-        return item[0], _deep_unit(tmp_path / f"{item[0]}.cubin", item[1])
-
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        built = dict(pool.map(one, builds.items()))
+    built = _deep_units(tmp_path, builds, 2)
     for name, done in built.items():
         assert done.returncode == 0, f"{name}: {done.stderr[-2000:]}"
     sass = {n: _sass_by_function(tmp_path / f"{n}.cubin") for n in builds}

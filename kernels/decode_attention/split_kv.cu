@@ -1912,8 +1912,9 @@ __device__ __forceinline__ void head_sums(const float* scores, const float* wmax
 }
 
 // Phases A, softmax and C of one CTA from the warps' rings; the warps' PV results end in
-// red[warp][G][D] at the start of shared memory, which it returns. PERSIST (kDeepPersist's CTA, at `split`):
-// the split's first S loads are in the ring already unless it is the CTA's first; where the
+// red[warp][G][D] at the start of shared memory, which it returns. PERSIST (kDeepPersist's
+// CTA, at its split_slot): the split's first S loads are in the ring already unless it is the
+// CTA's first; where the
 // CTA has a next split, each warp issues that split's first S loads after its PV (pg becomes
 // its pages) and the PV results go to the scores' area instead. The CTA's split is read
 // from shared memory (split_slot) where it is used and `per` formed again (deep_next); the
@@ -2185,7 +2186,10 @@ __device__ __forceinline__ void split_kv_deep(const Params& p) {
   __shared__ int s_last;
 
   if (p.chunk > kDeepMaxChunk) return;  // outside the operator's plan (max_chunk): nothing written
-  CtaAt at{};  // the persistent build's CTA (persist_cta); the others read blockIdx
+  // the persistent build's CTA (persist_cta); the others read blockIdx where they did (a
+  // local for the CTA's split, or `at` set from blockIdx, reorders the default's SASS: run
+  // 53's seal covers the default only while its cubins stay byte for byte)
+  CtaAt at{};
   if constexpr (PERSIST) {  // the CTAs past `per` leave
     at = persist_cta<DC, D>(p);
     if (at.x < 0) return;

@@ -61,7 +61,9 @@ DEEP_BUILDS = {"ca": (2, ["RG_DEEP_LINES=0", "RG_DEEP_STAGES=2"], 1024),
                "c512": (2, ["RG_DEEP_MAX_CHUNK=512", "RG_DEEP_STAGES=2"], 512),
                "ps": (None, ["RG_DEEP_PERSIST=1"], 1024),
                "ps2": (2, ["RG_DEEP_PERSIST=1", "RG_DEEP_STAGES=2"], 1024),
-               "psr": (None, ["RG_DEEP_PERSIST=2"], 1024)}
+               "psr": (None, ["RG_DEEP_PERSIST=2"], 1024),
+               "fc": (None, ["RG_DEEP_FENCE=1"], 1024), "fr": (None, ["RG_DEEP_FENCE=2"], 1024),
+               "psfr": (None, ["RG_DEEP_PERSIST=1", "RG_DEEP_FENCE=2"], 1024)}
 """The deep candidate's build variants beside its default (split_kv.cu's DeepCfg: D128
 tiles copied as whole swizzled lines; ring stages: three for E5M2 D128 G4, two else; three
 CTAs per SM (E5M2) or two (bf16); chunks up to 1024): {name: (ring stages, defines,
@@ -71,7 +73,9 @@ the persistent CTAs that stream through their epilogues (RG_DEEP_PERSIST) at the
 stages (None: kernels.toml's rules hold for it, so the operator matrices can run on it) and
 at two (E5M2's A/B: a shallower ring leaves more L1 beside it), and the persistent CTAs
 numbered first in the grid's dispatch order (RG_DEEP_PERSIST=2: they take the first wave's
-slots, the CTAs that leave at once come after them).
+slots, the CTAs that leave at once come after them); and the partial made visible before
+the ticket by thread 0 alone (RG_DEEP_FENCE=1: its __threadfence after the CTA's barrier;
+=2: its ticket a release atomic), alone and with the persistent CTAs.
 `--deep-builds` picks some."""
 ABLATIONS = {"abl_nomerge": ["RG_DEEP_ABLATE=1"], "abl_nokv": ["RG_DEEP_ABLATE=2"],
              "abl_prologue": ["RG_DEEP_ABLATE=3"]}

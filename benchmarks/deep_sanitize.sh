@@ -3,7 +3,7 @@
 # benchmarks/deep_sanitize.py (its shapes, or with --persist its persistent CTAs' shapes),
 # each tool's report into OUTDIR/<tool><SUFFIX>.txt and one line a tool on stdout.
 #   bash benchmarks/deep_sanitize.sh CUBIN OUTDIR [SUFFIX [deep_sanitize.py args...]]
-# SAN_TIMEOUT (120) bounds each tool. Used by issue19_deep.sh and deep_persist.sh.
+# SAN_TIMEOUT (120) bounds each tool. Used by issue19_deep.sh and deep_pick.sh.
 set -u
 cubin=$1 out=$2 suffix=${3:-}
 shift $(( $# < 3 ? $# : 3 ))

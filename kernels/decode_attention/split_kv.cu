@@ -918,11 +918,31 @@ __device__ __forceinline__ void sum_warps(const Params& p, const Ctx& c, const f
   }
 }
 
+// RG_DEEP_FENCE (the benchmarks' A/B, default 0) picks how the deep candidate's CTA makes
+// its partial visible before it takes its ticket (finish_partial's FENCE): 0 every thread's
+// __threadfence before the CTA's barrier (MEMBAR.SC.GPU, ERRBAR and an L1 invalidation in
+// each of the 8 warps); 1 thread 0's alone, after the barrier (cooperative groups' grid sync
+// does so: the barrier orders the other threads' stores before it); 2 thread 0's ticket as
+// a release atomic after the barrier (no SC fence). The merging CTA's side is the same in
+// all three, so is every value: the A/B is bitwise.
+#ifndef RG_DEEP_FENCE
+#define RG_DEEP_FENCE 0
+#endif
+
+// thread 0's ticket with release semantics (FENCE 2): the PTX memory model's release pattern
+__device__ __forceinline__ int atomic_add_release(int* addr, int v) {
+  int old;
+  asm volatile("atom.release.gpu.global.add.s32 %0, [%1], %2;"
+               : "=r"(old) : "l"(addr), "r"(v) : "memory");
+  return old;
+}
+
 // Sum the warps' partials (fixed order); write the output (one split) or the
 // partial and take the (sequence, head)'s ticket. True in the CTA that finished last
 // of several splits: it merges them. TICKET = false (the deep candidate's timing-only
-// RG_DEEP_ABLATE 10) stops after the stores: no fence, no ticket, no merge.
-template <int D, int G, bool NAMED = false, bool TICKET = true>
+// RG_DEEP_ABLATE 10) stops after the stores: no fence, no ticket, no merge. FENCE: see
+// RG_DEEP_FENCE.
+template <int D, int G, bool NAMED = false, bool TICKET = true, int FENCE = 0>
 __device__ __forceinline__ bool finish_partial(const Params& p, const Ctx& c, const float* red,
                                                const float* s_ml, int nsplit, int* s_last,
                                                int s) {  // s: the split (its workspace slot)
@@ -944,9 +964,18 @@ __device__ __forceinline__ bool finish_partial(const Params& p, const Ctx& c, co
   if (c.tid < 2 * G) p.ws_ml[(bh * gridDim.x + s) * 2 * G + c.tid] = s_ml[c.tid];
   if constexpr (!TICKET) return false;
 
-  __threadfence();
+  if constexpr (FENCE == 0) __threadfence();
   cta_sync<NAMED>();
-  if (c.tid == 0) *s_last = atomicAdd(p.counters + bh, 1) == nsplit - 1;
+  if constexpr (FENCE == 0) {
+    if (c.tid == 0) *s_last = atomicAdd(p.counters + bh, 1) == nsplit - 1;
+  } else if constexpr (FENCE == 1) {
+    if (c.tid == 0) {
+      __threadfence();
+      *s_last = atomicAdd(p.counters + bh, 1) == nsplit - 1;
+    }
+  } else {
+    if (c.tid == 0) *s_last = atomic_add_release(p.counters + bh, 1) == nsplit - 1;
+  }
   cta_sync<NAMED>();
   return *s_last;
 }
@@ -2167,13 +2196,48 @@ __device__ __forceinline__ void deep_persist(const Params& p, Ctx c, uint8_t* sm
     const int s = s_split;
     const int nsplit = seq_splits(p, len);
     const int next = deep_next<DC, D>(p, len, s);
-    if (finish_partial<D, G>(p, c, red, s_ml, nsplit, s_last, s))  // its barrier: s read
+    // finish_partial's barrier: s read
+    if (finish_partial<D, G, false, true, RG_DEEP_FENCE>(p, c, red, s_ml, nsplit, s_last, s))
       merge_splits_staged<D, G>(p, c, nsplit, red, kWarps * D / 2);  // the partials spent
     if (next < 0) return;
     if (c.tid == 0) s_split = next;
     __syncthreads();  // the sums and the merge are done with the scores' area; s_split set
   }
 }
+
+// RG_DEEP_TRACE=1 (benchmarks/deep_trace.py; timing-only, no result comes from it): each
+// CTA of the deep candidate writes, as it leaves, its start and end on the global timer (ns)
+// and its SM over q (3 words a CTA, in the grid's linear order), so the launch's ramp, its
+// slots' occupancy and its drain can be read from the CTAs themselves.
+#ifndef RG_DEEP_TRACE
+#define RG_DEEP_TRACE 0
+#endif
+#if RG_DEEP_TRACE
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// the start kept in shared memory, not in a register through the kernel (E5M2 D128 spilled)
+struct DeepTrace {
+  const Params& p;
+  unsigned long long& t0;
+  __device__ DeepTrace(const Params& params, unsigned long long& at) : p(params), t0(at) {
+    if (threadIdx.x == 0) t0 = global_ns();
+  }
+  __device__ ~DeepTrace() {  // at every return of split_kv_deep
+    if (threadIdx.x != 0) return;
+    const size_t cta = blockIdx.x + (size_t)gridDim.x * (blockIdx.y + (size_t)gridDim.y * blockIdx.z);
+    auto* w = reinterpret_cast<unsigned long long*>(const_cast<bf16_bits*>(p.q)) + 3 * cta;
+    uint32_t sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    w[0] = t0;
+    w[1] = global_ns();
+    w[2] = sm;
+  }
+};
+#endif
 
 template <class KV, int D, int G, bool CLUSTER>
 __device__ __forceinline__ void split_kv_deep(const Params& p) {
@@ -2184,6 +2248,10 @@ __device__ __forceinline__ void split_kv_deep(const Params& p) {
   __shared__ float s_ml[2 * G];
   __shared__ float s_wmax[kWarps * G + PERSIST];  // the warps' maxima of each head (+ split_slot)
   __shared__ int s_last;
+#if RG_DEEP_TRACE
+  __shared__ unsigned long long s_t0;
+  const DeepTrace trace(p, s_t0);
+#endif
 
   if (p.chunk > kDeepMaxChunk) return;  // outside the operator's plan (max_chunk): nothing written
   // the persistent build's CTA (persist_cta); the others read blockIdx where they did (a
@@ -2246,7 +2314,8 @@ __device__ __forceinline__ void split_kv_deep(const Params& p) {
 #elif RG_DEEP_ABLATE == 10
     else if (finish_partial<D, G, false, false>(p, c, red, s_ml, nsplit, &s_last, blockIdx.x))
 #else
-    else if (finish_partial<D, G>(p, c, red, s_ml, nsplit, &s_last, blockIdx.x))
+    else if (finish_partial<D, G, false, true, RG_DEEP_FENCE>(p, c, red, s_ml, nsplit, &s_last,
+                                                             blockIdx.x))
 #endif
       merge_splits_staged<D, G>(p, c, nsplit, red, kWarps * D / 2);  // red is spent
   } else if (merges) {

@@ -172,13 +172,13 @@ def test_the_persistent_sanitize_shapes_give_ctas_several_splits():
 
 
 def test_the_persist_call_checks_whole_the_faster_bitwise_build(tmp_path):
-    """deep_persist.sh's pick (benchmarks/deep_persist_pick.py) on run 62's recorded
+    """deep_pick.sh's pick (benchmarks/deep_pick.py) on run 62's recorded
     results: of the builds timed there, the one whose E5M2 + bf16 B16x16K medians sum
     least, never one that was not bit for bit its baseline's, nothing where none counts."""
     import json
     from pathlib import Path
 
-    pick = _benchmark("deep_persist_pick")
+    pick = _benchmark("deep_pick")
     run62 = Path(__file__).resolve().parents[2] / \
         "benchmarks/results/h200-2026-12-04/run62/deep/da/results.json"
     results = json.loads(run62.read_text())
@@ -196,6 +196,41 @@ def test_the_persist_call_checks_whole_the_faster_bitwise_build(tmp_path):
     out.write_text(json.dumps(results))
     assert pick.main([str(out), "ps"]) == 0
     assert pick.main([str(tmp_path / "missing.json"), "ps"]) == 2
+
+
+def test_the_waves_fit_splits_run65_into_a_fixed_cost_and_a_streaming_rate(tmp_path):
+    """deep_waves.py's fit on run 65's recorded samples (batches 4-99 at 16K, H200):
+    E5M2 and bf16 are affine in their bytes, and the fit is what the run wrote; a file
+    that cannot be read exits 2."""
+    import json
+    from pathlib import Path
+
+    waves = _benchmark("deep_waves")
+    run65 = Path(__file__).resolve().parents[2] / "benchmarks/results/h200-2026-12-05/run65"
+    f = waves.fit(json.loads((run65 / "results.json").read_text()))
+    recorded = json.loads((run65 / "fit.json").read_text())
+    for name in ("e5m2_deep", "bf16_deep"):
+        r = f["paths"][name]
+        assert r["r2"] > 0.9999 and 20 < r["intercept_us"] < 30, (name, r)
+        assert abs(r["intercept_us"] - recorded["paths"][name]["intercept_us"]) < 1e-9
+        assert 100 < r["steady_pct_of_copy"] < 110, (name, r)
+    assert waves.kv_bytes("bf16", 16) == 2 * waves.kv_bytes("e5m2", 16) == 1 << 30
+    assert waves.main(["--fit", str(tmp_path / "missing.json")]) == 2
+
+
+def test_the_trace_reads_ramp_drain_and_idle_slots_from_the_ctas_records():
+    """deep_trace.py's statistics on a launch whose answer is known: two slots, four
+    CTAs of 10 µs each (the second slot starting 2 µs late), then one of 5 µs alone."""
+    trace = _benchmark("deep_trace")
+    ns = 1_000_000  # a global timer's origin far from 0
+    us = [(0, 10), (2, 12), (10, 20), (12, 22), (22, 27)]
+    words = [[ns + 1000 * a, ns + 1000 * b, i % 2] for i, (a, b) in enumerate(us)]
+    s = trace.launch_stats(words)
+    assert (s["span_us"], s["slots"], s["ramp_us"]) == (27, 2, 2)
+    assert (s["last_start_us"], s["drain_us"]) == (22, 5)
+    # busy slot time 45 µs of 2 slots: 22.5 µs of the launch's 27 did work, 4.5 were idle
+    assert s["idle_us"] == 27 - 45 / 2
+    assert s["life_median_us"] == 10 and s["life_max_us"] == 10 and s["sms"] == 2
 
 
 def test_variant_names_pick_rowgates_operator():

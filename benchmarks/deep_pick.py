@@ -1,6 +1,6 @@
-"""Which of the deep candidate's build variants was faster at B16x16K (deep_persist.sh).
+"""Which of the deep candidate's build variants was fastest at B16x16K (deep_pick.sh).
 
-    python3 benchmarks/deep_persist_pick.py RESULTS_JSON BUILD [BUILD ...]
+    python3 benchmarks/deep_pick.py RESULTS_JSON BUILD [BUILD ...]
 
 RESULTS_JSON is decode_attention.py's results.json of a `--deep-builds` run; BUILD a name
 of its DEEP_BUILDS ("ps", "psr", ...). A build counts only where both its E5M2 and its
@@ -16,9 +16,10 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 
-def pick(results: dict, builds: list[str]) -> str | None:
+def pick(results: dict[str, Any], builds: list[str]) -> str | None:
     """The counted build with the least E5M2 + bf16 median, or None."""
     bench = results.get("bench_large", {})
     bitwise = bench.get("bitwise_equal_to_baseline", {})
@@ -39,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         results = json.loads(ns.results.read_text())
     except (OSError, ValueError) as e:
-        print(f"deep_persist_pick: cannot read {ns.results}: {e}", file=sys.stderr)
+        print(f"deep_pick: cannot read {ns.results}: {e}", file=sys.stderr)
         return 2
     best = pick(results, ns.builds)
     if best is not None:

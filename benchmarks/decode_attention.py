@@ -58,25 +58,16 @@ PHASES = {0: "full", 1: "no_k_load", 2: "no_v_load", 3: "qk_x2", 4: "pv_x2",
           5: "convert_x2", 6: "no_sync", 7: "no_smem_publish"}
 DEEP_BUILDS = {"ca": (2, ["RG_DEEP_LINES=0", "RG_DEEP_STAGES=2"], 1024),
                "s2": (2, ["RG_DEEP_STAGES=2"], 1024), "s3": (3, ["RG_DEEP_STAGES=3"], 1024),
-               "c512": (2, ["RG_DEEP_MAX_CHUNK=512", "RG_DEEP_STAGES=2"], 512),
-               "ps": (None, ["RG_DEEP_PERSIST=1"], 1024),
-               "ps2": (2, ["RG_DEEP_PERSIST=1", "RG_DEEP_STAGES=2"], 1024),
-               "psr": (None, ["RG_DEEP_PERSIST=2"], 1024),
-               "fc": (None, ["RG_DEEP_FENCE=1"], 1024), "fr": (None, ["RG_DEEP_FENCE=2"], 1024),
-               "psfr": (None, ["RG_DEEP_PERSIST=1", "RG_DEEP_FENCE=2"], 1024)}
+               "c512": (2, ["RG_DEEP_MAX_CHUNK=512", "RG_DEEP_STAGES=2"], 512)}
 """The deep candidate's build variants beside its default (split_kv.cu's DeepCfg: D128
 tiles copied as whole swizzled lines; ring stages: three for E5M2 D128 G4, two else; three
 CTAs per SM (E5M2) or two (bf16); chunks up to 1024): {name: (ring stages, defines,
 max_chunk)} -- per-lane pieces instead of whole lines (two stages), two stages, three
-stages (bf16's A/B), chunks up to 512 (split_kv's) with two stages (run 38's kernel), and
-the persistent CTAs that stream through their epilogues (RG_DEEP_PERSIST) at the default's
-stages (None: kernels.toml's rules hold for it, so the operator matrices can run on it) and
-at two (E5M2's A/B: a shallower ring leaves more L1 beside it), and the persistent CTAs
-numbered first in the grid's dispatch order (RG_DEEP_PERSIST=2: they take the first wave's
-slots, the CTAs that leave at once come after them); and the partial made visible before
-the ticket by thread 0 alone (RG_DEEP_FENCE=1: its __threadfence after the CTA's barrier;
-=2: its ticket a release atomic), alone and with the persistent CTAs.
-`--deep-builds` picks some."""
+stages (bf16's A/B), chunks up to 512 (split_kv's) with two stages (run 38's kernel). A
+build at the default's stages takes None (kernels.toml's rules hold for it, so the
+operator matrices can run on it). The persistent CTAs (RG_DEEP_PERSIST: "ps", "ps2",
+"psr") and thread 0's fence before the ticket (RG_DEEP_FENCE: "fc", "fr") measured no
+faster (runs 63-64, docs/perf.md) and are in commit f311ed0. `--deep-builds` picks some."""
 ABLATIONS = {"abl_nomerge": ["RG_DEEP_ABLATE=1"], "abl_nokv": ["RG_DEEP_ABLATE=2"],
              "abl_prologue": ["RG_DEEP_ABLATE=3"]}
 """Timing-only builds of the deep candidate for B1x1K's attribution (split_kv.cu's

@@ -31,27 +31,15 @@ SHAPES = [  # kv, batch, context, hq, hkv, dim, page
     ("bf16", 2, 1500, 8, 2, 128, 16),  # D128: whole lines
     ("e5m2", 1, 700, 8, 1, 64, 16),  # at most 8 splits: the cluster entry point
 ]
-PERSIST_SHAPES = [  # more splits than the SMs' slots take at once (16 x 8 (sequence, head)s)
-    ("e5m2", 16, 3100, 32, 8, 128, 64),  # 3-4 splits of 1024, three CTAs a (sequence, head)
-    ("bf16", 16, 2100, 32, 8, 128, 16),  # 2-3 splits, two CTAs; 64 pages a chunk
-    ("e5m2", 16, 3300, 64, 8, 64, 16),  # 3-4 splits, three CTAs; per-lane pieces (D64)
-]
-"""`--persist`: shapes on which a RG_DEEP_PERSIST build's CTAs take more than one split
-each (split_kv.cu's deep_per: the slots, 3 CTAs an SM or 2 (bf16 D128), shared out over
-128 (sequence, head)s; the plan's chunks of 1024), the last one shorter than the rest
-(a ragged batch: some sequences one split fewer). 54-138 MB of K/V each."""
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cubin", type=Path, required=True)
-    ap.add_argument("--persist", action="store_true",
-                    help="the persistent CTAs' shapes (PERSIST_SHAPES) instead")
     ns = ap.parse_args(argv)
     dev = torch.device("cuda:0")
     bad = 0
-    for i, (kv, batch, ctx, hq, hkv, dim, page) in enumerate(
-            PERSIST_SHAPES if ns.persist else SHAPES):
+    for i, (kv, batch, ctx, hq, hkv, dim, page) in enumerate(SHAPES):
         lens = [ctx - 37 * j for j in range(batch)]
         inp = make_inputs(Case(40 + i, batch, "ragged", str(ctx), page, kv, hq, hkv, dim, lens),
                           dev)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # compute-sanitizer's memcheck and racecheck on the deep kernels of CUBIN, run by
-# benchmarks/deep_sanitize.py (its shapes, or with --persist its persistent CTAs' shapes),
-# each tool's report into OUTDIR/<tool><SUFFIX>.txt and one line a tool on stdout.
+# benchmarks/deep_sanitize.py on its shapes, each tool's report into
+# OUTDIR/<tool><SUFFIX>.txt and one line a tool on stdout.
 #   bash benchmarks/deep_sanitize.sh CUBIN OUTDIR [SUFFIX [deep_sanitize.py args...]]
 # SAN_TIMEOUT (120) bounds each tool. Used by issue19_deep.sh and deep_pick.sh.
 set -u

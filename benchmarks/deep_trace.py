@@ -5,11 +5,13 @@
 
 split_kv.cu's RG_DEEP_TRACE=1 build (timing-only: no result comes from it) makes each CTA
 of the deep candidate write its start and end (%globaltimer, ns) and its SM as it leaves.
-At B16x16K (GQA 32/8, D128, page 64; E5M2 and bf16) every launch runs after an L2 flush,
-and the CTAs' records are read back. From them: how long the first wave takes to fill
-every slot (ramp), what the slots do in between, and how long the launch runs after its
-last CTA started (drain); the slot time the launch leaves idle, as microseconds of the
-whole launch; the CTAs' lifetimes. The traced build's own time is taken beside the
+At B16x16K (GQA 32/8, D128, page 64; E5M2 and bf16) the CTAs' records are read back after
+launches that run after an L2 flush ("flush"), after a flush and a read of one byte every
+64 KB of K and V, which warms the address translations and leaves L2 cold ("touch"), and
+back to back ("warm"). From them: how long the first wave takes to fill every slot (ramp),
+the first wave's CTAs' lifetimes against the later ones', how long the launch runs after
+its last CTA started (drain), and the slot time it leaves idle, as microseconds of the
+whole launch. The traced build's own time is taken beside the
 default build's (both interleaved, L2 flushed) to show what the trace costs.
 """
 
@@ -68,15 +70,23 @@ def trace_kv(kv: str, cubins: dict[str, Path], dev: Any) -> dict[str, Any]:
     grid = BATCH * HKV * (LENGTH // 1024)
     assert q_trace.numel() * 2 >= grid * 24, "q holds the CTAs' records"
     flush = timing.L2Flush(dev)
-    launches = []
-    for _ in range(3 + LAUNCHES):
-        flush()
-        traced()
-        torch.cuda.synchronize(dev)
-        words = q_trace.view(torch.int64)[: 3 * grid].view(grid, 3).cpu().tolist()
-        launches.append(words)
+    # one element every 64 KB of K and V: the translations warm, ~0.05 % of the bytes in L2
+    pages = [t.view(torch.uint8).reshape(-1)[::1 << 16] for t in (inp.k_cache, inp.v_cache)]
+    before = {"flush": [flush], "touch": [flush, lambda: [int(p.sum()) for p in pages]],
+              "warm": []}
+    modes = {}
+    for mode, steps in before.items():
+        launches = []
+        for _ in range(3 + LAUNCHES):
+            for step in steps:
+                step()
+            traced()
+            torch.cuda.synchronize(dev)
+            words = q_trace.view(torch.int64).reshape(-1)[: 3 * grid].view(grid, 3)
+            launches.append(words.cpu().tolist())
+        modes[mode] = launches[3:]
     times = timing.interleaved({"default": default, "trace": traced}, repeats=15, device=dev)
-    return {"ctas": grid, "launches": launches[3:], "samples_us": times["samples_us"]}
+    return {"ctas": grid, "modes": modes, "samples_us": times["samples_us"]}
 
 
 def launch_stats(words: list[list[int]]) -> dict[str, float]:
@@ -90,10 +100,13 @@ def launch_stats(words: list[list[int]]) -> dict[str, float]:
     span = end[-1]
     ramp = next(t for t, n in active if n == full)
     busy = sum((b[0] - a[0]) * a[1] for a, b in zip(active, active[1:]))
+    first = [(w[1] - w[0]) / 1e3 for w in words if w[0] - t0 < 1000]
+    later = [(w[1] - w[0]) / 1e3 for w in words if w[0] - t0 >= 1000]
     return {"span_us": span, "slots": full, "ramp_us": ramp,
             "last_start_us": start[-1], "drain_us": span - start[-1],
             "idle_us": span - busy / full, "life_median_us": median(life),
             "life_p10_us": life[len(life) // 10], "life_max_us": life[-1],
+            "first_wave_life_us": median(first), "later_life_us": median(later or first),
             "sms": len({w[2] for w in words})}
 
 
@@ -107,14 +120,20 @@ def occupancy(start: list[float], end: list[float]) -> list[tuple[float, int]]:
     return out
 
 
+def modes_of(r: dict[str, Any]) -> dict[str, Any]:
+    """A KV dtype's launches by what ran before each (run 66 recorded "flush" only)."""
+    return r["modes"] if "modes" in r else {"flush": r["launches"]}
+
+
 def summarize(res: dict[str, Any]) -> dict[str, Any]:
-    """Each KV dtype's launches, the median of each statistic over them."""
+    """Each KV dtype's and mode's launches, the median of each statistic over them."""
     out: dict[str, Any] = {}
     for kv, r in res["kv"].items():
-        per = [launch_stats(w) for w in r["launches"]]
-        out[kv] = {k: median(p[k] for p in per) for k in per[0]}
-        out[kv]["default_us"] = median(r["samples_us"]["default"])
-        out[kv]["trace_us"] = median(r["samples_us"]["trace"])
+        for mode, launches in modes_of(r).items():
+            per = [launch_stats(w) for w in launches]
+            row = out[f"{kv} {mode}"] = {k: median(p[k] for p in per) for k in per[0]}
+            row["default_us"] = median(r["samples_us"]["default"])
+            row["trace_us"] = median(r["samples_us"]["trace"])
     return out
 
 
@@ -124,8 +143,8 @@ def show(summary: dict[str, Any]) -> None:
 
     t = Table(title="B16x16K deep candidate, CTAs on the global timer (medians of launches)")
     cols = ("span_us", "default_us", "trace_us", "slots", "ramp_us", "last_start_us",
-            "drain_us", "idle_us", "life_median_us", "life_max_us")
-    t.add_column("kv")
+            "drain_us", "idle_us", "first_wave_life_us", "later_life_us", "life_max_us")
+    t.add_column("kv, before")
     for c in cols:
         t.add_column(c.replace("_us", " µs"))
     for kv, s in summary.items():
@@ -142,7 +161,7 @@ def plot(res: dict[str, Any], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(8, 3.5))
     for kv, r in res["kv"].items():
-        words = r["launches"][0]
+        words = modes_of(r)["flush"][0]
         t0 = min(w[0] for w in words)
         act = occupancy([(w[0] - t0) / 1e3 for w in words], [(w[1] - t0) / 1e3 for w in words])
         ax.step([t for t, _ in act], [n for _, n in act], where="post", label=kv)

@@ -194,11 +194,6 @@ struct Params {
   float qk_scale_log2, v_scale;
 };
 
-// The splits a sequence of `len` tokens takes: its chunks, at most the grid's.
-__device__ __forceinline__ int seq_splits(const Params& p, int len) {
-  return min((len + p.chunk - 1) / p.chunk, (int)gridDim.x);
-}
-
 // Where one tile's rows start for this lane (a tile never crosses a page).
 template <class KV, int D, int VEC>
 __device__ __forceinline__ const uint8_t* tile_base(const Params& p, const uint8_t* cache,
@@ -918,34 +913,14 @@ __device__ __forceinline__ void sum_warps(const Params& p, const Ctx& c, const f
   }
 }
 
-// RG_DEEP_FENCE (the benchmarks' A/B, default 0) picks how the deep candidate's CTA makes
-// its partial visible before it takes its ticket (finish_partial's FENCE): 0 every thread's
-// __threadfence before the CTA's barrier (MEMBAR.SC.GPU, ERRBAR and an L1 invalidation in
-// each of the 8 warps); 1 thread 0's alone, after the barrier (cooperative groups' grid sync
-// does so: the barrier orders the other threads' stores before it); 2 thread 0's ticket as
-// a release atomic after the barrier (no SC fence). The merging CTA's side is the same in
-// all three, so is every value: the A/B is bitwise.
-#ifndef RG_DEEP_FENCE
-#define RG_DEEP_FENCE 0
-#endif
-
-// thread 0's ticket with release semantics (FENCE 2): the PTX memory model's release pattern
-__device__ __forceinline__ int atomic_add_release(int* addr, int v) {
-  int old;
-  asm volatile("atom.release.gpu.global.add.s32 %0, [%1], %2;"
-               : "=r"(old) : "l"(addr), "r"(v) : "memory");
-  return old;
-}
-
 // Sum the warps' partials (fixed order); write the output (one split) or the
 // partial and take the (sequence, head)'s ticket. True in the CTA that finished last
 // of several splits: it merges them. TICKET = false (the deep candidate's timing-only
-// RG_DEEP_ABLATE 10) stops after the stores: no fence, no ticket, no merge. FENCE: see
-// RG_DEEP_FENCE.
-template <int D, int G, bool NAMED = false, bool TICKET = true, int FENCE = 0>
+// RG_DEEP_ABLATE 10) stops after the stores: no fence, no ticket, no merge.
+template <int D, int G, bool NAMED = false, bool TICKET = true>
 __device__ __forceinline__ bool finish_partial(const Params& p, const Ctx& c, const float* red,
-                                               const float* s_ml, int nsplit, int* s_last,
-                                               int s) {  // s: the split (its workspace slot)
+                                               const float* s_ml, int nsplit, int* s_last) {
+  const int s = blockIdx.x;
   const size_t bh = (size_t)c.b * p.num_kv_heads + c.h;
   cta_sync<NAMED>();
   // sum_warps' loop, written out: through its lambda ptxas allocates the bulk candidate's
@@ -964,18 +939,9 @@ __device__ __forceinline__ bool finish_partial(const Params& p, const Ctx& c, co
   if (c.tid < 2 * G) p.ws_ml[(bh * gridDim.x + s) * 2 * G + c.tid] = s_ml[c.tid];
   if constexpr (!TICKET) return false;
 
-  if constexpr (FENCE == 0) __threadfence();
+  __threadfence();
   cta_sync<NAMED>();
-  if constexpr (FENCE == 0) {
-    if (c.tid == 0) *s_last = atomicAdd(p.counters + bh, 1) == nsplit - 1;
-  } else if constexpr (FENCE == 1) {
-    if (c.tid == 0) {
-      __threadfence();
-      *s_last = atomicAdd(p.counters + bh, 1) == nsplit - 1;
-    }
-  } else {
-    if (c.tid == 0) *s_last = atomic_add_release(p.counters + bh, 1) == nsplit - 1;
-  }
+  if (c.tid == 0) *s_last = atomicAdd(p.counters + bh, 1) == nsplit - 1;
   cta_sync<NAMED>();
   return *s_last;
 }
@@ -1006,8 +972,7 @@ __device__ __forceinline__ void merge_splits(const Params& p, const Ctx& c, int 
 template <int D, int G, bool NAMED = false>
 __device__ __forceinline__ void finish(const Params& p, const Ctx& c, const float* red,
                                        const float* s_ml, int nsplit, int* s_last) {
-  if (finish_partial<D, G, NAMED>(p, c, red, s_ml, nsplit, s_last, blockIdx.x))
-    merge_splits<D, G>(p, c, nsplit);
+  if (finish_partial<D, G, NAMED>(p, c, red, s_ml, nsplit, s_last)) merge_splits<D, G>(p, c, nsplit);
 }
 
 template <class KV, int D, int G, bool PIPE>
@@ -1022,7 +987,7 @@ __device__ __forceinline__ void split_kv(const Params& p) {
   c.tid = threadIdx.x; c.warp = c.tid >> 5; c.lane = c.tid & 31;
   c.hq = p.num_kv_heads * G;
   const int len = p.seq_lens[c.b];
-  const int nsplit = seq_splits(p, len);
+  const int nsplit = min((len + p.chunk - 1) / p.chunk, (int)gridDim.x);
   if (len <= 0) {  // nothing to attend to: a defined output instead of a stale one
     if (blockIdx.x == 0)
       for (int i = c.tid; i < G * D; i += kThreads)
@@ -1483,7 +1448,7 @@ __device__ __forceinline__ void split_kv_bulk(const Params& p) {
   c.tid = threadIdx.x; c.warp = c.tid >> 5; c.lane = c.tid & 31;
   c.hq = p.num_kv_heads * G;
   const int len = p.seq_lens[c.b];
-  const int nsplit = seq_splits(p, len);
+  const int nsplit = min((len + p.chunk - 1) / p.chunk, (int)gridDim.x);
   if (len <= 0) {  // the whole cluster (one sequence and head) leaves together
     if (blockIdx.x == 0)
       for (int i = c.tid; i < G * D; i += kBulkThreads)
@@ -1572,23 +1537,6 @@ struct Pages {
 };
 __device__ __forceinline__ int page_at(const Pages& pg, int i) {
   return __shfl_sync(0xffffffffu, i < 32 ? pg.lo : pg.hi, i & 31);
-}
-// The pages of the chunk that starts at page `first` of a block-table row (a page past the
-// sequence is read, inside the row, and never used).
-__device__ __forceinline__ Pages chunk_pages(const Params& p, const int* bt, int first, int lane) {
-  Pages pg{__ldg(bt + min(first + lane, p.bt_stride - 1)), 0};
-  if ((p.chunk >> p.page_shift) > 32) pg.hi = __ldg(bt + min(first + 32 + lane, p.bt_stride - 1));
-  return pg;
-}
-// A CTA's split that starts at token `start` of a sequence of `len` tokens.
-__device__ __forceinline__ void place_split(Ctx& c, int start, int len, int chunk) {
-  c.start = start;
-  c.n_tok = min(len, start + chunk) - start;
-  c.n_tiles = (c.n_tok + kTile - 1) / kTile;
-}
-// The tiles of its split a warp takes (tiles warp, warp + kWarps, ..).
-__device__ __forceinline__ int warp_tiles(const Ctx& c) {
-  return c.warp < c.n_tiles ? (c.n_tiles - c.warp + kWarps - 1) / kWarps : 0;
 }
 
 // RG_DEEP_ABLATE selects a timing variant of the deep candidate for B1x1K's attribution
@@ -1836,74 +1784,6 @@ __device__ __forceinline__ void deep_load(const Params& p, const Ctx& c, uint32_
 #endif
 constexpr bool kDeepSoftmax = RG_DEEP_SOFTMAX != 0;  // benchmarks' A/B (0: the baseline's pass)
 
-// RG_DEEP_PERSIST=1 (the benchmarks' A/B, default 0) keeps a slot streaming through its
-// epilogue, which holds both bars at B16x16K (E5M2 135.0 against 146.4 us without it, bf16
-// 248.7 against 262.4; H200, 2026-12-04 run 61): `_deep` keeps `per` CTAs of a (sequence,
-// head), as many as the SMs' slots share out (deep_slots), each taking splits x, x + per, ..
-// in turn, and every warp issues its next split's first S loads into its ring right after
-// its PV, before the CTA sums and stores the partial and takes its ticket. The partials move
-// to the scores' area (free after the sums; kWarps x D floats a head fit in a chunk of at
-// least kWarps x D tokens' scores), so the ring stays the loads'. The CTAs past `per` leave
-// at once; the arithmetic and its order are the baseline's, split by split.
-// RG_DEEP_PERSIST=2 is the same with the persistent CTAs first in the grid's dispatch order
-// (persist_cta).
-#ifndef RG_DEEP_PERSIST
-#define RG_DEEP_PERSIST 0
-#endif
-constexpr bool kDeepPersist = RG_DEEP_PERSIST != 0;
-
-// The SMs' slots of kDeepPersist's CTAs (DeepCfg::BLOCKS each). %nsmid may count past the
-// SMs there are (a few CTAs would then wait for a slot; benchmarks/probes/nsmid.cu reads it).
-template <class DC>
-__device__ __forceinline__ int deep_slots() {
-  uint32_t sms;
-  asm("mov.u32 %0, %%nsmid;" : "=r"(sms));
-  return (int)sms * DC::BLOCKS;
-}
-// kDeepPersist: the CTAs a (sequence, head) keeps, the SMs' slots shared out over the grid's
-// (sequence, head) pairs; the grid's splits (not persistent) where that is not fewer, or where
-// the partials do not fit the scores' area (chunks under kWarps x D).
-template <class DC, int D>
-__device__ __forceinline__ int deep_per(const Params& p) {
-  if (p.chunk < kWarps * D) return gridDim.x;
-  return max(1, deep_slots<DC>() / (int)(gridDim.y * gridDim.z));
-}
-
-// kDeepPersist: the CTA's current split, kept past the warps' maxima (s_wmax's last word in
-// the persistent build), so that it is read where it is used at an offset from a pointer the
-// kernel holds anyway.
-template <int G>
-__device__ __forceinline__ int& split_slot(float* wmax) {
-  return reinterpret_cast<int*>(wmax)[kWarps * G];
-}
-
-// kDeepPersist: the split this CTA takes after split s of a sequence of len tokens, or -1.
-template <class DC, int D>
-__device__ __forceinline__ int deep_next(const Params& p, int len, int s) {
-  const int n = s + deep_per<DC, D>(p);
-  return n < seq_splits(p, len) ? n : -1;
-}
-
-// kDeepPersist: which split x of which (sequence z, head y) a CTA of the grid starts at, x
-// -1 for a CTA past `per` (it leaves before it reads anything). RG_DEEP_PERSIST=1 keeps the
-// grid's numbering (a (sequence, head)'s CTAs x < per persist; the CTAs that leave, B16x16K
-// 14 of its 16, dispatch between them); 2 numbers the persistent CTAs first in the grid's
-// linear order (x fastest, the order the CTAs dispatch in), so they take the first wave's slots
-// and every CTA that leaves comes after them.
-struct CtaAt {
-  int x, y, z;
-};
-template <class DC, int D>
-__device__ __forceinline__ CtaAt persist_cta(const Params& p) {
-  const int per = deep_per<DC, D>(p);
-  if (RG_DEEP_PERSIST != 2)
-    return {(int)blockIdx.x < per ? (int)blockIdx.x : -1, (int)blockIdx.y, (int)blockIdx.z};
-  const int gy = gridDim.y;
-  const int at = blockIdx.x + gridDim.x * (blockIdx.y + gy * blockIdx.z);
-  if (at >= per * gy * (int)gridDim.z) return {-1, 0, 0};
-  return {at % per, (at / per) % gy, at / per / gy};
-}
-
 // The warp's maxima of heads 2tig, 2tig + 1 (mx, per lane) into wmax[warp][G].
 template <int G>
 __device__ __forceinline__ void publish_max(float (&mx)[2], float* wmax, const Ctx& c) {
@@ -1941,30 +1821,22 @@ __device__ __forceinline__ void head_sums(const float* scores, const float* wmax
 }
 
 // Phases A, softmax and C of one CTA from the warps' rings; the warps' PV results end in
-// red[warp][G][D] at the start of shared memory, which it returns. PERSIST (kDeepPersist's
-// CTA, at its split_slot): the split's first S loads are in the ring already unless it is the
-// CTA's first; where the
-// CTA has a next split, each warp issues that split's first S loads after its PV (pg becomes
-// its pages) and the PV results go to the scores' area instead. The CTA's split is read
-// from shared memory (split_slot) where it is used and `per` formed again (deep_next); the
-// sequence's `len` is all it holds for that through the loops.
-template <class KV, int D, int G, bool PERSIST = false>
-__device__ __forceinline__ float* deep_attend(const Params& p, const Ctx& c, uint8_t* smem,
-                                              float* scores, float* s_ml, float* wmax,
-                                              Pages& pg, int len = 0) {
+// red[warp][G][D] at the start of shared memory.
+template <class KV, int D, int G>
+__device__ __forceinline__ void deep_attend(const Params& p, const Ctx& c, uint8_t* smem,
+                                            float* scores, float* s_ml, float* wmax,
+                                            const Pages& pg) {
   using M = Mma<KV, D>;
   using DC = DeepCfg<KV, D, G>;
-  const int nw = warp_tiles(c);
+  const int nw = c.warp < c.n_tiles ? (c.n_tiles - c.warp + kWarps - 1) / kWarps : 0;
   const uint8_t* wst = smem + c.warp * DC::S * DC::STAGE;  // this warp's stages
   const uint8_t* lring = wst + c.lane * DC::PB;             // this lane's pieces
   // whole lines: this lane's copy and read offsets (unused by the per-lane pieces)
   LineOffs lo{};
   if constexpr (DC::LINES) lo = line_offs<KV, D>(c.lane);
   const uint32_t wring = smem_addr(wst);
-  if (!PERSIST || split_slot<G>(wmax) < deep_per<DC, D>(p)) {  // the CTA's first split
 #pragma unroll
-    for (int j = 0; j < DC::S; ++j) deep_load<KV, D, G>(p, c, wring, j, nw, pg, lo);
-  }
+  for (int j = 0; j < DC::S; ++j) deep_load<KV, D, G>(p, c, wring, j, nw, pg, lo);
   uint32_t qa[M::STEPS][2];
   q_operand<KV, D, G>(p, c, qa);  // in flight beside the first copies
   float mx[2] = {-__int_as_float(0x7f800000), -__int_as_float(0x7f800000)};
@@ -2010,13 +1882,6 @@ __device__ __forceinline__ float* deep_attend(const Params& p, const Ctx& c, uin
   float o[M::STEPS][4];
 #pragma unroll
   for (int mm = 0; mm < M::STEPS; ++mm) o[mm][0] = o[mm][1] = o[mm][2] = o[mm][3] = 0.f;
-  const int* bt = p.block_table + (size_t)c.b * p.bt_stride;
-  if constexpr (PERSIST) {  // the next split's pages into L1 under the PV (no registers)
-    const int next = deep_next<DC, D>(p, len, split_slot<G>(wmax));
-    if (next >= 0)
-      asm volatile("prefetch.global.L1 [%0];" ::"l"(
-          bt + min(((next * p.chunk) >> p.page_shift) + c.lane, p.bt_stride - 1)));
-  }
 #pragma unroll
   for (int i = 0; i < kMaxWarpTiles; ++i) {  // V of the warp's tile i is load nw + i
 #if RG_DEEP_ABLATE == 5
@@ -2048,21 +1913,11 @@ __device__ __forceinline__ float* deep_attend(const Params& p, const Ctx& c, uin
 #endif
     deep_load<KV, D, G>(p, c, wring, nw + i + DC::S, nw, pg, lo);
   }
-  const int next = PERSIST ? deep_next<DC, D>(p, len, split_slot<G>(wmax)) : -1;
-  if (PERSIST && next >= 0) {  // the ring is this warp's again: the next split's loads
-    pg = chunk_pages(p, bt, (next * p.chunk) >> p.page_shift, c.lane);
-    Ctx cn = c;
-    place_split(cn, next * p.chunk, len, p.chunk);
-#pragma unroll
-    for (int j = 0; j < DC::S; ++j) deep_load<KV, D, G>(p, cn, wring, j, warp_tiles(cn), pg, lo);
-  }
   // (head g's sum inside warp g's PV loop instead, the same terms in the same order, measured
   // 160.9 against 146.6 us at B16x16K E5M2: H200, 2026-12-04 run 58)
   if constexpr (kDeepSoftmax) head_sums<G>(scores, wmax, s_ml, c);
   __syncthreads();  // every warp is done with its ring and the scores: red reuses them
-  float* red = next >= 0 ? scores : reinterpret_cast<float*>(smem);
-  store_warp_partial<KV, D, G>(c, o, red);
-  return red;
+  store_warp_partial<KV, D, G>(c, o, reinterpret_cast<float*>(smem));
 }
 
 // merge_splits' arithmetic in its order, with its loads in parallel: every split's (max,
@@ -2165,46 +2020,6 @@ __device__ __forceinline__ void merge_landed(const Params& p, const Ctx& c, cons
   }
 }
 
-// One persistent CTA of kDeepPersist: splits x, x + per, .. of its (sequence, head), each
-// ended by the baseline's epilogue (finish_partial at its own split index) while the next
-// split's first loads are in flight.
-template <class KV, int D, int G>
-__device__ __forceinline__ void deep_persist(const Params& p, Ctx c, uint8_t* smem, float* s_ml,
-                                             float* wmax, int* s_last, Pages pg, int x) {
-  using DC = DeepCfg<KV, D, G>;
-  float* scores = reinterpret_cast<float*>(smem + DC::RING);
-  const int len = p.seq_lens[c.b];
-  // the CTA's current split in shared memory (split_slot: within the static bytes' padding,
-  // the CTA's shared memory is the default's), read where it is used: held in a register
-  // through the loops it was spilled (E5M2 D128 G4, 12 / 16 bytes a split)
-  int& s_split = split_slot<G>(wmax);
-  if (threadIdx.x == 0) s_split = x;
-  __syncthreads();
-  for (;;) {
-    // the thread's index made opaque each split, so the lane's offsets are formed again
-    // rather than hoisted out of the loop and held through it: E5M2 D128 G8 spilled 24 / 140
-    // bytes (two reloads a tile) with them held, none without
-    int tid = threadIdx.x;
-    asm volatile("" : "+r"(tid));
-    c.tid = tid;
-    c.warp = tid >> 5;
-    c.lane = tid & 31;
-    place_split(c, s_split * p.chunk, len, p.chunk);
-    // the partials: the scores' area while a next split's loads hold the ring, else the
-    // ring (as `_deep`'s)
-    float* red = deep_attend<KV, D, G, true>(p, c, smem, scores, s_ml, wmax, pg, len);
-    const int s = s_split;
-    const int nsplit = seq_splits(p, len);
-    const int next = deep_next<DC, D>(p, len, s);
-    // finish_partial's barrier: s read
-    if (finish_partial<D, G, false, true, RG_DEEP_FENCE>(p, c, red, s_ml, nsplit, s_last, s))
-      merge_splits_staged<D, G>(p, c, nsplit, red, kWarps * D / 2);  // the partials spent
-    if (next < 0) return;
-    if (c.tid == 0) s_split = next;
-    __syncthreads();  // the sums and the merge are done with the scores' area; s_split set
-  }
-}
-
 // RG_DEEP_TRACE=1 (benchmarks/deep_trace.py; timing-only, no result comes from it): each
 // CTA of the deep candidate writes, as it leaves, its start and end on the global timer (ns)
 // and its SM over q (3 words a CTA, in the grid's linear order), so the launch's ramp, its
@@ -2243,10 +2058,9 @@ template <class KV, int D, int G, bool CLUSTER>
 __device__ __forceinline__ void split_kv_deep(const Params& p) {
   static_assert(G == 2 || G == 4 || G == 8, "GQA groups of 2, 4 or 8 query heads");
   using DC = DeepCfg<KV, D, G>;
-  constexpr bool PERSIST = kDeepPersist && !CLUSTER;  // `_deep` of the persistent build
   extern __shared__ __align__(16) uint8_t deep_smem[];  // ring | scores | (`_deepc`) landing
   __shared__ float s_ml[2 * G];
-  __shared__ float s_wmax[kWarps * G + PERSIST];  // the warps' maxima of each head (+ split_slot)
+  __shared__ float s_wmax[kWarps * G];  // the warps' maxima of each head
   __shared__ int s_last;
 #if RG_DEEP_TRACE
   __shared__ unsigned long long s_t0;
@@ -2254,43 +2068,32 @@ __device__ __forceinline__ void split_kv_deep(const Params& p) {
 #endif
 
   if (p.chunk > kDeepMaxChunk) return;  // outside the operator's plan (max_chunk): nothing written
-  // the persistent build's CTA (persist_cta); the others read blockIdx where they did (a
-  // local for the CTA's split, or `at` set from blockIdx, reorders the default's SASS: run
-  // 53's seal covers the default only while its cubins stay byte for byte)
-  CtaAt at{};
-  if constexpr (PERSIST) {  // the CTAs past `per` leave
-    at = persist_cta<DC, D>(p);
-    if (at.x < 0) return;
-  }
   Ctx c;
-  c.b = PERSIST ? at.z : blockIdx.z; c.h = PERSIST ? at.y : blockIdx.y;
+  c.b = blockIdx.z; c.h = blockIdx.y;
   c.tid = threadIdx.x; c.warp = c.tid >> 5; c.lane = c.tid & 31;
   c.hq = p.num_kv_heads * G;
-  c.start = (PERSIST ? at.x : blockIdx.x) * p.chunk;
+  c.start = blockIdx.x * p.chunk;
   // at most 1024 / 16 = 64 pages a chunk, two a lane (the second only past 32); read
   // beside the length
   const int* bt = p.block_table + (size_t)c.b * p.bt_stride;
   const int first = c.start >> p.page_shift;
-  Pages pg = chunk_pages(p, bt, first, c.lane);
+  Pages pg{__ldg(bt + min(first + c.lane, p.bt_stride - 1)), 0};
+  if ((p.chunk >> p.page_shift) > 32) pg.hi = __ldg(bt + min(first + 32 + c.lane, p.bt_stride - 1));
   const int len = p.seq_lens[c.b];
-  const int nsplit = seq_splits(p, len);
+  const int nsplit = min((len + p.chunk - 1) / p.chunk, (int)gridDim.x);
   if (len <= 0) {  // a cluster is one sequence and head: it leaves together
-    if ((PERSIST ? at.x : blockIdx.x) == 0)
+    if (blockIdx.x == 0)
       for (int i = c.tid; i < G * D; i += kThreads)
         p.out[((size_t)c.b * c.hq + c.h * G) * D + i] = rowgate::float_to_bf16(0.f);
     return;
   }
-  const bool active = (PERSIST ? at.x : (int)blockIdx.x) < nsplit;
+  const bool active = (int)blockIdx.x < nsplit;
 #if RG_DEEP_ABLATE == 3
   if (blockIdx.x == 0 && pg.lo != -7)  // (uses the page read, so it stays in the prologue)
     for (int i = c.tid; i < G * D; i += kThreads)
       p.out[((size_t)c.b * c.hq + c.h * G) * D + i] = rowgate::float_to_bf16(0.f);
   return;
 #endif
-  if constexpr (PERSIST) {  // a CTA within `per` (persist_cta): it persists
-    if (active) deep_persist<KV, D, G>(p, c, deep_smem, s_ml, s_wmax, &s_last, pg, at.x);
-    return;
-  }
   if (!CLUSTER && !active) return;
   // `_deepc` with several splits: every split arrives now and waits before it stores into
   // split 0 (push_partial), then meets the others again before split 0 merges
@@ -2298,10 +2101,11 @@ __device__ __forceinline__ void split_kv_deep(const Params& p) {
   if (merges) cluster_arrive_relaxed();
   c.n_tok = active ? min(len, c.start + p.chunk) - c.start : 0;
   c.n_tiles = (c.n_tok + kTile - 1) / kTile;
+  float* red = reinterpret_cast<float*>(deep_smem);  // the warps' PV results (in the ring)
   float* scores = reinterpret_cast<float*>(deep_smem + DC::RING);
   float* landing = scores + p.chunk * G;  // `_deepc`: split 0 receives the splits' states
   if (active) {
-    float* red = deep_attend<KV, D, G>(p, c, deep_smem, scores, s_ml, s_wmax, pg);  // the ring
+    deep_attend<KV, D, G>(p, c, deep_smem, scores, s_ml, s_wmax, pg);
     // The epilogue (partial, fence and ticket, merge) is ~11.5 us of B16x16K's 148.8 with
     // the copies on (RG_DEEP_ABLATE 9 and 10: 137.3 without it, 142.3 with the partial
     // stored alone). Tickets taken at the start with fire-and-forget finish marks, and the
@@ -2312,10 +2116,9 @@ __device__ __forceinline__ void split_kv_deep(const Params& p) {
 #if RG_DEEP_ABLATE == 4 || RG_DEEP_ABLATE == 9
     else if (c.tid >= kThreads && s_last)  // never: the partials stay in shared memory
 #elif RG_DEEP_ABLATE == 10
-    else if (finish_partial<D, G, false, false>(p, c, red, s_ml, nsplit, &s_last, blockIdx.x))
+    else if (finish_partial<D, G, false, false>(p, c, red, s_ml, nsplit, &s_last))
 #else
-    else if (finish_partial<D, G, false, true, RG_DEEP_FENCE>(p, c, red, s_ml, nsplit, &s_last,
-                                                             blockIdx.x))
+    else if (finish_partial<D, G>(p, c, red, s_ml, nsplit, &s_last))
 #endif
       merge_splits_staged<D, G>(p, c, nsplit, red, kWarps * D / 2);  // red is spent
   } else if (merges) {

@@ -1,7 +1,7 @@
 """The deep candidate's CTAs on the global timer: ramp, slot occupancy, drain (issue 19).
 
     python3 benchmarks/deep_trace.py --out DIR              (on the GPU: build and trace)
-    python3 benchmarks/deep_trace.py --read DIR/trace.json  (anywhere: the table and plot)
+    python3 benchmarks/deep_trace.py --read DIR/trace.json.gz  (anywhere: the table, the plot)
 
 split_kv.cu's RG_DEEP_TRACE=1 build (timing-only: no result comes from it) makes each CTA
 of the deep candidate write its start and end (%globaltimer, ns) and its SM as it leaves.
@@ -18,6 +18,7 @@ default build's (both interleaved, L2 flushed) to show what the trace costs.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import shutil
 import subprocess
@@ -180,8 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     ns = ap.parse_args(argv)
     if ns.read:
         try:
-            res = json.loads(ns.read.read_text())
-        except (OSError, ValueError) as e:
+            raw = ns.read.read_bytes()
+            res = json.loads(gzip.decompress(raw) if ns.read.suffix == ".gz" else raw)
+        except (OSError, ValueError, EOFError) as e:
             print(f"deep_trace: cannot read {ns.read}: {e}", file=sys.stderr)
             return 2
         out = ns.read.parent
@@ -193,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         dev = torch.device("cuda:0")
         cubins = build(out)
         res = {"kv": {kv: trace_kv(kv, cubins, dev) for kv in ("e5m2", "bf16")}}
-        (out / "trace.json").write_text(json.dumps(res))
+        (out / "trace.json.gz").write_bytes(gzip.compress(json.dumps(res).encode()))
         for c in cubins.values():
             c.unlink()
     summary = summarize(res)
@@ -202,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         plot(res, out / "occupancy.png")
     except ImportError:  # the device image may lack matplotlib: the records are written
-        print(f"deep_trace: no matplotlib here; plot with --read {out / 'trace.json'}")
+        print(f"deep_trace: no matplotlib here; plot with --read {out / 'trace.json.gz'}")
     return 0
 
 

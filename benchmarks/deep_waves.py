@@ -35,35 +35,47 @@ def kv_bytes(kv: str, batch: int) -> int:
     return batch * LENGTH * HKV * DIM * 2 * (1 if kv == "e5m2" else 2)
 
 
+def paths(cubin: Path, batch: int, dev: Any) -> tuple[dict[str, Any], dict[str, bool]]:
+    """The deep candidate on E5M2 and bf16 and cuDNN SDPA on the bf16 bytes dense at
+    `batch` sequences, and whether each deep launch is bit for bit its baseline's."""
+    import torch
+
+    from benchmarks.decode_attention import dense_bf16, sdpa_backends
+    from pipeline.ops import decode_attention as op
+    from pipeline.ops import reference
+    from pipeline.ops.paged_inputs import Case, make_inputs
+
+    fns, bits = {}, {}
+    for kv in ("e5m2", "bf16"):
+        inp = make_inputs(Case(7, batch, "uniform", str(LENGTH), PAGE, kv, HQ, HKV, DIM,
+                               [LENGTH] * batch), dev)
+        args = (inp.q, inp.k_cache, inp.v_cache, inp.block_table, inp.seq_lens)
+        plan = functools.partial(op.DecodeAttention, *args, max_seq_len=LENGTH, cubin=cubin,
+                                 k_scale=inp.k_scale, v_scale=inp.v_scale,
+                                 operator=op.SPLIT_KV_DEEP)
+        deep, base = plan(variant="deep"), plan(variant="baseline")
+        bits[kv] = bool(torch.equal(deep.run(*args).view(torch.int16),
+                                    base.run(*args).view(torch.int16)))
+        fns[f"{kv}_deep"] = functools.partial(deep.run, *args, out=torch.empty_like(inp.q))
+        if kv == "bf16":
+            gen = torch.Generator(device=dev).manual_seed(11)
+            dk, dv = dense_bf16(batch, HKV, LENGTH, DIM, dev, gen)
+            sdpa = sdpa_backends(functools.partial(reference.dense_sdpa, inp.q, dk, dv))
+            fns.update({k: v for k, v in sdpa.items() if k.endswith("cudnn_attention")})
+    return fns, bits
+
+
 def sample(cubin: Path, out: Path, repeats: int) -> dict[str, Any]:
     """Every batch's paths, timed interleaved with the L2 flushed (GPU)."""
     import torch
 
-    from benchmarks.decode_attention import copy_ceiling, dense_bf16, log, median, sdpa_backends
-    from pipeline.ops import decode_attention as op
-    from pipeline.ops import reference, timing
-    from pipeline.ops.paged_inputs import Case, make_inputs
+    from benchmarks.decode_attention import copy_ceiling, log, median
+    from pipeline.ops import timing
 
     dev = torch.device("cuda:0")
     res: dict[str, Any] = {"cubin": str(cubin), "ceiling": copy_ceiling(dev), "batches": {}}
     for batch in BATCHES:
-        fns, bits = {}, {}
-        for kv in ("e5m2", "bf16"):
-            inp = make_inputs(Case(7, batch, "uniform", str(LENGTH), PAGE, kv, HQ, HKV, DIM,
-                                   [LENGTH] * batch), dev)
-            args = (inp.q, inp.k_cache, inp.v_cache, inp.block_table, inp.seq_lens)
-            plan = functools.partial(op.DecodeAttention, *args, max_seq_len=LENGTH, cubin=cubin,
-                                     k_scale=inp.k_scale, v_scale=inp.v_scale,
-                                     operator=op.SPLIT_KV_DEEP)
-            deep, base = plan(variant="deep"), plan(variant="baseline")
-            bits[kv] = bool(torch.equal(deep.run(*args).view(torch.int16),
-                                        base.run(*args).view(torch.int16)))
-            fns[f"{kv}_deep"] = functools.partial(deep.run, *args, out=torch.empty_like(inp.q))
-            if kv == "bf16":
-                gen = torch.Generator(device=dev).manual_seed(11)
-                dk, dv = dense_bf16(batch, HKV, LENGTH, DIM, dev, gen)
-                sdpa = sdpa_backends(functools.partial(reference.dense_sdpa, inp.q, dk, dv))
-                fns.update({k: v for k, v in sdpa.items() if k.endswith("cudnn_attention")})
+        fns, bits = paths(cubin, batch, dev)
         samples = timing.interleaved(fns, repeats=repeats, device=dev, flush=True)
         res["batches"][str(batch)] = {"bitwise_equal_to_baseline": bits,
                                       "samples_us": samples["samples_us"]}
@@ -74,6 +86,39 @@ def sample(cubin: Path, out: Path, repeats: int) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(res, indent=1))
     return res
+
+
+class ReadFlush:
+    """An L2 flush that leaves clean lines: it reads a buffer several times the L2 (the
+    write flush of pipeline.ops.timing leaves the L2 full of dirty lines, which the next
+    launch's misses write back to DRAM as it reads)."""
+
+    def __init__(self, device: Any) -> None:
+        import torch
+
+        from pipeline.ops.timing import L2_FLUSH_BYTES
+
+        self.buf = torch.ones(L2_FLUSH_BYTES // 4, dtype=torch.int32, device=device)
+
+    def __call__(self) -> None:
+        self.buf.sum()
+
+
+def flush_ab(cubin: Path, repeats: int) -> dict[str, Any]:
+    """B16's paths after the write flush and after the read flush, interleaved (GPU)."""
+    import torch
+
+    from pipeline.ops import timing
+
+    dev = torch.device("cuda:0")
+    flushes = {"write": timing.L2Flush(dev), "read": ReadFlush(dev)}
+    fns = paths(cubin, 16, dev)[0]
+    runs = [(n, f) for n in fns for f in flushes]
+    samples: dict[str, list[float]] = {f"{n} {f}": [] for n, f in runs}
+    for i in range(repeats):
+        for n, f in runs[i % len(runs):] + runs[:i % len(runs)]:
+            samples[f"{n} {f}"].append(timing.event_time_us(fns[n], flushes[f]))  # type: ignore[arg-type]
+    return {"batch": 16, "samples_us": samples}
 
 
 def fit(res: dict[str, Any]) -> dict[str, Any]:
@@ -120,7 +165,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("/tmp/deep-waves"))
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--fit", type=Path, help="a results.json to fit (no GPU)")
+    ap.add_argument("--flush-ab", action="store_true", help="B16 only, after the write flush "
+                    "and after a read flush, interleaved (flush_ab.json)")
     ns = ap.parse_args(argv)
+    if ns.flush_ab and ns.cubin:
+        ab = flush_ab(ns.cubin, ns.repeats)
+        ns.out.mkdir(parents=True, exist_ok=True)
+        (ns.out / "flush_ab.json").write_text(json.dumps(ab, indent=1))
+        for name, s in ab["samples_us"].items():
+            print(f"B16 {name:45s} {sorted(s)[len(s) // 2]:8.1f} us  [{min(s):.1f}..{max(s):.1f}]")
+        return 0
     if ns.fit is None and ns.cubin is None:
         ap.error("--cubin (sample) or --fit (fit a results.json)")
     try:

@@ -296,9 +296,30 @@ __device__ __forceinline__ void phase_barrier() {
 #endif
 }
 
+#ifndef RG_DEEP_TAIL
+#define RG_DEEP_TAIL 0
+#endif
+#ifndef RG_DEEP_TAIL_DIV
+#define RG_DEEP_TAIL_DIV 2
+#endif
 struct Ctx {  // what every phase of one CTA knows
   int b, h, hq, start, n_tok, n_tiles, tid, warp, lane;
+#if RG_DEEP_TAIL
+  int split = -1;  // RG_DEEP_TAIL's deep CTAs: their split (others: blockIdx.x)
+#endif
 };
+
+// RG_DEEP_TAIL=T (benchmarks/deep_tail.py; timing-only, its results are not the baseline's
+// bits): the deep candidate's plan with two split sizes. A (sequence, head)'s last T splits
+// are RG_DEEP_TAIL_DIV times shorter than its chunk, and the grid runs split-major (every
+// (sequence, head)'s split 0 first), so the last CTAs to start are short ones and the
+// launch's drain lasts one short CTA instead of one long one (runs 66-67: ~14 us of B16x16K's
+// slot time idle after the last long CTA started).
+#if RG_DEEP_TAIL
+#define RG_SPLIT_OF(c) ((c).split < 0 ? (int)blockIdx.x : (c).split)
+#else
+#define RG_SPLIT_OF(c) ((int)blockIdx.x)
+#endif
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 // ============================================================ FMA path (sm_70/75)
@@ -920,7 +941,7 @@ __device__ __forceinline__ void sum_warps(const Params& p, const Ctx& c, const f
 template <int D, int G, bool NAMED = false, bool TICKET = true>
 __device__ __forceinline__ bool finish_partial(const Params& p, const Ctx& c, const float* red,
                                                const float* s_ml, int nsplit, int* s_last) {
-  const int s = blockIdx.x;
+  const int s = RG_SPLIT_OF(c);
   const size_t bh = (size_t)c.b * p.num_kv_heads + c.h;
   cta_sync<NAMED>();
   // sum_warps' loop, written out: through its lambda ptxas allocates the bulk candidate's
@@ -2054,6 +2075,33 @@ struct DeepTrace {
 };
 #endif
 
+#if RG_DEEP_TAIL
+// RG_DEEP_TAIL's CTA (not a cluster's): its split, head and sequence in split-major order,
+// and its first token.
+__device__ __forceinline__ void tail_split(const Params& p, Ctx& c) {
+  const unsigned heads = gridDim.y * gridDim.z;
+  const unsigned lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  c.split = (int)(lin / heads);
+  c.h = (int)(lin % heads % gridDim.y);
+  c.b = (int)(lin % heads / gridDim.y);
+  const int n_long = (int)gridDim.x - RG_DEEP_TAIL, shrt = p.chunk / RG_DEEP_TAIL_DIV;
+  c.start = c.split < n_long ? c.split * p.chunk : n_long * p.chunk + (c.split - n_long) * shrt;
+}
+// The end of its split (tokens [start, end), clipped to the sequence later); recomputed where
+// it is used, not kept through the prologue (E5M2 D128 spilled at 80 registers).
+__device__ __forceinline__ int tail_stop(const Params& p, const Ctx& c, bool cluster) {
+  const bool is_long = cluster || c.split < (int)gridDim.x - RG_DEEP_TAIL;
+  return c.start + (is_long ? p.chunk : p.chunk / RG_DEEP_TAIL_DIV);
+}
+// The splits of a sequence of `len` tokens that hold tokens.
+__device__ __forceinline__ int tail_nsplit(const Params& p, int len) {
+  const int n_long = (int)gridDim.x - RG_DEEP_TAIL, shrt = p.chunk / RG_DEEP_TAIL_DIV;
+  const int n = len <= n_long * p.chunk ? (len + p.chunk - 1) / p.chunk
+                                        : n_long + (len - n_long * p.chunk + shrt - 1) / shrt;
+  return min(n, (int)gridDim.x);
+}
+#endif
+
 template <class KV, int D, int G, bool CLUSTER>
 __device__ __forceinline__ void split_kv_deep(const Params& p) {
   static_assert(G == 2 || G == 4 || G == 8, "GQA groups of 2, 4 or 8 query heads");
@@ -2073,6 +2121,12 @@ __device__ __forceinline__ void split_kv_deep(const Params& p) {
   c.tid = threadIdx.x; c.warp = c.tid >> 5; c.lane = c.tid & 31;
   c.hq = p.num_kv_heads * G;
   c.start = blockIdx.x * p.chunk;
+#if RG_DEEP_TAIL
+  if (!CLUSTER) tail_split(p, c);
+#define RG_DEEP_STOP tail_stop(p, c, CLUSTER)
+#else
+#define RG_DEEP_STOP (c.start + p.chunk)
+#endif
   // at most 1024 / 16 = 64 pages a chunk, two a lane (the second only past 32); read
   // beside the length
   const int* bt = p.block_table + (size_t)c.b * p.bt_stride;
@@ -2080,14 +2134,19 @@ __device__ __forceinline__ void split_kv_deep(const Params& p) {
   Pages pg{__ldg(bt + min(first + c.lane, p.bt_stride - 1)), 0};
   if ((p.chunk >> p.page_shift) > 32) pg.hi = __ldg(bt + min(first + 32 + c.lane, p.bt_stride - 1));
   const int len = p.seq_lens[c.b];
+#if RG_DEEP_TAIL
+  const int nsplit = CLUSTER ? min((len + p.chunk - 1) / p.chunk, (int)gridDim.x)
+                             : tail_nsplit(p, len);
+#else
   const int nsplit = min((len + p.chunk - 1) / p.chunk, (int)gridDim.x);
+#endif
   if (len <= 0) {  // a cluster is one sequence and head: it leaves together
-    if (blockIdx.x == 0)
+    if (RG_SPLIT_OF(c) == 0)
       for (int i = c.tid; i < G * D; i += kThreads)
         p.out[((size_t)c.b * c.hq + c.h * G) * D + i] = rowgate::float_to_bf16(0.f);
     return;
   }
-  const bool active = (int)blockIdx.x < nsplit;
+  const bool active = RG_SPLIT_OF(c) < nsplit;
 #if RG_DEEP_ABLATE == 3
   if (blockIdx.x == 0 && pg.lo != -7)  // (uses the page read, so it stays in the prologue)
     for (int i = c.tid; i < G * D; i += kThreads)
@@ -2099,7 +2158,8 @@ __device__ __forceinline__ void split_kv_deep(const Params& p) {
   // split 0 (push_partial), then meets the others again before split 0 merges
   const bool merges = CLUSTER && RG_DEEP_ABLATE != 1 && nsplit > 1;
   if (merges) cluster_arrive_relaxed();
-  c.n_tok = active ? min(len, c.start + p.chunk) - c.start : 0;
+  c.n_tok = active ? min(len, RG_DEEP_STOP) - c.start : 0;
+#undef RG_DEEP_STOP
   c.n_tiles = (c.n_tok + kTile - 1) / kTile;
   float* red = reinterpret_cast<float*>(deep_smem);  // the warps' PV results (in the ring)
   float* scores = reinterpret_cast<float*>(deep_smem + DC::RING);

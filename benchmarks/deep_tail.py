@@ -1,0 +1,239 @@
+"""The deep candidate with two split sizes, short splits last: timing only (issue 19, item 3).
+
+    python3 benchmarks/deep_tail.py --out DIR            (on the GPU: build, check, time, trace)
+    python3 benchmarks/deep_tail.py --read DIR/tail.json.gz  (anywhere: the table)
+
+Runs 66-67 traced ~14 µs of B16x16K's slot time idle in the launch's drain: after the last
+CTA starts, the slots empty over one CTA's life (21-26 µs). split_kv.cu's RG_DEEP_TAIL=T
+build (timing-only) gives each (sequence, head) T last splits RG_DEEP_TAIL_DIV times shorter
+than the chunk and runs the grid split-major, so the CTAs that start last are short ones
+and the drain lasts one short CTA. Before the plan rule, the operator contract and the
+baseline change for it (the operator gate compares baseline and candidate bit for bit, so
+both would need the same splits), this measures what it would buy.
+
+At B16x16K (GQA 32/8, D128, page 64; E5M2 and bf16) each variant is launched on its grid
+(the default's 16 splits become n_long + T), checked against the float64 reference beside
+the default deep build (its error may not be larger: the merge order changes, the math does
+not), timed interleaved with the default, a uniform 512-token plan and (bf16) torch SDPA's
+backends, L2 flushed, and traced (RG_DEEP_TRACE=1 on the same plan: its drain and idle slot
+time, benchmarks/deep_trace.py's statistics).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import functools
+import gzip
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+LENGTH, BATCH, HQ, HKV, DIM, PAGE, CHUNK = 16384, 16, 32, 8, 128, 64, 1024
+LAUNCHES = 5
+VARIANTS = {"major": (1, 1), "t2h": (2, 2), "t4h": (4, 2), "t6h": (6, 2), "t4q": (4, 4),
+            "t8q": (8, 4)}
+"""name: (T short splits a (sequence, head), each CHUNK / DIV tokens). `major` is the
+split-major order alone (its last split is a whole chunk)."""
+
+
+def splits(tail: int, div: int) -> int:
+    """The grid's splits at LENGTH: whole chunks, then the T short ones covering the rest."""
+    short = tail * CHUNK // div
+    if short % CHUNK or short > LENGTH:
+        raise ValueError(f"tail {tail} x {CHUNK // div} tokens: not whole chunks of {LENGTH}")
+    return (LENGTH - short) // CHUNK + tail
+
+
+def defines(tail: int, div: int, trace: bool) -> list[str]:
+    out = ["RG_UNIT=3", f"RG_DEEP_TAIL={tail}", f"RG_DEEP_TAIL_DIV={div}"] if tail else ["RG_UNIT=3"]
+    return out + (["RG_DEEP_TRACE=1"] if trace else [])
+
+
+def build(out: Path) -> dict[str, Path]:
+    """Every variant's cubin and its traced twin (`default` the plain deep build), with the
+    device's nvcc, warnings as errors, in parallel."""
+    from benchmarks.decode_attention import nvcc_cmd
+
+    nvcc = shutil.which("nvcc") or "nvcc"
+    jobs = {}
+    for name, (tail, div) in {"default": (0, 1), **VARIANTS}.items():
+        for trace in (False, True):
+            key = f"{name}.trace" if trace else name
+            jobs[key] = (out / f"split_kv.{key}.cubin", defines(tail, div, trace))
+
+    def one(item: tuple[str, tuple[Path, list[str]]]) -> None:
+        subprocess.run(nvcc_cmd(nvcc, "sm_90", item[1][0], item[1][1]), check=True,
+                       capture_output=True)
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(one, jobs.items()))
+    return {k: v[0] for k, v in jobs.items()}
+
+
+def on_grid(run: Any, n_splits: int) -> Any:
+    """A planned deep launch moved onto a grid of `n_splits` splits (its workspace too)."""
+    import torch
+
+    from pipeline.ops import contract
+
+    shape = run.shape
+    n_acc, n_ml, _ = contract.workspace_elements(shape.batch, shape.hkv, n_splits,
+                                                 shape.group, shape.dim)
+    run.ws_acc = torch.empty(n_acc, dtype=torch.float32, device=run.ws_acc.device)
+    run.ws_ml = torch.empty(n_ml, dtype=torch.float32, device=run.ws_ml.device)
+    launcher = run.launcher
+    launcher.grid = (n_splits, shape.hkv, shape.batch)
+    if launcher.raw is None:
+        from pipeline.ops import launch
+
+        launcher.config = launch.cuda_core().LaunchConfig(grid=launcher.grid,
+                                                          block=launcher.block,
+                                                          shmem_size=launcher.smem)
+    return run
+
+
+def kv_paths(kv: str, cubins: dict[str, Path], dev: Any) -> dict[str, Any]:
+    """One KV dtype: each variant's error against float64 beside the default's, the
+    interleaved samples, and the traced launches' statistics."""
+    import torch
+
+    from benchmarks.decode_attention import dense_bf16, sdpa_backends
+    from benchmarks.deep_trace import launch_stats
+    from pipeline.ops import decode_attention as op
+    from pipeline.ops import reference, timing
+    from pipeline.ops.paged_inputs import Case, make_inputs
+
+    inp = make_inputs(Case(7, BATCH, "uniform", str(LENGTH), PAGE, kv, HQ, HKV, DIM,
+                           [LENGTH] * BATCH), dev)
+    args = (inp.q, inp.k_cache, inp.v_cache, inp.block_table, inp.seq_lens)
+    exact = reference.decode_attention_fp64(*args, k_scale=inp.k_scale, v_scale=inp.v_scale)
+
+    def planned(cubin: Path, q: Any, n_splits: int | None = None, chunk: int | None = None) -> Any:
+        run = op.DecodeAttention(q, *args[1:], max_seq_len=LENGTH, cubin=cubin,
+                                 k_scale=inp.k_scale, v_scale=inp.v_scale, variant="deep",
+                                 operator=op.SPLIT_KV_DEEP, chunk=chunk)
+        return on_grid(run, n_splits) if n_splits else run
+
+    grids = {name: splits(*td) for name, td in VARIANTS.items()}
+    runs = {"default": planned(cubins["default"], inp.q),
+            "c512": planned(cubins["default"], inp.q, chunk=512),
+            **{n: planned(cubins[n], inp.q, grids[n]) for n in VARIANTS}}
+    check = {}
+    for name, run in runs.items():
+        got = run.run(*args).double()
+        err = (got - exact).abs()
+        check[name] = {"max_abs_err": float(err.max()), "mean_abs_err": float(err.mean()),
+                       "finite": bool(torch.isfinite(got).all())}
+    fns = {n: functools.partial(r.run, *args, out=torch.empty_like(inp.q)) for n, r in runs.items()}
+    if kv == "bf16":
+        gen = torch.Generator(device=dev).manual_seed(11)
+        dk, dv = dense_bf16(BATCH, HKV, LENGTH, DIM, dev, gen)
+        fns.update(sdpa_backends(functools.partial(reference.dense_sdpa, inp.q, dk, dv)))
+    samples = timing.interleaved(fns, repeats=REPEATS, device=dev, flush=True)["samples_us"]
+    traces = {}
+    flush = timing.L2Flush(dev)
+    for name in ("default", *VARIANTS):
+        q_trace = inp.q.clone()  # the traced build writes its records over its q
+        n_splits = grids.get(name, LENGTH // CHUNK)
+        traced = planned(cubins[f"{name}.trace"], q_trace, grids.get(name))
+        ctas = n_splits * HKV * BATCH
+        launches = []
+        for i in range(2 + LAUNCHES):
+            flush()
+            traced.run(q_trace, *args[1:], out=torch.empty_like(inp.q))
+            torch.cuda.synchronize(dev)
+            words = q_trace.view(torch.int64).reshape(-1)[: 3 * ctas].view(ctas, 3)
+            if i >= 2:
+                launches.append(launch_stats(words.cpu().tolist()))
+        traces[name] = {k: median(s[k] for s in launches) for k in launches[0]}
+    return {"splits": {"default": LENGTH // CHUNK, "c512": LENGTH // 512, **grids},
+            "check": check, "samples_us": samples, "trace": traces}
+
+
+REPEATS = 21
+
+
+def summarize(res: dict[str, Any]) -> dict[str, Any]:
+    """Each path's median, its change against the default, its error and trace."""
+    rows: dict[str, Any] = {}
+    for kv, r in res["kv"].items():
+        base = median(r["samples_us"]["default"])
+        sdpa = min((median(s) for n, s in r["samples_us"].items() if n.startswith("sdpa")),
+                   default=None)
+        for name, s in r["samples_us"].items():
+            m = median(s)
+            row = {"median_us": m, "vs_default_us": m - base, "min_us": min(s), "max_us": max(s),
+                   "splits": r["splits"].get(name)}
+            if sdpa:
+                row["vs_best_sdpa_pct"] = 100 * (m / sdpa - 1)
+            row.update(r["check"].get(name, {}))
+            row.update({f"trace_{k}": v for k, v in r["trace"].get(name, {}).items()
+                        if k in ("span_us", "drain_us", "idle_us", "later_life_us")})
+            rows[f"{kv} {name}"] = row
+    return rows
+
+
+def show(rows: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"B{BATCH}x{LENGTH // 1024}K deep candidate: two split sizes, short last "
+                    "(medians, L2 flushed; trace = RG_DEEP_TRACE build of the same plan)")
+    cols = ("splits", "median_us", "vs_default_us", "vs_best_sdpa_pct", "max_abs_err",
+            "trace_drain_us", "trace_idle_us", "trace_later_life_us")
+    t.add_column("path")
+    for c in cols:
+        t.add_column(c.replace("_us", " µs").replace("_pct", " %"))
+    for name, r in rows.items():
+        t.add_row(name, *("" if r.get(c) is None else f"{r[c]:.2e}" if c == "max_abs_err"
+                          else f"{r[c]:.1f}" if isinstance(r[c], float) else str(r[c])
+                          for c in cols))
+    Console(width=170).print(t)
+
+
+def main(argv: list[str] | None = None) -> int:
+    global REPEATS
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path("/tmp/deep-tail"))
+    ap.add_argument("--read", type=Path, help="a tail.json.gz to summarize (no GPU)")
+    ap.add_argument("--repeats", type=int, default=REPEATS)
+    ns = ap.parse_args(argv)
+    REPEATS = ns.repeats
+    if ns.read:
+        try:
+            raw = ns.read.read_bytes()
+            res = json.loads(gzip.decompress(raw) if ns.read.suffix == ".gz" else raw)
+        except (OSError, ValueError, EOFError) as e:
+            print(f"deep_tail: cannot read {ns.read}: {e}", file=sys.stderr)
+            return 2
+        out = ns.read.parent
+    else:
+        import torch
+
+        out = ns.out
+        out.mkdir(parents=True, exist_ok=True)
+        dev = torch.device("cuda:0")
+        cubins = build(out)
+        res = {"variants": VARIANTS, "kv": {}}
+        for kv in ("e5m2", "bf16"):
+            res["kv"][kv] = kv_paths(kv, cubins, dev)
+            torch.cuda.empty_cache()
+        (out / "tail.json.gz").write_bytes(gzip.compress(json.dumps(res).encode()))
+        for c in cubins.values():
+            c.unlink()
+    rows = summarize(res)
+    (out / "summary.json").write_text(json.dumps(rows, indent=1))
+    show(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

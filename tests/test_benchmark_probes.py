@@ -4,7 +4,8 @@ benchmarks/deep_ceiling.py builds it on the device, both entry points present an
 spilling (the same flags refuse a planted warning, so the check can fail); the timing-only
 ablations with the copies on, each changing the kernel; the shared memory of the E5M2
 entry points that run three CTAs an SM, inside the carveout they were measured in; and the
-trace build (deep_trace.py), which changes the deep kernels only and keeps that carveout."""
+trace build (deep_trace.py), which changes the deep kernels only and keeps that carveout;
+and the two-size plan's build (deep_tail.py), which leaves the other kernels' plans alone."""
 
 from __future__ import annotations
 
@@ -156,3 +157,29 @@ def test_the_trace_build_changes_the_deep_kernels_only_and_keeps_their_carveout(
             entry = f"split_kv_e5m2_d{dim}_g{group}_deep"
             dynamic = op.SPLIT_KV_DEEP.smem(entry, 1024, group, dim)
             assert 3 * (dynamic + usage["trace"][entry]["SHARED"]) <= 196 * 1024, entry
+
+
+def test_the_tail_build_changes_the_deep_kernels_only(tmp_path: Path) -> None:
+    """deep_tail.py's builds (split_kv.cu's RG_DEEP_TAIL: the deep plan with two split sizes,
+    short splits last, split-major) compile with warnings as errors and change no entry point
+    outside the deep candidate; the plain `_deep` ones, whose plan the knob reshapes, all
+    change; and the rule deep_tail.py derives its grid from refuses a tail that is not whole
+    chunks of the sequence. (The `_base` entry points share finish_partial, whose split
+    index gains the knob's branch, so their code changes too; their CTAs never set a split
+    and take blockIdx.x as before.)"""
+    from benchmarks import deep_tail
+
+    builds = {"main": [], "t4h": deep_tail.defines(*deep_tail.VARIANTS["t4h"], trace=False)}
+    built = _deep_units(tmp_path, {k: [d for d in v if d != "RG_UNIT=3"]
+                                   for k, v in builds.items()}, 2)
+    for name, done in built.items():
+        assert done.returncode == 0, f"{name}: {done.stderr[-2000:]}"
+    sass = {n: _sass_by_function(tmp_path / f"{n}.cubin") for n in builds}
+    main, tail = sass["main"], sass["t4h"]
+    changed = {f for f in main if main[f] != tail[f]}
+    assert set(main) == set(tail)
+    assert {f for f in main if f.endswith("_deep")} <= changed
+    assert all(f.endswith(("_deep", "_deepc", "_base")) for f in changed), changed
+    assert deep_tail.splits(4, 2) == 18 and deep_tail.splits(1, 1) == 16
+    with pytest.raises(ValueError, match="not whole chunks"):
+        deep_tail.splits(3, 2)

@@ -101,9 +101,10 @@ class _Launcher:
     """Launches one kernel with a fixed configuration as cheaply as Python can:
     cuLaunchKernel (cuda.bindings) with a pre-built argument array whose slots
     are overwritten per call; cuda.core's `launch` when the driver binding is
-    not usable. The function's dynamic shared memory attribute is set to the
-    planned size for every size: at exactly 48 KiB the static shared memory
-    already puts the block over the default limit. A cluster entry point must have
+    not usable. The function's dynamic shared memory attribute is raised to the
+    planned size for every size (at exactly 48 KiB the static shared memory
+    already puts the block over the default limit), never lowered: plans of one
+    cubin share the function. A cluster entry point must have
     been compiled with the declared cluster width (it is launched without one)."""
 
     TYPES = tuple({"pointer": ctypes.c_void_p, "int32": ctypes.c_int32,
@@ -133,9 +134,18 @@ class _Launcher:
         err, static = driver.cuFuncGetAttribute(attr.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, self.raw)
         self._ok(err, "cuFuncGetAttribute(static shared memory)")
         check_shared_memory(entry, smem, static, _optin(device_index))
-        (err,) = driver.cuFuncSetAttribute(
-            self.raw, attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
-        self._ok(err, f"cuFuncSetAttribute(max dynamic shared memory {smem})")
+        # The attribute belongs to the function, which every plan of this cubin and entry
+        # point shares (launch.kernel loads it once): only ever raise it, or a plan with a
+        # smaller chunk would leave an earlier, larger one launching past the limit
+        # (CUDA_ERROR_INVALID_VALUE). It is a permission, not a reservation: each launch
+        # still asks for its own plan's bytes.
+        err, now = driver.cuFuncGetAttribute(
+            attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, self.raw)
+        self._ok(err, "cuFuncGetAttribute(max dynamic shared memory)")
+        if smem > now:
+            (err,) = driver.cuFuncSetAttribute(
+                self.raw, attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
+            self._ok(err, f"cuFuncSetAttribute(max dynamic shared memory {smem})")
 
     def _without_driver(self, entry: str, smem: int, device_index: int, cluster: int) -> None:
         """cuda.core alone cannot raise a function's shared memory limit."""

@@ -103,3 +103,27 @@ def test_graph_capture_refuses_tensors_the_plan_has_not_validated(cubin):
     planned.admit(inp.block_table, other)
     with torch.cuda.graph(torch.cuda.CUDAGraph(), stream=stream):
         planned.run(inp.q, inp.k_cache, inp.v_cache, inp.block_table, other, out=out)
+
+
+def test_plans_of_one_cubin_with_other_chunks_each_launch(cubin):
+    """Plans of one cubin share its functions, and the dynamic shared memory attribute is
+    the function's: a later plan with a smaller chunk must not lower it under an earlier
+    plan's bytes (that launch failed with CUDA_ERROR_INVALID_VALUE; deep_tail.py, device
+    run 2026-12-05). The earlier plan's output is bitwise what it was before."""
+    import torch
+
+    from pipeline.ops import decode_attention as op
+
+    inp = _inputs([4096, 3000])
+    args = (inp.q, inp.k_cache, inp.v_cache, inp.block_table, inp.seq_lens)
+    # the pipelined candidate: its shared memory grows with the chunk
+    scales = {"k_scale": inp.k_scale, "v_scale": inp.v_scale, "variant": "candidate"}
+    wide = op.DecodeAttention(*args, max_seq_len=4096, cubin=cubin, chunk=512, **scales)
+    before = wide.run(*args).clone()
+    narrow = op.DecodeAttention(*args, max_seq_len=4096, cubin=cubin, chunk=128, **scales)
+    assert narrow.kernel == wide.kernel and narrow.launcher.smem < wide.launcher.smem
+    small = narrow.run(*args)
+    after = wide.run(*args)
+    torch.cuda.synchronize()
+    assert torch.equal(before, after)
+    torch.testing.assert_close(small.float(), after.float(), rtol=0.02, atol=0.02)

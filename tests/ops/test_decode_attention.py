@@ -444,3 +444,30 @@ def test_the_benchmarks_operator_sections_are_expressible():
             assert operator.name == want
             operator_ab.check_expressible(operator, operator_ab.cases(s))
             assert operator_ab.timing_cases(s, operator)
+
+
+def test_the_two_size_plan_summary_is_run69s_and_shows_no_variant_faster(tmp_path):
+    """deep_tail.py --read on run 69's recorded samples (H100, B16x16K): it re-derives the
+    summary the run wrote, and that summary is the negative result recorded in docs/perf.md
+    (every two-size plan shortens the drain yet takes longer than the default; the
+    split-major order alone keeps the default's error to the last bit). A file that cannot
+    be read exits 2."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    tail = _benchmark("deep_tail")
+    run69 = Path(__file__).resolve().parents[2] / "benchmarks/results/h100-2026-12-05/run69"
+    shutil.copy(run69 / "tail.json.gz", tmp_path / "tail.json.gz")
+    assert tail.main(["--read", str(tmp_path / "tail.json.gz")]) == 0
+    rows = json.loads((tmp_path / "summary.json").read_text())
+    assert rows == json.loads((run69 / "summary.json").read_text())
+    for kv in ("e5m2", "bf16"):
+        base = rows[f"{kv} default"]
+        assert rows[f"{kv} major"]["mean_abs_err"] == base["mean_abs_err"]
+        for name in tail.VARIANTS:
+            row = rows[f"{kv} {name}"]
+            assert row["vs_default_us"] > 0 and row["splits"] == tail.splits(*tail.VARIANTS[name])
+            if name != "major":
+                assert row["trace_drain_us"] < base["trace_drain_us"], (kv, name)
+    assert tail.main(["--read", str(tmp_path / "missing.json.gz")]) == 2

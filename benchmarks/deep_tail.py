@@ -208,11 +208,10 @@ def main(argv: list[str] | None = None) -> int:
     ns = ap.parse_args(argv)
     REPEATS = ns.repeats
     if ns.read:
-        try:
-            raw = ns.read.read_bytes()
-            res = json.loads(gzip.decompress(raw) if ns.read.suffix == ".gz" else raw)
-        except (OSError, ValueError, EOFError) as e:
-            print(f"deep_tail: cannot read {ns.read}: {e}", file=sys.stderr)
+        from benchmarks.deep_trace import read_recorded
+
+        res = read_recorded(ns.read, "deep_tail")
+        if res is None:
             return 2
         out = ns.read.parent
     else:

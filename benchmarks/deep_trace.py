@@ -174,17 +174,25 @@ def plot(res: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def read_recorded(path: Path, tool: str) -> Any:
+    """A run's recorded JSON (gzipped if it ends in .gz) for `--read`; None, with one line
+    on stderr naming the file, if it cannot be read."""
+    try:
+        raw = path.read_bytes()
+        return json.loads(gzip.decompress(raw) if path.suffix == ".gz" else raw)
+    except (OSError, ValueError, EOFError) as e:
+        print(f"{tool}: cannot read {path}: {e}", file=sys.stderr)
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("/tmp/deep-trace"))
     ap.add_argument("--read", type=Path, help="a trace.json to summarize (no GPU)")
     ns = ap.parse_args(argv)
     if ns.read:
-        try:
-            raw = ns.read.read_bytes()
-            res = json.loads(gzip.decompress(raw) if ns.read.suffix == ".gz" else raw)
-        except (OSError, ValueError, EOFError) as e:
-            print(f"deep_trace: cannot read {ns.read}: {e}", file=sys.stderr)
+        res = read_recorded(ns.read, "deep_trace")
+        if res is None:
             return 2
         out = ns.read.parent
     else:

@@ -159,10 +159,11 @@ def test_the_trace_build_changes_the_deep_kernels_only_and_keeps_their_carveout(
             assert 3 * (dynamic + usage["trace"][entry]["SHARED"]) <= 196 * 1024, entry
 
 
-def test_the_tail_build_changes_the_deep_kernels_only(tmp_path: Path) -> None:
+def test_the_tail_build_changes_every_deep_kernel_and_none_outside_deep_and_base(
+        tmp_path: Path) -> None:
     """deep_tail.py's builds (split_kv.cu's RG_DEEP_TAIL: the deep plan with two split sizes,
     short splits last, split-major) compile with warnings as errors and change no entry point
-    outside the deep candidate; the plain `_deep` ones, whose plan the knob reshapes, all
+    outside the deep candidate and the baseline; the plain `_deep` ones, whose plan the knob reshapes, all
     change; and the rule deep_tail.py derives its grid from refuses a tail that is not whole
     chunks of the sequence. (The `_base` entry points share finish_partial, whose split
     index gains the knob's branch, so their code changes too; their CTAs never set a split

@@ -5,18 +5,22 @@
 
 Runs 66-67 traced ~14 µs of B16x16K's slot time idle in the launch's drain: after the last
 CTA starts, the slots empty over one CTA's life (21-26 µs). split_kv.cu's RG_DEEP_TAIL=T
-build (timing-only) gives each (sequence, head) T last splits RG_DEEP_TAIL_DIV times shorter
-than the chunk and runs the grid split-major, so the CTAs that start last are short ones
-and the drain lasts one short CTA. Before the plan rule, the operator contract and the
-baseline change for it (the operator gate compares baseline and candidate bit for bit, so
-both would need the same splits), this measures what it would buy.
+build (timing-only) gives each (sequence, head) T last splits of RG_DEEP_TAIL_SHORT tokens
+and runs the grid split-major, so the CTAs that start last are short ones and the drain
+lasts one short CTA. Run 69 (H100) found that plan slower whenever it adds CTAs (each costs
+a slot ~9.6 µs whatever its length), so the `L` variants keep the uniform plan's 16 CTAs a
+(sequence, head): their long splits grow past 1024 tokens (an RG_DEEP_MAX_CHUNK=1152 build;
+`x1152` is that build on the default plan, the control for its code alone). Before the plan
+rule, the operator contract and the baseline change for it (the operator gate compares
+baseline and candidate bit for bit, so both would need the same splits), this measures what
+it would buy.
 
 At B16x16K (GQA 32/8, D128, page 64; E5M2 and bf16) each variant is launched on its grid
-(the default's 16 splits become n_long + T), checked against the float64 reference beside
-the default deep build (its error may not be larger: the merge order changes, the math does
-not), timed interleaved with the default, a uniform 512-token plan and (bf16) torch SDPA's
-backends, L2 flushed, and traced (RG_DEEP_TRACE=1 on the same plan: its drain and idle slot
-time, benchmarks/deep_trace.py's statistics).
+and chunk, checked against the float64 reference beside the default deep build (its error
+may not be larger: the merge order changes, the math does not), timed interleaved with the
+default, a uniform 512-token plan and (bf16) torch SDPA's backends, L2 flushed, and traced
+(RG_DEEP_TRACE=1 on the same plan: its drain and idle slot time, benchmarks/deep_trace.py's
+statistics).
 """
 
 from __future__ import annotations
@@ -38,22 +42,33 @@ sys.path.insert(0, str(REPO))
 
 LENGTH, BATCH, HQ, HKV, DIM, PAGE, CHUNK = 16384, 16, 32, 8, 128, 64, 1024
 LAUNCHES = 5
-VARIANTS = {"major": (1, 1), "t2h": (2, 2), "t4h": (4, 2), "t6h": (6, 2), "t4q": (4, 4),
-            "t8q": (8, 4)}
-"""name: (T short splits a (sequence, head), each CHUNK / DIV tokens). `major` is the
-split-major order alone (its last split is a whole chunk)."""
+VARIANTS = {"major": (1, 1024, 1024), "t4h": (4, 512, 1024), "t4q": (4, 256, 1024),
+            "x1152": (0, 0, 1024), "L1152t4": (4, 640, 1152), "L1088t4": (4, 832, 1088),
+            "L1152t8": (8, 896, 1152), "L1088t2": (2, 576, 1088)}
+"""name: (T short splits a (sequence, head), each SHORT tokens, the long splits' CHUNK).
+`major` is the split-major order alone (its last split is a whole chunk); `x1152` the
+longer-chunk build's code on the default plan."""
+LONG_BUILD = 1152
+"""RG_DEEP_MAX_CHUNK of the variants whose chunk passes the default build's 1024 (and of
+`x1152`): a multiple of 128 tokens (kMaxWarpTiles whole tiles for each of 8 warps)."""
 
 
-def splits(tail: int, div: int) -> int:
-    """The grid's splits at LENGTH: whole chunks, then the T short ones covering the rest."""
-    short = tail * CHUNK // div
-    if short % CHUNK or short > LENGTH:
-        raise ValueError(f"tail {tail} x {CHUNK // div} tokens: not whole chunks of {LENGTH}")
-    return (LENGTH - short) // CHUNK + tail
+def splits(tail: int, short: int, chunk: int = CHUNK) -> int:
+    """The grid's splits at LENGTH: whole chunks, then the T short ones covering the rest;
+    every split starts on a page (the kernel indexes a split's pages from its first)."""
+    rest = LENGTH - tail * short
+    if rest < 0 or rest % chunk or short % PAGE or chunk % PAGE or short > chunk:
+        raise ValueError(f"tail {tail} x {short} tokens after {chunk}-token splits: not whole "
+                         f"chunks of whole pages covering {LENGTH}")
+    return rest // chunk + tail
 
 
-def defines(tail: int, div: int, trace: bool) -> list[str]:
-    out = ["RG_UNIT=3", f"RG_DEEP_TAIL={tail}", f"RG_DEEP_TAIL_DIV={div}"] if tail else ["RG_UNIT=3"]
+def defines(tail: int, short: int, chunk: int, trace: bool) -> list[str]:
+    out = ["RG_UNIT=3"]
+    if tail:
+        out += [f"RG_DEEP_TAIL={tail}", f"RG_DEEP_TAIL_SHORT={short}"]
+    if chunk > CHUNK or not tail:  # the long splits' build (and `x1152`, its control)
+        out += [f"RG_DEEP_MAX_CHUNK={LONG_BUILD}"]
     return out + (["RG_DEEP_TRACE=1"] if trace else [])
 
 
@@ -64,39 +79,46 @@ def build(out: Path) -> dict[str, Path]:
 
     nvcc = shutil.which("nvcc") or "nvcc"
     jobs = {}
-    for name, (tail, div) in {"default": (0, 1), **VARIANTS}.items():
+    for name, (tail, short, chunk) in VARIANTS.items():
         for trace in (False, True):
             key = f"{name}.trace" if trace else name
-            jobs[key] = (out / f"split_kv.{key}.cubin", defines(tail, div, trace))
+            jobs[key] = (out / f"split_kv.{key}.cubin", defines(tail, short, chunk, trace))
+    for trace in (False, True):
+        key = "default.trace" if trace else "default"
+        jobs[key] = (out / f"split_kv.{key}.cubin",
+                     ["RG_UNIT=3"] + (["RG_DEEP_TRACE=1"] if trace else []))
 
-    def one(item: tuple[str, tuple[Path, list[str]]]) -> None:
-        subprocess.run(nvcc_cmd(nvcc, "sm_90", item[1][0], item[1][1]), check=True,
-                       capture_output=True)
+    def one(item: tuple[str, tuple[Path, list[str]]]) -> str:
+        done = subprocess.run(nvcc_cmd(nvcc, "sm_90", item[1][0], item[1][1]), check=True,
+                              capture_output=True, text=True)
+        return f"== {item[0]}: {' '.join(item[1][1])}\n{done.stderr}"
 
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        list(pool.map(one, jobs.items()))
+        # ptxas -v of every build: the variants' registers and spills beside their times
+        (out / "ptxas.log").write_text("".join(pool.map(one, jobs.items())))
     return {k: v[0] for k, v in jobs.items()}
 
 
-def on_grid(run: Any, n_splits: int) -> Any:
-    """A planned deep launch moved onto a grid of `n_splits` splits (its workspace too)."""
+def on_grid(run: Any, n_splits: int, chunk: int) -> Any:
+    """A planned deep launch moved onto a grid of `n_splits` splits of `chunk` tokens (its
+    workspace too; a chunk past the operator's max_chunk gets a launcher of its own, with
+    that chunk's shared memory and scalar: the operator's plan refuses it, as it should)."""
     import torch
 
     from pipeline.ops import contract
+    from pipeline.ops import decode_attention as op
 
     shape = run.shape
     n_acc, n_ml, _ = contract.workspace_elements(shape.batch, shape.hkv, n_splits,
                                                  shape.group, shape.dim)
     run.ws_acc = torch.empty(n_acc, dtype=torch.float32, device=run.ws_acc.device)
     run.ws_ml = torch.empty(n_ml, dtype=torch.float32, device=run.ws_ml.device)
-    launcher = run.launcher
-    launcher.grid = (n_splits, shape.hkv, shape.batch)
-    if launcher.raw is None:
-        from pipeline.ops import launch
-
-        launcher.config = launch.cuda_core().LaunchConfig(grid=launcher.grid,
-                                                          block=launcher.block,
-                                                          shmem_size=launcher.smem)
+    old, grid = run.launcher, (n_splits, shape.hkv, shape.batch)
+    names = [p.name for p in contract.PARAMETERS[contract.POINTERS:]]
+    smem = op.SPLIT_KV_DEEP.smem(run.kernel, chunk, shape.group, shape.dim)
+    run.launcher = op._Launcher(old.fn, run.kernel, grid, old.block, smem, run.index)
+    run.launcher.set_scalars(tuple(chunk if n == "chunk" else v
+                                   for n, v in zip(names, old.scalars)))
     return run
 
 
@@ -116,16 +138,16 @@ def kv_paths(kv: str, cubins: dict[str, Path], dev: Any) -> dict[str, Any]:
     args = (inp.q, inp.k_cache, inp.v_cache, inp.block_table, inp.seq_lens)
     exact = reference.decode_attention_fp64(*args, k_scale=inp.k_scale, v_scale=inp.v_scale)
 
-    def planned(cubin: Path, q: Any, n_splits: int | None = None, chunk: int | None = None) -> Any:
+    def planned(cubin: Path, q: Any, variant: str = "", chunk: int | None = None) -> Any:
         run = op.DecodeAttention(q, *args[1:], max_seq_len=LENGTH, cubin=cubin,
                                  k_scale=inp.k_scale, v_scale=inp.v_scale, variant="deep",
                                  operator=op.SPLIT_KV_DEEP, chunk=chunk)
-        return on_grid(run, n_splits) if n_splits else run
+        return on_grid(run, grids[variant], VARIANTS[variant][2]) if variant else run
 
-    grids = {name: splits(*td) for name, td in VARIANTS.items()}
+    grids = {name: splits(*spec) for name, spec in VARIANTS.items()}
     runs = {"default": planned(cubins["default"], inp.q),
             "c512": planned(cubins["default"], inp.q, chunk=512),
-            **{n: planned(cubins[n], inp.q, grids[n]) for n in VARIANTS}}
+            **{n: planned(cubins[n], inp.q, n) for n in VARIANTS}}
     check = {}
     for name, run in runs.items():
         got = run.run(*args).double()
@@ -143,7 +165,7 @@ def kv_paths(kv: str, cubins: dict[str, Path], dev: Any) -> dict[str, Any]:
     for name in ("default", *VARIANTS):
         q_trace = inp.q.clone()  # the traced build writes its records over its q
         n_splits = grids.get(name, LENGTH // CHUNK)
-        traced = planned(cubins[f"{name}.trace"], q_trace, grids.get(name))
+        traced = planned(cubins[f"{name}.trace"], q_trace, "" if name == "default" else name)
         ctas = n_splits * HKV * BATCH
         launches = []
         for i in range(2 + LAUNCHES):

@@ -162,25 +162,29 @@ def test_the_trace_build_changes_the_deep_kernels_only_and_keeps_their_carveout(
 def test_the_tail_build_changes_every_deep_kernel_and_none_outside_deep_and_base(
         tmp_path: Path) -> None:
     """deep_tail.py's builds (split_kv.cu's RG_DEEP_TAIL: the deep plan with two split sizes,
-    short splits last, split-major) compile with warnings as errors and change no entry point
-    outside the deep candidate and the baseline; the plain `_deep` ones, whose plan the knob reshapes, all
-    change; and the rule deep_tail.py derives its grid from refuses a tail that is not whole
-    chunks of the sequence. (The `_base` entry points share finish_partial, whose split
-    index gains the knob's branch, so their code changes too; their CTAs never set a split
-    and take blockIdx.x as before.)"""
+    short splits last, split-major; here with long splits past 1024 tokens, the
+    RG_DEEP_MAX_CHUNK=1152 build) compile with warnings as errors and change no entry point
+    outside the deep candidate and the baseline; the plain `_deep` ones, whose plan the
+    knob reshapes, all change; and the rule deep_tail.py derives its grid from refuses a
+    tail that is not whole chunks of whole pages of the sequence (the kernel indexes a
+    split's pages from its first). (The `_base` entry points share finish_partial, whose
+    split index gains the knob's branch, so their code changes too; their CTAs never set a
+    split and take blockIdx.x as before.)"""
     from benchmarks import deep_tail
 
-    builds = {"main": [], "t4h": deep_tail.defines(*deep_tail.VARIANTS["t4h"], trace=False)}
+    builds = {"main": [], "tail": deep_tail.defines(*deep_tail.VARIANTS["L1152t4"], trace=False)}
     built = _deep_units(tmp_path, {k: [d for d in v if d != "RG_UNIT=3"]
                                    for k, v in builds.items()}, 2)
     for name, done in built.items():
         assert done.returncode == 0, f"{name}: {done.stderr[-2000:]}"
     sass = {n: _sass_by_function(tmp_path / f"{n}.cubin") for n in builds}
-    main, tail = sass["main"], sass["t4h"]
+    main, tail = sass["main"], sass["tail"]
     changed = {f for f in main if main[f] != tail[f]}
     assert set(main) == set(tail)
     assert {f for f in main if f.endswith("_deep")} <= changed
     assert all(f.endswith(("_deep", "_deepc", "_base")) for f in changed), changed
-    assert deep_tail.splits(4, 2) == 18 and deep_tail.splits(1, 1) == 16
-    with pytest.raises(ValueError, match="not whole chunks"):
-        deep_tail.splits(3, 2)
+    assert deep_tail.splits(4, 512) == 18 and deep_tail.splits(1, 1024) == 16
+    assert deep_tail.splits(4, 640, 1152) == 16  # 12 x 1152 + 4 x 640: the default's CTAs
+    for tail, short, chunk in ((3, 512, 1024), (4, 600, 1024), (4, 640, 1088), (2, 1152, 1024)):
+        with pytest.raises(ValueError, match="not whole chunks of whole pages"):
+            deep_tail.splits(tail, short, chunk)

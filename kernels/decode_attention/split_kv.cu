@@ -299,8 +299,8 @@ __device__ __forceinline__ void phase_barrier() {
 #ifndef RG_DEEP_TAIL
 #define RG_DEEP_TAIL 0
 #endif
-#ifndef RG_DEEP_TAIL_DIV
-#define RG_DEEP_TAIL_DIV 2
+#ifndef RG_DEEP_TAIL_SHORT
+#define RG_DEEP_TAIL_SHORT 512
 #endif
 struct Ctx {  // what every phase of one CTA knows
   int b, h, hq, start, n_tok, n_tiles, tid, warp, lane;
@@ -311,10 +311,12 @@ struct Ctx {  // what every phase of one CTA knows
 
 // RG_DEEP_TAIL=T (benchmarks/deep_tail.py; timing-only, its results are not the baseline's
 // bits): the deep candidate's plan with two split sizes. A (sequence, head)'s last T splits
-// are RG_DEEP_TAIL_DIV times shorter than its chunk, and the grid runs split-major (every
-// (sequence, head)'s split 0 first), so the last CTAs to start are short ones and the
+// are RG_DEEP_TAIL_SHORT tokens, the others the plan's chunk, and the grid runs split-major
+// (every (sequence, head)'s split 0 first), so the last CTAs to start are short ones and the
 // launch's drain lasts one short CTA instead of one long one (runs 66-67: ~14 us of B16x16K's
-// slot time idle after the last long CTA started).
+// slot time idle after the last long CTA started). With RG_DEEP_MAX_CHUNK past 1024 the long
+// splits may grow so that the CTAs stay as many as the uniform plan's (run 69: each CTA
+// added costs a slot ~9.6 us whatever its length).
 #if RG_DEEP_TAIL
 #define RG_SPLIT_OF(c) ((c).split < 0 ? (int)blockIdx.x : (c).split)
 #else
@@ -2084,18 +2086,18 @@ __device__ __forceinline__ void tail_split(const Params& p, Ctx& c) {
   c.split = (int)(lin / heads);
   c.h = (int)(lin % heads % gridDim.y);
   c.b = (int)(lin % heads / gridDim.y);
-  const int n_long = (int)gridDim.x - RG_DEEP_TAIL, shrt = p.chunk / RG_DEEP_TAIL_DIV;
+  const int n_long = (int)gridDim.x - RG_DEEP_TAIL, shrt = RG_DEEP_TAIL_SHORT;
   c.start = c.split < n_long ? c.split * p.chunk : n_long * p.chunk + (c.split - n_long) * shrt;
 }
 // The end of its split (tokens [start, end), clipped to the sequence later); recomputed where
 // it is used, not kept through the prologue (E5M2 D128 spilled at 80 registers).
 __device__ __forceinline__ int tail_stop(const Params& p, const Ctx& c, bool cluster) {
   const bool is_long = cluster || c.split < (int)gridDim.x - RG_DEEP_TAIL;
-  return c.start + (is_long ? p.chunk : p.chunk / RG_DEEP_TAIL_DIV);
+  return c.start + (is_long ? p.chunk : RG_DEEP_TAIL_SHORT);
 }
 // The splits of a sequence of `len` tokens that hold tokens.
 __device__ __forceinline__ int tail_nsplit(const Params& p, int len) {
-  const int n_long = (int)gridDim.x - RG_DEEP_TAIL, shrt = p.chunk / RG_DEEP_TAIL_DIV;
+  const int n_long = (int)gridDim.x - RG_DEEP_TAIL, shrt = RG_DEEP_TAIL_SHORT;
   const int n = len <= n_long * p.chunk ? (len + p.chunk - 1) / p.chunk
                                         : n_long + (len - n_long * p.chunk + shrt - 1) / shrt;
   return min(n, (int)gridDim.x);
@@ -2116,6 +2118,9 @@ __device__ __forceinline__ void split_kv_deep(const Params& p) {
 #endif
 
   if (p.chunk > kDeepMaxChunk) return;  // outside the operator's plan (max_chunk): nothing written
+#if RG_DEEP_MAX_CHUNK > 1024
+  if ((p.chunk >> p.page_shift) > 64) return;  // past two pages a lane (Pages): nothing written
+#endif
   Ctx c;
   c.b = blockIdx.z; c.h = blockIdx.y;
   c.tid = threadIdx.x; c.warp = c.tid >> 5; c.lane = c.tid & 31;

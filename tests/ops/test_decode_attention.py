@@ -452,6 +452,7 @@ def test_the_two_size_plan_summary_is_run69s_and_shows_no_variant_faster(tmp_pat
     (every two-size plan shortens the drain yet takes longer than the default; the
     split-major order alone keeps the default's error to the last bit). A file that cannot
     be read exits 2."""
+    import gzip
     import json
     import shutil
     from pathlib import Path
@@ -462,12 +463,15 @@ def test_the_two_size_plan_summary_is_run69s_and_shows_no_variant_faster(tmp_pat
     assert tail.main(["--read", str(tmp_path / "tail.json.gz")]) == 0
     rows = json.loads((tmp_path / "summary.json").read_text())
     assert rows == json.loads((run69 / "summary.json").read_text())
+    # run 69's variants as it recorded them: (T, divisor of the 1024-token chunk)
+    recorded = json.loads(gzip.decompress((run69 / "tail.json.gz").read_bytes()))["variants"]
+    assert set(recorded) == {"major", "t2h", "t4h", "t6h", "t4q", "t8q"}
     for kv in ("e5m2", "bf16"):
         base = rows[f"{kv} default"]
         assert rows[f"{kv} major"]["mean_abs_err"] == base["mean_abs_err"]
-        for name in tail.VARIANTS:
+        for name, (t, div) in recorded.items():
             row = rows[f"{kv} {name}"]
-            assert row["vs_default_us"] > 0 and row["splits"] == tail.splits(*tail.VARIANTS[name])
+            assert row["vs_default_us"] > 0 and row["splits"] == tail.splits(t, tail.CHUNK // div)
             if name != "major":
                 assert row["trace_drain_us"] < base["trace_drain_us"], (kv, name)
     assert tail.main(["--read", str(tmp_path / "missing.json.gz")]) == 2

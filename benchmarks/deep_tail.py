@@ -72,31 +72,32 @@ def defines(tail: int, short: int, chunk: int, trace: bool) -> list[str]:
     return out + (["RG_DEEP_TRACE=1"] if trace else [])
 
 
-def build(out: Path) -> dict[str, Path]:
-    """Every variant's cubin and its traced twin (`default` the plain deep build), with the
-    device's nvcc, warnings as errors, in parallel."""
+def compile_all(out: Path, jobs: dict[str, list[str]]) -> dict[str, Path]:
+    """split_kv.cu built for sm_90 once for each job (name: defines) into
+    out/split_kv.<name>.cubin, with the device's nvcc, warnings as errors, eight at once;
+    every build's ptxas -v into out/ptxas.log (registers and spills beside the times)."""
     from benchmarks.decode_attention import nvcc_cmd
 
     nvcc = shutil.which("nvcc") or "nvcc"
-    jobs = {}
-    for name, (tail, short, chunk) in VARIANTS.items():
-        for trace in (False, True):
-            key = f"{name}.trace" if trace else name
-            jobs[key] = (out / f"split_kv.{key}.cubin", defines(tail, short, chunk, trace))
-    for trace in (False, True):
-        key = "default.trace" if trace else "default"
-        jobs[key] = (out / f"split_kv.{key}.cubin",
-                     ["RG_UNIT=3"] + (["RG_DEEP_TRACE=1"] if trace else []))
+    paths = {name: out / f"split_kv.{name}.cubin" for name in jobs}
 
-    def one(item: tuple[str, tuple[Path, list[str]]]) -> str:
-        done = subprocess.run(nvcc_cmd(nvcc, "sm_90", item[1][0], item[1][1]), check=True,
+    def one(name: str) -> str:
+        done = subprocess.run(nvcc_cmd(nvcc, "sm_90", paths[name], jobs[name]), check=True,
                               capture_output=True, text=True)
-        return f"== {item[0]}: {' '.join(item[1][1])}\n{done.stderr}"
+        return f"== {name}: {' '.join(jobs[name])}\n{done.stderr}"
 
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        # ptxas -v of every build: the variants' registers and spills beside their times
-        (out / "ptxas.log").write_text("".join(pool.map(one, jobs.items())))
-    return {k: v[0] for k, v in jobs.items()}
+        (out / "ptxas.log").write_text("".join(pool.map(one, jobs)))
+    return paths
+
+
+def build(out: Path) -> dict[str, Path]:
+    """Every variant's cubin and its traced twin (`default` the plain deep build)."""
+    jobs = {"default": ["RG_UNIT=3"], "default.trace": ["RG_UNIT=3", "RG_DEEP_TRACE=1"]}
+    for name, (tail, short, chunk) in VARIANTS.items():
+        jobs[name] = defines(tail, short, chunk, False)
+        jobs[f"{name}.trace"] = defines(tail, short, chunk, True)
+    return compile_all(out, jobs)
 
 
 def on_grid(run: Any, n_splits: int, chunk: int) -> Any:

@@ -1946,10 +1946,12 @@ __device__ __forceinline__ void deep_attend(const Params& p, const Ctx& c, uint8
 // merge_splits' arithmetic in its order, with its loads in parallel: every split's (max,
 // sum) staged in shared memory in one round trip, the partials read 16 splits at a time
 // (the baseline's loop waits on ~nsplit / 2 dependent L2 round trips); a merge of more
-// splits than `stage` holds (`cap`) takes the baseline's loop.
+// splits than `stage` holds (`cap`) takes the baseline's loop. `splits`: the plan's splits
+// (the workspace's stride; the split kernel's grid width, RG_DEEP_MERGE_ENTRY's argument).
 template <int D, int G>
 __device__ __forceinline__ void merge_splits_staged(const Params& p, const Ctx& c, int nsplit,
-                                                    float* stage, int cap) {
+                                                    float* stage, int cap,
+                                                    unsigned splits = gridDim.x) {
   if (nsplit > cap) {
     merge_splits<D, G>(p, c, nsplit);
     return;
@@ -1957,8 +1959,8 @@ __device__ __forceinline__ void merge_splits_staged(const Params& p, const Ctx& 
   constexpr int kBatch = 16;
   const size_t bh = (size_t)c.b * p.num_kv_heads + c.h;
   __threadfence();
-  const float* ml = p.ws_ml + bh * gridDim.x * 2 * G;
-  const float* pa = p.ws_acc + bh * gridDim.x * G * D;
+  const float* ml = p.ws_ml + bh * splits * 2 * G;
+  const float* pa = p.ws_acc + bh * splits * G * D;
   for (int k = c.tid; k < nsplit * 2 * G; k += kThreads) stage[k] = __ldcg(ml + k);
   __syncthreads();
   for (int i = c.tid; i < G * D; i += kThreads) {
@@ -2195,6 +2197,32 @@ __device__ __forceinline__ void split_kv_deep(const Params& p) {
   }
 }
 
+// RG_DEEP_MERGE_ENTRY=1 (benchmarks/deep_merge.py; timing-only, with RG_DEEP_ABLATE=10, whose
+// splits store their partials and leave: no fence, ticket or merge): the merge as a kernel of
+// its own, launched after the split kernel on its stream, one CTA a (sequence, head)
+// (grid (1, heads, batch)), merge_splits_staged's arithmetic in its order, so its output is
+// the deep candidate's bit for bit. The epilogue holds a CTA's slot ~11-14 us at B16x16K
+// (runs 55-61); the kernel boundary orders the partials with no fence or ticket in any CTA.
+#ifndef RG_DEEP_MERGE_ENTRY
+#define RG_DEEP_MERGE_ENTRY 0
+#endif
+#if RG_DEEP_MERGE_ENTRY
+constexpr int kMergeCap = 64;  // splits a merge stages (the benchmark's plans: 16-32)
+template <int D, int G>
+__device__ __forceinline__ void merge_entry(const Params& p, int splits) {
+  __shared__ float stage[kMergeCap * 2 * G];
+  Ctx c;
+  c.b = blockIdx.z; c.h = blockIdx.y;
+  c.tid = threadIdx.x; c.warp = c.tid >> 5; c.lane = c.tid & 31;
+  c.hq = p.num_kv_heads * G;
+  const int len = p.seq_lens[c.b];
+  const int nsplit = min((len + p.chunk - 1) / p.chunk, splits);
+  // one split wrote the output itself; a merge past the stage is not this build's
+  if (len <= 0 || nsplit == 1 || nsplit > kMergeCap) return;
+  merge_splits_staged<D, G>(p, c, nsplit, stage, kMergeCap, (unsigned)splits);
+}
+#endif
+
 #endif  // RG_UNIT != 2
 #endif  // sm_90+
 
@@ -2280,6 +2308,19 @@ RG_SM90_SHAPES(RG_BULK_PAIR)
 #endif
 #if RG_UNIT == 0 || RG_UNIT == 3
 RG_SM90_SHAPES(RG_DEEP_PAIR)
+#if RG_DEEP_MERGE_ENTRY
+// the merge kernel's own parameters (the split kernel's workspace, its grid width)
+#define RG_MERGE_ENTRY(D, G)                                                                \
+  extern "C" __global__ void __launch_bounds__(kThreads) split_kv_merge_d##D##_g##G(        \
+      const int* seq_lens, bf16_bits* out, float* ws_acc, float* ws_ml, int* counters,       \
+      int splits, int num_kv_heads, int chunk, float v_scale) {                             \
+    const Params p{nullptr, nullptr, nullptr, nullptr, seq_lens, out, ws_acc, ws_ml,         \
+                   counters, 0, num_kv_heads, 0, chunk, 0.f, v_scale};                       \
+    merge_entry<D, G>(p, splits);                                                            \
+  }
+RG_MERGE_ENTRY(128, 2) RG_MERGE_ENTRY(128, 4) RG_MERGE_ENTRY(128, 8)
+RG_MERGE_ENTRY(64, 2) RG_MERGE_ENTRY(64, 4) RG_MERGE_ENTRY(64, 8)
+#endif
 #endif
 #endif
 #endif

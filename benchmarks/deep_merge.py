@@ -1,0 +1,193 @@
+"""The deep candidate's merge as a kernel of its own: timing only (issue 19, item 3).
+
+    python3 benchmarks/deep_merge.py --out DIR             (on the GPU: build, check, time)
+    python3 benchmarks/deep_merge.py --read DIR/merge.json.gz  (anywhere: the table)
+
+The epilogue (each split's partial store, fence and ticket, the last split's merge) holds a
+CTA's slot for 11.4 µs of E5M2's B16x16K time and 13.7 of bf16's (run 61): without it bf16
+would be faster than SDPA. Two-sided decode kernels (vLLM's paged attention v2, FlashInfer's
+merge_states) merge in a second kernel instead, whose boundary orders the partials with no
+fence or ticket in any CTA. split_kv.cu's RG_DEEP_ABLATE=10 build has every split store its
+partial and leave; RG_DEEP_MERGE_ENTRY=1 adds the merge kernel (merge_splits_staged's
+arithmetic in its order, one CTA a (sequence, head)), so the pair's output is the deep
+candidate's bit for bit, which this checks before it times anything.
+
+At B16x16K (GQA 32/8, D128, page 64; E5M2 and bf16), timed interleaved, L2 flushed (the write
+flush, as for the bars): the default deep build, the pair (split kernel + merge kernel) on
+the default plan and on a 512-token plan, the split kernel alone (no merge: its output is
+not the result; the pair's floor), and (bf16) torch SDPA's backends on the same bytes dense.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import gzip
+import json
+import sys
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.deep_tail import BATCH, DIM, HKV, HQ, LENGTH, PAGE, compile_all  # noqa: E402
+
+REPEATS = 21
+BUILDS = {"default": ["RG_UNIT=3"],
+          "split": ["RG_UNIT=3", "RG_DEEP_ABLATE=10", "RG_DEEP_MERGE_ENTRY=1"]}
+PAIRS = {"pair": None, "pair_c512": 512}
+"""The pair's plans: name -> the forced chunk (None: the operator's own plan)."""
+
+
+class MergeLaunch:
+    """The merge kernel of a split plan's workspace, launched on torch's current stream."""
+
+    def __init__(self, cubin: Path, run: Any) -> None:
+        import numpy as np
+
+        from pipeline.ops import contract, launch
+
+        shape = run.shape
+        self.run, self.cc, self.launch = run, launch.cuda_core(), launch
+        self.fn = launch.kernel(str(cubin), f"split_kv_merge_d{shape.dim}_g{shape.group}")
+        self.config = self.cc.LaunchConfig(grid=(1, shape.hkv, shape.batch), block=256)
+        names = [p.name for p in contract.PARAMETERS[contract.POINTERS:]]
+        scalars = dict(zip(names, run.launcher.scalars))
+        self.scalars = (np.int32(run.launcher.grid[0]), np.int32(shape.hkv),
+                        np.int32(scalars["chunk"]), np.float32(scalars["v_scale"]))
+
+    def __call__(self, seq_lens: Any, out: Any) -> None:
+        r = self.run
+        stream = self.launch.stream(self.launch.current_stream(r.index))
+        self.cc.launch(stream, self.config, self.fn, seq_lens.data_ptr(), out.data_ptr(),
+                       r.ws_acc.data_ptr(), r.ws_ml.data_ptr(), r.counters.data_ptr(),
+                       *self.scalars)
+
+
+def kv_paths(kv: str, cubins: dict[str, Path], dev: Any) -> dict[str, Any]:
+    """One KV dtype: the pair's output against the default's (bit for bit) and float64, then
+    the interleaved samples."""
+    import torch
+
+    from benchmarks.decode_attention import dense_bf16, sdpa_backends
+    from pipeline.ops import decode_attention as op
+    from pipeline.ops import reference, timing
+    from pipeline.ops.paged_inputs import Case, make_inputs
+
+    inp = make_inputs(Case(7, BATCH, "uniform", str(LENGTH), PAGE, kv, HQ, HKV, DIM,
+                           [LENGTH] * BATCH), dev)
+    args = (inp.q, inp.k_cache, inp.v_cache, inp.block_table, inp.seq_lens)
+    exact = reference.decode_attention_fp64(*args, k_scale=inp.k_scale, v_scale=inp.v_scale)
+
+    def planned(cubin: Path, chunk: int | None = None) -> Any:
+        return op.DecodeAttention(*args, max_seq_len=LENGTH, cubin=cubin, k_scale=inp.k_scale,
+                                  v_scale=inp.v_scale, variant="deep",
+                                  operator=op.SPLIT_KV_DEEP, chunk=chunk)
+
+    default = planned(cubins["default"])
+    outs = {n: torch.empty_like(inp.q) for n in ("default", "split", *PAIRS)}
+    fns = {"default": functools.partial(default.run, *args, out=outs["default"])}
+    plans = {"default": default}
+    for name, chunk in PAIRS.items():
+        split = planned(cubins["split"], chunk)
+        merge = MergeLaunch(cubins["split"], split)
+
+        def pair(split: Any = split, merge: MergeLaunch = merge, out: Any = outs[name]) -> None:
+            split.run(*args, out=out)
+            merge(inp.seq_lens, out)
+
+        fns[name], plans[name] = pair, split
+        if chunk is None:
+            fns["split"] = functools.partial(split.run, *args, out=outs["split"])
+            plans["split"] = split
+    check = {}
+    for name, fn in fns.items():
+        fn()
+        torch.cuda.synchronize(dev)
+        got = outs[name].double()
+        err = (got - exact).abs()
+        check[name] = {"kernel": plans[name].kernel, "splits": plans[name].plan.splits,
+                       "equals_default": bool(torch.equal(outs[name], outs["default"])),
+                       "max_abs_err": float(err.max()), "mean_abs_err": float(err.mean())}
+    if kv == "bf16":
+        gen = torch.Generator(device=dev).manual_seed(11)
+        dk, dv = dense_bf16(BATCH, HKV, LENGTH, DIM, dev, gen)
+        fns.update(sdpa_backends(functools.partial(reference.dense_sdpa, inp.q, dk, dv)))
+    samples = timing.interleaved(fns, repeats=REPEATS, device=dev, flush=True)["samples_us"]
+    return {"check": check, "samples_us": samples}
+
+
+def summarize(res: dict[str, Any]) -> dict[str, Any]:
+    """Each path's median, its change against the default, its check."""
+    rows: dict[str, Any] = {}
+    for kv, r in res["kv"].items():
+        base = median(r["samples_us"]["default"])
+        sdpa = min((median(s) for n, s in r["samples_us"].items() if n.startswith("sdpa")),
+                   default=None)
+        for name, s in r["samples_us"].items():
+            m = median(s)
+            row = {"median_us": m, "vs_default_us": m - base, "min_us": min(s),
+                   "max_us": max(s)}
+            if sdpa:
+                row["vs_best_sdpa_pct"] = 100 * (m / sdpa - 1)
+            row.update(r["check"].get(name, {}))
+            rows[f"{kv} {name}"] = row
+    return rows
+
+
+def show(rows: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"B{BATCH}x{LENGTH // 1024}K deep candidate: the merge in a kernel of its "
+                    "own (medians, L2 flushed; `split` alone is not a result)")
+    cols = ("splits", "median_us", "vs_default_us", "vs_best_sdpa_pct", "equals_default",
+            "max_abs_err")
+    t.add_column("path")
+    for c in cols:
+        t.add_column(c.replace("_us", " µs").replace("_pct", " %"))
+    for name, r in rows.items():
+        t.add_row(name, *("" if r.get(c) is None else f"{r[c]:.2e}" if c == "max_abs_err"
+                          else f"{r[c]:.1f}" if isinstance(r[c], float) else str(r[c])
+                          for c in cols))
+    Console(width=150).print(t)
+
+
+def main(argv: list[str] | None = None) -> int:
+    global REPEATS
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path("/tmp/deep-merge"))
+    ap.add_argument("--read", type=Path, help="a merge.json.gz to summarize (no GPU)")
+    ap.add_argument("--repeats", type=int, default=REPEATS)
+    ns = ap.parse_args(argv)
+    REPEATS = ns.repeats
+    if ns.read:
+        from benchmarks.deep_trace import read_recorded
+
+        res = read_recorded(ns.read, "deep_merge")
+        if res is None:
+            return 2
+        out = ns.read.parent
+    else:
+        import torch
+
+        out = ns.out
+        out.mkdir(parents=True, exist_ok=True)
+        cubins = compile_all(out, BUILDS)
+        res = {"builds": BUILDS, "pairs": PAIRS, "kv": {}}
+        for kv in ("e5m2", "bf16"):
+            res["kv"][kv] = kv_paths(kv, cubins, torch.device("cuda:0"))
+            torch.cuda.empty_cache()
+        (out / "merge.json.gz").write_bytes(gzip.compress(json.dumps(res).encode()))
+        for c in cubins.values():
+            c.unlink()
+    rows = summarize(res)
+    (out / "summary.json").write_text(json.dumps(rows, indent=1))
+    show(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

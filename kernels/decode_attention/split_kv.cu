@@ -2120,6 +2120,10 @@ __device__ __forceinline__ void split_kv_deep(const Params& p) {
 #endif
 
   if (p.chunk > kDeepMaxChunk) return;  // outside the operator's plan (max_chunk): nothing written
+#if RG_DEEP_MERGE_ENTRY
+  // a programmatic dependent (the merge kernel) may launch once every CTA has started
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
 #if RG_DEEP_MAX_CHUNK > 1024
   if ((p.chunk >> p.page_shift) > 64) return;  // past two pages a lane (Pages): nothing written
 #endif
@@ -2219,6 +2223,10 @@ __device__ __forceinline__ void merge_entry(const Params& p, int splits) {
   const int nsplit = min((len + p.chunk - 1) / p.chunk, splits);
   // one split wrote the output itself; a merge past the stage is not this build's
   if (len <= 0 || nsplit == 1 || nsplit > kMergeCap) return;
+  // Launched as the split kernel's programmatic dependent (benchmarks' `pair_pdl`), it may
+  // start while the split kernel drains: the partials are read only once that grid has
+  // completed and its writes are visible. Launched plainly this returns at once.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
   merge_splits_staged<D, G>(p, c, nsplit, stage, kMergeCap, (unsigned)splits);
 }
 #endif

@@ -5,7 +5,9 @@ spilling (the same flags refuse a planted warning, so the check can fail); the t
 ablations with the copies on, each changing the kernel; the shared memory of the E5M2
 entry points that run three CTAs an SM, inside the carveout they were measured in; and the
 trace build (deep_trace.py), which changes the deep kernels only and keeps that carveout;
-and the two-size plan's build (deep_tail.py), which leaves the other kernels' plans alone."""
+the two-size plan's build (deep_tail.py), which leaves the other kernels' plans alone;
+and the merge kernel's build (deep_merge.py), which adds its entry points and changes the
+deep candidate's alone."""
 
 from __future__ import annotations
 
@@ -159,8 +161,7 @@ def test_the_trace_build_changes_the_deep_kernels_only_and_keeps_their_carveout(
             assert 3 * (dynamic + usage["trace"][entry]["SHARED"]) <= 196 * 1024, entry
 
 
-def test_the_tail_build_changes_every_deep_kernel_and_none_outside_deep_and_base(
-        tmp_path: Path) -> None:
+def test_the_tail_and_merge_builds_change_only_the_kernels_they_reshape(tmp_path: Path) -> None:
     """deep_tail.py's builds (split_kv.cu's RG_DEEP_TAIL: the deep plan with two split sizes,
     short splits last, split-major; here with long splits past 1024 tokens, the
     RG_DEEP_MAX_CHUNK=1152 build) compile with warnings as errors and change no entry point
@@ -169,10 +170,13 @@ def test_the_tail_build_changes_every_deep_kernel_and_none_outside_deep_and_base
     tail that is not whole chunks of whole pages of the sequence (the kernel indexes a
     split's pages from its first). (The `_base` entry points share finish_partial, whose
     split index gains the knob's branch, so their code changes too; their CTAs never set a
-    split and take blockIdx.x as before.)"""
-    from benchmarks import deep_tail
+    split and take blockIdx.x as before.) deep_merge.py's split build (RG_DEEP_ABLATE=10 with
+    RG_DEEP_MERGE_ENTRY) adds the six merge kernels, unspilled, and changes the deep
+    candidate's entry points alone."""
+    from benchmarks import deep_merge, deep_tail
 
-    builds = {"main": [], "tail": deep_tail.defines(*deep_tail.VARIANTS["L1152t4"], trace=False)}
+    builds = {"main": [], "tail": deep_tail.defines(*deep_tail.VARIANTS["L1152t4"], trace=False),
+              "merge": deep_merge.BUILDS["split"]}
     built = _deep_units(tmp_path, {k: [d for d in v if d != "RG_UNIT=3"]
                                    for k, v in builds.items()}, 2)
     for name, done in built.items():
@@ -183,6 +187,13 @@ def test_the_tail_build_changes_every_deep_kernel_and_none_outside_deep_and_base
     assert set(main) == set(tail)
     assert {f for f in main if f.endswith("_deep")} <= changed
     assert all(f.endswith(("_deep", "_deepc", "_base")) for f in changed), changed
+    merge = sass["merge"]
+    entries = {f"split_kv_merge_d{d}_g{g}" for d in (128, 64) for g in (2, 4, 8)}
+    assert set(merge) == set(main) | entries
+    assert not any(re.search(r"\b(LDL|STL)\b", merge[f]) for f in entries)
+    changed = {f for f in main if main[f] != merge[f]}
+    assert {f for f in main if f.endswith("_deep")} <= changed
+    assert all(f.endswith(("_deep", "_deepc")) for f in changed), changed
     assert deep_tail.splits(4, 512) == 18 and deep_tail.splits(1, 1024) == 16
     assert deep_tail.splits(4, 640, 1152) == 16  # 12 x 1152 + 4 x 640: the default's CTAs
     for tail, short, chunk in ((3, 512, 1024), (4, 600, 1024), (4, 640, 1088), (2, 1152, 1024)):

@@ -475,3 +475,60 @@ def test_the_two_size_plan_summary_is_run69s_and_shows_no_variant_faster(tmp_pat
             if name != "major":
                 assert row["trace_drain_us"] < base["trace_drain_us"], (kv, name)
     assert tail.main(["--read", str(tmp_path / "missing.json.gz")]) == 2
+
+
+def test_the_same_cta_count_plans_of_run70_shorten_the_drain_and_lose(tmp_path):
+    """deep_tail.py --read on run 70's record (H200, B16x16K): the summary is re-derived; the
+    two-size plans that keep the default's 16 splits (long splits past 1024 tokens) all
+    shorten the drain, and every variant, those too, is slower than the default, its error
+    the default's."""
+    import gzip
+    import json
+    import shutil
+    from pathlib import Path
+
+    tail = _benchmark("deep_tail")
+    run70 = Path(__file__).resolve().parents[2] / "benchmarks/results/h200-2026-12-05/run70"
+    shutil.copy(run70 / "tail.json.gz", tmp_path / "tail.json.gz")
+    assert tail.main(["--read", str(tmp_path / "tail.json.gz")]) == 0
+    rows = json.loads((tmp_path / "summary.json").read_text())
+    assert rows == json.loads((run70 / "summary.json").read_text())
+    recorded = json.loads(gzip.decompress((run70 / "tail.json.gz").read_bytes()))["variants"]
+    long = [n for n, (_, _, chunk) in recorded.items() if chunk > tail.CHUNK]
+    assert len(long) == 4
+    for kv in ("e5m2", "bf16"):
+        base = rows[f"{kv} default"]
+        for name, spec in recorded.items():
+            row = rows[f"{kv} {name}"]
+            assert row["splits"] == tail.splits(*spec) and row["vs_default_us"] > 0, (kv, name)
+            assert row["max_abs_err"] == base["max_abs_err"], (kv, name)
+        for name in long:
+            assert rows[f"{kv} {name}"]["splits"] == base["splits"] == 16
+            assert rows[f"{kv} {name}"]["trace_drain_us"] < base["trace_drain_us"], (kv, name)
+
+
+@pytest.mark.parametrize("run", ["run71", "run72"])
+def test_the_merge_kernel_costs_what_the_epilogue_saves(tmp_path, run):
+    """deep_merge.py --read on runs 71-72 (H100, B16x16K): the summary is re-derived; the
+    pair (split kernel + merge kernel) is the deep candidate bit for bit, the split kernel
+    alone (no merge, not a result) is > 5 µs faster, and no pair beats the default by more
+    than 1 µs: the merge kernel costs what the epilogue it replaces did. An unreadable file
+    exits 2."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    merge = _benchmark("deep_merge")
+    rec = Path(__file__).resolve().parents[2] / "benchmarks/results/h100-2026-12-05" / run
+    shutil.copy(rec / "merge.json.gz", tmp_path / "merge.json.gz")
+    assert merge.main(["--read", str(tmp_path / "merge.json.gz")]) == 0
+    rows = json.loads((tmp_path / "summary.json").read_text())
+    assert rows == json.loads((rec / "summary.json").read_text())
+    for kv in ("e5m2", "bf16"):
+        pairs = [n.split()[1] for n in rows if n.startswith(f"{kv} pair") and "c512" not in n]
+        assert pairs and rows[f"{kv} split"]["vs_default_us"] < -5
+        assert not rows[f"{kv} split"]["equals_default"]
+        for name in pairs:
+            row = rows[f"{kv} {name}"]
+            assert row["equals_default"] and row["vs_default_us"] > -1, (kv, name)
+    assert merge.main(["--read", str(tmp_path / "missing.json.gz")]) == 2

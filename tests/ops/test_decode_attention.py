@@ -507,9 +507,9 @@ def test_the_same_cta_count_plans_of_run70_shorten_the_drain_and_lose(tmp_path):
             assert rows[f"{kv} {name}"]["trace_drain_us"] < base["trace_drain_us"], (kv, name)
 
 
-@pytest.mark.parametrize("run", ["run71", "run72"])
+@pytest.mark.parametrize("run", ["run71", "run72", "run73"])
 def test_the_merge_kernel_costs_what_the_epilogue_saves(tmp_path, run):
-    """deep_merge.py --read on runs 71-72 (H100, B16x16K): the summary is re-derived; the
+    """deep_merge.py --read on runs 71-73 (H100, B16x16K): the summary is re-derived; the
     pair (split kernel + merge kernel) is the deep candidate bit for bit, the split kernel
     alone (no merge, not a result) is > 5 µs faster, and no pair beats the default by more
     than 1 µs: the merge kernel costs what the epilogue it replaces did. An unreadable file

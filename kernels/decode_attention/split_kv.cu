@@ -2079,6 +2079,17 @@ struct DeepTrace {
 };
 #endif
 
+// RG_DEEP_MERGE_ENTRY=1 (benchmarks/deep_merge.py; timing-only, with RG_DEEP_ABLATE=10, whose
+// splits store their partials and leave: no fence, ticket or merge): the merge as a kernel of
+// its own (merge_entry, below split_kv_deep), launched after the split kernel on its stream,
+// one CTA a (sequence, head) (grid (1, heads, batch)), merge_splits_staged's arithmetic in
+// its order, so its output is the deep candidate's bit for bit. The epilogue holds a CTA's
+// slot ~11-14 us at B16x16K (runs 55-61); the kernel boundary orders the partials with no
+// fence or ticket in any CTA. Runs 71-73 (H100): the pair is no faster than the default.
+#ifndef RG_DEEP_MERGE_ENTRY
+#define RG_DEEP_MERGE_ENTRY 0
+#endif
+
 #if RG_DEEP_TAIL
 // RG_DEEP_TAIL's CTA (not a cluster's): its split, head and sequence in split-major order,
 // and its first token.
@@ -2201,15 +2212,7 @@ __device__ __forceinline__ void split_kv_deep(const Params& p) {
   }
 }
 
-// RG_DEEP_MERGE_ENTRY=1 (benchmarks/deep_merge.py; timing-only, with RG_DEEP_ABLATE=10, whose
-// splits store their partials and leave: no fence, ticket or merge): the merge as a kernel of
-// its own, launched after the split kernel on its stream, one CTA a (sequence, head)
-// (grid (1, heads, batch)), merge_splits_staged's arithmetic in its order, so its output is
-// the deep candidate's bit for bit. The epilogue holds a CTA's slot ~11-14 us at B16x16K
-// (runs 55-61); the kernel boundary orders the partials with no fence or ticket in any CTA.
-#ifndef RG_DEEP_MERGE_ENTRY
-#define RG_DEEP_MERGE_ENTRY 0
-#endif
+// RG_DEEP_MERGE_ENTRY's merge kernel (the knob is described above split_kv_deep).
 #if RG_DEEP_MERGE_ENTRY
 constexpr int kMergeCap = 64;  // splits a merge stages (the benchmark's plans: 16-32)
 template <int D, int G>
@@ -2225,7 +2228,7 @@ __device__ __forceinline__ void merge_entry(const Params& p, int splits) {
   if (len <= 0 || nsplit == 1 || nsplit > kMergeCap) return;
   // Launched as the split kernel's programmatic dependent (benchmarks' `pair_pdl`), it may
   // start while the split kernel drains: the partials are read only once that grid has
-  // completed and its writes are visible. Launched plainly this returns at once.
+  // completed and its writes are visible. Launched plainly, the wait returns at once.
   asm volatile("griddepcontrol.wait;" ::: "memory");
   merge_splits_staged<D, G>(p, c, nsplit, stage, kMergeCap, (unsigned)splits);
 }

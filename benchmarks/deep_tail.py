@@ -10,7 +10,8 @@ and runs the grid split-major, so the CTAs that start last are short ones and th
 lasts one short CTA. Run 69 (H100) found that plan slower whenever it adds CTAs (each costs
 a slot ~9.6 µs whatever its length), so the `L` variants keep the uniform plan's 16 CTAs a
 (sequence, head): their long splits grow past 1024 tokens (an RG_DEEP_MAX_CHUNK=1152 build;
-`x1152` is that build on the default plan, the control for its code alone). Before the plan
+`x1152` is that build on the default plan, the control for its code alone); run 70 (H200)
+found those slower still (docs/perf.md). Before the plan
 rule, the operator contract and the baseline change for it (the operator gate compares
 baseline and candidate bit for bit, so both would need the same splits), this measures what
 it would buy.
@@ -101,9 +102,10 @@ def build(out: Path) -> dict[str, Path]:
 
 
 def on_grid(run: Any, n_splits: int, chunk: int) -> Any:
-    """A planned deep launch moved onto a grid of `n_splits` splits of `chunk` tokens (its
-    workspace too; a chunk past the operator's max_chunk gets a launcher of its own, with
-    that chunk's shared memory and scalar: the operator's plan refuses it, as it should)."""
+    """A planned deep launch moved onto a grid of `n_splits` splits of `chunk` tokens: its
+    workspace and a launcher of its own, with that grid, the chunk's shared memory and the
+    chunk as its scalar (built here: the operator's plan refuses a chunk past its max_chunk,
+    as it should)."""
     import torch
 
     from pipeline.ops import contract

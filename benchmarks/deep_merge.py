@@ -26,13 +26,12 @@ import gzip
 import json
 import sys
 from pathlib import Path
-from statistics import median
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.deep_tail import BATCH, DIM, HKV, HQ, LENGTH, PAGE, compile_all  # noqa: E402
+from benchmarks.deep_tail import BATCH, DIM, HKV, HQ, LENGTH, PAGE, compile_all, path_rows, show_rows  # noqa: E402
 
 REPEATS = 21
 BUILDS = {"default": ["RG_UNIT=3"],
@@ -156,38 +155,14 @@ def kv_paths(kv: str, cubins: dict[str, Path], dev: Any) -> dict[str, Any]:
 
 def summarize(res: dict[str, Any]) -> dict[str, Any]:
     """Each path's median, its change against the default, its check."""
-    rows: dict[str, Any] = {}
-    for kv, r in res["kv"].items():
-        base = median(r["samples_us"]["default"])
-        sdpa = min((median(s) for n, s in r["samples_us"].items() if n.startswith("sdpa")),
-                   default=None)
-        for name, s in r["samples_us"].items():
-            m = median(s)
-            row = {"median_us": m, "vs_default_us": m - base, "min_us": min(s),
-                   "max_us": max(s)}
-            if sdpa:
-                row["vs_best_sdpa_pct"] = 100 * (m / sdpa - 1)
-            row.update(r["check"].get(name, {}))
-            rows[f"{kv} {name}"] = row
-    return rows
+    return path_rows(res, lambda r, name: {})
 
 
 def show(rows: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    t = Table(title=f"B{BATCH}x{LENGTH // 1024}K deep candidate: the merge in a kernel of its "
-                    "own (medians, L2 flushed; `split` alone is not a result)")
-    cols = ("splits", "median_us", "vs_default_us", "vs_best_sdpa_pct", "equals_default",
-            "max_abs_err")
-    t.add_column("path")
-    for c in cols:
-        t.add_column(c.replace("_us", " µs").replace("_pct", " %"))
-    for name, r in rows.items():
-        t.add_row(name, *("" if r.get(c) is None else f"{r[c]:.2e}" if c == "max_abs_err"
-                          else f"{r[c]:.1f}" if isinstance(r[c], float) else str(r[c])
-                          for c in cols))
-    Console(width=150).print(t)
+    show_rows(rows, f"B{BATCH}x{LENGTH // 1024}K deep candidate: the merge in a kernel of its "
+                    "own (medians, L2 flushed; `split` alone is not a result)",
+              ("splits", "median_us", "vs_default_us", "vs_best_sdpa_pct", "equals_default",
+               "max_abs_err"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,6 +34,7 @@ import json
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from statistics import median
 from typing import Any
@@ -186,8 +187,10 @@ def kv_paths(kv: str, cubins: dict[str, Path], dev: Any) -> dict[str, Any]:
 REPEATS = 21
 
 
-def summarize(res: dict[str, Any]) -> dict[str, Any]:
-    """Each path's median, its change against the default, its error and trace."""
+def path_rows(res: dict[str, Any],
+              extra: Callable[[dict[str, Any], str], dict[str, Any]]) -> dict[str, Any]:
+    """Each recorded path's median, its change against the default and against the best
+    SDPA backend (bf16), its check, and what `extra(the dtype's record, path)` adds."""
     rows: dict[str, Any] = {}
     for kv, r in res["kv"].items():
         base = median(r["samples_us"]["default"])
@@ -195,25 +198,21 @@ def summarize(res: dict[str, Any]) -> dict[str, Any]:
                    default=None)
         for name, s in r["samples_us"].items():
             m = median(s)
-            row = {"median_us": m, "vs_default_us": m - base, "min_us": min(s), "max_us": max(s),
-                   "splits": r["splits"].get(name)}
+            row = {"median_us": m, "vs_default_us": m - base, "min_us": min(s), "max_us": max(s)}
             if sdpa:
                 row["vs_best_sdpa_pct"] = 100 * (m / sdpa - 1)
             row.update(r["check"].get(name, {}))
-            row.update({f"trace_{k}": v for k, v in r["trace"].get(name, {}).items()
-                        if k in ("span_us", "drain_us", "idle_us", "later_life_us")})
+            row.update(extra(r, name))
             rows[f"{kv} {name}"] = row
     return rows
 
 
-def show(rows: dict[str, Any]) -> None:
+def show_rows(rows: dict[str, Any], title: str, cols: tuple[str, ...]) -> None:
+    """The rows as a rich table of `cols` (µs and % in the headers, errors in e-notation)."""
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=f"B{BATCH}x{LENGTH // 1024}K deep candidate: two split sizes, short last "
-                    "(medians, L2 flushed; trace = RG_DEEP_TRACE build of the same plan)")
-    cols = ("splits", "median_us", "vs_default_us", "vs_best_sdpa_pct", "max_abs_err",
-            "trace_drain_us", "trace_idle_us", "trace_later_life_us")
+    t = Table(title=title)
     t.add_column("path")
     for c in cols:
         t.add_column(c.replace("_us", " µs").replace("_pct", " %"))
@@ -222,6 +221,21 @@ def show(rows: dict[str, Any]) -> None:
                           else f"{r[c]:.1f}" if isinstance(r[c], float) else str(r[c])
                           for c in cols))
     Console(width=170).print(t)
+
+
+def summarize(res: dict[str, Any]) -> dict[str, Any]:
+    """Each path's median, its change against the default, its error and trace."""
+    return path_rows(res, lambda r, name: {
+        "splits": r["splits"].get(name),
+        **{f"trace_{k}": v for k, v in r["trace"].get(name, {}).items()
+           if k in ("span_us", "drain_us", "idle_us", "later_life_us")}})
+
+
+def show(rows: dict[str, Any]) -> None:
+    show_rows(rows, f"B{BATCH}x{LENGTH // 1024}K deep candidate: two split sizes, short last "
+                    "(medians, L2 flushed; trace = RG_DEEP_TRACE build of the same plan)",
+              ("splits", "median_us", "vs_default_us", "vs_best_sdpa_pct", "max_abs_err",
+               "trace_drain_us", "trace_idle_us", "trace_later_life_us"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import gzip
 import json
 import sys
 from pathlib import Path
@@ -165,34 +164,32 @@ def show(rows: dict[str, Any]) -> None:
                "max_abs_err"))
 
 
+def measure(out: Path) -> dict[str, Any]:
+    import torch
+
+    cubins = compile_all(out, BUILDS)
+    res: dict[str, Any] = {"builds": BUILDS, "pairs": PAIRS, "kv": {}}
+    for kv in ("e5m2", "bf16"):
+        res["kv"][kv] = kv_paths(kv, cubins, torch.device("cuda:0"))
+        torch.cuda.empty_cache()
+    for c in cubins.values():
+        c.unlink()
+    return res
+
+
 def main(argv: list[str] | None = None) -> int:
     global REPEATS
+    from benchmarks.deep_trace import read_or_measure
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("/tmp/deep-merge"))
     ap.add_argument("--read", type=Path, help="a merge.json.gz to summarize (no GPU)")
     ap.add_argument("--repeats", type=int, default=REPEATS)
     ns = ap.parse_args(argv)
     REPEATS = ns.repeats
-    if ns.read:
-        from benchmarks.deep_trace import read_recorded
-
-        res = read_recorded(ns.read, "deep_merge")
-        if res is None:
-            return 2
-        out = ns.read.parent
-    else:
-        import torch
-
-        out = ns.out
-        out.mkdir(parents=True, exist_ok=True)
-        cubins = compile_all(out, BUILDS)
-        res = {"builds": BUILDS, "pairs": PAIRS, "kv": {}}
-        for kv in ("e5m2", "bf16"):
-            res["kv"][kv] = kv_paths(kv, cubins, torch.device("cuda:0"))
-            torch.cuda.empty_cache()
-        (out / "merge.json.gz").write_bytes(gzip.compress(json.dumps(res).encode()))
-        for c in cubins.values():
-            c.unlink()
+    res, out = read_or_measure(ns.read, ns.out, "deep_merge", "merge.json.gz", measure)
+    if res is None:
+        return 2
     rows = summarize(res)
     (out / "summary.json").write_text(json.dumps(rows, indent=1))
     show(rows)

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import functools
-import gzip
 import json
 import shutil
 import subprocess
@@ -238,35 +237,32 @@ def show(rows: dict[str, Any]) -> None:
                "trace_drain_us", "trace_idle_us", "trace_later_life_us"))
 
 
+def measure(out: Path) -> dict[str, Any]:
+    import torch
+
+    cubins = build(out)
+    res: dict[str, Any] = {"variants": VARIANTS, "kv": {}}
+    for kv in ("e5m2", "bf16"):
+        res["kv"][kv] = kv_paths(kv, cubins, torch.device("cuda:0"))
+        torch.cuda.empty_cache()
+    for c in cubins.values():
+        c.unlink()
+    return res
+
+
 def main(argv: list[str] | None = None) -> int:
     global REPEATS
+    from benchmarks.deep_trace import read_or_measure
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("/tmp/deep-tail"))
     ap.add_argument("--read", type=Path, help="a tail.json.gz to summarize (no GPU)")
     ap.add_argument("--repeats", type=int, default=REPEATS)
     ns = ap.parse_args(argv)
     REPEATS = ns.repeats
-    if ns.read:
-        from benchmarks.deep_trace import read_recorded
-
-        res = read_recorded(ns.read, "deep_tail")
-        if res is None:
-            return 2
-        out = ns.read.parent
-    else:
-        import torch
-
-        out = ns.out
-        out.mkdir(parents=True, exist_ok=True)
-        dev = torch.device("cuda:0")
-        cubins = build(out)
-        res = {"variants": VARIANTS, "kv": {}}
-        for kv in ("e5m2", "bf16"):
-            res["kv"][kv] = kv_paths(kv, cubins, dev)
-            torch.cuda.empty_cache()
-        (out / "tail.json.gz").write_bytes(gzip.compress(json.dumps(res).encode()))
-        for c in cubins.values():
-            c.unlink()
+    res, out = read_or_measure(ns.read, ns.out, "deep_tail", "tail.json.gz", measure)
+    if res is None:
+        return 2
     rows = summarize(res)
     (out / "summary.json").write_text(json.dumps(rows, indent=1))
     show(rows)

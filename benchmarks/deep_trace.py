@@ -23,6 +23,7 @@ import json
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from statistics import median
 from typing import Any
@@ -185,27 +186,37 @@ def read_recorded(path: Path, tool: str) -> Any:
         return None
 
 
+def read_or_measure(read: Path | None, out: Path, tool: str, record: str,
+                    measure: Callable[[Path], dict[str, Any]]) -> tuple[Any, Path]:
+    """The `--read` file's recorded run (None if it cannot be read: one line on stderr), or
+    `measure(out)` on the GPU with its record written gzipped as out/<record>; and the
+    directory the summary goes beside. deep_trace, deep_tail and deep_merge share it."""
+    if read:
+        return read_recorded(read, tool), read.parent
+    out.mkdir(parents=True, exist_ok=True)
+    res = measure(out)
+    (out / record).write_bytes(gzip.compress(json.dumps(res).encode()))
+    return res, out
+
+
+def measure(out: Path) -> dict[str, Any]:
+    import torch
+
+    cubins = build(out)
+    res = {"kv": {kv: trace_kv(kv, cubins, torch.device("cuda:0")) for kv in ("e5m2", "bf16")}}
+    for c in cubins.values():
+        c.unlink()
+    return res
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("/tmp/deep-trace"))
     ap.add_argument("--read", type=Path, help="a trace.json to summarize (no GPU)")
     ns = ap.parse_args(argv)
-    if ns.read:
-        res = read_recorded(ns.read, "deep_trace")
-        if res is None:
-            return 2
-        out = ns.read.parent
-    else:
-        import torch
-
-        out = ns.out
-        out.mkdir(parents=True, exist_ok=True)
-        dev = torch.device("cuda:0")
-        cubins = build(out)
-        res = {"kv": {kv: trace_kv(kv, cubins, dev) for kv in ("e5m2", "bf16")}}
-        (out / "trace.json.gz").write_bytes(gzip.compress(json.dumps(res).encode()))
-        for c in cubins.values():
-            c.unlink()
+    res, out = read_or_measure(ns.read, ns.out, "deep_trace", "trace.json.gz", measure)
+    if res is None:
+        return 2
     summary = summarize(res)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     show(summary)

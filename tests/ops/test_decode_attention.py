@@ -507,19 +507,21 @@ def test_the_same_cta_count_plans_of_run70_shorten_the_drain_and_lose(tmp_path):
             assert rows[f"{kv} {name}"]["trace_drain_us"] < base["trace_drain_us"], (kv, name)
 
 
-@pytest.mark.parametrize("run", ["run71", "run72", "run73"])
+@pytest.mark.parametrize("run", ["h100-2026-12-05/run71", "h100-2026-12-05/run72",
+                                 "h100-2026-12-05/run73", "h200-2026-12-05/run74"])
 def test_the_merge_kernel_costs_what_the_epilogue_saves(tmp_path, run):
-    """deep_merge.py --read on runs 71-73 (H100, B16x16K): the summary is re-derived; the
-    pair (split kernel + merge kernel) is the deep candidate bit for bit, the split kernel
-    alone (no merge, not a result) is > 5 µs faster, and no pair beats the default by more
-    than 1 µs: the merge kernel costs what the epilogue it replaces did. An unreadable file
-    exits 2."""
+    """deep_merge.py --read on runs 71-73 (H100) and 74 (H200), B16x16K: the summary is
+    re-derived; the pair (split kernel + merge kernel) is the deep candidate bit for bit, the
+    split kernel alone (no merge, not a result) is > 5 µs faster, and the merge kernel puts
+    nearly all of it back: every bf16 pair is slower than the default, the plain E5M2 pair
+    within 1 µs of it, the programmatic-dependent E5M2 pair at most 1.5 µs faster (run 74).
+    An unreadable file exits 2."""
     import json
     import shutil
     from pathlib import Path
 
     merge = _benchmark("deep_merge")
-    rec = Path(__file__).resolve().parents[2] / "benchmarks/results/h100-2026-12-05" / run
+    rec = Path(__file__).resolve().parents[2] / "benchmarks/results" / run
     shutil.copy(rec / "merge.json.gz", tmp_path / "merge.json.gz")
     assert merge.main(["--read", str(tmp_path / "merge.json.gz")]) == 0
     rows = json.loads((tmp_path / "summary.json").read_text())
@@ -530,5 +532,6 @@ def test_the_merge_kernel_costs_what_the_epilogue_saves(tmp_path, run):
         assert not rows[f"{kv} split"]["equals_default"]
         for name in pairs:
             row = rows[f"{kv} {name}"]
-            assert row["equals_default"] and row["vs_default_us"] > -1, (kv, name)
+            floor = 0 if kv == "bf16" else -1 if name == "pair" else -1.6
+            assert row["equals_default"] and row["vs_default_us"] > floor, (kv, name)
     assert merge.main(["--read", str(tmp_path / "missing.json.gz")]) == 2

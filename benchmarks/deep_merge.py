@@ -20,9 +20,8 @@ not the result; the pair's floor), and (bf16) torch SDPA's backends on the same 
 
 from __future__ import annotations
 
-import argparse
+import ctypes
 import functools
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,16 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.deep_tail import BATCH, DIM, HKV, HQ, LENGTH, PAGE, compile_all, path_rows, show_rows  # noqa: E402
+from benchmarks.deep_tail import (  # noqa: E402
+    BATCH,
+    LENGTH,
+    b16_inputs,
+    compile_all,
+    measure_kvs,
+    path_rows,
+    sdpa_paths,
+    show_rows,
+)
 
 REPEATS = 21
 BUILDS = {"default": ["RG_UNIT=3"],
@@ -46,8 +54,6 @@ class MergeLaunch:
     the split grid drains; its griddepcontrol.wait holds the reads until that grid is done)."""
 
     def __init__(self, cubin: Path, run: Any, pdl: bool) -> None:
-        import ctypes
-
         from cuda.bindings import driver
 
         from pipeline.ops import contract, launch
@@ -83,31 +89,20 @@ class MergeLaunch:
                                           r.ws_ml.data_ptr(), r.counters.data_ptr())):
             slot.value = ptr
         self.cfg.hStream = self.d.CUstream(self.launch.current_stream(r.index))
-        (err,) = self.d.cuLaunchKernelEx(self.cfg, self.func, ctypes_address(self.array), 0)
+        (err,) = self.d.cuLaunchKernelEx(self.cfg, self.func, ctypes.addressof(self.array), 0)
         if err != self.d.CUresult.CUDA_SUCCESS:
             raise RuntimeError(f"cuLaunchKernelEx(merge) failed: {err!r}")
 
 
-def ctypes_address(array: Any) -> int:
-    import ctypes
-
-    return ctypes.addressof(array)
-
-
-def kv_paths(kv: str, cubins: dict[str, Path], dev: Any) -> dict[str, Any]:
+def kv_paths(kv: str, cubins: dict[str, Path], dev: Any, repeats: int) -> dict[str, Any]:
     """One KV dtype: the pair's output against the default's (bit for bit) and float64, then
     the interleaved samples."""
     import torch
 
-    from benchmarks.decode_attention import dense_bf16, sdpa_backends
     from pipeline.ops import decode_attention as op
-    from pipeline.ops import reference, timing
-    from pipeline.ops.paged_inputs import Case, make_inputs
+    from pipeline.ops import timing
 
-    inp = make_inputs(Case(7, BATCH, "uniform", str(LENGTH), PAGE, kv, HQ, HKV, DIM,
-                           [LENGTH] * BATCH), dev)
-    args = (inp.q, inp.k_cache, inp.v_cache, inp.block_table, inp.seq_lens)
-    exact = reference.decode_attention_fp64(*args, k_scale=inp.k_scale, v_scale=inp.v_scale)
+    inp, args, exact = b16_inputs(kv, dev)
 
     def planned(cubin: Path, chunk: int | None = None) -> Any:
         return op.DecodeAttention(*args, max_seq_len=LENGTH, cubin=cubin, k_scale=inp.k_scale,
@@ -145,10 +140,8 @@ def kv_paths(kv: str, cubins: dict[str, Path], dev: Any) -> dict[str, Any]:
                        "equals_default": bool(torch.equal(outs[name], outs["default"])),
                        "max_abs_err": float(err.max()), "mean_abs_err": float(err.mean())}
     if kv == "bf16":
-        gen = torch.Generator(device=dev).manual_seed(11)
-        dk, dv = dense_bf16(BATCH, HKV, LENGTH, DIM, dev, gen)
-        fns.update(sdpa_backends(functools.partial(reference.dense_sdpa, inp.q, dk, dv)))
-    samples = timing.interleaved(fns, repeats=REPEATS, device=dev, flush=True)["samples_us"]
+        fns.update(sdpa_paths(inp.q, dev))
+    samples = timing.interleaved(fns, repeats=repeats, device=dev, flush=True)["samples_us"]
     return {"check": check, "samples_us": samples}
 
 
@@ -164,36 +157,17 @@ def show(rows: dict[str, Any]) -> None:
                "max_abs_err"))
 
 
-def measure(out: Path) -> dict[str, Any]:
-    import torch
-
-    cubins = compile_all(out, BUILDS)
-    res: dict[str, Any] = {"builds": BUILDS, "pairs": PAIRS, "kv": {}}
-    for kv in ("e5m2", "bf16"):
-        res["kv"][kv] = kv_paths(kv, cubins, torch.device("cuda:0"))
-        torch.cuda.empty_cache()
-    for c in cubins.values():
-        c.unlink()
-    return res
+def measure(out: Path, repeats: int) -> dict[str, Any]:
+    return measure_kvs(compile_all(out, BUILDS), {"builds": BUILDS, "pairs": PAIRS}, kv_paths,
+                       repeats)
 
 
 def main(argv: list[str] | None = None) -> int:
-    global REPEATS
-    from benchmarks.deep_trace import read_or_measure
+    from benchmarks.deep_trace import bench_main
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=Path("/tmp/deep-merge"))
-    ap.add_argument("--read", type=Path, help="a merge.json.gz to summarize (no GPU)")
-    ap.add_argument("--repeats", type=int, default=REPEATS)
-    ns = ap.parse_args(argv)
-    REPEATS = ns.repeats
-    res, out = read_or_measure(ns.read, ns.out, "deep_merge", "merge.json.gz", measure)
-    if res is None:
-        return 2
-    rows = summarize(res)
-    (out / "summary.json").write_text(json.dumps(rows, indent=1))
-    show(rows)
-    return 0
+    res, _ = bench_main(argv, __doc__, "deep_merge", "merge.json.gz", measure, summarize, show,
+                        REPEATS)
+    return 2 if res is None else 0
 
 
 if __name__ == "__main__":

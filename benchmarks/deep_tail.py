@@ -26,10 +26,8 @@ statistics).
 
 from __future__ import annotations
 
-import argparse
 import concurrent.futures
 import functools
-import json
 import shutil
 import subprocess
 import sys
@@ -125,21 +123,41 @@ def on_grid(run: Any, n_splits: int, chunk: int) -> Any:
     return run
 
 
-def kv_paths(kv: str, cubins: dict[str, Path], dev: Any) -> dict[str, Any]:
-    """One KV dtype: each variant's error against float64 beside the default's, the
-    interleaved samples, and the traced launches' statistics."""
-    import torch
-
-    from benchmarks.decode_attention import dense_bf16, sdpa_backends
-    from benchmarks.deep_trace import launch_stats
-    from pipeline.ops import decode_attention as op
-    from pipeline.ops import reference, timing
+def b16_inputs(kv: str, dev: Any) -> tuple[Any, tuple[Any, ...], Any]:
+    """B16x16K's paged inputs of one KV dtype, the operator's arguments and the float64
+    reference output (deep_tail and deep_merge)."""
+    from pipeline.ops import reference
     from pipeline.ops.paged_inputs import Case, make_inputs
 
     inp = make_inputs(Case(7, BATCH, "uniform", str(LENGTH), PAGE, kv, HQ, HKV, DIM,
                            [LENGTH] * BATCH), dev)
     args = (inp.q, inp.k_cache, inp.v_cache, inp.block_table, inp.seq_lens)
-    exact = reference.decode_attention_fp64(*args, k_scale=inp.k_scale, v_scale=inp.v_scale)
+    return inp, args, reference.decode_attention_fp64(*args, k_scale=inp.k_scale,
+                                                      v_scale=inp.v_scale)
+
+
+def sdpa_paths(q: Any, dev: Any) -> dict[str, Any]:
+    """torch SDPA's backends on the same bytes, dense bf16 (the bf16 bar's baseline)."""
+    import torch
+
+    from benchmarks.decode_attention import dense_bf16, sdpa_backends
+    from pipeline.ops import reference
+
+    gen = torch.Generator(device=dev).manual_seed(11)
+    dk, dv = dense_bf16(BATCH, HKV, LENGTH, DIM, dev, gen)
+    return dict(sdpa_backends(functools.partial(reference.dense_sdpa, q, dk, dv)))
+
+
+def kv_paths(kv: str, cubins: dict[str, Path], dev: Any, repeats: int) -> dict[str, Any]:
+    """One KV dtype: each variant's error against float64 beside the default's, the
+    interleaved samples, and the traced launches' statistics."""
+    import torch
+
+    from benchmarks.deep_trace import launch_stats
+    from pipeline.ops import decode_attention as op
+    from pipeline.ops import timing
+
+    inp, args, exact = b16_inputs(kv, dev)
 
     def planned(cubin: Path, q: Any, variant: str = "", chunk: int | None = None) -> Any:
         run = op.DecodeAttention(q, *args[1:], max_seq_len=LENGTH, cubin=cubin,
@@ -159,10 +177,8 @@ def kv_paths(kv: str, cubins: dict[str, Path], dev: Any) -> dict[str, Any]:
                        "finite": bool(torch.isfinite(got).all())}
     fns = {n: functools.partial(r.run, *args, out=torch.empty_like(inp.q)) for n, r in runs.items()}
     if kv == "bf16":
-        gen = torch.Generator(device=dev).manual_seed(11)
-        dk, dv = dense_bf16(BATCH, HKV, LENGTH, DIM, dev, gen)
-        fns.update(sdpa_backends(functools.partial(reference.dense_sdpa, inp.q, dk, dv)))
-    samples = timing.interleaved(fns, repeats=REPEATS, device=dev, flush=True)["samples_us"]
+        fns.update(sdpa_paths(inp.q, dev))
+    samples = timing.interleaved(fns, repeats=repeats, device=dev, flush=True)["samples_us"]
     traces = {}
     flush = timing.L2Flush(dev)
     for name in ("default", *VARIANTS):
@@ -237,36 +253,32 @@ def show(rows: dict[str, Any]) -> None:
                "trace_drain_us", "trace_idle_us", "trace_later_life_us"))
 
 
-def measure(out: Path) -> dict[str, Any]:
+def measure_kvs(cubins: dict[str, Path], header: dict[str, Any],
+                kv_paths: Callable[[str, dict[str, Path], Any, int], dict[str, Any]],
+                repeats: int) -> dict[str, Any]:
+    """`header` with each KV dtype's `kv_paths` on the GPU under "kv" (deep_tail and
+    deep_merge); the cubins, built for this run alone, removed after it."""
     import torch
 
-    cubins = build(out)
-    res: dict[str, Any] = {"variants": VARIANTS, "kv": {}}
+    res: dict[str, Any] = {**header, "kv": {}}
     for kv in ("e5m2", "bf16"):
-        res["kv"][kv] = kv_paths(kv, cubins, torch.device("cuda:0"))
+        res["kv"][kv] = kv_paths(kv, cubins, torch.device("cuda:0"), repeats)
         torch.cuda.empty_cache()
     for c in cubins.values():
         c.unlink()
     return res
 
 
-def main(argv: list[str] | None = None) -> int:
-    global REPEATS
-    from benchmarks.deep_trace import read_or_measure
+def measure(out: Path, repeats: int) -> dict[str, Any]:
+    return measure_kvs(build(out), {"variants": VARIANTS}, kv_paths, repeats)
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=Path("/tmp/deep-tail"))
-    ap.add_argument("--read", type=Path, help="a tail.json.gz to summarize (no GPU)")
-    ap.add_argument("--repeats", type=int, default=REPEATS)
-    ns = ap.parse_args(argv)
-    REPEATS = ns.repeats
-    res, out = read_or_measure(ns.read, ns.out, "deep_tail", "tail.json.gz", measure)
-    if res is None:
-        return 2
-    rows = summarize(res)
-    (out / "summary.json").write_text(json.dumps(rows, indent=1))
-    show(rows)
-    return 0
+
+def main(argv: list[str] | None = None) -> int:
+    from benchmarks.deep_trace import bench_main
+
+    res, _ = bench_main(argv, __doc__, "deep_tail", "tail.json.gz", measure, summarize, show,
+                        REPEATS)
+    return 2 if res is None else 0
 
 
 if __name__ == "__main__":

@@ -186,20 +186,37 @@ def read_recorded(path: Path, tool: str) -> Any:
         return None
 
 
-def read_or_measure(read: Path | None, out: Path, tool: str, record: str,
-                    measure: Callable[[Path], dict[str, Any]]) -> tuple[Any, Path]:
-    """The `--read` file's recorded run (None if it cannot be read: one line on stderr), or
-    `measure(out)` on the GPU with its record written gzipped as out/<record>; and the
-    directory the summary goes beside. deep_trace, deep_tail and deep_merge share it."""
-    if read:
-        return read_recorded(read, tool), read.parent
-    out.mkdir(parents=True, exist_ok=True)
-    res = measure(out)
-    (out / record).write_bytes(gzip.compress(json.dumps(res).encode()))
+def bench_main(argv: list[str] | None, doc: str, tool: str, record: str,
+               measure: Callable[[Path, int], dict[str, Any]],
+               summarize: Callable[[dict[str, Any]], dict[str, Any]],
+               show: Callable[[dict[str, Any]], None],
+               repeats: int | None = None) -> tuple[Any, Path]:
+    """The deep benchmarks' command line (deep_trace, deep_tail, deep_merge): `--read` a
+    recorded run (None if it cannot be read: one line on stderr), or `measure(out,
+    repeats)` on the GPU with its record written gzipped as out/<record>; then the summary
+    beside it as summary.json, shown. Returns the run and that directory."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path("/tmp") / tool.replace("_", "-"))
+    ap.add_argument("--read", type=Path, help=f"a {record} to summarize (no GPU)")
+    if repeats is not None:
+        ap.add_argument("--repeats", type=int, default=repeats)
+    ns = ap.parse_args(argv)
+    if ns.read:
+        res, out = read_recorded(ns.read, tool), ns.read.parent
+        if res is None:
+            return None, out
+    else:
+        out = ns.out
+        out.mkdir(parents=True, exist_ok=True)
+        res = measure(out, getattr(ns, "repeats", 0))
+        (out / record).write_bytes(gzip.compress(json.dumps(res).encode()))
+    rows = summarize(res)
+    (out / "summary.json").write_text(json.dumps(rows, indent=1))
+    show(rows)
     return res, out
 
 
-def measure(out: Path) -> dict[str, Any]:
+def measure(out: Path, repeats: int) -> dict[str, Any]:
     import torch
 
     cubins = build(out)
@@ -210,16 +227,9 @@ def measure(out: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=Path("/tmp/deep-trace"))
-    ap.add_argument("--read", type=Path, help="a trace.json to summarize (no GPU)")
-    ns = ap.parse_args(argv)
-    res, out = read_or_measure(ns.read, ns.out, "deep_trace", "trace.json.gz", measure)
+    res, out = bench_main(argv, __doc__, "deep_trace", "trace.json.gz", measure, summarize, show)
     if res is None:
         return 2
-    summary = summarize(res)
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    show(summary)
     try:
         plot(res, out / "occupancy.png")
     except ImportError:  # the device image may lack matplotlib: the records are written

@@ -150,6 +150,24 @@ def _benchmark(name: str = "decode_attention"):
     return bench
 
 
+def _rederived(name: str, run: str, record: str, tmp_path):
+    """benchmarks/<name>.py --read on a copy of a recorded run (benchmarks/results/<run>):
+    the summary it writes must be the one the run wrote. The module, the rows and the
+    recorded run."""
+    import gzip
+    import json
+    import shutil
+    from pathlib import Path
+
+    bench = _benchmark(name)
+    rec = Path(__file__).resolve().parents[2] / "benchmarks/results" / run
+    shutil.copy(rec / record, tmp_path / record)
+    assert bench.main(["--read", str(tmp_path / record)]) == 0
+    rows = json.loads((tmp_path / "summary.json").read_text())
+    assert rows == json.loads((rec / "summary.json").read_text())
+    return bench, rows, json.loads(gzip.decompress((rec / record).read_bytes()))
+
+
 def test_the_pick_call_checks_whole_the_fastest_bitwise_build(tmp_path):
     """deep_pick.sh's pick (benchmarks/deep_pick.py) on run 64's and run 62's recorded
     results: of the builds timed there, the one whose E5M2 + bf16 B16x16K medians sum
@@ -452,19 +470,9 @@ def test_the_two_size_plan_summary_is_run69s_and_shows_no_variant_faster(tmp_pat
     (every two-size plan shortens the drain yet takes longer than the default; the
     split-major order alone keeps the default's error to the last bit). A file that cannot
     be read exits 2."""
-    import gzip
-    import json
-    import shutil
-    from pathlib import Path
-
-    tail = _benchmark("deep_tail")
-    run69 = Path(__file__).resolve().parents[2] / "benchmarks/results/h100-2026-12-05/run69"
-    shutil.copy(run69 / "tail.json.gz", tmp_path / "tail.json.gz")
-    assert tail.main(["--read", str(tmp_path / "tail.json.gz")]) == 0
-    rows = json.loads((tmp_path / "summary.json").read_text())
-    assert rows == json.loads((run69 / "summary.json").read_text())
+    tail, rows, res = _rederived("deep_tail", "h100-2026-12-05/run69", "tail.json.gz", tmp_path)
     # run 69's variants as it recorded them: (T, divisor of the 1024-token chunk)
-    recorded = json.loads(gzip.decompress((run69 / "tail.json.gz").read_bytes()))["variants"]
+    recorded = res["variants"]
     assert set(recorded) == {"major", "t2h", "t4h", "t6h", "t4q", "t8q"}
     for kv in ("e5m2", "bf16"):
         base = rows[f"{kv} default"]
@@ -482,18 +490,8 @@ def test_the_same_cta_count_plans_of_run70_shorten_the_drain_and_lose(tmp_path):
     two-size plans that keep the default's 16 splits (long splits past 1024 tokens) all
     shorten the drain, and every variant, those too, is slower than the default, its error
     the default's."""
-    import gzip
-    import json
-    import shutil
-    from pathlib import Path
-
-    tail = _benchmark("deep_tail")
-    run70 = Path(__file__).resolve().parents[2] / "benchmarks/results/h200-2026-12-05/run70"
-    shutil.copy(run70 / "tail.json.gz", tmp_path / "tail.json.gz")
-    assert tail.main(["--read", str(tmp_path / "tail.json.gz")]) == 0
-    rows = json.loads((tmp_path / "summary.json").read_text())
-    assert rows == json.loads((run70 / "summary.json").read_text())
-    recorded = json.loads(gzip.decompress((run70 / "tail.json.gz").read_bytes()))["variants"]
+    tail, rows, res = _rederived("deep_tail", "h200-2026-12-05/run70", "tail.json.gz", tmp_path)
+    recorded = res["variants"]
     long = [n for n, (_, _, chunk) in recorded.items() if chunk > tail.CHUNK]
     assert len(long) == 4
     for kv in ("e5m2", "bf16"):
@@ -516,16 +514,7 @@ def test_the_merge_kernel_costs_what_the_epilogue_saves(tmp_path, run):
     nearly all of it back: every bf16 pair is slower than the default, the plain E5M2 pair
     within 1 µs of it, the programmatic-dependent E5M2 pair at most 1.5 µs faster (run 74).
     An unreadable file exits 2."""
-    import json
-    import shutil
-    from pathlib import Path
-
-    merge = _benchmark("deep_merge")
-    rec = Path(__file__).resolve().parents[2] / "benchmarks/results" / run
-    shutil.copy(rec / "merge.json.gz", tmp_path / "merge.json.gz")
-    assert merge.main(["--read", str(tmp_path / "merge.json.gz")]) == 0
-    rows = json.loads((tmp_path / "summary.json").read_text())
-    assert rows == json.loads((rec / "summary.json").read_text())
+    merge, rows, _ = _rederived("deep_merge", run, "merge.json.gz", tmp_path)
     for kv in ("e5m2", "bf16"):
         pairs = [n.split()[1] for n in rows if n.startswith(f"{kv} pair") and "c512" not in n]
         assert pairs and rows[f"{kv} split"]["vs_default_us"] < -5

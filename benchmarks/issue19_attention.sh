@@ -20,6 +20,9 @@
 # (run 20) times the one-trip merge, 16-byte norm loads and kv-head split waits on today's
 # lists, alone and together (the build-variant test checks the bit-for-bit ones first);
 # COMPILE=none CHUNKS=0 skip the max-autotune baseline (its fastest compiles are on record).
+# SET=fat (run 75) times a few fat split tasks a kv head (the builder's `kv_splits`), on the
+# tree's kernel and the 8-ahead build, checked first by their gpu test (`-k fat_splits`) and
+# the 8-ahead build's bit-for-bit test.
 set -u
 SET=${SET:-attention}
 T0=$(date +%s)
@@ -33,6 +36,8 @@ elif [ "$SET" = siludiag ]; then
   VAR=(mmasilud1="$K/mk_mmadiag1.cubin" mmasilud2="$K/mk_mmadiag2.cubin")
 elif [ "$SET" = stack ]; then
   VAR=(mmam1="$K/mk_mmam1.cubin" nv="$K/mk_mmanv.cubin" nvm1="$K/mk_mmanvm1.cubin")
+elif [ "$SET" = fat ]; then
+  VAR=(mmasa8="$K/mk_mmasa8.cubin")
 elif [ "$SET" = siluout ] || [ "$SET" = even ]; then
   VAR=()
 else
@@ -44,6 +49,7 @@ echo "build took $(( $(date +%s) - T0 )) s"
 CHECK=latency_variant
 [ "$SET" = siluout ] && CHECK=silu_out
 [ "$SET" = even ] && CHECK=even_splits
+[ "$SET" = fat ] && CHECK="fat_splits or (latency_variant and attention)"
 ROWGATE_NVCC="$(command -v nvcc)" timeout 150 python3 -m pytest -p no:cacheprovider -m gpu -q -rs \
   tests/megakernel/test_persistent_gpu.py -k "$CHECK" 2>&1 | tail -n 8 | tee "$OUT/pytest-variant.txt"
 grep -q " passed" "$OUT/pytest-variant.txt" && ! grep -q "failed\|error" "$OUT/pytest-variant.txt" ||
@@ -60,5 +66,5 @@ cp /tmp/runsa/results.json "$OUT/results.json"
 echo "ab took $(( $(date +%s) - T0 )) s"
 ROWGATE_NVCC="$(command -v nvcc)" timeout $(( 585 - ($(date +%s) - T0) )) python3 -m pytest \
   -p no:cacheprovider -m gpu -q -rs tests/megakernel/test_persistent_gpu.py \
-  tests/engines/test_fused_gpu.py -k "not latency_variant and not $CHECK" 2>&1 | tail -n 15 | tee "$OUT/pytest-gpu.txt"
+  tests/engines/test_fused_gpu.py -k "not latency_variant and not ($CHECK)" 2>&1 | tail -n 15 | tee "$OUT/pytest-gpu.txt"
 echo "all took $(( $(date +%s) - T0 )) s"

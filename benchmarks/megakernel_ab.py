@@ -125,6 +125,10 @@ GREEDY = {"mma": [("mk-default", "v2", STAGED), ("mk-mma", "mma", STAGED)],
                     ("mk-nv-norm-in", "nv", {**NORM_IN, **DEFAULTS}),
                     ("mk-nvm1-norm-in", "nvm1", {**NORM_IN, **DEFAULTS}),
                     ("mk-nvm1-fine", "nvm1", {**STAGED, **DEFAULTS, "fine_deps": True})],
+          "fat": [("mk-kv1-merge-in", "mma9",
+                   {**NORM_IN, **DEFAULTS, "kv_splits": 1, "fuse_merge": True}),
+                  ("mk-kv2-sa8-merge-in", "mmasa8",
+                   {**NORM_IN, **DEFAULTS, "kv_splits": 2, "fuse_merge": True})],
           "issue19": [("mk-+ring", "v2", {"fine_deps": False})]}
 """Persistent paths run 32 greedy steps against eager (name, cubin, options)."""
 VARIANTS = [  # name, cubin, builder options, schedules
@@ -359,13 +363,34 @@ then), 16-byte norm loads (`nv`, RG_MK_NORM_VEC=1: run 7 -1.4 % at b1; another s
 order, its own family, bitwise `nv-stages`), splits waiting only for their kv head
 (`fine_deps`: run 15 -1.3 % at b8), and all three (`nvm1`: both build flags). Whether the
 levers left in this design add up to anything near the b1 bar (0.69 ms)."""
+FAT_VARIANTS = [
+    ("evenwave-stages", "mma", {"fuse": False, **EVEN, **WAVE}, (DYN,)),
+    ("evenwave-norm-in", "mma9", {**NORM_IN, **DEFAULTS}, (DYN,)),
+    ("evenwave", "mma9", {**STAGED, **DEFAULTS}, (DYN,)),
+    *[row for n in (1, 2, 4) for row in (
+        (f"kv{n}-stages", "mma", {"fuse": False, **EVEN, **WAVE, "kv_splits": n}, (DYN,)),
+        (f"kv{n}-norm-in", "mma9", {**NORM_IN, **DEFAULTS, "kv_splits": n}, (DYN,)),
+        (f"kv{n}-merge-in", "mma9", {**NORM_IN, **DEFAULTS, "kv_splits": n, "fuse_merge": True},
+         (DYN,)),
+        (f"kv{n}-sa8-merge-in", "mmasa8",
+         {**NORM_IN, **DEFAULTS, "kv_splits": n, "fuse_merge": True}, (DYN,)))],
+    ("kv1", "mma9", {**STAGED, **DEFAULTS, "kv_splits": 1}, (DYN,)),
+]
+"""Run 75: a few fat split tasks a (sequence, kv head) instead of one wave of thin ones.
+Run 11 found the b1 split window (7.4 us a layer since run 17, and a 5.4 us merge) set by
+when blocks reach the split tasks in the queue, not by a split's loads; `kv_splits` N caps
+the splits at N a kv head (b1: 8 N tasks of 128 / N tokens, against 128 of 16), the merge
+staged (`norm-in`) or in o_proj's prologue (`merge-in`: one or two states a head to weigh),
+and the latter also on RG_MK_SPLIT_AHEAD=8 (`sa8`: a warp's next 8 tokens in flight, the
+same arithmetic); `kv1` the staged norms of b4 / b8. Each N its own bitwise family
+(`family_of`), `kvN-stages`."""
 VARIANT_SETS = {"mma": MMA_VARIANTS, "issue19": VARIANTS, "l2": L2_VARIANTS,
                 "fuse": FUSE_VARIANTS, "merge": MERGE_VARIANTS, "diag": DIAG_VARIANTS,
                 "ahead": AHEAD_VARIANTS, "wave": WAVE_VARIANTS, "deep": DEEP_VARIANTS,
                 "deepsmoke": DEEP_SMOKE, "attention": ATTENTION_VARIANTS,
                 "silu": SILU_VARIANTS, "siludiag": SILU_DIAG_VARIANTS,
                 "siluout": SILU_OUT_VARIANTS, "even": EVEN_VARIANTS,
-                "evenwave": EVEN_WAVE_VARIANTS, "stack": STACK_VARIANTS}
+                "evenwave": EVEN_WAVE_VARIANTS, "stack": STACK_VARIANTS, "fat": FAT_VARIANTS}
 COMPILE = ["none", "max-autotune-no-cudagraphs"]
 """(`--compile default` adds torch.compile's default mode.)"""
 GREEDY_STEPS = 32
@@ -549,12 +574,12 @@ def listed(options: dict) -> dict:
     return {**PINNED, **options}
 
 
-def family_of(cub: str, options: dict) -> tuple[str, bool, bool]:
+def family_of(cub: str, options: dict) -> tuple[str, bool, bool, int]:
     """What fixes a path's bits: its GEMV family (the summation order) and its split plan
-    (`one_wave` and `even_splits` chunk the attention differently)."""
+    (`one_wave`, `even_splits` and `kv_splits` chunk the attention differently)."""
     options = listed(options)
     return ("mma" if cub.startswith("mma") else "fma", bool(options.get("one_wave")),
-            bool(options["even_splits"]))
+            bool(options["even_splits"]), int(options.get("kv_splits") or 0))
 
 
 def bitwise(variants: list, logits: dict) -> dict:

@@ -40,7 +40,7 @@ def test_every_variant_set_has_a_greedy_check(ab: ModuleType) -> None:
 
 
 @pytest.mark.parametrize("name", ["silu", "siludiag", "attention", "siluout", "even",
-                                  "stack"])
+                                  "stack", "fat"])
 def test_the_device_scripts_sets_name_known_options(ab: ModuleType, name: str) -> None:
     # the fused list's options, and the split plan's that the builder takes (one_wave)
     accepted = (set(inspect.signature(emit_fused).parameters) - {"e", "lay"}) | \

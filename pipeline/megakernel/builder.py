@@ -158,13 +158,15 @@ def col_chunk(n: int, sm_count: int) -> int:
 
 
 def attention_splits(batch: int, kv_heads: int, max_context: int, sm_count: int,
-                     page_size: int = PAGE_SIZE, one_wave: bool = False) -> tuple[int, int]:
+                     page_size: int = PAGE_SIZE, one_wave: bool = False,
+                     kv_splits: int | None = None) -> tuple[int, int]:
     """(splits per (sequence, kv head), tokens per split): at least one split task
     per SM, chunks a whole number of pages; `one_wave`: at most one per SM (so the
-    split stage is one wave of tasks, not up to two)."""
+    split stage is one wave of tasks, not up to two); `kv_splits`: at most that many a
+    (sequence, kv head) (one wave's fewer, fatter tasks)."""
     pages = math.ceil(max_context / page_size)
     if one_wave:
-        splits = max(1, min(pages, sm_count // (batch * kv_heads)))
+        splits = max(1, min(pages, sm_count // (batch * kv_heads), kv_splits or pages))
         chunk = math.ceil(pages / splits) * page_size  # round up: at most `splits` chunks
         return math.ceil(max_context / chunk), chunk
     splits = max(1, min(pages, math.ceil(sm_count / (batch * kv_heads))))
@@ -206,7 +208,8 @@ def build_step(dims: ModelDims, batch: int, sm_count: int, *, num_blocks: int,
                max_context: int | None = None, page_size: int = PAGE_SIZE, fuse: bool = True,
                fine_deps: bool = False, tile_scale: int = 1, fuse_norm: bool | None = None,
                fuse_merge: bool = False, l2_ahead: int = 0, one_wave: bool | None = None,
-               silu_out: bool = True, even_splits: bool = True) -> StepPlan:
+               silu_out: bool = True, even_splits: bool = True,
+               kv_splits: int | None = None) -> StepPlan:
     """Task list, step shape and buffer table for one decode step at `batch`: fused
     (ABI v2 flags) where the shape allows, else the unfused stages. By default the
     attention merge stays a stage of its own and so do the norms at batch > 1
@@ -231,17 +234,24 @@ def build_step(dims: ModelDims, batch: int, sm_count: int, *, num_blocks: int,
     even share of its sequence's context (EVEN_SPLITS, at least 16 tokens); False: the
     planned chunk, which leaves a context shorter than the plan in a few long splits (run
     15: the step 5.3 / 7.3 / 3.0 % slower at b1 / b4 / b8 on 129-token contexts). Another
-    partition of the tokens, so another bitwise family than False's."""
+    partition of the tokens, so another bitwise family than False's. `kv_splits` (one
+    wave only): at most that many splits a (sequence, kv head): run 11 found the split
+    window set by when blocks reach the split tasks in the queue, not by a split's own
+    loads, so a few fat tasks a kv head instead of a wave of thin ones (each split count
+    its own bitwise family)."""
     if batch < 1 or sm_count < 1 or num_blocks < 1 or tile_scale < 1:
         raise UsageError(f"build_step: batch {batch}, sm_count {sm_count}, num_blocks "
                          f"{num_blocks}, tile_scale {tile_scale} must all be positive")
+    if kv_splits is not None and (kv_splits < 1 or one_wave is False or not even_splits):
+        raise UsageError(f"build_step: kv_splits {kv_splits}: expected a positive cap on "
+                         "one wave of even splits")
     if not 0 <= l2_ahead <= 8:
         raise UsageError(f"build_step: l2_ahead {l2_ahead}: expected eighths of a tile, 0..8")
     fuse_norm = batch == 1 if fuse_norm is None else fuse_norm
     one_wave = even_splits if one_wave is None else one_wave
     max_context = max_context or dims.max_position
     splits, chunk = attention_splits(batch, dims.kv_heads, max_context, sm_count, page_size,
-                                     one_wave)
+                                     one_wave, kv_splits)
     table_width = math.ceil(max_context / page_size)
     buffers: list[Buffer] = []
     slots: dict[str, int] = {}
@@ -287,6 +297,8 @@ def build_step(dims: ModelDims, batch: int, sm_count: int, *, num_blocks: int,
                              "fuse_merge": fused and fuse_merge,
                              "l2_ahead": l2_ahead if fused else 0, "one_wave": one_wave,
                              "silu_out": fused and silu_out, "even_splits": even_splits}
+    if kv_splits is not None:
+        flags["kv_splits"] = splits
     if blockers:
         flags["not_fused"] = blockers
     return StepPlan(dims=dims, batch=batch, sm_count=sm_count, tasks=e.tasks, shape=shape,

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from pipeline.errors import UsageError
 from pipeline.megakernel import builder, operands
 from pipeline.megakernel.abi import GRANULE, OPTIONAL, Flag, Opcode
 from pipeline.megakernel.validate import validate
@@ -268,6 +269,31 @@ def test_split_plans_of_the_probe_model(batch, default, one_wave):
     assert builder.attention_splits(batch, 8, 1024, 132) == default
     assert builder.attention_splits(batch, 8, 1024, 132, one_wave=True) == one_wave
     assert batch * 8 * one_wave[0] <= 132 < batch * 8 * default[0]
+
+
+@pytest.mark.parametrize("batch", [1, 4, 8])
+def test_kv_splits_caps_one_wave_of_even_splits(batch):
+    """Run 75's fat split tasks: at most kv_splits a (sequence, kv head), each chunk still
+    a whole number of pages covering the plan; one task a kv head holds the whole context."""
+    full = builder.attention_splits(batch, 8, 1024, 132, one_wave=True)
+    for cap in (1, 2, 3, 64):
+        splits, chunk = builder.attention_splits(batch, 8, 1024, 132, one_wave=True,
+                                                 kv_splits=cap)
+        assert splits == min(cap, full[0]) and chunk % 16 == 0 and splits * chunk >= 1024
+    assert builder.attention_splits(batch, 8, 1024, 132, one_wave=True, kv_splits=1) == \
+        (1, 1024)
+    plan = builder.build_step(TINY, batch, 132, num_blocks=16, kv_splits=1)
+    assert plan.options["kv_splits"] == plan.shape.max_splits == 1
+    assert sum(t.opcode == Opcode.ATTN_SPLIT for t in plan.tasks) == \
+        batch * TINY.kv_heads * TINY.layers
+    assert "kv_splits" not in builder.build_step(TINY, batch, 132, num_blocks=16).options
+
+
+@pytest.mark.parametrize("options", [{"kv_splits": 0}, {"kv_splits": 1, "one_wave": False},
+                                     {"kv_splits": 1, "even_splits": False}])
+def test_kv_splits_outside_one_wave_of_even_splits_is_refused(options):
+    with pytest.raises(UsageError, match="kv_splits"):
+        builder.build_step(TINY, 1, 132, num_blocks=16, **options)
 
 
 def test_splits_are_emitted_split_major():

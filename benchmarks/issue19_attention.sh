@@ -20,9 +20,9 @@
 # (run 20) times the one-trip merge, 16-byte norm loads and kv-head split waits on today's
 # lists, alone and together (the build-variant test checks the bit-for-bit ones first);
 # COMPILE=none CHUNKS=0 skip the max-autotune baseline (its fastest compiles are on record).
-# SET=fat (run 75) times a few fat split tasks a kv head (the builder's `kv_splits`), on the
-# tree's kernel and the 8-ahead build, checked first by their gpu test (`-k fat_splits`) and
-# the 8-ahead build's bit-for-bit test.
+# SET=fat (runs 75-76) times a few fat split tasks a kv head (the builder's `kv_splits`), on
+# the tree's kernel, the 8-ahead build and RG_MK_SPLIT_PAGES=1 (with and without 8 ahead),
+# checked first by their gpu test (`-k fat_splits`) and the builds' bit-for-bit test.
 set -u
 SET=${SET:-attention}
 T0=$(date +%s)
@@ -37,7 +37,7 @@ elif [ "$SET" = siludiag ]; then
 elif [ "$SET" = stack ]; then
   VAR=(mmam1="$K/mk_mmam1.cubin" nv="$K/mk_mmanv.cubin" nvm1="$K/mk_mmanvm1.cubin")
 elif [ "$SET" = fat ]; then
-  VAR=(mmasa8="$K/mk_mmasa8.cubin")
+  VAR=(mmasa8="$K/mk_mmasa8.cubin" mmapg="$K/mk_mmapg.cubin" mmasa8pg="$K/mk_mmasa8pg.cubin")
 elif [ "$SET" = siluout ] || [ "$SET" = even ]; then
   VAR=()
 else
@@ -49,7 +49,7 @@ echo "build took $(( $(date +%s) - T0 )) s"
 CHECK=latency_variant
 [ "$SET" = siluout ] && CHECK=silu_out
 [ "$SET" = even ] && CHECK=even_splits
-[ "$SET" = fat ] && CHECK="fat_splits or (latency_variant and attention)"
+[ "$SET" = fat ] && CHECK="fat_splits or (latency_variant and (attention or pages))"
 ROWGATE_NVCC="$(command -v nvcc)" timeout 150 python3 -m pytest -p no:cacheprovider -m gpu -q -rs \
   tests/megakernel/test_persistent_gpu.py -k "$CHECK" 2>&1 | tail -n 8 | tee "$OUT/pytest-variant.txt"
 grep -q " passed" "$OUT/pytest-variant.txt" && ! grep -q "failed\|error" "$OUT/pytest-variant.txt" ||

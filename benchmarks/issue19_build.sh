@@ -14,6 +14,8 @@
 #   mk_mmanv.cubin         RG_MK_MMA=1 RG_MK_NORM_VEC=1 (16-byte norm loads)
 #   mk_mmanvm1.cubin       RG_MK_MMA=1 RG_MK_NORM_VEC=1 RG_MK_MERGE_ONE_TRIP=1 (run 20's stack)
 #   mk_mmasa8.cubin        RG_MK_MMA=1 RG_MK_SPLIT_AHEAD=8 (a split warp's next 8 tokens in flight)
+#   mk_mmapg.cubin         RG_MK_MMA=1 RG_MK_SPLIT_PAGES=1 (a split's pages read once, two a lane)
+#   mk_mmasa8pg.cubin      RG_MK_MMA=1 RG_MK_SPLIT_AHEAD=8 RG_MK_SPLIT_PAGES=1
 #   mk_mmam1.cubin         RG_MK_MMA=1 RG_MK_MERGE_ONE_TRIP=1 (a merge's loads in one round trip)
 #   mk_mmase.cubin         RG_MK_MMA=1 RG_MK_SKIP_EMPTY=1 (an empty split runs without waiting)
 #   mk_mmaall.cubin        RG_MK_MMA=1 and all three
@@ -50,6 +52,9 @@ build mk_mmanv.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_NORM
 build mk_mmanvm1.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_NORM_VEC=1 \
   -DRG_MK_MERGE_ONE_TRIP=1 & pids+=($!)
 build mk_mmasa8.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_SPLIT_AHEAD=8 & pids+=($!)
+build mk_mmapg.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_SPLIT_PAGES=1 & pids+=($!)
+build mk_mmasa8pg.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_SPLIT_AHEAD=8 \
+  -DRG_MK_SPLIT_PAGES=1 & pids+=($!)
 build mk_mmam1.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_MERGE_ONE_TRIP=1 & pids+=($!)
 build mk_mmase.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_SKIP_EMPTY=1 & pids+=($!)
 build mk_mmasilu4.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_SILU_AHEAD=4 & pids+=($!)

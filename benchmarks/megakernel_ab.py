@@ -125,10 +125,9 @@ GREEDY = {"mma": [("mk-default", "v2", STAGED), ("mk-mma", "mma", STAGED)],
                     ("mk-nv-norm-in", "nv", {**NORM_IN, **DEFAULTS}),
                     ("mk-nvm1-norm-in", "nvm1", {**NORM_IN, **DEFAULTS}),
                     ("mk-nvm1-fine", "nvm1", {**STAGED, **DEFAULTS, "fine_deps": True})],
-          "fat": [("mk-kv1-merge-in", "mma9",
-                   {**NORM_IN, **DEFAULTS, "kv_splits": 1, "fuse_merge": True}),
-                  ("mk-kv2-sa8-merge-in", "mmasa8",
-                   {**NORM_IN, **DEFAULTS, "kv_splits": 2, "fuse_merge": True})],
+          "fat": [("mk-kv1-pg-norm-in", "mmapg", {**NORM_IN, **DEFAULTS, "kv_splits": 1}),
+                  ("mk-kv2-sa8pg-norm-in", "mmasa8pg",
+                   {**NORM_IN, **DEFAULTS, "kv_splits": 2})],
           "issue19": [("mk-+ring", "v2", {"fine_deps": False})]}
 """Persistent paths run 32 greedy steps against eager (name, cubin, options)."""
 VARIANTS = [  # name, cubin, builder options, schedules
@@ -366,24 +365,28 @@ levers left in this design add up to anything near the b1 bar (0.69 ms)."""
 FAT_VARIANTS = [
     ("evenwave-stages", "mma", {"fuse": False, **EVEN, **WAVE}, (DYN,)),
     ("evenwave-norm-in", "mma9", {**NORM_IN, **DEFAULTS}, (DYN,)),
+    ("evenwave-pg-norm-in", "mmapg", {**NORM_IN, **DEFAULTS}, (DYN,)),
     ("evenwave", "mma9", {**STAGED, **DEFAULTS}, (DYN,)),
+    ("evenwave-pg", "mmapg", {**STAGED, **DEFAULTS}, (DYN,)),
     *[row for n in (1, 2, 4) for row in (
         (f"kv{n}-stages", "mma", {"fuse": False, **EVEN, **WAVE, "kv_splits": n}, (DYN,)),
         (f"kv{n}-norm-in", "mma9", {**NORM_IN, **DEFAULTS, "kv_splits": n}, (DYN,)),
-        (f"kv{n}-merge-in", "mma9", {**NORM_IN, **DEFAULTS, "kv_splits": n, "fuse_merge": True},
-         (DYN,)),
-        (f"kv{n}-sa8-merge-in", "mmasa8",
-         {**NORM_IN, **DEFAULTS, "kv_splits": n, "fuse_merge": True}, (DYN,)))],
-    ("kv1", "mma9", {**STAGED, **DEFAULTS, "kv_splits": 1}, (DYN,)),
+        (f"kv{n}-pg-norm-in", "mmapg", {**NORM_IN, **DEFAULTS, "kv_splits": n}, (DYN,)),
+        (f"kv{n}-sa8pg-norm-in", "mmasa8pg", {**NORM_IN, **DEFAULTS, "kv_splits": n}, (DYN,)))],
+    ("kv1-merge-in", "mma9", {**NORM_IN, **DEFAULTS, "kv_splits": 1, "fuse_merge": True},
+     (DYN,)),
+    ("kv1-sa8-norm-in", "mmasa8", {**NORM_IN, **DEFAULTS, "kv_splits": 1}, (DYN,)),
+    ("kv2-pg", "mmapg", {**STAGED, **DEFAULTS, "kv_splits": 2}, (DYN,)),
 ]
-"""Run 75: a few fat split tasks a (sequence, kv head) instead of one wave of thin ones.
+"""Runs 75-76: a few fat split tasks a (sequence, kv head) instead of one wave of thin ones.
 Run 11 found the b1 split window (7.4 us a layer since run 17, and a 5.4 us merge) set by
 when blocks reach the split tasks in the queue, not by a split's loads; `kv_splits` N caps
 the splits at N a kv head (b1: 8 N tasks of 128 / N tokens, against 128 of 16), the merge
-staged (`norm-in`) or in o_proj's prologue (`merge-in`: one or two states a head to weigh),
-and the latter also on RG_MK_SPLIT_AHEAD=8 (`sa8`: a warp's next 8 tokens in flight, the
-same arithmetic); `kv1` the staged norms of b4 / b8. Each N its own bitwise family
-(`family_of`), `kvN-stages`."""
+staged (`norm-in`) or in o_proj's prologue (`merge-in`). Run 75 (H100) timed a split warp at
+~1.2 us a token whatever N, the 8-ahead loop (`sa8`) slower still: each token's K/V load
+waits on its block-table load. RG_MK_SPLIT_PAGES=1 (`pg`, run 76) reads the chunk's pages
+once, two a lane; `sa8pg` with 8 tokens ahead. The same arithmetic (bitwise the tree's
+kernel); each N its own bitwise family (`family_of`), `kvN-stages`."""
 VARIANT_SETS = {"mma": MMA_VARIANTS, "issue19": VARIANTS, "l2": L2_VARIANTS,
                 "fuse": FUSE_VARIANTS, "merge": MERGE_VARIANTS, "diag": DIAG_VARIANTS,
                 "ahead": AHEAD_VARIANTS, "wave": WAVE_VARIANTS, "deep": DEEP_VARIANTS,

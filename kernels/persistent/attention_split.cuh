@@ -25,6 +25,12 @@
 // (one L2 round trip where the default makes three: m, then l, then the acc of the
 // nonzero-weight splits), where each thread has one output element and the splits fit
 // kOneTripSplits; the same values in the same sums.
+// RG_MK_SPLIT_PAGES=1: a split reads its chunk's block-table entries once, two a lane,
+// and a token's page comes from a shuffle, not from a load its K/V load waits on
+// (kernels/persistent/megakernel.cu lists the variants).
+#ifndef RG_MK_SPLIT_PAGES
+#define RG_MK_SPLIT_PAGES 0
+#endif
 #ifndef RG_MK_MERGE_ONE_TRIP
 #define RG_MK_MERGE_ONE_TRIP 0
 #endif
@@ -87,8 +93,24 @@ __device__ __forceinline__ void attention_split(const SplitArgs& a, float* smem)
     }
   }
   const long long token_stride = static_cast<long long>(a.kv_heads) * D;
+#if RG_MK_SPLIT_PAGES
+  // At most 64 pages a chunk are held (warp-uniform: it depends on the chunk alone);
+  // a longer chunk reads the table per token as the default does.
+  const int first_page = start / a.page_size;
+  const int n_pages = (end - 1) / a.page_size - first_page + 1;
+  const bool held = n_pages <= 64;
+  int pg_lo = 0, pg_hi = 0;
+  if (held && lane < n_pages) pg_lo = a.block_table[first_page + lane];
+  if (held && 32 + lane < n_pages) pg_hi = a.block_table[first_page + 32 + lane];
+#endif
   auto row_of = [&](int t) {
+#if RG_MK_SPLIT_PAGES
+    const int i = t / a.page_size - first_page;  // warp-uniform: t is the warp's token
+    const long long page = held ? __shfl_sync(0xffffffffu, i < 32 ? pg_lo : pg_hi, i & 31)
+                                : a.block_table[t / a.page_size];
+#else
     const long long page = a.block_table[t / a.page_size];
+#endif
     return (page * a.page_size + t % a.page_size) * token_stride +
            static_cast<long long>(a.kv_head) * D + lane * kPer;
   };

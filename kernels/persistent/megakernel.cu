@@ -58,6 +58,11 @@
 //                        at b8 (issue 19); the same tokens in the same order, the same bits;
 //                        N = 4 / 8: 197 / 231 registers with RG_MK_MMA (no spills; one
 //                        256-thread block an SM has 255)
+//   RG_MK_SPLIT_PAGES=1  an attention split reads its chunk's block-table entries once,
+//                        two a lane (up to 64 pages), and takes a token's page by shuffle:
+//                        run 75 (issue 19) timed a split warp at ~1.2 us a token, the
+//                        table load and then the K/V load it addresses in series each
+//                        token; the same rows, the same bits
 //   RG_MK_MERGE_ONE_TRIP=1 an ATTN_MERGE loads every split's m, l and acc at once (one L2
 //                        round trip instead of three) where a thread holds one output
 //                        element and the splits fit 24 (attention_split.cuh); the same

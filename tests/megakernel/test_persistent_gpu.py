@@ -181,6 +181,10 @@ VARIANTS = {
     # RG_MK_SILU_AHEAD=8: a SiLU-in GEMV's staging keeps 8 granules of gate and up in flight
     # (with the three above it spills: its own build)
     "silu": ["RG_MK_SILU_AHEAD=8"],
+    # RG_MK_SPLIT_PAGES=1: a split's block-table entries read once, a token's page by
+    # shuffle, with the 8-ahead loop (and so both of its row loops' paths: the 1-ahead
+    # loop is the tree's default, checked by every other test of the build)
+    "pages": ["RG_MK_SPLIT_PAGES=1", "RG_MK_SPLIT_AHEAD=8"],
 }
 
 

@@ -56,6 +56,14 @@ struct SplitArgs {
 
 __device__ __forceinline__ float neg_inf() { return -__int_as_float(0x7f800000); }
 
+#if RG_MK_SPLIT_PAGES
+__device__ __forceinline__ int ld_page(const int* p) {
+  int v;
+  asm volatile("ld.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+#endif
+
 // smem: kWarps * kMaxGroup * (D + 2) floats.
 template <int D>
 __device__ __forceinline__ void attention_split(const SplitArgs& a, float* smem) {
@@ -106,8 +114,12 @@ __device__ __forceinline__ void attention_split(const SplitArgs& a, float* smem)
   auto row_of = [&](int t) {
 #if RG_MK_SPLIT_PAGES
     const int i = t / a.page_size - first_page;  // warp-uniform: t is the warp's token
-    const long long page = held ? __shfl_sync(0xffffffffu, i < 32 ? pg_lo : pg_hi, i & 31)
-                                : a.block_table[t / a.page_size];
+    long long page;
+    if (held)
+      page = __shfl_sync(0xffffffffu, i < 32 ? pg_lo : pg_hi, i & 31);
+    else  // volatile: nvcc otherwise loads it whatever `held` says (a plain load or __ldg
+          // both were, and the K/V address waited on it: run 76)
+      page = ld_page(a.block_table + t / a.page_size);
 #else
     const long long page = a.block_table[t / a.page_size];
 #endif

@@ -37,7 +37,7 @@ timeout 240 python3 benchmarks/megakernel_ab.py --out /tmp/runpg \
 cp /tmp/runpg/results.json "$OUT/results.json"
 echo "ab took $(( $(date +%s) - T0 )) s"
 ROWGATE_PERSISTENT_CUBIN="$K/mk_mma.cubin" ROWGATE_NVCC="$(command -v nvcc)" \
-  timeout $(( ${LIMIT:-330} - ($(date +%s) - T0) )) python3 -m pytest -p no:cacheprovider -m gpu \
+  timeout $(( ${LIMIT:-330} - ($(date +%s) - T0) )) python3 -m pytest -p no:cacheprovider --noconftest -m gpu \
   -q -rs tests/megakernel/test_persistent_gpu.py -k "latency_variant and pages" 2>&1 |
   tail -n 6 | tee "$OUT/pytest-variant.txt"
 echo "all took $(( $(date +%s) - T0 )) s"

@@ -54,3 +54,39 @@ def test_the_device_scripts_sets_name_known_options(ab: ModuleType, name: str) -
     keys = {row[1] for row in [*ab.VARIANT_SETS[name], *ab.GREEDY[name]]}
     for key in keys - {"mma", "mma9"}:  # the two the script always passes
         assert f"{key}=" in script, f"{name}: cubin key {key} is not passed by the script"
+
+
+FAT_RUNS = {"run75": "h100-2026-12-05", "run76": "h100-2026-12-05", "run77": "h200-2026-12-05"}
+
+
+def _recorded(run: str) -> dict:
+    import gzip
+    import json
+
+    path = ROOT / "benchmarks" / "results" / FAT_RUNS[run] / run / "results.json.gz"
+    with gzip.open(path, "rt") as f:
+        return json.load(f)
+
+
+@pytest.mark.parametrize("run", sorted(FAT_RUNS))
+def test_the_recorded_fat_splits_lose_to_the_thin_wave(run: str) -> None:
+    """Runs 75-77 (docs/perf.md): every list bitwise its family's unfused list; at b1 no
+    kv_splits cap beats the default thin wave (16 splits a kv head of 2 tokens a warp), and
+    a split task's traced run grows with its tokens a warp (kv4 < kv2 < kv1), whatever the
+    build (the pages one reads no block table in the loop)."""
+    rec = _recorded(run)
+    for batch in ("b1", "b8"):
+        assert rec[batch]["bitwise"] and all(v["equal"] for v in rec[batch]["bitwise"].values())
+    b1 = rec["b1"]
+    median = {k[3:]: v["median_us"] for k, v in b1["modes"].items() if k.startswith("mk-")}
+    fat = [k for k in median if k.startswith("kv") and not k.endswith("stages")]
+    assert fat and all(median["evenwave-norm-in"] < median[k] for k in fat)
+    split = {k[3:]: v["stages"]["split"]["run_us"] for k, v in b1["breakdown"].items()
+             if "stages" in v}
+    for build in ("", "pg-") if "kv1-pg-norm-in" in split else ("",):
+        runs = [split[f"kv{n}-{build}norm-in"] for n in (1, 2, 4)]
+        assert runs == sorted(runs, reverse=True) and runs[-1] > split["evenwave-norm-in"]
+    if "kv1-pg-norm-in" in median:  # the pages build moves neither the split nor the step
+        assert abs(split["kv1-pg-norm-in"] / split["kv1-norm-in"] - 1) < 0.05
+        assert abs(median["evenwave-pg-norm-in"] / median["evenwave-norm-in"] - 1) < 0.02
+        assert split["kv1-sa8pg-norm-in"] > split["kv1-pg-norm-in"]

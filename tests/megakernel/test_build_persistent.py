@@ -2,7 +2,8 @@
 budgets, no spills, no local memory, the counter barriers present in the SASS -- the
 default build and the tensor-core GEMV build (RG_MK_MMA=1, `persistent_decode_mma`, whose
 SASS must hold HMMA and LDSM), and the attention variants issue 19 times beside them
-(RG_MK_SPLIT_AHEAD=8, RG_MK_MERGE_ONE_TRIP=1, RG_MK_SKIP_EMPTY=1 in one build;
+(RG_MK_SPLIT_AHEAD=8, RG_MK_MERGE_ONE_TRIP=1, RG_MK_SKIP_EMPTY=1, RG_MK_SPLIT_PAGES=1 in
+one build, 246 registers;
 RG_MK_SILU_AHEAD=8 in another, as with the three it spills; entries added to the copy's
 kernels.toml: every variant's code compiled and audited, no spills, within one
 256-thread block's 255 registers). A real nvcc build through the build gate's
@@ -43,7 +44,8 @@ arches = ["sm_90"]
 defines = {defines}
 """ + BUDGETS.format(name=name) for name, defines in (
     ("persistent_decode_attention", '["RG_MK_MMA=1", "RG_MK_SPLIT_AHEAD=8", '
-                                    '"RG_MK_MERGE_ONE_TRIP=1", "RG_MK_SKIP_EMPTY=1"]'),
+                                    '"RG_MK_MERGE_ONE_TRIP=1", "RG_MK_SKIP_EMPTY=1", '
+                                    '"RG_MK_SPLIT_PAGES=1"]'),
     ("persistent_decode_silu", '["RG_MK_MMA=1", "RG_MK_SILU_AHEAD=8"]')))
 
 

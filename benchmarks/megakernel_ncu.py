@@ -3,7 +3,7 @@ batch's step of the probe model for each given cubin, the same task list, the dy
 queue, the clocks left alone (`--clock-control none`).
 
     PYTHONPATH=. python3 benchmarks/megakernel_ncu.py --out DIR --cubin NAME=PATH ... \
-        [--batch 1]
+        [--batch 1] [--norm-in | --options JSON] [--source FILE]
 
 Each cubin's step is launched LAUNCHES times in the profiled process, in the order given;
 ncu profiles every launch (kernel replay restores the counters the step starts from) and
@@ -12,6 +12,14 @@ DIR/ncu.json ({cubin: {metric: value}}), and prints a table. Why counters as wel
 traced breakdown: the breakdown says where a block's time goes (counter waits, GEMV,
 other ops); the counters say whether DRAM is busy while it does (dram throughput, bytes,
 L2 hit rate) and what the warps stall on.
+
+`--options` gives the task list's builder options as JSON (e.g. run 77's fat splits,
+'{"fuse_norm": true, "kv_splits": 1}'); `--source FILE` (cubins built with -lineinfo) also
+takes ncu's source counters of one launch a cubin (DIR/source-NAME.ncu-rep, kept whole) and
+writes DIR/source.json: for each line of FILE, the warp stall samples of its instructions by
+reason (Nsight Compute's Python report interface maps each sampled address to its line),
+the question runs 75-77 left open: a persistent split warp pays ~1 us a token however its
+loads are issued (docs/perf.md).
 """
 
 from __future__ import annotations
@@ -48,13 +56,12 @@ METRICS = [
     "smsp__inst_executed.sum",
 ]
 
-def target(cubins: list[tuple[str, Path]], batch: int, norm_in: bool = False) -> None:
+def target(cubins: list[tuple[str, Path]], batch: int, options: dict) -> None:
     """What ncu profiles: LAUNCHES steps per cubin from one prefilled state, the task list
-    of the A/B's `mk-mma` (norms and merges as stages), or with `norm_in` its
-    `mk-mma-norm-in` (the norms in the consumers: the b1 default)."""
+    the builder `options` give (main: the A/B's `mk-mma`, norms and merges as stages, or
+    with --norm-in its `mk-mma-norm-in`, the norms in the consumers: the b1 default)."""
     import megakernel as mk  # benchmarks/megakernel.py: probe, prefill
     import torch
-    from megakernel_ab import NORM_IN, STAGED
 
     from pipeline.engines.qwen3 import Qwen3Model, torch_paged_decode_attention
     from pipeline.megakernel.abi import Schedule
@@ -65,7 +72,7 @@ def target(cubins: list[tuple[str, Path]], batch: int, norm_in: bool = False) ->
     with torch.inference_mode():
         for _, path in cubins:
             pd = PersistentDecode(model, cache, batch, Schedule.DYNAMIC_QUEUE, path,
-                                  options=NORM_IN if norm_in else STAGED)
+                                  options=options)
             for _ in range(LAUNCHES):
                 pd(*args)
             torch.cuda.synchronize()
@@ -86,6 +93,79 @@ def parse(text: str, names: list[str]) -> dict[str, dict[str, str]]:
     return out
 
 
+STALL = "smsp__pcsamp_warps_issue_stalled_"
+
+
+def by_line(samples, source: str) -> dict[str, dict[str, int]]:
+    """Warp stall samples [(file, line, reason, count)] summed by line of `source` (its
+    file name), by reason, with their sum as "all"; samples of other files are left out."""
+    out: dict[str, dict[str, int]] = {}
+    name = Path(source).name
+    for file, line, reason, count in samples:
+        if Path(str(file)).name != name or not count:
+            continue
+        cell = out.setdefault(str(line), {"all": 0})
+        cell[reason] = cell.get(reason, 0) + int(count)
+        cell["all"] += int(count)
+    return out
+
+
+def report_samples(path: Path):
+    """(file, line, reason, count) of every sampled SASS instruction of the report's one
+    kernel, through Nsight Compute's Python report interface (ncu_report, in its
+    extras/python): each smsp__pcsamp_warps_issue_stalled_* metric is instanced by the
+    instruction's address, which source_info maps to its CUDA file and line."""
+    import ncu_report  # noqa: PLC0415 -- on the device, from Nsight Compute's install
+
+    action = ncu_report.load_report(str(path))[0][0]
+    for metric_name in action.metric_names():
+        if not metric_name.startswith(STALL) or metric_name.endswith("_not_issued"):
+            continue
+        metric = action[metric_name]
+        pcs = metric.correlation_ids()
+        for i in range(metric.num_instances()):
+            count = metric.as_uint64(i)
+            info = action.source_info(pcs.as_uint64(i))
+            if info is not None and count:
+                yield info.file_name(), info.line(), metric_name[len(STALL):], count
+
+
+def ncu_python_path(ncu: str) -> str:
+    """Nsight Compute's extras/python beside the ncu binary (the real path, not a link)."""
+    root = Path(os.path.realpath(ncu)).parent
+    for cand in (root / "extras" / "python", root.parent / "extras" / "python"):
+        if cand.is_dir():
+            return str(cand)
+    return ""
+
+
+def take_source(ncu: str, ns: argparse.Namespace, options: dict, env: dict) -> dict:
+    """One profiled launch a cubin with the source counters; its stall samples by line."""
+    got = {}
+    for spec in ns.cubin:
+        name = spec.partition("=")[0]
+        rep = ns.out / f"source-{name}"
+        cmd = [ncu, "--clock-control", "none", "--kernel-name", "regex:persistent_decode",
+               "--launch-skip", str(LAUNCHES - 1), "--launch-count", "1",
+               "--section", "SourceCounters", "--section", "WarpStateStats",
+               "--import-source", "yes", "-f", "-o", str(rep), sys.executable, __file__,
+               "--target", "--out", str(ns.out), "--batch", str(ns.batch),
+               f"--options={json.dumps(options)}", f"--cubin={spec}"]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env,
+                           check=False)
+        (ns.out / f"source-{name}.log").write_text((p.stdout + p.stderr)[-4000:])
+        try:
+            sys.path.insert(0, ncu_python_path(ncu))
+            lines, error = by_line(report_samples(rep.with_suffix(".ncu-rep")), ns.source), ""
+        except Exception as exc:  # noqa: BLE001 -- recorded: the report stays for a rerun
+            lines, error = {}, f"{type(exc).__name__}: {exc}"
+        got[name] = {"returncode": p.returncode, "error": error, "lines": lines}
+    return got
+
+
+ncu = shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -93,31 +173,52 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--norm-in", action="store_true",
                     help="the list with the norms in their consumers (the b1 default)")
+    ap.add_argument("--options", type=json.loads, default=None,
+                    help="the task list's builder options as JSON (instead of --norm-in)")
+    ap.add_argument("--source", default=None, metavar="FILE",
+                    help="also the source counters, summed by FILE's lines (-lineinfo cubins)")
     ap.add_argument("--target", action="store_true", help=argparse.SUPPRESS)
     ns = ap.parse_args()
     cubins = [(n, Path(p)) for n, _, p in (c.partition("=") for c in ns.cubin)]
+    from megakernel_ab import NORM_IN, STAGED
+
+    options = ns.options if ns.options is not None else NORM_IN if ns.norm_in else STAGED
     if ns.target:
-        target(cubins, ns.batch, ns.norm_in)
+        target(cubins, ns.batch, options)
         return 0
+    if not Path(ncu).is_file():
+        print(f"megakernel_ncu: no ncu at {ncu} (Nsight Compute: the device machine has it)",
+              file=sys.stderr)
+        return 2
     ns.out.mkdir(parents=True, exist_ok=True)
-    ncu = shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
     cmd = [ncu, "--clock-control", "none", "--kernel-name", "regex:persistent_decode",
            "--metrics", ",".join(METRICS), "--csv", "--page", "raw", sys.executable, __file__,
            "--target", "--out", str(ns.out), "--batch", str(ns.batch),
-           *(["--norm-in"] if ns.norm_in else []),
-           *[f"--cubin={c}" for c in ns.cubin]]
+           f"--options={json.dumps(options)}", *[f"--cubin={c}" for c in ns.cubin]]
     env = {**os.environ, "PYTHONPATH": f"{REPO}:{os.environ.get('PYTHONPATH', '')}"}
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env, check=False)
     (ns.out / "ncu.csv").write_text(p.stdout + "\n# stderr\n" + p.stderr[-4000:])
     got = parse(p.stdout, [n for n, _ in cubins])
     (ns.out / "ncu.json").write_text(json.dumps({"returncode": p.returncode, "command": cmd,
-                                                 "batch": ns.batch, "norm_in": ns.norm_in,
+                                                 "batch": ns.batch, "options": options,
                                                  "cubins": got}, indent=1))
     for name, m in got.items():
         print(name, " ".join(f"{k.split('.')[0].split('__')[-1]}={v}" for k, v in m.items()
                              if k != "Kernel Name"))
     print(f"ncu returncode {p.returncode}")
-    return 0 if p.returncode == 0 and len(got) == len(cubins) else 1
+    ok = p.returncode == 0 and len(got) == len(cubins)
+    if ns.source:
+        lines = take_source(ncu, ns, options, env)
+        (ns.out / "source.json").write_text(json.dumps({"source": ns.source,
+                                                        "cubins": lines}, indent=1))
+        for name, r in lines.items():
+            top = sorted(r["lines"].items(), key=lambda kv: -kv[1]["all"])[:12]
+            print(f"{name}: ncu {r['returncode']} {r['error']}; stall samples by line of "
+                  f"{ns.source}: " +
+                  "; ".join(f"{ln} {c['all']} ({max((k for k in c if k != 'all'), key=c.get, default='-')})"
+                            for ln, c in top))
+            ok = ok and r["returncode"] == 0 and bool(r["lines"])
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

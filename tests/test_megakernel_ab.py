@@ -90,3 +90,25 @@ def test_the_recorded_fat_splits_lose_to_the_thin_wave(run: str) -> None:
         assert abs(split["kv1-pg-norm-in"] / split["kv1-norm-in"] - 1) < 0.05
         assert abs(median["evenwave-pg-norm-in"] / median["evenwave-norm-in"] - 1) < 0.02
         assert split["kv1-sa8pg-norm-in"] > split["kv1-pg-norm-in"]
+
+
+def test_ncu_stall_samples_sum_by_line_of_the_named_file() -> None:
+    """megakernel_ncu.by_line: the source view of the next split measurement (runs 75-77)
+    keeps the named file's lines only (by file name, whatever the build's path), sums each
+    line's samples by reason and in all, and drops zero counts."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        spec = importlib.util.spec_from_file_location("megakernel_ncu",
+                                                      ROOT / "benchmarks" / "megakernel_ncu.py")
+        assert spec is not None and spec.loader is not None
+        ncu = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(ncu)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    samples = [("/tmp/b/kernels/persistent/attention_split.cuh", 142, "long_scoreboard", 7),
+               ("kernels/persistent/attention_split.cuh", 142, "long_scoreboard", 3),
+               ("kernels/persistent/attention_split.cuh", 142, "short_scoreboard", 2),
+               ("kernels/persistent/attention_split.cuh", 150, "wait", 0),
+               ("kernels/persistent/megakernel.cu", 142, "barrier", 50)]
+    got = ncu.by_line(samples, "kernels/persistent/attention_split.cuh")
+    assert got == {"142": {"all": 12, "long_scoreboard": 10, "short_scoreboard": 2}}

@@ -5,12 +5,14 @@ key the set's device script passes and options the fused list builder accepts.""
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
 import inspect
+import json
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -20,18 +22,22 @@ from pipeline.megakernel.fused_list import emit_fused
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def ab() -> Iterator[ModuleType]:
-    sys.path.insert(0, str(ROOT / "benchmarks"))  # it imports its sibling megakernel.py
+def _benchmark(name: str) -> ModuleType:
+    """benchmarks/NAME.py as a module (it may import its siblings, e.g. megakernel.py)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
-        spec = importlib.util.spec_from_file_location("megakernel_ab",
-                                                      ROOT / "benchmarks" / "megakernel_ab.py")
+        spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        yield module
+        return module
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
+
+
+@pytest.fixture(scope="module")
+def ab() -> ModuleType:
+    return _benchmark("megakernel_ab")
 
 
 def test_every_variant_set_has_a_greedy_check(ab: ModuleType) -> None:
@@ -59,13 +65,11 @@ def test_the_device_scripts_sets_name_known_options(ab: ModuleType, name: str) -
 FAT_RUNS = {"run75": "h100-2026-12-05", "run76": "h100-2026-12-05", "run77": "h200-2026-12-05"}
 
 
-def _recorded(run: str) -> dict:
-    import gzip
-    import json
-
+def _recorded(run: str) -> dict[str, Any]:
     path = ROOT / "benchmarks" / "results" / FAT_RUNS[run] / run / "results.json.gz"
     with gzip.open(path, "rt") as f:
-        return json.load(f)
+        record: dict[str, Any] = json.load(f)
+    return record
 
 
 @pytest.mark.parametrize("run", sorted(FAT_RUNS))
@@ -96,15 +100,7 @@ def test_ncu_stall_samples_sum_by_line_of_the_named_file() -> None:
     """megakernel_ncu.by_line: the source view of the next split measurement (runs 75-77)
     keeps the named file's lines only (by file name, whatever the build's path), sums each
     line's samples by reason and in all, and drops zero counts."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        spec = importlib.util.spec_from_file_location("megakernel_ncu",
-                                                      ROOT / "benchmarks" / "megakernel_ncu.py")
-        assert spec is not None and spec.loader is not None
-        ncu = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(ncu)
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    ncu = _benchmark("megakernel_ncu")
     samples = [("/tmp/b/kernels/persistent/attention_split.cuh", 142, "long_scoreboard", 7),
                ("kernels/persistent/attention_split.cuh", 142, "long_scoreboard", 3),
                ("kernels/persistent/attention_split.cuh", 142, "short_scoreboard", 2),

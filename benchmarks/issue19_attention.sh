@@ -20,7 +20,7 @@
 # (run 20) times the one-trip merge, 16-byte norm loads and kv-head split waits on today's
 # lists, alone and together (the build-variant test checks the bit-for-bit ones first);
 # COMPILE=none CHUNKS=0 skip the max-autotune baseline (its fastest compiles are on record).
-# SET=fat (runs 75-76) times a few fat split tasks a kv head (the builder's `kv_splits`), on
+# SET=fat (runs 75-76; run 77 in issue19_pages.sh) times a few fat split tasks a kv head (the builder's `kv_splits`), on
 # the tree's kernel, the 8-ahead build and RG_MK_SPLIT_PAGES=1 (with and without 8 ahead),
 # checked first by their gpu test (`-k fat_splits`) and the builds' bit-for-bit test.
 set -u

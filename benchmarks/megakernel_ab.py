@@ -378,15 +378,17 @@ FAT_VARIANTS = [
     ("kv1-sa8-norm-in", "mmasa8", {**NORM_IN, **DEFAULTS, "kv_splits": 1}, (DYN,)),
     ("kv2-pg", "mmapg", {**STAGED, **DEFAULTS, "kv_splits": 2}, (DYN,)),
 ]
-"""Runs 75-76: a few fat split tasks a (sequence, kv head) instead of one wave of thin ones.
+"""Runs 75-77: a few fat split tasks a (sequence, kv head) instead of one wave of thin ones.
 Run 11 found the b1 split window (7.4 us a layer since run 17, and a 5.4 us merge) set by
 when blocks reach the split tasks in the queue, not by a split's loads; `kv_splits` N caps
 the splits at N a kv head (b1: 8 N tasks of 128 / N tokens, against 128 of 16), the merge
 staged (`norm-in`) or in o_proj's prologue (`merge-in`). Run 75 (H100) timed a split warp at
-~1.2 us a token whatever N, the 8-ahead loop (`sa8`) slower still: each token's K/V load
-waits on its block-table load. RG_MK_SPLIT_PAGES=1 (`pg`, run 76) reads the chunk's pages
-once, two a lane; `sa8pg` with 8 tokens ahead. The same arithmetic (bitwise the tree's
-kernel); each N its own bitwise family (`family_of`), `kvN-stages`."""
+~1.2 us a token whatever N, the 8-ahead loop (`sa8`) slower still, and each token's K/V load
+waited on its block-table load in the SASS; RG_MK_SPLIT_PAGES=1 (`pg`, runs 76-77: run 77's
+build the one with no table load in the loop) reads the chunk's pages once, two a lane;
+`sa8pg` with 8 tokens ahead. Neither moved the ~1 us a token (docs/perf.md, "Runs 75-77").
+The same arithmetic (bitwise the tree's kernel); each N its own bitwise family
+(`family_of`), `kvN-stages`."""
 VARIANT_SETS = {"mma": MMA_VARIANTS, "issue19": VARIANTS, "l2": L2_VARIANTS,
                 "fuse": FUSE_VARIANTS, "merge": MERGE_VARIANTS, "diag": DIAG_VARIANTS,
                 "ahead": AHEAD_VARIANTS, "wave": WAVE_VARIANTS, "deep": DEEP_VARIANTS,

@@ -238,7 +238,8 @@ def build_step(dims: ModelDims, batch: int, sm_count: int, *, num_blocks: int,
     wave only): at most that many splits a (sequence, kv head): run 11 found the split
     window set by when blocks reach the split tasks in the queue, not by a split's own
     loads, so a few fat tasks a kv head instead of a wave of thin ones (each split count
-    its own bitwise family)."""
+    its own bitwise family). Runs 75-77 on the H100 and H200: slower at every cap and
+    batch (b1 989-1293 against 966 us), since a split warp pays ~1 us a token; off."""
     if batch < 1 or sm_count < 1 or num_blocks < 1 or tile_scale < 1:
         raise UsageError(f"build_step: batch {batch}, sm_count {sm_count}, num_blocks "
                          f"{num_blocks}, tile_scale {tile_scale} must all be positive")

@@ -25,17 +25,20 @@
 #   mk_mmadiag2.cubin      RG_MK_MMA=1 RG_MK_SILU_DIAG=2 (diagnostic, not bitwise: no SiLU)
 # Each NAME.log keeps ptxas -v (registers, spills); mk_mma.sass the SASS where cuobjdump
 # is found (CUOBJDUMP=path, else PATH, else a venv's nvidia-cu13 wheel).
-# Usage: bash benchmarks/issue19_build.sh [DIR] (NVCC=path to pick the compiler).
+# Usage: bash benchmarks/issue19_build.sh [DIR] (NVCC=path to pick the compiler; ONLY="mk_mma
+# mk_mmapg ..." builds only the cubins named, without .cubin; EXTRA="-lineinfo" adds nvcc flags).
 set -euo pipefail
 OUT=${1:-.devrun/kernels}/cubins
 NVCC=${NVCC:-nvcc}
 mkdir -p "$OUT"
 flags=(-cubin -arch=sm_90 -std=c++17 -I kernels/include -Werror all-warnings
        -Xptxas -v,-warn-spills,-warn-lmem-usage -Xcompiler -Wall,-Wextra,-Werror)
+read -r -a extra <<< "${EXTRA:-}"
 build() {  # out source [defines...]
   local out=$1 src=$2
   shift 2
-  "$NVCC" "${flags[@]}" "$@" -o "$OUT/$out" "$src" > "$OUT/$out.log" 2>&1 ||
+  [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" ${out%.cubin} "* ]] || return 0
+  "$NVCC" "${flags[@]}" "${extra[@]}" "$@" -o "$OUT/$out" "$src" > "$OUT/$out.log" 2>&1 ||
     { cat "$OUT/$out.log"; exit 1; }
 }
 pids=()
@@ -66,7 +69,7 @@ build mk_mmaall.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_SPL
 for p in "${pids[@]}"; do wait "$p" || exit 1; done
 CUOBJDUMP=${CUOBJDUMP:-$(command -v cuobjdump ||
   ls .nox/tests/lib/python3*/site-packages/nvidia/cu13/bin/cuobjdump 2>/dev/null | head -1 || true)}
-if [ -n "$CUOBJDUMP" ]; then
+if [ -n "$CUOBJDUMP" ] && [ -f "$OUT/mk_mma.cubin" ]; then
   "$CUOBJDUMP" -sass "$OUT/mk_mma.cubin" > "$OUT/mk_mma.sass"
   echo "mk_mma.cubin SASS: $(grep -c HMMA "$OUT/mk_mma.sass") HMMA, $(grep -c LDSM "$OUT/mk_mma.sass") LDSM"
 fi

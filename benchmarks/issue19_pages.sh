@@ -2,30 +2,16 @@
 # One short device call (issue 19, run 77): the fat split tasks (`--variants fat`) on the
 # RG_MK_SPLIT_PAGES build whose fallback page load can no longer be hoisted (run 76's build
 # loaded the table each token whatever `held` said, so its K/V addresses still waited on
-# it). Builds only the four persistent cubins the set names and split_kv's baseline unit
-# (the graph-fused engine's), times `megakernel_ab.py --variants fat` at b1 and b8 (every
-# list bitwise its family's unfused list on the tree's default cubin), then, with the time
-# left, the pages build's bit-for-bit gpu test. carry [".site"]; results in $OUT.
+# it). Builds only the four persistent cubins the set names and split_kv (the graph-fused
+# engine's), with issue19_build.sh's ONLY; times `megakernel_ab.py --variants fat` at b1
+# and b8 (every list bitwise its family's unfused list on the tree's default cubin); then,
+# with the time left, the pages build's bit-for-bit gpu test. carry [".site"]; results in $OUT.
 set -u
 T0=$(date +%s)
 . benchmarks/device_env.sh || exit 1
 K=/tmp/k/cubins
-mkdir -p "$K"
-F=(-cubin -arch=sm_90 -std=c++17 -I kernels/include -Werror all-warnings
-   -Xptxas -v,-warn-spills,-warn-lmem-usage -Xcompiler -Wall,-Wextra,-Werror)
-S=kernels/persistent/megakernel.cu
-build() {  # name defines...
-  local n=$1
-  shift
-  nvcc "${F[@]}" "$@" -o "$K/$n.cubin" "$S" > "$K/$n.log" 2>&1 || { cat "$K/$n.log"; return 1; }
-}
-build mk_mma -DRG_MK_MMA=1 & p1=$!
-build mk_mmapg -DRG_MK_MMA=1 -DRG_MK_SPLIT_PAGES=1 & p2=$!
-build mk_mmasa8pg -DRG_MK_MMA=1 -DRG_MK_SPLIT_PAGES=1 -DRG_MK_SPLIT_AHEAD=8 & p3=$!
-build mk_mmasa8 -DRG_MK_MMA=1 -DRG_MK_SPLIT_AHEAD=8 & p4=$!
-nvcc "${F[@]}" -DRG_UNIT=1 -o "$K/split_kv.sm_90.cubin" kernels/decode_attention/split_kv.cu \
-  > "$K/split_kv.log" 2>&1 & p5=$!
-for p in $p1 $p2 $p3 $p4 $p5; do wait "$p" || exit 1; done
+ONLY="split_kv.sm_90 mk_mma mk_mmapg mk_mmasa8pg mk_mmasa8" bash benchmarks/issue19_build.sh \
+  /tmp/k > /tmp/build.txt 2>&1 || { tail -20 /tmp/build.txt; exit 1; }
 grep -H "registers" "$K"/mk_*.log | tee "$OUT/registers.txt"
 echo "build took $(( $(date +%s) - T0 )) s"
 rm -rf /tmp/runpg && mkdir -p /tmp/runpg

@@ -10,11 +10,9 @@
 # step's counters), source.json (stall samples by line), the reports.
 set -u
 . benchmarks/device_env.sh || exit 1
-K=/tmp/k/cubins
-mkdir -p "$K"
-nvcc -cubin -arch=sm_90 -std=c++17 -I kernels/include -lineinfo -Werror all-warnings \
-  -Xptxas -v -DRG_MK_MMA=1 -o "$K/mk_mma_li.cubin" kernels/persistent/megakernel.cu \
-  > "$K/mk_mma_li.log" 2>&1 || { cat "$K/mk_mma_li.log"; exit 1; }
+ONLY=mk_mma EXTRA=-lineinfo bash benchmarks/issue19_build.sh /tmp/kli > /tmp/build.txt 2>&1 ||
+  { tail -20 /tmp/build.txt; exit 1; }
+K=/tmp/kli/cubins
 for list in kv1 default; do
   if [ "$list" = kv1 ]; then
     OPT='{"fine_deps": false, "fuse_norm": true, "fuse_merge": false, "kv_splits": 1}'
@@ -22,6 +20,6 @@ for list in kv1 default; do
     OPT='{"fine_deps": false, "fuse_norm": true, "fuse_merge": false}'
   fi
   timeout 280 python3 benchmarks/megakernel_ncu.py --out "$OUT/$list" --batch 1 \
-    --options "$OPT" --cubin mma="$K/mk_mma_li.cubin" \
+    --options "$OPT" --cubin mma="$K/mk_mma.cubin" \
     --source kernels/persistent/attention_split.cuh 2>&1 | tail -n 6
 done

@@ -139,31 +139,37 @@ def ncu_python_path(ncu: str) -> str:
     return ""
 
 
-def take_source(ncu: str, ns: argparse.Namespace, options: dict, env: dict) -> dict:
+NCU = shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
+
+
+def profiled(ns: argparse.Namespace, options: dict, how: list[str],
+             cubins: list[str]) -> subprocess.CompletedProcess[str]:
+    """ncu (`how`: what it collects and writes) on this script's --target run of `cubins`."""
+    cmd = [NCU, "--clock-control", "none", "--kernel-name", "regex:persistent_decode", *how,
+           sys.executable, __file__, "--target", "--out", str(ns.out), "--batch",
+           str(ns.batch), f"--options={json.dumps(options)}", *[f"--cubin={c}" for c in cubins]]
+    env = {**os.environ, "PYTHONPATH": f"{REPO}:{os.environ.get('PYTHONPATH', '')}"}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env,
+                          check=False)
+
+
+def take_source(ns: argparse.Namespace, options: dict) -> dict:
     """One profiled launch a cubin with the source counters; its stall samples by line."""
     got = {}
     for spec in ns.cubin:
         name = spec.partition("=")[0]
         rep = ns.out / f"source-{name}"
-        cmd = [ncu, "--clock-control", "none", "--kernel-name", "regex:persistent_decode",
-               "--launch-skip", str(LAUNCHES - 1), "--launch-count", "1",
-               "--section", "SourceCounters", "--section", "WarpStateStats",
-               "--import-source", "yes", "-f", "-o", str(rep), sys.executable, __file__,
-               "--target", "--out", str(ns.out), "--batch", str(ns.batch),
-               f"--options={json.dumps(options)}", f"--cubin={spec}"]
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env,
-                           check=False)
+        p = profiled(ns, options, ["--launch-skip", str(LAUNCHES - 1), "--launch-count", "1",
+                                   "--section", "SourceCounters", "--section", "WarpStateStats",
+                                   "--import-source", "yes", "-f", "-o", str(rep)], [spec])
         (ns.out / f"source-{name}.log").write_text((p.stdout + p.stderr)[-4000:])
         try:
-            sys.path.insert(0, ncu_python_path(ncu))
+            sys.path.insert(0, ncu_python_path(NCU))
             lines, error = by_line(report_samples(rep.with_suffix(".ncu-rep")), ns.source), ""
         except Exception as exc:  # noqa: BLE001 -- recorded: the report stays for a rerun
             lines, error = {}, f"{type(exc).__name__}: {exc}"
         got[name] = {"returncode": p.returncode, "error": error, "lines": lines}
     return got
-
-
-ncu = shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
 
 
 def main() -> int:
@@ -186,20 +192,16 @@ def main() -> int:
     if ns.target:
         target(cubins, ns.batch, options)
         return 0
-    if not Path(ncu).is_file():
-        print(f"megakernel_ncu: no ncu at {ncu} (Nsight Compute: the device machine has it)",
+    if not Path(NCU).is_file():
+        print(f"megakernel_ncu: no ncu at {NCU} (Nsight Compute: the device machine has it)",
               file=sys.stderr)
         return 2
     ns.out.mkdir(parents=True, exist_ok=True)
-    cmd = [ncu, "--clock-control", "none", "--kernel-name", "regex:persistent_decode",
-           "--metrics", ",".join(METRICS), "--csv", "--page", "raw", sys.executable, __file__,
-           "--target", "--out", str(ns.out), "--batch", str(ns.batch),
-           f"--options={json.dumps(options)}", *[f"--cubin={c}" for c in ns.cubin]]
-    env = {**os.environ, "PYTHONPATH": f"{REPO}:{os.environ.get('PYTHONPATH', '')}"}
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env, check=False)
+    p = profiled(ns, options, ["--metrics", ",".join(METRICS), "--csv", "--page", "raw"],
+                 ns.cubin)
     (ns.out / "ncu.csv").write_text(p.stdout + "\n# stderr\n" + p.stderr[-4000:])
     got = parse(p.stdout, [n for n, _ in cubins])
-    (ns.out / "ncu.json").write_text(json.dumps({"returncode": p.returncode, "command": cmd,
+    (ns.out / "ncu.json").write_text(json.dumps({"returncode": p.returncode, "command": p.args,
                                                  "batch": ns.batch, "options": options,
                                                  "cubins": got}, indent=1))
     for name, m in got.items():
@@ -208,7 +210,7 @@ def main() -> int:
     print(f"ncu returncode {p.returncode}")
     ok = p.returncode == 0 and len(got) == len(cubins)
     if ns.source:
-        lines = take_source(ncu, ns, options, env)
+        lines = take_source(ns, options)
         (ns.out / "source.json").write_text(json.dumps({"source": ns.source,
                                                         "cubins": lines}, indent=1))
         for name, r in lines.items():

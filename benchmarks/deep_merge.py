@@ -163,11 +163,9 @@ def measure(out: Path, repeats: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from benchmarks.deep_trace import bench_main
+    from benchmarks.deep_trace import bench_exit
 
-    res, _ = bench_main(argv, __doc__, "deep_merge", "merge.json.gz", measure, summarize, show,
-                        REPEATS)
-    return 2 if res is None else 0
+    return bench_exit(argv, __doc__, "deep_merge", "merge.json.gz", measure, summarize, show, REPEATS)
 
 
 if __name__ == "__main__":

@@ -216,6 +216,13 @@ def bench_main(argv: list[str] | None, doc: str, tool: str, record: str,
     return res, out
 
 
+def bench_exit(*args: Any) -> int:
+    """bench_main's exit code for a benchmark with nothing more to do: 2 if the recorded run
+    could not be read, else 0 (deep_tail, deep_merge)."""
+    res, _ = bench_main(*args)
+    return 2 if res is None else 0
+
+
 def measure(out: Path, repeats: int) -> dict[str, Any]:
     import torch
 

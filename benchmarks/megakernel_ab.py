@@ -128,6 +128,8 @@ GREEDY = {"mma": [("mk-default", "v2", STAGED), ("mk-mma", "mma", STAGED)],
           "fat": [("mk-kv1-pg-norm-in", "mmapg", {**NORM_IN, **DEFAULTS, "kv_splits": 1}),
                   ("mk-kv2-sa8pg-norm-in", "mmasa8pg",
                    {**NORM_IN, **DEFAULTS, "kv_splits": 2})],
+          "raw": [("mk-evenwave-raw4-norm-in", "mmaraw4", {**NORM_IN, **DEFAULTS}),
+                  ("mk-kv1-raw8-norm-in", "mmaraw8", {**NORM_IN, **DEFAULTS, "kv_splits": 1})],
           "issue19": [("mk-+ring", "v2", {"fine_deps": False})]}
 """Persistent paths run 32 greedy steps against eager (name, cubin, options)."""
 VARIANTS = [  # name, cubin, builder options, schedules
@@ -389,13 +391,33 @@ build the one with no table load in the loop) reads the chunk's pages once, two 
 `sa8pg` with 8 tokens ahead. Neither moved the ~1 us a token (docs/perf.md, "Runs 75-77").
 The same arithmetic (bitwise the tree's kernel); each N its own bitwise family
 (`family_of`), `kvN-stages`."""
+RAW_VARIANTS = [
+    ("evenwave-stages", "mma", {"fuse": False, **EVEN, **WAVE}, (DYN,)),
+    ("evenwave-norm-in", "mma9", {**NORM_IN, **DEFAULTS}, (DYN,)),
+    ("evenwave", "mma9", {**STAGED, **DEFAULTS}, (DYN,)),
+    *[(f"evenwave-raw{r}-norm-in", f"mmaraw{r}", {**NORM_IN, **DEFAULTS}, (DYN,))
+      for r in (2, 4, 8)],
+    *[(f"evenwave-raw{r}", f"mmaraw{r}", {**STAGED, **DEFAULTS}, (DYN,)) for r in (4, 8)],
+    *[row for n in (1, 2, 4) for row in (
+        (f"kv{n}-stages", "mma", {"fuse": False, **EVEN, **WAVE, "kv_splits": n}, (DYN,)),
+        (f"kv{n}-norm-in", "mma9", {**NORM_IN, **DEFAULTS, "kv_splits": n}, (DYN,)),
+        *[(f"kv{n}-raw{r}-norm-in", f"mmaraw{r}", {**NORM_IN, **DEFAULTS, "kv_splits": n},
+           (DYN,)) for r in (4, 8)])],
+]
+"""Run 78: RG_MK_SPLIT_RAW=R (`rawR`), a split loop templated on the group whose next R
+tokens' K/V rows are held raw. Run 78's source counters (ncu, `kv1`) put 54 % of a split's
+stall samples on the instruction right after the "next token" loads: nvcc converts them at
+once, so the default loop pays a whole round trip a token, and runs 75-77's 8-ahead builds
+unrolled eight head slots a token (89 KB of SASS). The raw builds on the default lists and
+on `kv_splits` 1, 2, 4: the same arithmetic (bitwise the tree's kernel, `family_of`)."""
 VARIANT_SETS = {"mma": MMA_VARIANTS, "issue19": VARIANTS, "l2": L2_VARIANTS,
                 "fuse": FUSE_VARIANTS, "merge": MERGE_VARIANTS, "diag": DIAG_VARIANTS,
                 "ahead": AHEAD_VARIANTS, "wave": WAVE_VARIANTS, "deep": DEEP_VARIANTS,
                 "deepsmoke": DEEP_SMOKE, "attention": ATTENTION_VARIANTS,
                 "silu": SILU_VARIANTS, "siludiag": SILU_DIAG_VARIANTS,
                 "siluout": SILU_OUT_VARIANTS, "even": EVEN_VARIANTS,
-                "evenwave": EVEN_WAVE_VARIANTS, "stack": STACK_VARIANTS, "fat": FAT_VARIANTS}
+                "evenwave": EVEN_WAVE_VARIANTS, "stack": STACK_VARIANTS, "fat": FAT_VARIANTS,
+                "raw": RAW_VARIANTS}
 COMPILE = ["none", "max-autotune-no-cudagraphs"]
 """(`--compile default` adds torch.compile's default mode.)"""
 GREEDY_STEPS = 32

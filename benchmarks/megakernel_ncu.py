@@ -16,10 +16,10 @@ L2 hit rate) and what the warps stall on.
 `--options` gives the task list's builder options as JSON (e.g. run 77's fat splits,
 '{"fuse_norm": true, "kv_splits": 1}'); `--source FILE` (cubins built with -lineinfo) also
 takes ncu's source counters of one launch a cubin (DIR/source-NAME.ncu-rep, kept whole) and
-writes DIR/source.json: for each line of FILE, the warp stall samples of its instructions by
-reason (Nsight Compute's Python report interface maps each sampled address to its line),
-the question runs 75-77 left open: a persistent split warp pays ~1 us a token however its
-loads are issued (docs/perf.md).
+writes DIR/source.json: for each line of FILE (and each of its SASS instructions), the
+warp stall samples by reason (Nsight Compute's Python report interface maps each sampled
+address to its line), the question runs 75-77 left open: a persistent split warp pays
+~1 us a token however its loads are issued (docs/perf.md).
 """
 
 from __future__ import annotations
@@ -52,6 +52,12 @@ METRICS = [
     "smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio",
     "smsp__average_warps_issue_stalled_wait_per_issue_active.ratio",
     "smsp__average_warps_issue_stalled_sleeping_per_issue_active.ratio",
+    # the instruction fetch (a 47k-instruction kernel: does a task switch miss the i-cache?),
+    # and the memory pipes' queues
+    "smsp__average_warps_issue_stalled_no_instruction_per_issue_active.ratio",
+    "smsp__average_warps_issue_stalled_branch_resolving_per_issue_active.ratio",
+    "smsp__average_warps_issue_stalled_lg_throttle_per_issue_active.ratio",
+    "smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio",
     "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active",
     "smsp__inst_executed.sum",
 ]
@@ -96,17 +102,28 @@ def parse(text: str, names: list[str]) -> dict[str, dict[str, str]]:
 STALL = "smsp__pcsamp_warps_issue_stalled_"
 
 
-def by_line(samples, source: str) -> dict[str, dict[str, int]]:
-    """Warp stall samples [(file, line, reason, count)] summed by line of `source` (its
-    file name), by reason, with their sum as "all"; samples of other files are left out."""
+def by_key(samples, source: str, key: str) -> dict[str, dict[str, int]]:
+    """Warp stall samples [(file, line, reason, count, pc)] summed by `key` ("line", or
+    "pc": one SASS instruction, its line kept) of `source` (its file name), by reason, with
+    their sum as "all"; samples of other files are left out."""
     out: dict[str, dict[str, int]] = {}
     name = Path(source).name
-    for file, line, reason, count in samples:
+    for file, line, reason, count, pc in samples:
         if Path(str(file)).name != name or not count:
             continue
-        cell = out.setdefault(str(line), {"all": 0})
+        cell = out.setdefault(str(line) if key == "line" else f"{pc:#x}", {"all": 0})
+        if key == "pc":
+            cell["line"] = int(line)
         cell[reason] = cell.get(reason, 0) + int(count)
         cell["all"] += int(count)
+    return out
+
+
+def by_file(samples) -> dict[str, int]:
+    """All stall samples by source file: how much of the step the named file's lines are."""
+    out: dict[str, int] = {}
+    for file, _, _, count, _ in samples:
+        out[Path(str(file)).name] = out.get(Path(str(file)).name, 0) + int(count)
     return out
 
 
@@ -127,13 +144,18 @@ def report_samples(path: Path):
             count = metric.as_uint64(i)
             info = action.source_info(pcs.as_uint64(i))
             if info is not None and count:
-                yield info.file_name(), info.line(), metric_name[len(STALL):], count
+                yield (info.file_name(), info.line(), metric_name[len(STALL):], count,
+                       pcs.as_uint64(i))
 
 
 def ncu_python_path(ncu: str) -> str:
-    """Nsight Compute's extras/python beside the ncu binary (the real path, not a link)."""
+    """Nsight Compute's extras/python: beside the ncu binary (the real path, not a link),
+    else in Nsight Compute's own install, since the CUDA toolkit's `bin/ncu` is a launcher
+    of /opt/nvidia/nsight-compute/VERSION/ncu (the device's, seen in the first call)."""
     root = Path(os.path.realpath(ncu)).parent
-    for cand in (root / "extras" / "python", root.parent / "extras" / "python"):
+    cands = [root / "extras" / "python", root.parent / "extras" / "python",
+             *sorted(Path("/opt/nvidia").glob("nsight-compute/*/extras/python"), reverse=True)]
+    for cand in cands:
         if cand.is_dir():
             return str(cand)
     return ""
@@ -165,10 +187,13 @@ def take_source(ns: argparse.Namespace, options: dict) -> dict:
         (ns.out / f"source-{name}.log").write_text((p.stdout + p.stderr)[-4000:])
         try:
             sys.path.insert(0, ncu_python_path(NCU))
-            lines, error = by_line(report_samples(rep.with_suffix(".ncu-rep")), ns.source), ""
+            samples = list(report_samples(rep.with_suffix(".ncu-rep")))
+            error = ""
         except Exception as exc:  # noqa: BLE001 -- recorded: the report stays for a rerun
-            lines, error = {}, f"{type(exc).__name__}: {exc}"
-        got[name] = {"returncode": p.returncode, "error": error, "lines": lines}
+            samples, error = [], f"{type(exc).__name__}: {exc}"
+        got[name] = {"returncode": p.returncode, "error": error,
+                     "lines": by_key(samples, ns.source, "line"),
+                     "pcs": by_key(samples, ns.source, "pc"), "files": by_file(samples)}
     return got
 
 

@@ -45,8 +45,12 @@ def test_every_variant_set_has_a_greedy_check(ab: ModuleType) -> None:
     assert not missing, f"--variants sets without a GREEDY entry: {missing}"
 
 
+SCRIPTS = {"raw": "issue19_raw.sh"}
+"""The device script of a set not run by issue19_attention.sh."""
+
+
 @pytest.mark.parametrize("name", ["silu", "siludiag", "attention", "siluout", "even",
-                                  "stack", "fat"])
+                                  "stack", "fat", "raw"])
 def test_the_device_scripts_sets_name_known_options(ab: ModuleType, name: str) -> None:
     # the fused list's options, and the split plan's that the builder takes (one_wave)
     accepted = (set(inspect.signature(emit_fused).parameters) - {"e", "lay"}) | \
@@ -56,17 +60,18 @@ def test_the_device_scripts_sets_name_known_options(ab: ModuleType, name: str) -
         if options.get("fuse") is False:  # the staged reference list, no fused options
             continue
         assert set(options) <= accepted, f"{name}: {row[0]} has {set(options) - accepted}"
-    script = (ROOT / "benchmarks" / "issue19_attention.sh").read_text()
+    script = (ROOT / "benchmarks" / SCRIPTS.get(name, "issue19_attention.sh")).read_text()
     keys = {row[1] for row in [*ab.VARIANT_SETS[name], *ab.GREEDY[name]]}
     for key in keys - {"mma", "mma9"}:  # the two the script always passes
         assert f"{key}=" in script, f"{name}: cubin key {key} is not passed by the script"
 
 
 FAT_RUNS = {"run75": "h100-2026-12-05", "run76": "h100-2026-12-05", "run77": "h200-2026-12-05"}
+RUNS = {**FAT_RUNS, "run79": "h200-2026-12-05"}
 
 
 def _recorded(run: str) -> dict[str, Any]:
-    path = ROOT / "benchmarks" / "results" / FAT_RUNS[run] / run / "results.json.gz"
+    path = ROOT / "benchmarks" / "results" / RUNS[run] / run / "results.json.gz"
     with gzip.open(path, "rt") as f:
         record: dict[str, Any] = json.load(f)
     return record
@@ -96,15 +101,45 @@ def test_the_recorded_fat_splits_lose_to_the_thin_wave(run: str) -> None:
         assert split["kv1-sa8pg-norm-in"] > split["kv1-pg-norm-in"]
 
 
-def test_ncu_stall_samples_sum_by_line_of_the_named_file() -> None:
-    """megakernel_ncu.by_line: the source view of the next split measurement (runs 75-77)
-    keeps the named file's lines only (by file name, whatever the build's path), sums each
-    line's samples by reason and in all, and drops zero counts."""
+def test_the_recorded_raw_split_loop_is_bitwise_and_faster_at_every_batch() -> None:
+    """Run 79 (docs/perf.md): every list bitwise its family's unfused list and greedy
+    tokens never mismatched; RG_MK_SPLIT_RAW=4 is the fastest list at every batch (the
+    norms in at b1, staged at b4 and b8, as the default lists), its split task shorter than
+    the default loop's; with 16 tokens a warp (kv1) it cuts the split task by over 20 %, and
+    still no kv_splits cap beats the thin wave."""
+    rec = _recorded("run79")
+    best = {"b1": "evenwave-raw4-norm-in", "b4": "evenwave-raw4", "b8": "evenwave-raw4"}
+    for batch, name in best.items():
+        b = rec[batch]
+        assert b["bitwise"] and all(v["equal"] for v in b["bitwise"].values())
+        assert all(g["mismatched_requests"] == 0 for k, g in b["greedy_vs_eager"].items()
+                   if k != "tie_margin")
+        median = {k[3:]: v["median_us"] for k, v in b["modes"].items() if k.startswith("mk-")}
+        assert min(median, key=median.__getitem__) == name
+        split = {k[3:]: v["stages"]["split"]["run_us"] for k, v in b["breakdown"].items()
+                 if "stages" in v}
+        default = name.replace("raw4", "").replace("--", "-").rstrip("-")
+        assert split[name] < split[default]
+    split = {k[3:]: v["stages"]["split"]["run_us"] for k, v in rec["b1"]["breakdown"].items()
+             if "stages" in v}
+    assert split["kv1-raw4-norm-in"] < 0.8 * split["kv1-norm-in"]
+
+
+def test_ncu_stall_samples_sum_by_line_and_instruction_of_the_named_file() -> None:
+    """megakernel_ncu.by_key: the source view of the split measurement (runs 75-78) keeps
+    the named file's lines only (by file name, whatever the build's path), sums each line's
+    (or SASS instruction's, its line kept) samples by reason and in all, and drops zero
+    counts; by_file totals every file's samples."""
     ncu = _benchmark("megakernel_ncu")
-    samples = [("/tmp/b/kernels/persistent/attention_split.cuh", 142, "long_scoreboard", 7),
-               ("kernels/persistent/attention_split.cuh", 142, "long_scoreboard", 3),
-               ("kernels/persistent/attention_split.cuh", 142, "short_scoreboard", 2),
-               ("kernels/persistent/attention_split.cuh", 150, "wait", 0),
-               ("kernels/persistent/megakernel.cu", 142, "barrier", 50)]
-    got = ncu.by_line(samples, "kernels/persistent/attention_split.cuh")
-    assert got == {"142": {"all": 12, "long_scoreboard": 10, "short_scoreboard": 2}}
+    split = "kernels/persistent/attention_split.cuh"
+    samples = [("/tmp/b/" + split, 142, "long_scoreboard", 7, 0x40),
+               (split, 142, "long_scoreboard", 3, 0x50),
+               (split, 142, "short_scoreboard", 2, 0x40),
+               (split, 150, "wait", 0, 0x60),
+               ("kernels/persistent/megakernel.cu", 142, "barrier", 50, 0x70)]
+    assert ncu.by_key(samples, split, "line") == {
+        "142": {"all": 12, "long_scoreboard": 10, "short_scoreboard": 2}}
+    assert ncu.by_key(samples, split, "pc") == {
+        "0x40": {"all": 9, "line": 142, "long_scoreboard": 7, "short_scoreboard": 2},
+        "0x50": {"all": 3, "line": 142, "long_scoreboard": 3}}
+    assert ncu.by_file(samples) == {"attention_split.cuh": 12, "megakernel.cu": 50}

@@ -34,6 +34,20 @@
 #ifndef RG_MK_MERGE_ONE_TRIP
 #define RG_MK_MERGE_ONE_TRIP 0
 #endif
+// RG_MK_SPLIT_RAW=R (1..8): a split warp's loop for a group of 1, 2, 4 or 8 query heads a
+// kv head, the group a template argument, with the K and V rows of its next R tokens held
+// raw (L2 loads, 8 bytes a row at D 128) and the query loaded after the first R rows are
+// asked for. Run 78's source counters found the default loop's "next token" loads waited on
+// at once: nvcc converts them to fp32 right after the load, so each token paid one whole
+// load round trip; and the group loop, unrolled over kMaxGroup with a branch a head, runs
+// one head's reduction chain after the other. The same arithmetic in the same order: the
+// same bits (kernels/persistent/megakernel.cu lists the variants).
+#ifndef RG_MK_SPLIT_RAW
+#define RG_MK_SPLIT_RAW 0
+#endif
+#if RG_MK_SPLIT_RAW < 0 || RG_MK_SPLIT_RAW > 8
+#error "RG_MK_SPLIT_RAW is the tokens a warp keeps in flight: 1..8 (0: off)"
+#endif
 
 namespace rowgate {
 namespace persistent {
@@ -56,11 +70,131 @@ struct SplitArgs {
 
 __device__ __forceinline__ float neg_inf() { return -__int_as_float(0x7f800000); }
 
-#if RG_MK_SPLIT_PAGES
+#if RG_MK_SPLIT_PAGES || RG_MK_SPLIT_RAW
 __device__ __forceinline__ int ld_page(const int* p) {
   int v;
   asm volatile("ld.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
+}
+#endif
+
+#if RG_MK_SPLIT_RAW
+// One warp's tokens t = start + warp + k * kWarps of a split whose group is G query heads,
+// its (acc, m, l) of each head into smem[warp][j] as the default loop leaves them.
+template <int D, int G>
+__device__ __forceinline__ void split_raw(const SplitArgs& a, int start, int end,
+                                          float q_scale, float* smem) {
+  constexpr int kPer = D / 32, kRow = D + 2, kAhead = RG_MK_SPLIT_RAW;
+  static_assert(kPer % 2 == 0, "a lane's row slice is whole 32-bit words");
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const long long token_stride = static_cast<long long>(a.kv_heads) * D;
+  using Raw = u32[kPer / 2];
+  // The chunk's pages as RG_MK_SPLIT_PAGES reads them: once, two a lane, a token's page by
+  // shuffle (a table load per token put one more round trip before each K/V load).
+  const int first_page = start / a.page_size;
+  const bool held = (end - 1) / a.page_size - first_page < 64;  // warp-uniform
+  const int n_pages = (end - 1) / a.page_size - first_page + 1;
+  int pg_lo = 0, pg_hi = 0;
+  if (held && lane < n_pages) pg_lo = __ldcg(a.block_table + first_page + lane);
+  if (held && 32 + lane < n_pages) pg_hi = __ldcg(a.block_table + first_page + 32 + lane);
+  // L2 loads (__ldcg): a row of this step's token was written by another block's task.
+  auto fetch = [&](int t, Raw& kd, Raw& vd) {
+    const int i = t / a.page_size - first_page;  // warp-uniform: t is the warp's token
+    long long page;
+    if (held)
+      page = __shfl_sync(0xffffffffu, i < 32 ? pg_lo : pg_hi, i & 31);
+    else  // volatile, as in RG_MK_SPLIT_PAGES: otherwise loaded whatever `held` says
+      page = ld_page(a.block_table + t / a.page_size);
+    const long long row = (page * a.page_size + t % a.page_size) * token_stride +
+                          static_cast<long long>(a.kv_head) * D + lane * kPer;
+    const u32* kp = reinterpret_cast<const u32*>(a.k_cache + row);
+    const u32* vp = reinterpret_cast<const u32*>(a.v_cache + row);
+    if constexpr (kPer == 4) {
+      const uint2 kw = __ldcg(reinterpret_cast<const uint2*>(kp));
+      const uint2 vw = __ldcg(reinterpret_cast<const uint2*>(vp));
+      kd[0] = kw.x, kd[1] = kw.y, vd[0] = vw.x, vd[1] = vw.y;
+    } else {
+#pragma unroll
+      for (int w = 0; w < kPer / 2; ++w) kd[w] = __ldcg(kp + w), vd[w] = __ldcg(vp + w);
+    }
+  };
+  auto unpack = [&](const Raw& r, float (&f)[kPer]) {
+#pragma unroll
+    for (int w = 0; w < kPer / 2; ++w) {
+      f[2 * w] = bf16_to_float(static_cast<bf16_bits>(r[w] & 0xffffu));
+      f[2 * w + 1] = bf16_to_float(static_cast<bf16_bits>(r[w] >> 16));
+    }
+  };
+  Raw kr[kAhead], vr[kAhead];
+#pragma unroll
+  for (int s = 0; s < kAhead; ++s) {
+    if (start + warp + s * kWarps < end) fetch(start + warp + s * kWarps, kr[s], vr[s]);
+  }
+  float qv[G][kPer], acc[G][kPer], m[G], l[G];
+#pragma unroll
+  for (int j = 0; j < G; ++j) {
+    m[j] = neg_inf();
+    l[j] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      acc[j][i] = 0.0f;
+      qv[j][i] = bf16_to_float(a.q[j * D + lane * kPer + i]) * q_scale;
+    }
+  }
+  for (int t0 = start + warp; t0 < end; t0 += kAhead * kWarps) {
+#pragma unroll
+    for (int s = 0; s < kAhead; ++s) {
+      const int t = t0 + s * kWarps;
+      if (t >= end) break;
+      float kv[kPer], vt[kPer];
+      unpack(kr[s], kv);
+      unpack(vr[s], vt);
+      if (t + kAhead * kWarps < end) fetch(t + kAhead * kWarps, kr[s], vr[s]);
+      float p[G];  // the default loop's update, head by head, in its order
+#pragma unroll
+      for (int j = 0; j < G; ++j) {
+        float dot = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kPer; ++i) dot = fmaf(qv[j][i], kv[i], dot);
+        const float sc = warp_sum(dot);
+        const float m_new = fmaxf(m[j], sc);
+        const float correction = exp2f(m[j] - m_new);
+        p[j] = exp2f(sc - m_new);
+        l[j] = l[j] * correction + p[j];
+        m[j] = m_new;
+#pragma unroll
+        for (int i = 0; i < kPer; ++i) acc[j][i] *= correction;
+      }
+#pragma unroll
+      for (int j = 0; j < G; ++j) {
+#pragma unroll
+        for (int i = 0; i < kPer; ++i) acc[j][i] = fmaf(p[j], vt[i], acc[j][i]);
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < G; ++j) {
+    float* st = smem + (warp * kMaxGroup + j) * kRow;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) st[lane * kPer + i] = acc[j][i];
+    if (lane == 0) {
+      st[D] = m[j];
+      st[D + 1] = l[j];
+    }
+  }
+}
+
+// split_raw for the groups it is built for; false (the default loop runs) for others.
+template <int D>
+__device__ __forceinline__ bool split_raw_group(const SplitArgs& a, int start, int end,
+                                                float q_scale, float* smem) {
+  switch (a.group) {
+    case 1: split_raw<D, 1>(a, start, end, q_scale, smem); return true;
+    case 2: split_raw<D, 2>(a, start, end, q_scale, smem); return true;
+    case 4: split_raw<D, 4>(a, start, end, q_scale, smem); return true;
+    case 8: split_raw<D, 8>(a, start, end, q_scale, smem); return true;
+    default: return false;
+  }
 }
 #endif
 
@@ -87,7 +221,10 @@ __device__ __forceinline__ void attention_split(const SplitArgs& a, float* smem)
     }
     return;
   }
-
+#if RG_MK_SPLIT_RAW
+  if (!split_raw_group<D>(a, start, end, q_scale, smem))
+#endif
+  {
   float qv[kMaxGroup][kPer], acc[kMaxGroup][kPer], m[kMaxGroup], l[kMaxGroup];
 #pragma unroll
   for (int j = 0; j < kMaxGroup; ++j) {
@@ -278,6 +415,7 @@ __device__ __forceinline__ void attention_split(const SplitArgs& a, float* smem)
       s[D + 1] = l[j];
     }
   }
+  }  // the default loop
   __syncthreads();
   for (int idx = threadIdx.x; idx < a.group * kRow; idx += kThreads) {
     const int j = idx / kRow, d = idx % kRow;

@@ -63,6 +63,13 @@
 //                        run 75 (issue 19) timed a split warp at ~1.2 us a token, the
 //                        table load and then the K/V load it addresses in series each
 //                        token; the same rows, the same bits
+//   RG_MK_SPLIT_RAW=R    an attention split's loop templated on the group (1, 2, 4, 8; others
+//                        run the default loop), its next R tokens' K/V rows held raw (L2
+//                        loads) and its chunk's pages read once: run 78's source counters
+//                        found the default loop converting its "next token" loads at once,
+//                        a whole round trip a token; one inlined copy of the split. The same
+//                        arithmetic, the same bits; R = 2 / 4 / 8: 218 / 230 / 246 registers
+//                        with RG_MK_MMA (run 79)
 //   RG_MK_MERGE_ONE_TRIP=1 an ATTN_MERGE loads every split's m, l and acc at once (one L2
 //                        round trip instead of three) where a thread holds one output
 //                        element and the splits fit 24 (attention_split.cuh); the same
@@ -838,12 +845,19 @@ __device__ void op_attn_split(const TaskDesc& t, const Ctx& c) {
   a.partials = operand<float>(t, c.buffers, 3);
   a.block_table = c.meta + c.s.block_tables_at + a.seq * c.s.table_width;
   float* smem = reinterpret_cast<float*>(c.stage);
+#if RG_MK_SPLIT_RAW
+  // One inlined copy of the split (its raw loops are one a group): the default keeps its two.
+  if ((t.flags & task::kFlagRopeIn) && a.split * a.chunk >= a.len) {
+    a.q = operand<const bf16_bits>(t, c.buffers, 0);  // read, never used
+  } else if (t.flags & task::kFlagRopeIn) {
+#else
   if (t.flags & task::kFlagRopeIn) {
     if (a.split * a.chunk >= a.len) {  // no token here: the empty state, no prologue
       a.q = operand<const bf16_bits>(t, c.buffers, 0);  // read, never used
       rowgate::persistent::attention_split<D>(a, smem);
       return;
     }
+#endif
     bf16_bits* q = reinterpret_cast<bf16_bits*>(smem + kAttnFloats);
     split_prologue<D>(t, c, q);
     a.q = q;

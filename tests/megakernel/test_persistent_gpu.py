@@ -185,6 +185,9 @@ VARIANTS = {
     # shuffle, with the 8-ahead loop (and so both of its row loops' paths: the 1-ahead
     # loop is the tree's default, checked by every other test of the build)
     "pages": ["RG_MK_SPLIT_PAGES=1", "RG_MK_SPLIT_AHEAD=8"],
+    # RG_MK_SPLIT_RAW=4: the split loop templated on the group (the tiny model's 2), its
+    # next 4 tokens' rows held raw (D 64: one 32-bit word a lane a row)
+    "raw": ["RG_MK_SPLIT_RAW=4"],
 }
 
 

@@ -18,6 +18,8 @@
 #   mk_mmasa8pg.cubin      RG_MK_MMA=1 RG_MK_SPLIT_AHEAD=8 RG_MK_SPLIT_PAGES=1
 #   mk_mmaraw2/4/8.cubin   RG_MK_MMA=1 RG_MK_SPLIT_RAW=2/4/8 (a split loop templated on the
 #                          group, its next 2/4/8 tokens' rows held raw: run 78)
+#   mk_mmaraw4l2.cubin     ... and RG_MK_SPLIT_L2=1 (a split's K/V rows asked of L2 before
+#                          its counter wait: run 81)
 #   mk_mmam1.cubin         RG_MK_MMA=1 RG_MK_MERGE_ONE_TRIP=1 (a merge's loads in one round trip)
 #   mk_mmase.cubin         RG_MK_MMA=1 RG_MK_SKIP_EMPTY=1 (an empty split runs without waiting)
 #   mk_mmaall.cubin        RG_MK_MMA=1 and all three
@@ -58,6 +60,8 @@ build mk_mmanvm1.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_NO
   -DRG_MK_MERGE_ONE_TRIP=1 & pids+=($!)
 build mk_mmasa8.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_SPLIT_AHEAD=8 & pids+=($!)
 build mk_mmapg.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_SPLIT_PAGES=1 & pids+=($!)
+build mk_mmaraw4l2.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_SPLIT_RAW=4 \
+  -DRG_MK_SPLIT_L2=1 & pids+=($!)
 for r in 2 4 8; do
   build mk_mmaraw$r.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_SPLIT_RAW=$r &
   pids+=($!)

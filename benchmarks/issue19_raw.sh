@@ -8,24 +8,33 @@
 # with the time left, the raw build's bit-for-bit gpu test on the tiny model (D 64, group
 # 2: the loop's other row width). carry [".site"] (benchmarks/device_site.sh pydantic
 # pydantic_core annotated_types typing_inspection); results in $OUT.
+# SET=rawl2 (run 81) times the raw4 build with RG_MK_SPLIT_L2=1 beside it instead, at b1
+# and b8 (`--variants rawl2`), and checks that build bit for bit.
 set -u
+SET=${SET:-raw}
 T0=$(date +%s)
 . benchmarks/device_env.sh || exit 1
 K=/tmp/k/cubins
-ONLY="split_kv.sm_90 mk_mma mk_mmaraw2 mk_mmaraw4 mk_mmaraw8" bash benchmarks/issue19_build.sh \
+if [ "$SET" = rawl2 ]; then
+  BUILDS="mk_mmaraw4 mk_mmaraw4l2" BATCHES="1 8"
+else
+  BUILDS="mk_mmaraw2 mk_mmaraw4 mk_mmaraw8" BATCHES="1 4 8"
+fi
+ONLY="split_kv.sm_90 mk_mma $BUILDS" bash benchmarks/issue19_build.sh \
   /tmp/k > /tmp/build.txt 2>&1 || { tail -20 /tmp/build.txt; exit 1; }
+CUBINS=(mma="$K/mk_mma.cubin" mma9="$K/mk_mma.cubin")
+for b in $BUILDS; do CUBINS+=("${b#mk_}=$K/$b.cubin"); done
 grep -H "registers" "$K"/mk_*.log | tee "$OUT/registers.txt"
 echo "build took $(( $(date +%s) - T0 )) s"
 rm -rf /tmp/runraw && mkdir -p /tmp/runraw
 timeout "${AB_LIMIT:-330}" python3 benchmarks/megakernel_ab.py --out /tmp/runraw \
-  --cubins mma="$K/mk_mma.cubin" mma9="$K/mk_mma.cubin" mmaraw2="$K/mk_mmaraw2.cubin" \
-  mmaraw4="$K/mk_mmaraw4.cubin" mmaraw8="$K/mk_mmaraw8.cubin" \
-  --split-kv-cubin "$K/split_kv.sm_90.cubin" --variants raw --repeats 7 --batches 1 4 8 \
+  --cubins "${CUBINS[@]}" \
+  --split-kv-cubin "$K/split_kv.sm_90.cubin" --variants "$SET" --repeats 7 --batches $BATCHES \
   --compile none --fused-chunks 0 2>&1 | grep -v "breakdown\|stage windows\|profile" | tail -n 70
 cp /tmp/runraw/results.json "$OUT/results.json"
 echo "ab took $(( $(date +%s) - T0 )) s"
 ROWGATE_PERSISTENT_CUBIN="$K/mk_mma.cubin" ROWGATE_NVCC="$(command -v nvcc)" \
   timeout $(( ${LIMIT:-560} - ($(date +%s) - T0) )) python3 -m pytest -p no:cacheprovider \
   --noconftest -m gpu -q -rs tests/megakernel/test_persistent_gpu.py \
-  -k "latency_variant and raw" 2>&1 | tail -n 6 | tee "$OUT/pytest-variant.txt"
+  -k "latency_variant and $SET and not ${SET}l2" 2>&1 | tail -n 6 | tee "$OUT/pytest-variant.txt"
 echo "all took $(( $(date +%s) - T0 )) s"

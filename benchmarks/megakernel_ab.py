@@ -130,6 +130,8 @@ GREEDY = {"mma": [("mk-default", "v2", STAGED), ("mk-mma", "mma", STAGED)],
                    {**NORM_IN, **DEFAULTS, "kv_splits": 2})],
           "raw": [("mk-evenwave-raw4-norm-in", "mmaraw4", {**NORM_IN, **DEFAULTS}),
                   ("mk-kv1-raw8-norm-in", "mmaraw8", {**NORM_IN, **DEFAULTS, "kv_splits": 1})],
+          "rawl2": [("mk-kv1-raw4l2-norm-in", "mmaraw4l2",
+                     {**NORM_IN, **DEFAULTS, "kv_splits": 1})],
           "issue19": [("mk-+ring", "v2", {"fine_deps": False})]}
 """Persistent paths run 32 greedy steps against eager (name, cubin, options)."""
 VARIANTS = [  # name, cubin, builder options, schedules
@@ -404,12 +406,30 @@ RAW_VARIANTS = [
         *[(f"kv{n}-raw{r}-norm-in", f"mmaraw{r}", {**NORM_IN, **DEFAULTS, "kv_splits": n},
            (DYN,)) for r in (4, 8)])],
 ]
-"""Run 78: RG_MK_SPLIT_RAW=R (`rawR`), a split loop templated on the group whose next R
+"""Run 79: RG_MK_SPLIT_RAW=R (`rawR`), a split loop templated on the group whose next R
 tokens' K/V rows are held raw. Run 78's source counters (ncu, `kv1`) put 54 % of a split's
-stall samples on the instruction right after the "next token" loads: nvcc converts them at
-once, so the default loop pays a whole round trip a token, and runs 75-77's 8-ahead builds
-unrolled eight head slots a token (89 KB of SASS). The raw builds on the default lists and
-on `kv_splits` 1, 2, 4: the same arithmetic (bitwise the tree's kernel, `family_of`)."""
+stall samples on the loop's load lines, most on the conversion right after the "next token"
+loads: nvcc converts them at once, so the default loop pays a whole round trip a token,
+and runs 75-77's 8-ahead builds unrolled eight head slots a token (89 KB of SASS). The raw
+builds on the default lists and on `kv_splits` 1, 2, 4: the same arithmetic (bitwise the
+tree's kernel, `family_of`). Run 79 (H200): raw4 the fastest list at b1 / b4 / b8 (-1.6 /
+-0.9 / -2.6 %), a kv1 split 27 % shorter, and still no cap beats the thin wave."""
+RAW_L2_VARIANTS = [
+    ("evenwave-stages", "mma", {"fuse": False, **EVEN, **WAVE}, (DYN,)),
+    ("evenwave-norm-in", "mma9", {**NORM_IN, **DEFAULTS}, (DYN,)),
+    ("evenwave", "mma9", {**STAGED, **DEFAULTS}, (DYN,)),
+    *[row for build in ("raw4", "raw4l2") for row in (
+        (f"evenwave-{build}-norm-in", f"mma{build}", {**NORM_IN, **DEFAULTS}, (DYN,)),
+        (f"evenwave-{build}", f"mma{build}", {**STAGED, **DEFAULTS}, (DYN,)))],
+    *[row for n in (1, 2, 4) for row in (
+        (f"kv{n}-stages", "mma", {"fuse": False, **EVEN, **WAVE, "kv_splits": n}, (DYN,)),
+        *[(f"kv{n}-{build}-norm-in", f"mma{build}", {**NORM_IN, **DEFAULTS, "kv_splits": n},
+           (DYN,)) for build in ("raw4", "raw4l2")])],
+]
+"""Run 81: RG_MK_SPLIT_L2=1 on the raw4 build (`raw4l2`): a split asks L2 for its chunk's
+K and V rows before its counter wait. Run 79's kv1 splits waited 4.9 us for their k and v
+tiles and then paid ~1 us a load round trip; the default thin wave waits 0.7 us. The same
+bits (`family_of`)."""
 VARIANT_SETS = {"mma": MMA_VARIANTS, "issue19": VARIANTS, "l2": L2_VARIANTS,
                 "fuse": FUSE_VARIANTS, "merge": MERGE_VARIANTS, "diag": DIAG_VARIANTS,
                 "ahead": AHEAD_VARIANTS, "wave": WAVE_VARIANTS, "deep": DEEP_VARIANTS,
@@ -417,7 +437,7 @@ VARIANT_SETS = {"mma": MMA_VARIANTS, "issue19": VARIANTS, "l2": L2_VARIANTS,
                 "silu": SILU_VARIANTS, "siludiag": SILU_DIAG_VARIANTS,
                 "siluout": SILU_OUT_VARIANTS, "even": EVEN_VARIANTS,
                 "evenwave": EVEN_WAVE_VARIANTS, "stack": STACK_VARIANTS, "fat": FAT_VARIANTS,
-                "raw": RAW_VARIANTS}
+                "raw": RAW_VARIANTS, "rawl2": RAW_L2_VARIANTS}
 COMPILE = ["none", "max-autotune-no-cudagraphs"]
 """(`--compile default` adds torch.compile's default mode.)"""
 GREEDY_STEPS = 32

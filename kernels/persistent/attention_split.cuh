@@ -150,7 +150,10 @@ __device__ __forceinline__ void split_raw(const SplitArgs& a, int start, int end
       unpack(kr[s], kv);
       unpack(vr[s], vt);
       if (t + kAhead * kWarps < end) fetch(t + kAhead * kWarps, kr[s], vr[s]);
-      float p[G];  // the default loop's update, head by head, in its order
+      // The default loop's update, head by head, in its order (RG_MK_SPLIT_AHEAD's `token`
+      // spells the same: one shared helper changed both measured builds' SASS, sa8's 232
+      // registers to 226, so it waits until one of the two loops goes).
+      float p[G];
 #pragma unroll
       for (int j = 0; j < G; ++j) {
         float dot = 0.0f;

@@ -70,6 +70,9 @@
 //                        a whole round trip a token; one inlined copy of the split. The same
 //                        arithmetic, the same bits; R = 2 / 4 / 8: 218 / 230 / 246 registers
 //                        with RG_MK_MMA (run 79)
+//   RG_MK_SPLIT_L2=1     before its counter wait an attention split asks L2 for its
+//                        chunk's K and V rows (a bulk prefetch a row): a fat split waits
+//                        ~5 us for its k and v tiles (run 79); a hint, the same bits
 //   RG_MK_MERGE_ONE_TRIP=1 an ATTN_MERGE loads every split's m, l and acc at once (one L2
 //                        round trip instead of three) where a thread holds one output
 //                        element and the splits fit 24 (attention_split.cuh); the same
@@ -135,6 +138,9 @@
 #endif
 #ifndef RG_MK_SILU_DIAG
 #define RG_MK_SILU_DIAG 0
+#endif
+#ifndef RG_MK_SPLIT_L2
+#define RG_MK_SPLIT_L2 0
 #endif
 #if RG_MK_DEEP && !RG_MK_MMA
 #error "RG_MK_DEEP deepens the tensor-core GEMV's ring: it needs RG_MK_MMA=1"
@@ -900,6 +906,31 @@ __device__ void op_residual_add(const TaskDesc& t, const Ctx& c) {
   }
 }
 
+#if RG_MK_SPLIT_L2
+// Before its counter wait an attention split asks L2 for its chunk's K and V rows (one bulk
+// prefetch a row, a thread a row): the rows of earlier tokens depend on no counter, and a
+// fat split waits ~5 us for its k and v tiles (run 79, kv1) while its loads, DRAM misses
+// behind the weight stream, took ~1 us a round trip after it. L2 is where the blocks'
+// writes meet, so asking for this step's row before it is written reads no stale value.
+__device__ __forceinline__ void prefetch_split_l2(const TaskDesc& t, const Ctx& c) {
+  if (t.opcode != task::kAttnSplit) return;
+  const int chunk = static_cast<int>(split_chunk(t, c));
+  const int len = c.meta[c.s.context_lens_at + t.tile[0]];
+  const int start = static_cast<int>(t.tile[2]) * chunk, end = min(len, start + chunk);
+  const int* table = c.meta + c.s.block_tables_at + t.tile[0] * c.s.table_width;
+  const u32 row_bytes = c.s.head_dim * sizeof(bf16_bits);
+  const u64 token_bytes = static_cast<u64>(c.s.num_kv_heads) * row_bytes;
+  for (int i = threadIdx.x; i < 2 * (end - start); i += kThreads) {
+    const int tok = start + i / 2, ps = static_cast<int>(c.s.page_size);
+    const u64 at = (static_cast<u64>(table[tok / ps]) * ps + tok % ps) * token_bytes +
+                   static_cast<u64>(t.tile[1]) * row_bytes;
+    const char* cache = operand<const char>(t, c.buffers, (i & 1) ? 2 : 1);
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(cache + at), "r"(row_bytes)
+                 : "memory");
+  }
+}
+#endif
+
 // PREFETCH_L2: every thread asks L2 for one piece of the t0 bytes at operand a at a time
 // (the validator keeps t0 a multiple of 16). A hint without a result: the blocks idle in a
 // latency-bound phase pull a later stage's weights in.
@@ -1005,6 +1036,9 @@ __device__ __forceinline__ void persistent_decode(const TaskDesc* tasks, u32 num
     // every thread reads the same task and length: the branch is uniform
     if (!RG_MK_SKIP_EMPTY || !empty_split(s_task, c)) {
       prefetch_weights(s_task, c);
+#if RG_MK_SPLIT_L2
+      prefetch_split_l2(s_task, c);
+#endif
       task::wait_counters(s_task, counters);
     }
     if (timed) c1 = clock64();

@@ -4,8 +4,9 @@ default build and the tensor-core GEMV build (RG_MK_MMA=1, `persistent_decode_mm
 SASS must hold HMMA and LDSM), and the attention variants issue 19 times beside them
 (RG_MK_SPLIT_AHEAD=8, RG_MK_MERGE_ONE_TRIP=1, RG_MK_SKIP_EMPTY=1, RG_MK_SPLIT_PAGES=1 in
 one build, 246 registers;
-RG_MK_SILU_AHEAD=8 in another, as with the three it spills; RG_MK_SPLIT_RAW=8, the split
-loop templated on the group with 8 tokens' rows held raw, in a third; entries added to the copy's
+RG_MK_SILU_AHEAD=8 in another, as with the three it spills; RG_MK_SPLIT_RAW=8 (the split
+loop templated on the group, 8 tokens' rows held raw) with RG_MK_SPLIT_L2=1 (a split's rows
+asked of L2 before its wait) in a third, 254 registers; entries added to the copy's
 kernels.toml: every variant's code compiled and audited, no spills, within one
 256-thread block's 255 registers). A real nvcc build through the build gate's
 toolchain, on a copy of kernels/."""
@@ -48,7 +49,7 @@ defines = {defines}
                                     '"RG_MK_MERGE_ONE_TRIP=1", "RG_MK_SKIP_EMPTY=1", '
                                     '"RG_MK_SPLIT_PAGES=1"]'),
     ("persistent_decode_silu", '["RG_MK_MMA=1", "RG_MK_SILU_AHEAD=8"]'),
-    ("persistent_decode_raw", '["RG_MK_MMA=1", "RG_MK_SPLIT_RAW=8"]')))
+    ("persistent_decode_raw", '["RG_MK_MMA=1", "RG_MK_SPLIT_RAW=8", "RG_MK_SPLIT_L2=1"]')))
 
 
 @pytest.fixture(scope="module")

@@ -188,6 +188,8 @@ VARIANTS = {
     # RG_MK_SPLIT_RAW=4: the split loop templated on the group (the tiny model's 2), its
     # next 4 tokens' rows held raw (D 64: one 32-bit word a lane a row)
     "raw": ["RG_MK_SPLIT_RAW=4"],
+    # ... and RG_MK_SPLIT_L2=1: a split's K/V rows asked of L2 before its counter wait
+    "rawl2": ["RG_MK_SPLIT_RAW=4", "RG_MK_SPLIT_L2=1"],
 }
 
 

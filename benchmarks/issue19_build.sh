@@ -17,9 +17,9 @@
 #   mk_mmapg.cubin         RG_MK_MMA=1 RG_MK_SPLIT_PAGES=1 (a split's pages read once, two a lane)
 #   mk_mmasa8pg.cubin      RG_MK_MMA=1 RG_MK_SPLIT_AHEAD=8 RG_MK_SPLIT_PAGES=1
 #   mk_mmaraw2/4/8.cubin   RG_MK_MMA=1 RG_MK_SPLIT_RAW=2/4/8 (a split loop templated on the
-#                          group, its next 2/4/8 tokens' rows held raw: run 78)
+#                          group, its next 2/4/8 tokens' rows held raw: run 79)
 #   mk_mmaraw4l2.cubin     ... and RG_MK_SPLIT_L2=1 (a split's K/V rows asked of L2 before
-#                          its counter wait: run 81)
+#                          its counter wait: the next device call, SET=rawl2 issue19_raw.sh)
 #   mk_mmam1.cubin         RG_MK_MMA=1 RG_MK_MERGE_ONE_TRIP=1 (a merge's loads in one round trip)
 #   mk_mmase.cubin         RG_MK_MMA=1 RG_MK_SKIP_EMPTY=1 (an empty split runs without waiting)
 #   mk_mmaall.cubin        RG_MK_MMA=1 and all three

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One device call (issue 19, run 78 after runs 75-77): where a persistent split warp's ~1 us a token
-# goes. Builds the tree's tensor-core persistent kernel with -lineinfo (the same SASS as the
+# One device call (issue 19, run 78, after runs 75-77): where a persistent split warp's
+# ~1 us a token goes. Builds the tree's tensor-core persistent kernel with -lineinfo (the same SASS as the
 # build gate's: line tables only) and takes ncu's source counters of one b1 step of run 77's
 # `kv1-norm-in` list (one fat split task a kv head, 16 tokens a warp) and of the default
 # list, summed by line of kernels/persistent/attention_split.cuh

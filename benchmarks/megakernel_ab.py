@@ -426,7 +426,8 @@ RAW_L2_VARIANTS = [
         *[(f"kv{n}-{build}-norm-in", f"mma{build}", {**NORM_IN, **DEFAULTS, "kv_splits": n},
            (DYN,)) for build in ("raw4", "raw4l2")])],
 ]
-"""Run 81: RG_MK_SPLIT_L2=1 on the raw4 build (`raw4l2`): a split asks L2 for its chunk's
+"""The next device call (not yet run): RG_MK_SPLIT_L2=1 on the raw4 build (`raw4l2`): a
+split asks L2 for its chunk's
 K and V rows before its counter wait. Run 79's kv1 splits waited 4.9 us for their k and v
 tiles and then paid ~1 us a load round trip; the default thin wave waits 0.7 us. The same
 bits (`family_of`)."""

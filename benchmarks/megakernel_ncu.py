@@ -128,10 +128,12 @@ def by_file(samples) -> dict[str, int]:
 
 
 def report_samples(path: Path):
-    """(file, line, reason, count) of every sampled SASS instruction of the report's one
-    kernel, through Nsight Compute's Python report interface (ncu_report, in its
-    extras/python): each smsp__pcsamp_warps_issue_stalled_* metric is instanced by the
-    instruction's address, which source_info maps to its CUDA file and line."""
+    """(file, line, reason, count, pc) of every sampled SASS instruction of the report's
+    one kernel (pc: the loaded address; its offset in the cubin is pc minus the function's
+    base, which the lines recorded beside it pin down), through Nsight Compute's Python
+    report interface (ncu_report, in its extras/python): each
+    smsp__pcsamp_warps_issue_stalled_* metric is instanced by the instruction's address,
+    which source_info maps to its CUDA file and line."""
     import ncu_report  # noqa: PLC0415 -- on the device, from Nsight Compute's install
 
     action = ncu_report.load_report(str(path))[0][0]

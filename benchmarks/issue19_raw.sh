@@ -11,18 +11,20 @@
 # SET=rawl2 (the next device call, not yet run) times the raw4 build with RG_MK_SPLIT_L2=1
 # beside it instead, at b1 and b8 (`--variants rawl2`), checks that build bit for bit, and
 # with the time left runs every other persistent gpu test on the raw4 build (what making
-# it the default needs).
+# it the default needs). SET=fat is run 77's call (issue19_pages.sh): the fat split tasks
+# on the RG_MK_SPLIT_PAGES and 8-ahead builds, and the pages build's bit-for-bit test.
 set -u
 SET=${SET:-raw}
 T0=$(date +%s)
 left() { echo $(( ${LIMIT:-560} - ($(date +%s) - T0) )); }  # seconds; timeout 0 never ends
 . benchmarks/device_env.sh || exit 1
 K=/tmp/k/cubins
-if [ "$SET" = rawl2 ]; then
-  BUILDS="mk_mmaraw4 mk_mmaraw4l2" BATCHES="1 8"
-else
-  BUILDS="mk_mmaraw2 mk_mmaraw4 mk_mmaraw8" BATCHES="1 4 8"
-fi
+case "$SET" in
+  rawl2) BUILDS="mk_mmaraw4 mk_mmaraw4l2" BATCHES="1 8" CHECK="latency_variant and rawl2" ;;
+  fat) BUILDS="mk_mmapg mk_mmasa8pg mk_mmasa8" BATCHES="1 8" CHECK="latency_variant and pages" ;;
+  *) BUILDS="mk_mmaraw2 mk_mmaraw4 mk_mmaraw8" BATCHES="1 4 8"
+     CHECK="latency_variant and raw and not rawl2" ;;
+esac
 ONLY="split_kv.sm_90 mk_mma $BUILDS" bash benchmarks/issue19_build.sh \
   /tmp/k > /tmp/build.txt 2>&1 || { tail -20 /tmp/build.txt; exit 1; }
 CUBINS=(mma="$K/mk_mma.cubin" mma9="$K/mk_mma.cubin")
@@ -40,7 +42,7 @@ if [ "$(left)" -gt 30 ]; then
   ROWGATE_PERSISTENT_CUBIN="$K/mk_mma.cubin" ROWGATE_NVCC="$(command -v nvcc)" \
     timeout "$(left)" python3 -m pytest -p no:cacheprovider \
     --noconftest -m gpu -q -rs tests/megakernel/test_persistent_gpu.py \
-    -k "latency_variant and $SET and not ${SET}l2" 2>&1 | tail -n 6 | tee "$OUT/pytest-variant.txt"
+    -k "$CHECK" 2>&1 | tail -n 6 | tee "$OUT/pytest-variant.txt"
 fi
 if [ "$SET" = rawl2 ] && [ "$(left)" -gt 30 ]; then  # a default flip's check: every
   # persistent gpu test on raw4

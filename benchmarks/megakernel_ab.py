@@ -393,15 +393,27 @@ build the one with no table load in the loop) reads the chunk's pages once, two 
 `sa8pg` with 8 tokens ahead. Neither moved the ~1 us a token (docs/perf.md, "Runs 75-77").
 The same arithmetic (bitwise the tree's kernel); each N its own bitwise family
 (`family_of`), `kvN-stages`."""
-RAW_VARIANTS = [
+THIN_WAVE = [
     ("evenwave-stages", "mma", {"fuse": False, **EVEN, **WAVE}, (DYN,)),
     ("evenwave-norm-in", "mma9", {**NORM_IN, **DEFAULTS}, (DYN,)),
     ("evenwave", "mma9", {**STAGED, **DEFAULTS}, (DYN,)),
+]
+"""The tree's kernel on the default lists (norms in: b1's; staged: b4 / b8's) and their
+unfused bitwise reference: the first rows of the split-loop sets."""
+
+
+def kv_stages(n: int) -> tuple:
+    """The unfused list of `kv_splits` n: its family's bitwise reference (family_of)."""
+    return (f"kv{n}-stages", "mma", {"fuse": False, **EVEN, **WAVE, "kv_splits": n}, (DYN,))
+
+
+RAW_VARIANTS = [
+    *THIN_WAVE,
     *[(f"evenwave-raw{r}-norm-in", f"mmaraw{r}", {**NORM_IN, **DEFAULTS}, (DYN,))
       for r in (2, 4, 8)],
     *[(f"evenwave-raw{r}", f"mmaraw{r}", {**STAGED, **DEFAULTS}, (DYN,)) for r in (4, 8)],
     *[row for n in (1, 2, 4) for row in (
-        (f"kv{n}-stages", "mma", {"fuse": False, **EVEN, **WAVE, "kv_splits": n}, (DYN,)),
+        kv_stages(n),
         (f"kv{n}-norm-in", "mma9", {**NORM_IN, **DEFAULTS, "kv_splits": n}, (DYN,)),
         *[(f"kv{n}-raw{r}-norm-in", f"mmaraw{r}", {**NORM_IN, **DEFAULTS, "kv_splits": n},
            (DYN,)) for r in (4, 8)])],
@@ -415,22 +427,19 @@ builds on the default lists and on `kv_splits` 1, 2, 4: the same arithmetic (bit
 tree's kernel, `family_of`). Run 79 (H200): raw4 the fastest list at b1 / b4 / b8 (-1.6 /
 -0.9 / -2.6 %), a kv1 split 27 % shorter, and still no cap beats the thin wave."""
 RAW_L2_VARIANTS = [
-    ("evenwave-stages", "mma", {"fuse": False, **EVEN, **WAVE}, (DYN,)),
-    ("evenwave-norm-in", "mma9", {**NORM_IN, **DEFAULTS}, (DYN,)),
-    ("evenwave", "mma9", {**STAGED, **DEFAULTS}, (DYN,)),
+    *THIN_WAVE,
     *[row for build in ("raw4", "raw4l2") for row in (
         (f"evenwave-{build}-norm-in", f"mma{build}", {**NORM_IN, **DEFAULTS}, (DYN,)),
         (f"evenwave-{build}", f"mma{build}", {**STAGED, **DEFAULTS}, (DYN,)))],
     *[row for n in (1, 2, 4) for row in (
-        (f"kv{n}-stages", "mma", {"fuse": False, **EVEN, **WAVE, "kv_splits": n}, (DYN,)),
+        kv_stages(n),
         *[(f"kv{n}-{build}-norm-in", f"mma{build}", {**NORM_IN, **DEFAULTS, "kv_splits": n},
            (DYN,)) for build in ("raw4", "raw4l2")])],
 ]
 """The next device call (not yet run): RG_MK_SPLIT_L2=1 on the raw4 build (`raw4l2`): a
-split asks L2 for its chunk's
-K and V rows before its counter wait. Run 79's kv1 splits waited 4.9 us for their k and v
-tiles and then paid ~1 us a load round trip; the default thin wave waits 0.7 us. The same
-bits (`family_of`)."""
+split asks L2 for its chunk's K and V rows before its counter wait. Run 79's kv1 splits
+waited 4.9 us for their k and v tiles and then paid ~1 us a load round trip; the default
+thin wave waits 0.7 us. The same bits (`family_of`)."""
 VARIANT_SETS = {"mma": MMA_VARIANTS, "issue19": VARIANTS, "l2": L2_VARIANTS,
                 "fuse": FUSE_VARIANTS, "merge": MERGE_VARIANTS, "diag": DIAG_VARIANTS,
                 "ahead": AHEAD_VARIANTS, "wave": WAVE_VARIANTS, "deep": DEEP_VARIANTS,

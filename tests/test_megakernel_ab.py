@@ -79,6 +79,22 @@ def _recorded(run: str) -> dict[str, Any]:
     return record
 
 
+def _all_bitwise(batch: dict[str, Any]) -> bool:
+    """Every list of a recorded batch bit for bit its family's unfused list."""
+    return bool(batch["bitwise"]) and all(v["equal"] for v in batch["bitwise"].values())
+
+
+def _medians(batch: dict[str, Any]) -> dict[str, float]:
+    """A recorded batch's persistent paths (without `mk-`): their median step, µs."""
+    return {k[3:]: v["median_us"] for k, v in batch["modes"].items() if k.startswith("mk-")}
+
+
+def _split_runs(batch: dict[str, Any]) -> dict[str, float]:
+    """A recorded batch's persistent paths (without `mk-`): a split task's traced run, µs."""
+    return {k[3:]: v["stages"]["split"]["run_us"] for k, v in batch["breakdown"].items()
+            if "stages" in v}
+
+
 @pytest.mark.parametrize("run", sorted(FAT_RUNS))
 def test_the_recorded_fat_splits_lose_to_the_thin_wave(run: str) -> None:
     """Runs 75-77 (docs/perf.md): every list bitwise its family's unfused list; at b1 no
@@ -87,13 +103,10 @@ def test_the_recorded_fat_splits_lose_to_the_thin_wave(run: str) -> None:
     build (the pages one reads no block table in the loop)."""
     rec = _recorded(run)
     for batch in ("b1", "b8"):
-        assert rec[batch]["bitwise"] and all(v["equal"] for v in rec[batch]["bitwise"].values())
-    b1 = rec["b1"]
-    median = {k[3:]: v["median_us"] for k, v in b1["modes"].items() if k.startswith("mk-")}
+        assert _all_bitwise(rec[batch])
+    median, split = _medians(rec["b1"]), _split_runs(rec["b1"])
     fat = [k for k in median if k.startswith("kv") and not k.endswith("stages")]
     assert fat and all(median["evenwave-norm-in"] < median[k] for k in fat)
-    split = {k[3:]: v["stages"]["split"]["run_us"] for k, v in b1["breakdown"].items()
-             if "stages" in v}
     for build in ("", "pg-") if "kv1-pg-norm-in" in split else ("",):
         runs = [split[f"kv{n}-{build}norm-in"] for n in (1, 2, 4)]
         assert runs == sorted(runs, reverse=True) and runs[-1] > split["evenwave-norm-in"]
@@ -113,18 +126,17 @@ def test_the_recorded_raw_split_loop_is_bitwise_and_faster_at_every_batch() -> N
     best = {"b1": "evenwave-raw4-norm-in", "b4": "evenwave-raw4", "b8": "evenwave-raw4"}
     for batch, name in best.items():
         b = rec[batch]
-        assert b["bitwise"] and all(v["equal"] for v in b["bitwise"].values())
+        assert _all_bitwise(b)
         assert all(g["mismatched_requests"] == 0 for k, g in b["greedy_vs_eager"].items()
                    if k != "tie_margin")
-        median = {k[3:]: v["median_us"] for k, v in b["modes"].items() if k.startswith("mk-")}
+        median, split = _medians(b), _split_runs(b)
         assert min(median, key=median.__getitem__) == name
-        split = {k[3:]: v["stages"]["split"]["run_us"] for k, v in b["breakdown"].items()
-                 if "stages" in v}
         default = name.replace("raw4", "").replace("--", "-").rstrip("-")
         assert split[name] < split[default]
-    split = {k[3:]: v["stages"]["split"]["run_us"] for k, v in rec["b1"]["breakdown"].items()
-             if "stages" in v}
+    median, split = _medians(rec["b1"]), _split_runs(rec["b1"])
     assert split["kv1-raw4-norm-in"] < 0.8 * split["kv1-norm-in"]
+    fat = [k for k in median if k.startswith("kv") and not k.endswith("stages")]
+    assert fat and all(median["evenwave-raw4-norm-in"] < median[k] for k in fat)
 
 
 def test_ncu_stall_samples_sum_by_line_and_instruction_of_the_named_file() -> None:

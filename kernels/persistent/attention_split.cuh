@@ -78,6 +78,18 @@ __device__ __forceinline__ int ld_page(const int* p) {
 }
 #endif
 
+#if RG_MK_SPLIT_RAW || RG_MK_SPLIT_AHEAD > 1
+// A lane's raw bf16 row slice (two elements a 32-bit word) as fp32.
+template <int kPer>
+__device__ __forceinline__ void unpack_row(const u32 (&r)[kPer / 2], float (&f)[kPer]) {
+#pragma unroll
+  for (int w = 0; w < kPer / 2; ++w) {
+    f[2 * w] = bf16_to_float(static_cast<bf16_bits>(r[w] & 0xffffu));
+    f[2 * w + 1] = bf16_to_float(static_cast<bf16_bits>(r[w] >> 16));
+  }
+}
+#endif
+
 #if RG_MK_SPLIT_RAW
 // One warp's tokens t = start + warp + k * kWarps of a split whose group is G query heads,
 // its (acc, m, l) of each head into smem[warp][j] as the default loop leaves them.
@@ -118,13 +130,6 @@ __device__ __forceinline__ void split_raw(const SplitArgs& a, int start, int end
       for (int w = 0; w < kPer / 2; ++w) kd[w] = __ldcg(kp + w), vd[w] = __ldcg(vp + w);
     }
   };
-  auto unpack = [&](const Raw& r, float (&f)[kPer]) {
-#pragma unroll
-    for (int w = 0; w < kPer / 2; ++w) {
-      f[2 * w] = bf16_to_float(static_cast<bf16_bits>(r[w] & 0xffffu));
-      f[2 * w + 1] = bf16_to_float(static_cast<bf16_bits>(r[w] >> 16));
-    }
-  };
   Raw kr[kAhead], vr[kAhead];
 #pragma unroll
   for (int s = 0; s < kAhead; ++s) {
@@ -147,8 +152,8 @@ __device__ __forceinline__ void split_raw(const SplitArgs& a, int start, int end
       const int t = t0 + s * kWarps;
       if (t >= end) break;
       float kv[kPer], vt[kPer];
-      unpack(kr[s], kv);
-      unpack(vr[s], vt);
+      unpack_row<kPer>(kr[s], kv);
+      unpack_row<kPer>(vr[s], vt);
       if (t + kAhead * kWarps < end) fetch(t + kAhead * kWarps, kr[s], vr[s]);
       // The default loop's update, head by head, in its order (RG_MK_SPLIT_AHEAD's `token`
       // spells the same: one shared helper changed both measured builds' SASS, sa8's 232
@@ -325,13 +330,6 @@ __device__ __forceinline__ void attention_split(const SplitArgs& a, float* smem)
       }
     }
   };
-  auto unpack = [&](const Raw& r, float (&f)[kPer]) {
-#pragma unroll
-    for (int w = 0; w < kPer / 2; ++w) {
-      f[2 * w] = bf16_to_float(static_cast<bf16_bits>(r[w] & 0xffffu));
-      f[2 * w + 1] = bf16_to_float(static_cast<bf16_bits>(r[w] >> 16));
-    }
-  };
 #pragma unroll
   for (int s = 0; s < kAhead; ++s) {
     if (start + warp + s * kWarps < end) fetch(start + warp + s * kWarps, kr[s], vr[s]);
@@ -342,8 +340,8 @@ __device__ __forceinline__ void attention_split(const SplitArgs& a, float* smem)
       const int t = t0 + s * kWarps;
       if (t >= end) break;
       float kt[kPer], vt[kPer];
-      unpack(kr[s], kt);
-      unpack(vr[s], vt);
+      unpack_row<kPer>(kr[s], kt);
+      unpack_row<kPer>(vr[s], vt);
       if (t + kAhead * kWarps < end) fetch(t + kAhead * kWarps, kr[s], vr[s]);
       token(kt, vt);
     }

@@ -852,7 +852,8 @@ __device__ void op_attn_split(const TaskDesc& t, const Ctx& c) {
   a.block_table = c.meta + c.s.block_tables_at + a.seq * c.s.table_width;
   float* smem = reinterpret_cast<float*>(c.stage);
 #if RG_MK_SPLIT_RAW
-  // One inlined copy of the split (its raw loops are one a group): the default keeps its two.
+  // One inlined copy of the split (its raw loops are one a group): the default keeps its two
+  // (one call for every build moved the default's and sa8's SASS: it stays as measured).
   if ((t.flags & task::kFlagRopeIn) && a.split * a.chunk >= a.len) {
     a.q = operand<const bf16_bits>(t, c.buffers, 0);  // read, never used
   } else if (t.flags & task::kFlagRopeIn) {

@@ -7,7 +7,8 @@
 #   mk_ring0.cubin         RG_MK_RING=0 (v1's register-load GEMV)
 #   mk_claim.cubin         RG_MK_CLAIM_AHEAD=1 (the dynamic queue claims ahead)
 #   mk_next.cubin          RG_MK_NEXT_L2=1 (static: the next task's weights into L2)
-#   mk_mma.cubin           RG_MK_MMA=1 (tensor-core GEMV tiles, kernels/persistent/gemv_mma.cuh)
+#   mk_mma.cubin           RG_MK_MMA=1 (tensor-core GEMV tiles, kernels/persistent/gemv_mma.cuh;
+#                          the raw split loop, RG_MK_SPLIT_RAW=4, since run 81)
 #   mk_mmal2.cubin         RG_MK_MMA=1 RG_MK_TILE_L2=1 (a task's whole tile into L2 before its wait)
 #   mk_mmanext.cubin       RG_MK_MMA=1 RG_MK_NEXT_L2=1 (static: the next task's tile into L2)
 #   mk_mmadeep.cubin       RG_MK_MMA=1 RG_MK_DEEP=1 (a 5-group ring where the input fits 32 KB)
@@ -16,6 +17,8 @@
 #   mk_mmasa8.cubin        RG_MK_MMA=1 RG_MK_SPLIT_AHEAD=8 (a split warp's next 8 tokens in flight)
 #   mk_mmapg.cubin         RG_MK_MMA=1 RG_MK_SPLIT_PAGES=1 (a split's pages read once, two a lane)
 #   mk_mmasa8pg.cubin      RG_MK_MMA=1 RG_MK_SPLIT_AHEAD=8 RG_MK_SPLIT_PAGES=1
+#   mk_mmaraw0.cubin       RG_MK_MMA=1 RG_MK_SPLIT_RAW=0 (the one-token-ahead split loop, the
+#                          default until run 79: mk_mma in every run before 81)
 #   mk_mmaraw2/4/8.cubin   RG_MK_MMA=1 RG_MK_SPLIT_RAW=2/4/8 (a split loop templated on the
 #                          group, its next 2/4/8 tokens' rows held raw: run 79)
 #   mk_mmaraw4l2.cubin     ... and RG_MK_SPLIT_L2=1 (a split's K/V rows asked of L2 before
@@ -62,7 +65,7 @@ build mk_mmasa8.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_SPL
 build mk_mmapg.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_SPLIT_PAGES=1 & pids+=($!)
 build mk_mmaraw4l2.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_SPLIT_RAW=4 \
   -DRG_MK_SPLIT_L2=1 & pids+=($!)
-for r in 2 4 8; do
+for r in 0 2 4 8; do
   build mk_mmaraw$r.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_SPLIT_RAW=$r &
   pids+=($!)
 done

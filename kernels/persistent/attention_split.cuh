@@ -41,9 +41,16 @@
 // at once: nvcc converts them to fp32 right after the load, so each token paid one whole
 // load round trip; and the group loop, unrolled over kMaxGroup with a branch a head, runs
 // one head's reduction chain after the other. The same arithmetic in the same order: the
-// same bits (kernels/persistent/megakernel.cu lists the variants).
+// same bits (kernels/persistent/megakernel.cu lists the variants). R = 4 is the default
+// since run 79 (the fastest list at b1, b4 and b8); the default loop's own variants
+// (RG_MK_SPLIT_AHEAD > 1, RG_MK_SPLIT_PAGES) are builds of that loop, so they keep it, and
+// RG_MK_SPLIT_RAW=0 builds it alone (the loop every run before 79 timed).
 #ifndef RG_MK_SPLIT_RAW
+#if RG_MK_SPLIT_AHEAD > 1 || RG_MK_SPLIT_PAGES
 #define RG_MK_SPLIT_RAW 0
+#else
+#define RG_MK_SPLIT_RAW 4
+#endif
 #endif
 #if RG_MK_SPLIT_RAW < 0 || RG_MK_SPLIT_RAW > 8
 #error "RG_MK_SPLIT_RAW is the tokens a warp keeps in flight: 1..8 (0: off)"

@@ -69,7 +69,8 @@
 //                        found the default loop converting its "next token" loads at once,
 //                        a whole round trip a token; one inlined copy of the split. The same
 //                        arithmetic, the same bits; R = 2 / 4 / 8: 218 / 230 / 246 registers
-//                        with RG_MK_MMA (run 79)
+//                        with RG_MK_MMA (run 79). R = 4 is the default (0 builds the
+//                        one-token-ahead loop alone; SPLIT_AHEAD > 1 and SPLIT_PAGES keep it)
 //   RG_MK_SPLIT_L2=1     before its counter wait an attention split asks L2 for its
 //                        chunk's K and V rows (a bulk prefetch a row): a fat split waits
 //                        ~5 us for its k and v tiles (run 79); a hint, the same bits

@@ -185,11 +185,14 @@ VARIANTS = {
     # shuffle, with the 8-ahead loop (and so both of its row loops' paths: the 1-ahead
     # loop is the tree's default, checked by every other test of the build)
     "pages": ["RG_MK_SPLIT_PAGES=1", "RG_MK_SPLIT_AHEAD=8"],
-    # RG_MK_SPLIT_RAW=4: the split loop templated on the group (the tiny model's 2), its
-    # next 4 tokens' rows held raw (D 64: one 32-bit word a lane a row)
-    "raw": ["RG_MK_SPLIT_RAW=4"],
-    # ... and RG_MK_SPLIT_L2=1: a split's K/V rows asked of L2 before its counter wait
-    "rawl2": ["RG_MK_SPLIT_RAW=4", "RG_MK_SPLIT_L2=1"],
+    # The tree's split loop is RG_MK_SPLIT_RAW=4 (templated on the group, the tiny model's
+    # 2; its next 4 tokens' rows held raw, D 64: one 32-bit word a lane a row).
+    # RG_MK_SPLIT_RAW=0: the one-token-ahead loop every run before 79 timed
+    "raw0": ["RG_MK_SPLIT_RAW=0"],
+    # RG_MK_SPLIT_RAW=8: the next 8 tokens' rows held raw
+    "raw8": ["RG_MK_SPLIT_RAW=8"],
+    # RG_MK_SPLIT_L2=1: a split's K/V rows asked of L2 before its counter wait
+    "rawl2": ["RG_MK_SPLIT_L2=1"],
 }
 
 

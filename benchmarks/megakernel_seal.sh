@@ -7,7 +7,9 @@
 #     builder's default b1 list), then the graph-fused baseline compiled at every batch of
 #     the row, the fastest of up to COMPILES (default 3) compiles that fit the call
 #     (benchmarks/fused_warm.py: its max-autotune choices left in build/torchinductor,
-#     what each compile costs and how fast each ran); $OUT/warm.tar.gz
+#     what each compile costs and how fast each ran); $OUT/warm.tar.gz. GPU_TESTS="EXPR"
+#     runs the persistent kernel's gpu tests picked by `-k EXPR` between the two (at most
+#     GPU_TESTS_TIMEOUT s, default 150; log pytest-gpu-persistent.txt)
 #   bash benchmarks/megakernel_seal.sh seal   # carry [".site"], right after `warm`
 #     `rowgate gate KERNEL-CUDA-DECODE-MEGAKERNEL` through benchmarks/device_gate.sh
 #     (the bundle in $OUT/evidence.tar.gz.part-*); the trace and throughput gates compile
@@ -26,6 +28,13 @@ case "${1:-}" in
     timeout 200 python3 benchmarks/megakernel_ncu.py --out "$R/ncu" --norm-in --batch 1 \
       --cubin mma=/tmp/k/cubins/mk_mma.cubin 2>&1 | tail -n 30
     echo "ncu took $(( $(date +%s) - T0 )) s"
+    if [ -n "${GPU_TESTS:-}" ]; then  # the persistent kernel's gpu tests on the final kernel,
+      # in this call when the session's device time does not hold a third (-k GPU_TESTS)
+      ROWGATE_NVCC="$(command -v nvcc)" timeout "${GPU_TESTS_TIMEOUT:-150}" python3 -m pytest \
+        -p no:cacheprovider --noconftest -m gpu -q -rs tests/megakernel/test_persistent_gpu.py \
+        -k "$GPU_TESTS" 2>&1 | tail -n 8 | tee "$R/pytest-gpu-persistent.txt"
+      echo "gpu tests took $(( $(date +%s) - T0 )) s"
+    fi
     LEFT=$(( 560 - ($(date +%s) - T0) ))
     timeout "$LEFT" python3 benchmarks/fused_warm.py "$ROW" --compiles "${COMPILES:-3}" \
       --budget-s $(( LEFT - 20 )) --option nvcc="$(command -v nvcc)" --out "$R" 2>&1 |

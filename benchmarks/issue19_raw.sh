@@ -8,7 +8,7 @@
 # with the time left, the raw build's bit-for-bit gpu test on the tiny model (D 64, group
 # 2: the loop's other row width). carry [".site"] (benchmarks/device_site.sh pydantic
 # pydantic_core annotated_types typing_inspection); results in $OUT.
-# SET=rawl2 (the next device call, not yet run) times the raw4 build with RG_MK_SPLIT_L2=1
+# SET=rawl2 (not yet run) times the raw4 build with RG_MK_SPLIT_L2=1
 # beside it instead, at b1 and b8 (`--variants rawl2`), checks that build bit for bit, and
 # with the time left runs every other persistent gpu test on the raw4 build (what making
 # it the default needs). SET=fat is run 77's call (issue19_pages.sh): the fat split tasks
@@ -22,12 +22,15 @@ K=/tmp/k/cubins
 case "$SET" in
   rawl2) BUILDS="mk_mmaraw4 mk_mmaraw4l2" BATCHES="1 8" CHECK="latency_variant and rawl2" ;;
   fat) BUILDS="mk_mmapg mk_mmasa8pg mk_mmasa8" BATCHES="1 8" CHECK="latency_variant and pages" ;;
-  *) BUILDS="mk_mmaraw2 mk_mmaraw4 mk_mmaraw8" BATCHES="1 4 8"
+  *) BUILDS="mk_mmaraw2 mk_mmaraw4 mk_mmaraw8" BATCHES="1 4 8" BASE=mk_mmaraw0
      CHECK="latency_variant and raw and not rawl2" ;;
 esac
-ONLY="split_kv.sm_90 mk_mma $BUILDS" bash benchmarks/issue19_build.sh \
+# SET=raw's "default loop" lists are run 79's default, the one-token-ahead loop: since run
+# 81 the tree's default is raw4, so that set's base is the RG_MK_SPLIT_RAW=0 build
+BASE=${BASE:-mk_mma}
+ONLY="split_kv.sm_90 mk_mma $BASE $BUILDS" bash benchmarks/issue19_build.sh \
   /tmp/k > /tmp/build.txt 2>&1 || { tail -20 /tmp/build.txt; exit 1; }
-CUBINS=(mma="$K/mk_mma.cubin" mma9="$K/mk_mma.cubin")
+CUBINS=(mma="$K/$BASE.cubin" mma9="$K/$BASE.cubin")
 for b in $BUILDS; do CUBINS+=("${b#mk_}=$K/$b.cubin"); done
 grep -H "registers" "$K"/mk_*.log | tee "$OUT/registers.txt"
 echo "build took $(( $(date +%s) - T0 )) s"

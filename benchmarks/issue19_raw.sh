@@ -20,7 +20,8 @@ left() { echo $(( ${LIMIT:-560} - ($(date +%s) - T0) )); }  # seconds; timeout 0
 . benchmarks/device_env.sh || exit 1
 K=/tmp/k/cubins
 case "$SET" in
-  rawl2) BUILDS="mk_mmaraw4 mk_mmaraw4l2" BATCHES="1 8" CHECK="latency_variant and rawl2" ;;
+  rawl2) BUILDS="mk_mmaraw4 mk_mmaraw4l2" BATCHES="1 8"
+         CHECK="latency_variant and (rawl2 or raw0)" ;;
   fat) BUILDS="mk_mmapg mk_mmasa8pg mk_mmasa8" BATCHES="1 8" CHECK="latency_variant and pages" ;;
   *) BUILDS="mk_mmaraw2 mk_mmaraw4 mk_mmaraw8" BATCHES="1 4 8" BASE=mk_mmaraw0
      CHECK="latency_variant and raw and not rawl2" ;;

@@ -9,9 +9,9 @@
 # 2: the loop's other row width). carry [".site"] (benchmarks/device_site.sh pydantic
 # pydantic_core annotated_types typing_inspection); results in $OUT.
 # SET=rawl2 (not yet run) times the raw4 build with RG_MK_SPLIT_L2=1
-# beside it instead, at b1 and b8 (`--variants rawl2`), checks that build bit for bit, and
-# with the time left runs every other persistent gpu test on the raw4 build (what making
-# it the default needs). SET=fat is run 77's call (issue19_pages.sh): the fat split tasks
+# beside it instead, at b1 and b8 (`--variants rawl2`), checks that build and raw0 bit for
+# bit against the default, and with the time left runs every other persistent gpu test on
+# raw4 (the default since run 81, not yet checked on a GPU as the default). SET=fat is run 77's call (issue19_pages.sh): the fat split tasks
 # on the RG_MK_SPLIT_PAGES and 8-ahead builds, and the pages build's bit-for-bit test.
 set -u
 SET=${SET:-raw}
@@ -43,16 +43,11 @@ timeout "${AB_LIMIT:-330}" python3 benchmarks/megakernel_ab.py --out /tmp/runraw
 cp /tmp/runraw/results.json "$OUT/results.json"
 echo "ab took $(( $(date +%s) - T0 )) s"
 if [ "$(left)" -gt 30 ]; then
-  ROWGATE_PERSISTENT_CUBIN="$K/mk_mma.cubin" ROWGATE_NVCC="$(command -v nvcc)" \
-    timeout "$(left)" python3 -m pytest -p no:cacheprovider \
-    --noconftest -m gpu -q -rs tests/megakernel/test_persistent_gpu.py \
-    -k "$CHECK" 2>&1 | tail -n 6 | tee "$OUT/pytest-variant.txt"
+  persistent_gpu_tests "$(left)" "$CHECK" "$OUT/pytest-variant.txt" "$K/mk_mma.cubin"
 fi
-if [ "$SET" = rawl2 ] && [ "$(left)" -gt 30 ]; then  # a default flip's check: every
-  # persistent gpu test on raw4
-  ROWGATE_PERSISTENT_CUBIN="$K/mk_mmaraw4.cubin" ROWGATE_NVCC="$(command -v nvcc)" \
-    timeout "$(left)" python3 -m pytest -p no:cacheprovider \
-    --noconftest -m gpu -q -rs tests/megakernel/test_persistent_gpu.py \
-    -k "not latency_variant" 2>&1 | tail -n 6 | tee "$OUT/pytest-raw4-suite.txt"
+if [ "$SET" = rawl2 ] && [ "$(left)" -gt 30 ]; then  # every persistent gpu test on the
+  # default (raw4 since run 81: the flip's own check on a GPU)
+  persistent_gpu_tests "$(left)" "not latency_variant" "$OUT/pytest-raw4-suite.txt" \
+    "$K/mk_mmaraw4.cubin"
 fi
 echo "all took $(( $(date +%s) - T0 )) s"

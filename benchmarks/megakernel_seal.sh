@@ -30,9 +30,7 @@ case "${1:-}" in
     echo "ncu took $(( $(date +%s) - T0 )) s"
     if [ -n "${GPU_TESTS:-}" ]; then  # the persistent kernel's gpu tests on the final kernel,
       # in this call when the session's device time does not hold a third (-k GPU_TESTS)
-      ROWGATE_NVCC="$(command -v nvcc)" timeout "${GPU_TESTS_TIMEOUT:-150}" python3 -m pytest \
-        -p no:cacheprovider --noconftest -m gpu -q -rs tests/megakernel/test_persistent_gpu.py \
-        -k "$GPU_TESTS" 2>&1 | tail -n 8 | tee "$R/pytest-gpu-persistent.txt"
+      persistent_gpu_tests "${GPU_TESTS_TIMEOUT:-150}" "$GPU_TESTS" "$R/pytest-gpu-persistent.txt"
       echo "gpu tests took $(( $(date +%s) - T0 )) s"
     fi
     LEFT=$(( 560 - ($(date +%s) - T0) ))

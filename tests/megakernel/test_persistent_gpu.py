@@ -183,7 +183,7 @@ VARIANTS = {
     "silu": ["RG_MK_SILU_AHEAD=8"],
     # RG_MK_SPLIT_PAGES=1: a split's block-table entries read once, a token's page by
     # shuffle, with the 8-ahead loop (and so both of its row loops' paths: the 1-ahead
-    # loop is the tree's default, checked by every other test of the build)
+    # loop is raw0's, below)
     "pages": ["RG_MK_SPLIT_PAGES=1", "RG_MK_SPLIT_AHEAD=8"],
     # The tree's split loop is RG_MK_SPLIT_RAW=4 (templated on the group, the tiny model's
     # 2; its next 4 tokens' rows held raw, D 64: one 32-bit word a lane a row).

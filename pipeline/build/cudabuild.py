@@ -47,6 +47,10 @@ class BuildFailed(Error):
     """A kernel did not build clean (a warning counts): names the kernel, arch and line."""
 
 
+class BuildInterrupted(Error):
+    """A compile died by a signal: no outcome of the kernel's, so none is cached."""
+
+
 @dataclass(frozen=True)
 class BuildDir:
     path: Path
@@ -91,6 +95,14 @@ def build(repo: Path, manifest: KernelManifest, name: str, arch: str, toolchain:
         for step in steps:
             done = _run(step, work)
             record["steps"].append(done)
+            if done["returncode"] < 0:
+                # Killed by a signal (an interrupt reaching the compile, the OOM killer):
+                # the machine's doing, not the inputs', so it must not be cached as this
+                # kernel's failure. Builds run side by side (gates/build.py), and Ctrl-C
+                # reaches every compile of the process group at once.
+                raise BuildInterrupted(f"{done['tool']} building {name} for {arch} was "
+                                       f"killed by signal {-done['returncode']}; nothing "
+                                       f"was cached, build again")
             if done["returncode"] != 0:
                 break
         _collect(name, arch, work, record)

@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -91,9 +92,7 @@ def build_into(repo: Path, arches: list[str], names: list[str], options: dict[st
     # from here, so everything comes from the gated commit.
     (out / MANIFEST_COPY).write_text(kernels.manifest_text(repo))  # confined
     built = []
-    for arch, name in plan:
-        progress.update(f"build {name} for {arch} ({chains[arch].short()})")
-        b = cudabuild.build(repo, manifest, name, arch, chains[arch])
+    for (arch, name), b in zip(plan, _compile_all(repo, manifest, plan, chains, progress)):
         dest = out / arch / name
         seal_build(b, dest)
         built.append(Built(arch, name, dest, chains[arch]))
@@ -103,6 +102,39 @@ def build_into(repo: Path, arches: list[str], names: list[str], options: dict[st
     if missing:
         raise missing_toolchains(missing, list(chains), "built")
     return built
+
+
+def build_jobs(n: int) -> int:
+    """How many compiles run at once: one per CPU this process may use (a compile is one
+    single-threaded cicc/ptxas chain), never more than there are builds."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(n, cpus or 1))
+
+
+def _compile_all(repo: Path, manifest: kernels.KernelManifest, plan: list[tuple[str, str]],
+                 chains: dict[str, toolchains.Toolchain],
+                 progress: Progress) -> list[cudabuild.BuildDir]:
+    """Each (arch, kernel) of `plan` built (or found cached), in plan order. The compiles
+    are independent subprocesses, so they run side by side: a row's kernels for three
+    arches take the time of the slowest few, not of all of them in a row."""
+    jobs = build_jobs(len(plan))
+    tools = ", ".join(sorted({chains[arch].short() for arch, _ in plan}))
+    progress.update(f"build {len(plan)} kernel(s) with {tools}, {jobs} at a time")
+    with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="build") as pool:
+        futures = {pool.submit(cudabuild.build, repo, manifest, name, arch, chains[arch]):
+                   (arch, name) for arch, name in plan}
+        try:
+            for k, done in enumerate(as_completed(futures), 1):
+                arch, name = futures[done]
+                progress.update(f"built {name} for {arch} ({k}/{len(plan)})")
+        except BaseException:  # an interrupt: start nothing more (running compiles end)
+            for f in futures:
+                f.cancel()
+            raise
+        try:
+            return [f.result() for f in futures]  # submission order is plan order
+        except cudabuild.BuildInterrupted as exc:  # the gate could not measure: ERROR
+            raise GateError(exc.diagnostics()) from exc
 
 
 def missing_toolchains(missing: dict[str, str], done: list[str], verb: str) -> GateError:

@@ -10,6 +10,7 @@ use.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import textwrap
 from pathlib import Path
@@ -144,6 +145,51 @@ def test_an_arch_without_its_toolchain_errors_and_the_others_are_still_built(tmp
     assert [(e["arch"], e["kernel"]) for e in index] == [("sm_90", "k")]
     assert (tmp_path / "out" / build.MANIFEST_COPY).is_file()
     assert build.derive_builds(tmp_path / "out").status is Status.PASS  # what was built
+
+
+def test_a_compile_killed_by_a_signal_errors_and_leaves_nothing_cached(tmp_path, monkeypatch):
+    # builds run side by side, and Ctrl-C (or the OOM killer) reaches a compile: its death
+    # is the machine's, not the kernel's, so it must not be cached as the kernel's FAIL
+    monkeypatch.setenv("ROWGATE_CACHE_DIR", str(tmp_path / "cache"))
+    real = toolchains.for_arch("sm_90", None).compiler.path
+    killed = tmp_path / "bin" / "nvcc"
+    killed.parent.mkdir()
+    killed.write_text(f'#!/bin/sh\n[ "$1" = --version ] && exec "{real}" "$@"\nkill -9 $$\n')
+    killed.chmod(0o755)
+    repo = _fixture_repo(tmp_path / "repo", "clean.cu", ["sm_90"])
+    with pytest.raises(GateError, match=r"^nvcc building k for sm_90 was killed by signal 9; "
+                                        r"nothing was cached, build again$"):
+        build.build_into(repo, ["sm_90"], [], {"nvcc": str(killed)}, tmp_path / "a", QUIET)
+    assert not list((tmp_path / "cache").rglob(cudabuild.BUILD_RECORD))
+    assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_dir() and
+                p.name.startswith(".")]  # no half-built work directory either
+    build.build_into(repo, ["sm_90"], [], {"nvcc": real}, tmp_path / "b", QUIET)
+    assert build.derive_builds(tmp_path / "b").status is Status.PASS
+
+
+def test_builds_run_side_by_side_and_keep_the_plans_order(kernels_repo, tmp_path, monkeypatch):
+    monkeypatch.setattr(build, "build_jobs", lambda n: 2)  # two at a time even on one CPU
+    seen: list[str] = []
+
+    class Seen(PlainProgress):
+        def update(self, message: str) -> None:
+            seen.append(message)
+
+    build.build_into(kernels_repo, ["sm_90"], ["decode_attention", "split_kv"], {},
+                     tmp_path / "out", Seen(quiet=True))
+    index = json.loads((tmp_path / "out" / build.INDEX).read_text())
+    assert [e["kernel"] for e in index] == ["decode_attention", "split_kv"]
+    assert seen[0].startswith("build 2 kernel(s) with cuda-13-nvcc 13.") and \
+        seen[0].endswith(", 2 at a time")
+    done = sorted(m.rsplit(" (", 1) for m in seen[1:])  # in whichever order they ended
+    assert [m for m, _ in done] == ["built decode_attention for sm_90", "built split_kv for sm_90"]
+    assert sorted(k for _, k in done) == ["1/2)", "2/2)"]
+    assert build.derive_builds(tmp_path / "out").status is Status.PASS
+
+
+def test_no_more_compiles_at_once_than_builds_or_cpus():
+    assert build.build_jobs(1) == 1
+    assert 1 <= build.build_jobs(64) <= len(os.sched_getaffinity(0))
 
 
 def test_host_code_warning_fails_with_its_text(tmp_path):

@@ -15,9 +15,19 @@
 #     (the bundle in $OUT/evidence.tar.gz.part-*); the trace and throughput gates compile
 #     from the warm cache, so the trace and the A/B run the kernels `warm` timed.
 # On a runner without the 10-minute cap the row is one `nox -s gate-megakernel`.
+# The row's bars are the H200's: either step exits 3 at once on another card (the pool may
+# give an H100 for a call that names nvidia-h200), NEED_GPU=NAME to seal on another.
+# Carry: the full .site and the tree are over the 64 MiB a call carries; leave the bundle
+# this seal replaces out of the working tree for both calls (docs/perf.md, "The raw split
+# loop as the default").
 set -uo pipefail
 ROW=KERNEL-CUDA-DECODE-MEGAKERNEL
 T0=$(date +%s)
+card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+case "$card" in
+  *"${NEED_GPU:-H200}"*) echo "card: $card" ;;
+  *) echo "not an ${NEED_GPU:-H200} ($card): nothing run" >&2; exit 3 ;;
+esac
 case "${1:-}" in
   warm)
     R=/tmp/warm-results

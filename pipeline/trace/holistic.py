@@ -48,7 +48,12 @@ def breakdown(doc: dict[str, Any]) -> dict[str, Any]:
     if not any(e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") for e in events):
         return {"supported": False, "why": "CPU trace: HTA's breakdowns need GPU streams "
                                            "(kernels, memcpy, memset); this trace has none"}
-    from hta.trace_analysis import TraceAnalysis
+    try:
+        from hta.trace_analysis import TraceAnalysis
+    except ImportError as exc:  # the `trace` extra left out (a GPU image without HTA):
+        # the reviewer file says so, as for a trace HTA cannot read; no verdict needs it
+        return {"supported": False, "why": f"HTA is not installed here ({exc}): pip "
+                                           f"install 'rowgate[trace]'"}
 
     with tempfile.TemporaryDirectory(prefix="rowgate-hta-") as tmp:
         # HTA wants a rank per file; a single-process capture is rank 0.

@@ -23,7 +23,8 @@
 set -uo pipefail
 ROW=KERNEL-CUDA-DECODE-MEGAKERNEL
 T0=$(date +%s)
-card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+case "${1:-}" in warm|seal) ;; *) echo "usage: $0 warm|seal" >&2; exit 2 ;; esac
+card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 case "$card" in
   *"${NEED_GPU:-H200}"*) echo "card: $card" ;;
   *) echo "not an ${NEED_GPU:-H200} ($card): nothing run" >&2; exit 3 ;;
@@ -54,10 +55,6 @@ case "${1:-}" in
     SKIP_TRACE=1 GATE_TIMEOUT=${GATE_TIMEOUT:-560} bash benchmarks/device_gate.sh "$ROW" 2>&1 |
       grep -v "triton_mm\|AUTOTUNE\|strides:\|dtypes:\|Autotune\|best_kernel\|SingleProcess\|^  mm \|^  addmm" |
       tail -n 70
-    ;;
-  *)
-    echo "usage: $0 warm|seal" >&2
-    exit 2
     ;;
 esac
 echo "all took $(( $(date +%s) - T0 )) s"

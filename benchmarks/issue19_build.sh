@@ -8,7 +8,7 @@
 #   mk_claim.cubin         RG_MK_CLAIM_AHEAD=1 (the dynamic queue claims ahead)
 #   mk_next.cubin          RG_MK_NEXT_L2=1 (static: the next task's weights into L2)
 #   mk_mma.cubin           RG_MK_MMA=1 (tensor-core GEMV tiles, kernels/persistent/gemv_mma.cuh;
-#                          the raw split loop, RG_MK_SPLIT_RAW=4, since run 81)
+#                          the raw split loop, RG_MK_SPLIT_RAW=4, since 9e8d231)
 #   mk_mmal2.cubin         RG_MK_MMA=1 RG_MK_TILE_L2=1 (a task's whole tile into L2 before its wait)
 #   mk_mmanext.cubin       RG_MK_MMA=1 RG_MK_NEXT_L2=1 (static: the next task's tile into L2)
 #   mk_mmadeep.cubin       RG_MK_MMA=1 RG_MK_DEEP=1 (a 5-group ring where the input fits 32 KB)

@@ -8,11 +8,11 @@
 # with the time left, the raw build's bit-for-bit gpu test on the tiny model (D 64, group
 # 2: the loop's other row width). carry [".site"] (benchmarks/device_site.sh pydantic
 # pydantic_core annotated_types typing_inspection); results in $OUT.
-# SET=rawl2 (not yet run) times the raw4 build with RG_MK_SPLIT_L2=1
-# beside it instead, at b1 and b8 (`--variants rawl2`), checks that build and raw0 bit for
-# bit against the default, and with the time left runs every other persistent gpu test on
-# raw4 (the default since run 81, not yet checked on a GPU as the default). SET=fat is run 77's call (issue19_pages.sh): the fat split tasks
-# on the RG_MK_SPLIT_PAGES and 8-ahead builds, and the pages build's bit-for-bit test.
+# SET=rawl2 (run 81) times the raw4 build with RG_MK_SPLIT_L2=1 beside it instead, at b1
+# and b8 (`--variants rawl2`), checks that build and raw0 bit for bit against the default,
+# and with the time left runs every other persistent gpu test on raw4 (the default since
+# 9e8d231). SET=fat is run 77's call (issue19_pages.sh): the fat split tasks on the
+# RG_MK_SPLIT_PAGES and 8-ahead builds, and the pages build's bit-for-bit test.
 set -u
 SET=${SET:-raw}
 T0=$(date +%s)
@@ -26,8 +26,8 @@ case "$SET" in
   *) BUILDS="mk_mmaraw2 mk_mmaraw4 mk_mmaraw8" BATCHES="1 4 8" BASE=mk_mmaraw0
      CHECK="latency_variant and raw and not rawl2" ;;
 esac
-# SET=raw's "default loop" lists are run 79's default, the one-token-ahead loop: since run
-# 81 the tree's default is raw4, so that set's base is the RG_MK_SPLIT_RAW=0 build
+# SET=raw's "default loop" lists are run 79's default, the one-token-ahead loop: since
+# 9e8d231 the tree's default is raw4, so that set's base is the RG_MK_SPLIT_RAW=0 build
 BASE=${BASE:-mk_mma}
 ONLY="split_kv.sm_90 mk_mma $BASE $BUILDS" bash benchmarks/issue19_build.sh \
   /tmp/k > /tmp/build.txt 2>&1 || { tail -20 /tmp/build.txt; exit 1; }
@@ -46,7 +46,7 @@ if [ "$(left)" -gt 30 ]; then
   persistent_gpu_tests "$(left)" "$CHECK" "$OUT/pytest-variant.txt" "$K/mk_mma.cubin"
 fi
 if [ "$SET" = rawl2 ] && [ "$(left)" -gt 30 ]; then  # every persistent gpu test on the
-  # default (raw4 since run 81: the flip's own check on a GPU)
+  # default (raw4 since 9e8d231: the flip's own check on a GPU)
   persistent_gpu_tests "$(left)" "not latency_variant" "$OUT/pytest-raw4-suite.txt" \
     "$K/mk_mmaraw4.cubin"
 fi

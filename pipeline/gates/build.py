@@ -128,8 +128,7 @@ def _compile_all(repo: Path, manifest: kernels.KernelManifest, plan: list[tuple[
                 arch, name = futures[done]
                 progress.update(f"built {name} for {arch} ({k}/{len(plan)})")
         except BaseException:  # an interrupt: start nothing more (running compiles end)
-            for f in futures:
-                f.cancel()
+            pool.shutdown(cancel_futures=True)
             raise
         try:
             return [f.result() for f in futures]  # submission order is plan order

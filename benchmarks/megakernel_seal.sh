@@ -16,7 +16,8 @@
 #     from the warm cache, so the trace and the A/B run the kernels `warm` timed.
 # On a runner without the 10-minute cap the row is one `nox -s gate-megakernel`.
 # The row's bars are the H200's: either step exits 3 at once on another card (the pool may
-# give an H100 for a call that names nvidia-h200), NEED_GPU=NAME to seal on another.
+# give an H100 for a call that names nvidia-h200), NEED_GPU=NAME to seal on another
+# (NEED_GPU=NVIDIA takes any card: run 83 sealed the row on an H100 so, docs/perf.md).
 # Carry: the full .site and the tree are over the 64 MiB a call carries; leave the bundle
 # this seal replaces out of the working tree for both calls (docs/perf.md, "The raw split
 # loop as the default").

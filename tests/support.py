@@ -65,3 +65,16 @@ def thaw(path: Path) -> None:
             p = Path(dirpath) / f
             if not p.is_symlink():
                 os.chmod(p, 0o644)
+
+
+def killed_nvcc(directory: Path) -> Path:
+    """An nvcc that answers `--version` as the real one and SIGKILLs itself on a compile:
+    a compile killed by a signal (Ctrl-C reaching it, the OOM killer)."""
+    from pipeline.build import toolchains
+
+    real = toolchains.for_arch("sm_90", None).compiler.path
+    nvcc = directory / "nvcc"
+    nvcc.parent.mkdir(parents=True, exist_ok=True)
+    nvcc.write_text(f'#!/bin/sh\n[ "$1" = --version ] && exec "{real}" "$@"\nkill -9 $$\n')
+    nvcc.chmod(0o755)
+    return nvcc

@@ -202,7 +202,7 @@ def problems(build_dir: Path, record: dict[str, Any]) -> list[str]:
 def cubin(repo: Path, name: str, arch: str, nvcc: str | None = None) -> Path:
     """The cubin of kernel `name` for `arch`, built (or found in the cache) exactly as
     the build gate builds it. For loaders (pipeline/ops). Raises KernelsError,
-    ToolchainError, or BuildFailed quoting the first problem."""
+    ToolchainError, BuildFailed quoting the first problem, or BuildInterrupted."""
     manifest = kernels_toml.load(repo)
     manifest.select([name], arch)
     built = build(repo, manifest, name, arch, toolchains.for_arch(arch, nvcc))

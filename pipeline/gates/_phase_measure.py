@@ -1,10 +1,10 @@
 """The phase gate's measure steps: build a subject operator's phase variants through the
 build gate's recipe, and collect the row's counters with ncu on one exact shape.
 
-Builds use `cudabuild.build` with the kernel's kernels.toml entry and the variant's
-defines added (so each variant has its own cache key, and the same flags, warnings as
-errors, as the build gate); their directories are sealed under `builds/VARIANT/` as the
-build gate seals its own (`seal_build`).
+Builds use the build gate's `build_kernel` (`cudabuild.build`) with the kernel's
+kernels.toml entry and the variant's defines added (so each variant has its own cache key,
+and the same flags, warnings as errors, as the build gate); their directories are sealed
+under `builds/VARIANT/` as the build gate seals its own (`seal_build`).
 Counters: ncu profiles `python -m pipeline.ops.profile_launch` (one entry point of the
 full variant on the shape), once per role; its raw CSV is kept as it wrote it.
 """
@@ -22,7 +22,7 @@ from typing import Any
 from pipeline import CHECKOUT
 from pipeline.build import cudabuild, kernels, resources, toolchains
 from pipeline.errors import Error
-from pipeline.gates.build import seal_build
+from pipeline.gates.build import build_kernel, seal_build
 from pipeline.gates.interface import GateError, Progress
 
 NCU_TIMEOUT_S = 600
@@ -46,7 +46,7 @@ def build_variants(repo: Path, kernel: str, arch: str, variants: dict[str, list[
         progress.update(f"phase: build {kernel} {variant} for {arch}")
         entry = base.model_copy(update={"defines": [*base.defines, *defines]})
         patched = manifest.model_copy(update={"kernels": {**manifest.kernels, kernel: entry}})
-        built = cudabuild.build(repo, patched, kernel, arch, chain)
+        built = build_kernel(repo, patched, kernel, arch, chain)
         dest = out / "builds" / variant
         seal_build(built, dest)  # the cubin plain (timed and hashed), the rest gzipped
         rec = built.record

@@ -111,6 +111,16 @@ def build_jobs(n: int) -> int:
     return max(1, min(n, cpus or 1))
 
 
+def build_kernel(repo: Path, manifest: kernels.KernelManifest, name: str, arch: str,
+                 chain: toolchains.Toolchain) -> cudabuild.BuildDir:
+    """`cudabuild.build` for a gate (this one's builds, the phase gate's variants): a
+    compile killed by a signal cached nothing and measured nothing, so the gate ERRORs."""
+    try:
+        return cudabuild.build(repo, manifest, name, arch, chain)
+    except cudabuild.BuildInterrupted as exc:
+        raise GateError(exc.diagnostics()) from exc
+
+
 def _compile_all(repo: Path, manifest: kernels.KernelManifest, plan: list[tuple[str, str]],
                  chains: dict[str, toolchains.Toolchain],
                  progress: Progress) -> list[cudabuild.BuildDir]:
@@ -121,7 +131,7 @@ def _compile_all(repo: Path, manifest: kernels.KernelManifest, plan: list[tuple[
     tools = ", ".join(sorted({chains[arch].short() for arch, _ in plan}))
     progress.update(f"build {len(plan)} kernel(s) with {tools}, {jobs} at a time")
     with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="build") as pool:
-        futures = {pool.submit(cudabuild.build, repo, manifest, name, arch, chains[arch]):
+        futures = {pool.submit(build_kernel, repo, manifest, name, arch, chains[arch]):
                    (arch, name) for arch, name in plan}
         try:
             for k, done in enumerate(as_completed(futures), 1):
@@ -130,10 +140,7 @@ def _compile_all(repo: Path, manifest: kernels.KernelManifest, plan: list[tuple[
         except BaseException:  # an interrupt: start nothing more (running compiles end)
             pool.shutdown(cancel_futures=True)
             raise
-        try:
-            return [f.result() for f in futures]  # submission order is plan order
-        except cudabuild.BuildInterrupted as exc:  # the gate could not measure: ERROR
-            raise GateError(exc.diagnostics()) from exc
+        return [f.result() for f in futures]  # submission order is plan order
 
 
 def missing_toolchains(missing: dict[str, str], done: list[str], verb: str) -> GateError:

@@ -55,7 +55,7 @@ def cubin_path(arch: str, build_dir: Path | None = None) -> Path:
 def build_cubin(repo: Path, arch: str, nvcc: str | None = None, name: str = "split_kv") -> Path:
     """Kernel `name`'s cubin for `arch` (split_kv_bulk: the bulk candidate's, sm_90+),
     built (or found in the cache) exactly as the build gate builds it. Raises
-    KernelsError, ToolchainError or BuildFailed."""
+    KernelsError, ToolchainError, BuildFailed or BuildInterrupted."""
     from pipeline.build import cudabuild
 
     return cudabuild.cubin(repo, name, arch, nvcc)

@@ -24,7 +24,7 @@ from pipeline.gates import audit, build
 from pipeline.gates.interface import GateError
 from pipeline.progress import PlainProgress
 from pipeline.records.status import Status
-from tests.support import write_row
+from tests.support import killed_nvcc, write_row
 
 pytestmark = pytest.mark.slow
 
@@ -152,10 +152,7 @@ def test_a_compile_killed_by_a_signal_errors_and_leaves_nothing_cached(tmp_path,
     # is the machine's, not the kernel's, so it must not be cached as the kernel's FAIL
     monkeypatch.setenv("ROWGATE_CACHE_DIR", str(tmp_path / "cache"))
     real = toolchains.for_arch("sm_90", None).compiler.path
-    killed = tmp_path / "bin" / "nvcc"
-    killed.parent.mkdir()
-    killed.write_text(f'#!/bin/sh\n[ "$1" = --version ] && exec "{real}" "$@"\nkill -9 $$\n')
-    killed.chmod(0o755)
+    killed = killed_nvcc(tmp_path / "bin")
     repo = _fixture_repo(tmp_path / "repo", "clean.cu", ["sm_90"])
     with pytest.raises(GateError, match=r"^nvcc building k for sm_90 was killed by signal 9; "
                                         r"nothing was cached, build again$"):

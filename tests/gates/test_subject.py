@@ -16,12 +16,13 @@ from pathlib import Path
 import pytest
 
 from pipeline import rows, runner, signing
+from pipeline.build import cudabuild
 from pipeline.gates import _phase_measure, operator, phase
 from pipeline.gates.interface import GateError
 from pipeline.progress import PlainProgress
 from tests.review_support import World
 from tests.subjects import CANDIDATE_SOURCE, SIGNOFF, paged_decode_subject
-from tests.support import write_row
+from tests.support import killed_nvcc, write_row
 
 pytestmark = pytest.mark.slow
 
@@ -141,6 +142,20 @@ def test_entry_points_the_build_lacks_are_refused(tmp_path):
                                         r"build/sm_90/pm_decode/pm_decode.sm_90.cubin$"):
         operator.resolve(row, row.gate("operator"), tmp_path / "artifacts", "sm_90")
     repo.close()
+
+
+def test_a_phase_variant_compile_killed_by_a_signal_is_the_gates_error(gated, tmp_path,
+                                                                       monkeypatch):
+    # the phase gate builds through the build gate's build_kernel: a killed compile ERRORs
+    # the gate (run_gate maps GateError) instead of escaping the row's run, nothing cached
+    monkeypatch.setenv("ROWGATE_CACHE_DIR", str(tmp_path / "cache"))
+    row = rows.load_row(ROW).row
+    _, decl, _, _, variants, _ = phase.resolve(row, row.gate("phase"), _artifacts(gated))
+    with pytest.raises(GateError, match=r"^nvcc building pm_decode for sm_90 was killed by "
+                                        r"signal 9; nothing was cached, build again$"):
+        _phase_measure.build_variants(gated["root"], decl.kernel, "sm_90", variants,
+                                      str(killed_nvcc(tmp_path / "bin")), tmp_path / "out", QUIET)
+    assert not list((tmp_path / "cache").rglob(cudabuild.BUILD_RECORD))
 
 
 def test_phase_variants_build_through_the_build_gates_recipe(gated, tmp_path):

@@ -26,6 +26,8 @@
 #   mk_mmam1.cubin         RG_MK_MMA=1 RG_MK_MERGE_ONE_TRIP=1 (a merge's loads in one round trip)
 #   mk_mmase.cubin         RG_MK_MMA=1 RG_MK_SKIP_EMPTY=1 (an empty split runs without waiting)
 #   mk_mmaall.cubin        RG_MK_MMA=1 and all three
+#   mk_mmastream.cubin     RG_MK_MMA=1 RG_MK_STREAM=1 (the ring runs across tasks on the static
+#                          schedule: the next GEMV task's first groups in flight across the barrier)
 #   mk_mmasilu4.cubin      RG_MK_MMA=1 RG_MK_SILU_AHEAD=4 (a SiLU-in staging's 4 granules in flight)
 #   mk_mmasilu8.cubin      RG_MK_MMA=1 RG_MK_SILU_AHEAD=8
 #   mk_mmadiag1.cubin      RG_MK_MMA=1 RG_MK_SILU_DIAG=1 (diagnostic, not bitwise: fast-intrinsic SiLU)
@@ -79,6 +81,8 @@ build mk_mmadiag1.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_S
 build mk_mmadiag2.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_SILU_DIAG=2 & pids+=($!)
 build mk_mmaall.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_SPLIT_AHEAD=8 \
   -DRG_MK_MERGE_ONE_TRIP=1 -DRG_MK_SKIP_EMPTY=1 & pids+=($!)
+build mk_mmastream.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_STREAM=1 &
+pids+=($!)
 for p in "${pids[@]}"; do wait "$p" || exit 1; done
 CUOBJDUMP=${CUOBJDUMP:-$(command -v cuobjdump ||
   ls .nox/tests/lib/python3*/site-packages/nvidia/cu13/bin/cuobjdump 2>/dev/null | head -1 || true)}

@@ -75,6 +75,10 @@ EVEN = {"even_splits": True}
 EVEN_SPLITS, run 15): another summation order, its own bitwise family."""
 DEFAULTS = {**SILU_OUT, **EVEN, **WAVE}
 """The builder's list options since run 17 (SILU_OUT, EVEN_SPLITS, one wave)."""
+PADDED = {"pad_levels": True}
+"""Each dependency level padded with NOPs to whole waves (builder `pad_levels`): on the
+static schedule block i runs the i-th task of every level. A path whose options hold it
+runs the static schedule wherever it runs (its greedy steps too)."""
 MMA_VARIANTS = [  # name, cubin, builder options, schedules
     ("stages", "v2", {"fuse": False}, (DYN,)),
     ("default", "v2", STAGED, (DYN,)),
@@ -132,6 +136,9 @@ GREEDY = {"mma": [("mk-default", "v2", STAGED), ("mk-mma", "mma", STAGED)],
                   ("mk-kv1-raw8-norm-in", "mmaraw8", {**NORM_IN, **DEFAULTS, "kv_splits": 1})],
           "rawl2": [("mk-kv1-raw4l2-norm-in", "mmaraw4l2",
                      {**NORM_IN, **DEFAULTS, "kv_splits": 1})],
+          "stream": [("mk-stream-norm-in", "mmastream",
+                      {**NORM_IN, **DEFAULTS, **PADDED}),
+                     ("mk-stream", "mmastream", {**STAGED, **DEFAULTS, **PADDED})],
           "issue19": [("mk-+ring", "v2", {"fine_deps": False})]}
 """Persistent paths run 32 greedy steps against eager (name, cubin, options)."""
 VARIANTS = [  # name, cubin, builder options, schedules
@@ -402,6 +409,33 @@ THIN_WAVE = [
 unfused bitwise reference: the first rows of the split-loop sets."""
 
 
+STREAM_VARIANTS = [
+    *THIN_WAVE,
+    ("pad-norm-in", "mma9", {**NORM_IN, **DEFAULTS, **PADDED}, (STATIC,)),
+    ("pad", "mma9", {**STAGED, **DEFAULTS, **PADDED}, (STATIC,)),
+    ("stream-norm-in", "mmastream", {**NORM_IN, **DEFAULTS, **PADDED}, (STATIC,)),
+    ("stream", "mmastream", {**STAGED, **DEFAULTS, **PADDED}, (STATIC,)),
+    ("streamq-norm-in", "mmastream", {**NORM_IN, **DEFAULTS}, (DYN,)),
+]
+"""The next design of run 11, its first step: the weight stream across the stage barrier.
+RG_MK_STREAM=1 (`mmastream`): on the static schedule a block knows its next GEMV task and
+its ring (5 groups, 160 KB, where the step's inputs fit 48 KB: b1-b4) runs on into it as
+the current task's stream ends, so the next stage's first 128 KB are in flight while the
+block runs its split, epilogue, signal and counter wait. `pad` lists (PADDED) give block i
+the i-th task of every level, so the static schedule is one wave a stage; `pad` on the
+tree's kernel separates the schedule from the stream; `streamq` is the same build on the
+dynamic queue (no next task: only the deeper ring before the wait, run 10's `mmadeep`).
+The same loads in the same order into the same sums: every list bitwise its family's
+unfused list (NOPs compute nothing)."""
+
+
+def smem_of(cub: str) -> int:
+    """A cubin's dynamic shared memory (an RG_MK_STREAM build takes more)."""
+    from pipeline.ops.megakernel import DYNAMIC_SMEM, STREAM_SMEM
+
+    return STREAM_SMEM if "stream" in cub else DYNAMIC_SMEM
+
+
 def kv_stages(n: int) -> tuple:
     """The unfused list of `kv_splits` n: its family's bitwise reference (family_of)."""
     return (f"kv{n}-stages", "mma", {"fuse": False, **EVEN, **WAVE, "kv_splits": n}, (DYN,))
@@ -447,7 +481,8 @@ VARIANT_SETS = {"mma": MMA_VARIANTS, "issue19": VARIANTS, "l2": L2_VARIANTS,
                 "silu": SILU_VARIANTS, "siludiag": SILU_DIAG_VARIANTS,
                 "siluout": SILU_OUT_VARIANTS, "even": EVEN_VARIANTS,
                 "evenwave": EVEN_WAVE_VARIANTS, "stack": STACK_VARIANTS, "fat": FAT_VARIANTS,
-                "raw": RAW_VARIANTS, "rawl2": RAW_L2_VARIANTS}
+                "raw": RAW_VARIANTS, "rawl2": RAW_L2_VARIANTS,
+                "stream": STREAM_VARIANTS}
 COMPILE = ["none", "max-autotune-no-cudagraphs"]
 """(`--compile default` adds torch.compile's default mode.)"""
 GREEDY_STEPS = 32
@@ -538,7 +573,7 @@ def persistent_steps(model, cache, batch: int, cubins: dict, variants: list) -> 
     each with its variant's kernel (variants whose cubin is not given are left out)."""
     from pipeline.megakernel.abi import Schedule
     from pipeline.ops.launch import kernel
-    from pipeline.ops.megakernel import DYNAMIC_SMEM, ENTRY, PersistentDecode, _allow_dynamic_smem
+    from pipeline.ops.megakernel import ENTRY, PersistentDecode, _allow_dynamic_smem
 
     plans: dict[str, PersistentDecode] = {}
     steps = {}
@@ -554,7 +589,8 @@ def persistent_steps(model, cache, batch: int, cubins: dict, variants: list) -> 
             pd = copy.copy(plans[key])  # same buffers and task list, this variant's kernel
             pd.schedule = schedule
             pd.fn = kernel(str(cubins[cub]), ENTRY[schedule])
-            _allow_dynamic_smem(pd.fn, DYNAMIC_SMEM, 0)
+            pd.smem = smem_of(cub)
+            _allow_dynamic_smem(pd.fn, pd.smem, 0)
             suffix = ":static" if sched == STATIC else ""
             steps[f"mk-{name}{suffix}"] = pd
             pd.step.stage(*HANG["args"])
@@ -731,8 +767,10 @@ def batch_section(model, fused: dict, cubins: dict, batch: int, ns, ceiling: flo
             if cub not in cubins:
                 continue
             c1, a1 = mk.prefilled(model, batch, GREEDY_STEPS + 2)
-            fresh = PersistentDecode(model, c1, batch, Schedule.DYNAMIC_QUEUE, Path(cubins[cub]),
-                                     options=listed(options))
+            fresh = PersistentDecode(model, c1, batch, Schedule.STATIC_ROUND_ROBIN
+                                     if options.get("pad_levels") else Schedule.DYNAMIC_QUEUE,
+                                     Path(cubins[cub]), options=listed(options),
+                                     smem=smem_of(cub))
             rec["greedy_vs_eager"][name] = against_eager(
                 eager_tokens, greedy(fresh, a1, GREEDY_STEPS), margin, name)
         rec["profile"] = {}

@@ -227,4 +227,135 @@ __device__ __forceinline__ void gemv(const TaskDesc& t, const u64* buffers, uint
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 }
 
+#if RG_MK_STREAM
+// RG_MK_STREAM: the ring as one stream across a block's tensor-core GEMV tasks. Global
+// group G (counted from the launch, Feed::issued) goes to ring slot G % kDepth and is
+// consumed from it; the issuer stays at most kDepth - 1 groups ahead of the consumer, so a
+// slot is refilled only after every lane has read it (the __syncwarp before each issue).
+// A task's groups are issued while it waits (fill), while it runs, or, on the static
+// schedule, while the task before it in the block ran (gemv_fed runs on into `next`):
+// the same copies into the same slots as prefetch() and gemv(), only earlier.
+
+// Wait until at most n of this thread's committed groups are pending (n: the real groups
+// issued after the one about to be read; every commit here carries one, so this is exact).
+template <int kDepth>
+__device__ __forceinline__ void wait_ahead(u32 n) {
+  static_assert(kDepth >= 2 && kDepth <= 5, "wait_ahead spells out waits 0..4");
+  const u32 k = n < static_cast<u32>(kDepth - 1) ? n : static_cast<u32>(kDepth - 1);
+  if (k == 0) {
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+  } else if (k == 1) {
+    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+  } else if (k == 2) {
+    asm volatile("cp.async.wait_group 2;\n" ::: "memory");
+  } else if (k == 3) {
+    asm volatile("cp.async.wait_group 3;\n" ::: "memory");
+  } else {
+    asm volatile("cp.async.wait_group 4;\n" ::: "memory");
+  }
+}
+
+// Before the task's counter wait: its groups not yet issued, up to kDepth - 1 in flight.
+template <int kDepth>
+__device__ __forceinline__ void fill(const TaskDesc& t, u32 index, const u64* buffers,
+                                     uint4* ring, Feed* feeds, int warp, int lane) {
+  Feed f = feeds[warp];
+  if (f.task != index) {  // none of it issued yet (and nothing in flight: issued == consumed)
+    f.task = index;
+    f.group = 0;
+  }
+  const Stream st(t, buffers, warp);
+  if (f.group < st.groups() && f.issued - f.consumed < static_cast<u32>(kDepth - 1)) {
+    Cursor<kDepth> cur(st, f.group, ring_at<kDepth>(ring, warp, lane), lane);
+    cur.slot = f.issued % kDepth;
+    do {
+      issue(st, cur, lane);
+      ++f.group;
+      ++f.issued;
+    } while (f.group < st.groups() && f.issued - f.consumed < static_cast<u32>(kDepth - 1));
+  }
+  __syncwarp();
+  if (lane == 0) feeds[warp] = f;
+  __syncwarp();
+}
+
+// gemv() with the ring's state carried in `feeds`: each step issues the next group, of this
+// task or, once its groups are all out, of `next` (next_t its descriptor; kNoTask: stop).
+template <int kDepth, typename Store>
+__device__ __forceinline__ void gemv_fed(const TaskDesc& t, const TaskDesc& next_t, u32 next,
+                                         const u64* buffers, uint4* ring, float* partials,
+                                         const uint4* xs, int batch, Feed* feeds, Store store) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const Stream st(t, buffers, warp);
+  Feed f = feeds[warp];  // fill() left f.task = this task
+  const u32 lane_at = ring_at<kDepth>(ring, warp, lane);
+  Stream ist = st;       // the issuer's stream: this task's, then next's
+  Cursor<kDepth> icur(ist, f.group, lane_at, lane);
+  icur.slot = f.issued % kDepth;
+  bool moved = false;
+  const u32 xb = static_cast<u32>(lane % 8) < static_cast<u32>(batch) ? lane % 8 : 0;
+  const u32 x_at = static_cast<u32>(__cvta_generic_to_shared(xs + xb * st.K8 + st.kb0 * 4 +
+                                                             lane / 8));
+  const u32 m = static_cast<u32>(lane) / 8, row8 = static_cast<u32>(lane) % 8;
+  const u32 a_off0 = ((m & 1) * kSlotChunks + swz(4 * row8 + (m >> 1))) * 16;
+  const u32 a_off1 = ((m & 1) * kSlotChunks + swz(4 * row8 + (m >> 1) + 2)) * 16;
+  const u32 ring0 = warp_ring<kDepth>(ring, warp);
+  float gate = 0.0f;
+  for (u32 r = 0; r < st.rounds; ++r) {
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (u32 q = 0; q < st.groups_per_round; ++q) {
+      __syncwarp();  // every lane's ldmatrix of the slot the issue refills is done (WAR)
+      if (f.issued - f.consumed < static_cast<u32>(kDepth)) {
+        if (f.group >= ist.groups() && !moved && next != kNoTask) {
+          ist = Stream(next_t, buffers, warp);
+          icur = Cursor<kDepth>(ist, 0, lane_at, lane);
+          icur.slot = f.issued % kDepth;
+          f.task = next;
+          f.group = 0;
+          moved = true;
+        }
+        if (f.group < ist.groups()) {
+          issue(ist, icur, lane);
+          ++f.group;
+          ++f.issued;
+        }
+      }
+      wait_ahead<kDepth>(f.issued - f.consumed - 1);
+      __syncwarp();  // ldmatrix reads chunks other lanes copied: their copies are visible
+      const u32 slot = ring0 + (f.consumed % kDepth) * kGroupBytes;
+      ++f.consumed;
+#pragma unroll
+      for (int i = 0; i < kGroupBlocks; ++i) {
+        u32 x[4], a0[4], a1[4];
+        ldsm4(x, x_at + (kGroupBlocks * q + i) * 64);
+        ldsm4(a0, slot + 2 * i * kSlotBytes + a_off0);
+        ldsm4(a1, slot + 2 * i * kSlotBytes + a_off1);
+        hmma(acc, a0, x[0], x[1]);
+        hmma(acc, a1, x[2], x[3]);
+      }
+    }
+    float* part = partials + (r % 2) * kSlices * kUnitFloats;
+    reinterpret_cast<float4*>(part + warp * kUnitFloats)[lane] =
+        make_float4(acc[0], acc[1], acc[2], acc[3]);
+    __syncthreads();
+    const u32 o = threadIdx.x, row = o % 16, b = o / 16, blk = r >> st.pair;
+    if (o < kUnitFloats && static_cast<int>(b) < batch && blk * 16 + row < st.rows) {
+      const u32 at = ((row % 8) * 4 + b / 2) * 4 + (row / 8) * 2 + b % 2;
+      float v = part[at];
+#pragma unroll
+      for (int s = 1; s < kSlices; ++s) v += part[s * kUnitFloats + at];
+      if (st.pair && !(r & 1)) {
+        gate = v;
+      } else {
+        store(static_cast<int>(b), st.row0 + blk * 16 + row, v, gate);
+      }
+    }
+  }
+  // no wait for the groups in flight: they are `next`'s, read by its own gemv_fed
+  __syncwarp();
+  if (lane == 0) feeds[warp] = f;
+  __syncwarp();
+}
+#endif
+
 }  // namespace mma

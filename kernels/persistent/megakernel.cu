@@ -104,6 +104,16 @@
 //                        RG_MK_RING=1); bit for bit across its schedules and task lists,
 //                        not the FMA variant's bits (another summation order); kernels.toml
 //                        persistent_decode_mma, off in the default build until timed
+//   RG_MK_STREAM=1       the tensor-core GEMV's ring runs across tasks (needs RG_MK_MMA=1, not
+//                        RG_MK_DEEP): on the static schedule a block knows its next GEMV task,
+//                        and the copies of its first groups go out as the current task's stream
+//                        ends, so the weight stream does not stop at a stage barrier while the
+//                        block runs its split, epilogue, signal and counter wait (issue 19:
+//                        the next design of run 11, a producer that runs ahead of the
+//                        consumer across the barrier). The ring is 5 groups (160 KB) where
+//                        the step's inputs fit 48 KB (b1-b4 of the probe model), else 3; the
+//                        launch takes kDynamicSmemBytes = 224 KB. The same loads in the same
+//                        order into the same sums: bit for bit the RG_MK_MMA build
 
 #include "rowgate/dtypes.cuh"
 #include "rowgate/reduce.cuh"
@@ -143,6 +153,12 @@
 #ifndef RG_MK_SPLIT_L2
 #define RG_MK_SPLIT_L2 0
 #endif
+#ifndef RG_MK_STREAM
+#define RG_MK_STREAM 0
+#endif
+#if RG_MK_STREAM && (!RG_MK_MMA || RG_MK_DEEP)
+#error "RG_MK_STREAM runs the tensor-core GEMV's ring across tasks: RG_MK_MMA=1, not RG_MK_DEEP"
+#endif
 #if RG_MK_DEEP && !RG_MK_MMA
 #error "RG_MK_DEEP deepens the tensor-core GEMV's ring: it needs RG_MK_MMA=1"
 #endif
@@ -172,9 +188,21 @@ constexpr u32 kRingBytes = kWarps * 32 * kRingGroups * kGroupChunks * 16;  // 96
 // Dynamic shared memory: the ring, the staging buffer (a GEMV's input; an attention
 // split's warp states and query heads), the scratch (the merges' split weights). The ring
 // comes first so a deep ring (RG_MK_DEEP) runs on into the staging buffer.
-constexpr u32 kDynamicSmemBytes = task::kStageBytes + task::kScratchBytes + kRingBytes;
 constexpr int kDeepGroups = 5;
 constexpr u32 kDeepRingBytes = kWarps * kDeepGroups * kGroupChunks * 32 * 16;  // 160 KB
+#if RG_MK_STREAM
+// RG_MK_STREAM: a launch whose inputs fit kStreamStage runs a kDeepGroups ring with the
+// staging buffer after it; otherwise the kRingGroups ring and the whole staging buffer.
+// The scratch sits after both layouts.
+constexpr u32 kStreamStage = 48 * 1024;
+constexpr u32 kScratchAt = kDeepRingBytes + kStreamStage;  // 208 KB
+static_assert(kRingBytes + task::kStageBytes <= kScratchAt, "the shallow layout fits too");
+static_assert(kAttnFloats * 4 + rowgate::persistent::kMaxGroup * 128 * 2 <= kStreamStage,
+              "attention splits keep their states in the deep layout's staging buffer");
+#else
+constexpr u32 kScratchAt = kRingBytes + task::kStageBytes;
+#endif
+constexpr u32 kDynamicSmemBytes = kScratchAt + task::kScratchBytes;
 static_assert(kDeepRingBytes > kRingBytes && kDeepRingBytes < kRingBytes + task::kStageBytes,
               "a deep ring spans the ring and part of the staging buffer");
 static_assert(kAttnFloats * 4 + rowgate::persistent::kMaxGroup * 128 * 2 <= task::kStageBytes,
@@ -205,6 +233,25 @@ __device__ __forceinline__ uint4 pack8(const float (&f)[8]) {
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
+#if RG_MK_STREAM
+constexpr u32 kNoTask = 0xffffffffu;
+// RG_MK_STREAM: where a warp's ring stands across tasks. Every warp issues and consumes
+// the same group counts; each keeps its own copy (written by its lane 0) so no warp reads
+// what another writes.
+struct Feed {
+  u32 issued;    // groups issued since the launch: group G goes to ring slot G % depth
+  u32 consumed;  // groups consumed
+  u32 task;      // the task whose groups the ring is issuing (kNoTask: none yet)
+  u32 group;     // how many of its groups are issued
+};
+struct Feeds {
+  Feed warp[kWarps];
+  u32 next;                             // the block's next GEMV task (kNoTask: none, or
+                                        // not a tensor-core one); set before the wait
+  __align__(16) TaskDesc next_desc;     // its descriptor
+};
+#endif
+
 struct Ctx {
   const StepShape& s;
   const u64* buffers;
@@ -213,6 +260,11 @@ struct Ctx {
   float* scratch;         // kScratchBytes
   uint4* ring;            // kRingBytes (a deep ring: kDeepRingBytes, into the stage)
   float* red;             // kMaxBatch x kWarps floats (static shared)
+#if RG_MK_STREAM
+  struct Feeds* feeds;    // the ring's state across tasks (static shared)
+  bool deep;              // this launch's ring is kDeepGroups deep
+  bool ahead;             // static schedule: the ring runs on into the block's next GEMV
+#endif
 };
 
 // Sums over the block of up to kMaxBatch values per thread; every thread gets the
@@ -574,10 +626,22 @@ __device__ __forceinline__ bool deep_ring(const TaskDesc& t, u32 batch) {
 
 // Before the counter wait: the first groups of a GEMV task's weights (which depend on
 // no counter) are already on their way while the block waits for the previous stage.
-__device__ __forceinline__ void prefetch_weights(const TaskDesc& t, const Ctx& c) {
+__device__ __forceinline__ void prefetch_weights(const TaskDesc& t, const Ctx& c, u32 index) {
 #if RG_MK_RING
   if (t.opcode != task::kGemv && t.opcode != task::kLogits) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#if RG_MK_STREAM
+  if (mma::usable(t, c.s.batch)) {  // the ring's groups of this task not yet in flight
+    if (c.deep) {
+      mma::fill<kDeepGroups>(t, index, c.buffers, c.ring, c.feeds->warp, warp, lane);
+    } else {
+      mma::fill<kRingGroups>(t, index, c.buffers, c.ring, c.feeds->warp, warp, lane);
+    }
+    return;
+  }
+#else
+  (void)index;
+#endif
 #if RG_MK_MMA
   if (mma::usable(t, c.s.batch)) {
     if (deep_ring(t, c.s.batch)) {
@@ -636,11 +700,22 @@ __device__ void op_gemv(const TaskDesc& t, const Ctx& c) {
     auto store = [&](int b, u32 row, float v, float gate) {
       gemv_store<kF32Out>(t, y, b * N + col + row, v, gate);
     };
+#if RG_MK_STREAM
+    const Feeds& f = *c.feeds;
+    if (c.deep) {
+      mma::gemv_fed<kDeepGroups>(t, f.next_desc, f.next, c.buffers, c.ring, c.scratch, xs, batch,
+                                 c.feeds->warp, store);
+    } else {
+      mma::gemv_fed<kRingGroups>(t, f.next_desc, f.next, c.buffers, c.ring, c.scratch, xs, batch,
+                                 c.feeds->warp, store);
+    }
+#else
     if (deep) {
       mma::gemv<kDeepGroups>(t, c.buffers, c.ring, c.scratch, xs, batch, store);
     } else {
       mma::gemv<kRingGroups>(t, c.buffers, c.ring, c.scratch, xs, batch, store);
     }
+#endif
     return;
   }
 #endif
@@ -995,6 +1070,42 @@ __device__ __forceinline__ u32 dynamic_smem_size() {
   return n;
 }
 
+#if RG_MK_STREAM
+// The static schedule's next GEMV task of this block after `index` (warp 1, before the
+// counter wait: its loads overlap the wait): its descriptor into the shared feeds, so the
+// ring can run on into it as this task's stream ends (kNoTask: none, or not a tensor-core
+// GEMV, whose ring the current stream must not share).
+__device__ __forceinline__ void find_next(const TaskDesc* tasks, u32 num_tasks, u32 index,
+                                          const Ctx& c) {
+  const int lane = threadIdx.x % 32;
+  u32 k = kNoTask;
+  if (lane == 0) {
+    for (u32 j = index + gridDim.x; j < num_tasks; j += gridDim.x) {
+      const u32 op = __ldg(reinterpret_cast<const u32*>(tasks + j)) & 0xffffu;  // opcode
+      if (op == task::kGemv || op == task::kLogits) {
+        k = j;
+        break;
+      }
+    }
+  }
+  k = __shfl_sync(0xffffffffu, k, 0);
+  if (k != kNoTask && lane < static_cast<int>(task::kTaskBytes / 16)) {
+    reinterpret_cast<uint4*>(&c.feeds->next_desc)[lane] =
+        __ldg(reinterpret_cast<const uint4*>(tasks + k) + lane);
+  }
+  __syncwarp();
+  if (lane == 0) {
+    c.feeds->next = k != kNoTask && mma::usable(c.feeds->next_desc, c.s.batch) ? k : kNoTask;
+  }
+}
+
+// The largest GEMV input of the step (the staged batch x K), against kStreamStage.
+__device__ __forceinline__ bool deep_launch(const StepShape& s) {
+  const u32 k = max(max(s.hidden, s.intermediate), s.num_heads * s.head_dim);
+  return s.batch * k * sizeof(bf16_bits) <= kStreamStage;
+}
+#endif
+
 // Optional per-task timing (trace != nullptr): kTraceWords u64 per task index, written by
 // thread 0: the block (low 32 bits) and the cycles from the end of the wait to the staged
 // input of a GEMV (high 32 bits; 0 for other tasks), globaltimer at claim (ns), cycles
@@ -1017,10 +1128,22 @@ __device__ __forceinline__ void persistent_decode(const TaskDesc* tasks, u32 num
         reinterpret_cast<const u32*>(shape)[threadIdx.x];
   }
   if (kDynamic && threadIdx.x == 0) s_index = atomicAdd(queue_head, 1u);
+#if RG_MK_STREAM
+  __shared__ Feeds s_feeds;
+  if (threadIdx.x < kWarps) s_feeds.warp[threadIdx.x] = Feed{0, 0, kNoTask, 0};
+  if (threadIdx.x == 0) s_feeds.next = kNoTask;
+  __syncthreads();
+  const bool deep = deep_launch(s_shape);
+  const Ctx c{s_shape, buffers, reinterpret_cast<const int*>(buffers[s_shape.meta_buffer]),
+              dsmem + (deep ? kDeepRingBytes : kRingBytes),
+              reinterpret_cast<float*>(dsmem + kScratchAt), reinterpret_cast<uint4*>(dsmem),
+              s_red, &s_feeds, deep, !kDynamic};
+#else
   __syncthreads();
   const Ctx c{s_shape, buffers, reinterpret_cast<const int*>(buffers[s_shape.meta_buffer]),
-              dsmem + kRingBytes, reinterpret_cast<float*>(dsmem + kRingBytes + task::kStageBytes),
+              dsmem + kRingBytes, reinterpret_cast<float*>(dsmem + kScratchAt),
               reinterpret_cast<uint4*>(dsmem), s_red};
+#endif
   u32 index = kDynamic ? s_index : blockIdx.x;
   while (index < num_tasks) {
     if (threadIdx.x < task::kTaskBytes / 16) {
@@ -1037,7 +1160,13 @@ __device__ __forceinline__ void persistent_decode(const TaskDesc* tasks, u32 num
     __syncthreads();
     // every thread reads the same task and length: the branch is uniform
     if (!RG_MK_SKIP_EMPTY || !empty_split(s_task, c)) {
-      prefetch_weights(s_task, c);
+      prefetch_weights(s_task, c, index);
+#if RG_MK_STREAM
+      if (!kDynamic && threadIdx.x / 32 == 1 &&
+          (s_task.opcode == task::kGemv || s_task.opcode == task::kLogits)) {
+        find_next(tasks, num_tasks, index, c);
+      }
+#endif
 #if RG_MK_SPLIT_L2
       prefetch_split_l2(s_task, c);
 #endif

@@ -37,6 +37,7 @@ from typing import Any
 from pipeline.errors import UsageError
 from pipeline.megakernel.abi import (
     GRANULE,
+    NO_COUNTER,
     SCRATCH_BYTES,
     STAGE_BYTES,
     Flag,
@@ -209,7 +210,7 @@ def build_step(dims: ModelDims, batch: int, sm_count: int, *, num_blocks: int,
                fine_deps: bool = False, tile_scale: int = 1, fuse_norm: bool | None = None,
                fuse_merge: bool = False, l2_ahead: int = 0, one_wave: bool | None = None,
                silu_out: bool = True, even_splits: bool = True,
-               kv_splits: int | None = None) -> StepPlan:
+               kv_splits: int | None = None, pad_levels: bool = False) -> StepPlan:
     """Task list, step shape and buffer table for one decode step at `batch`: fused
     (ABI v2 flags) where the shape allows, else the unfused stages. By default the
     attention merge stays a stage of its own and so do the norms at batch > 1
@@ -239,10 +240,17 @@ def build_step(dims: ModelDims, batch: int, sm_count: int, *, num_blocks: int,
     window set by when blocks reach the split tasks in the queue, not by a split's own
     loads, so a few fat tasks a kv head instead of a wave of thin ones (each split count
     its own bitwise family). Runs 75-77 on the H100 and H200: slower at every cap and
-    batch (b1 989-1293 against 966 us), since a split warp pays ~1 us a token; off."""
+    batch (b1 989-1293 against 966 us), since a split warp pays ~1 us a token; off.
+    `pad_levels` (for the static schedule): NOP tasks pad each dependency level of the list
+    to a whole number of waves (`padded_to_waves`), so block i runs the i-th task of every
+    level and knows its next GEMV task (RG_MK_STREAM's ring runs on into it); the same
+    tasks in the same order otherwise, so the same bits."""
     if batch < 1 or sm_count < 1 or num_blocks < 1 or tile_scale < 1:
         raise UsageError(f"build_step: batch {batch}, sm_count {sm_count}, num_blocks "
                          f"{num_blocks}, tile_scale {tile_scale} must all be positive")
+    if pad_levels and l2_ahead:
+        raise UsageError("build_step: pad_levels and l2_ahead: PREFETCH_L2 tasks wait for "
+                         "nothing, so they would break the levels' order")
     if kv_splits is not None and (kv_splits < 1 or one_wave is False or not even_splits):
         raise UsageError(f"build_step: kv_splits {kv_splits}: expected a positive cap on "
                          "one wave of even splits")
@@ -292,6 +300,8 @@ def build_step(dims: ModelDims, batch: int, sm_count: int, *, num_blocks: int,
     else:
         _emit(e, dims, batch, sm_count, splits, chunk, slots, regions, tile_scale,
               int(Flag.EVEN_SPLITS) if even_splits else 0)
+    if pad_levels:
+        e.tasks = padded_to_waves(e.tasks, sm_count)
     # The plan's build flags (not operator `--option`s, which tests/test_options.py audits).
     flags: dict[str, Any] = {"fused": fused, "fine_deps": fused and fine_deps,
                              "tile_scale": tile_scale, "fuse_norm": fused and fuse_norm,
@@ -300,11 +310,45 @@ def build_step(dims: ModelDims, batch: int, sm_count: int, *, num_blocks: int,
                              "silu_out": fused and silu_out, "even_splits": even_splits}
     if kv_splits is not None:
         flags["kv_splits"] = splits
+    if pad_levels:
+        flags["pad_levels"] = True
     if blockers:
         flags["not_fused"] = blockers
     return StepPlan(dims=dims, batch=batch, sm_count=sm_count, tasks=e.tasks, shape=shape,
                     buffers=buffers, num_counters=e.counters, slots=slots, regions=regions,
                     options=flags)
+
+
+def levels(tasks: list[Task]) -> list[int]:
+    """Each task's dependency level: 0 without waits, else one more than the highest
+    level among the tasks signalling a counter it waits on (producers precede consumers,
+    so one pass in list order sees every producer first)."""
+    counter_level: dict[int, int] = {}
+    out = []
+    for t in tasks:
+        level = 1 + max((counter_level.get(c, -1) for c, _ in t.waits), default=-1)
+        out.append(level)
+        if t.signal != NO_COUNTER:
+            counter_level[t.signal] = max(counter_level.get(t.signal, 0), level)
+    return out
+
+
+def padded_to_waves(tasks: list[Task], sm_count: int) -> list[Task]:
+    """`tasks` with NOPs after each run of one level, up to a multiple of `sm_count`: on
+    the static schedule (block i runs tasks i, i + grid, ...) every block then runs one
+    task of each wave. The levels must rise along the list (each stage waits for the one
+    before, as every list the builder emits)."""
+    out: list[Task] = []
+    lv = levels(tasks)
+    for i, t in enumerate(tasks):
+        if i and lv[i] < lv[i - 1]:
+            raise UsageError(f"pad_levels: task {i} ({t.label}) is at level {lv[i]} after "
+                             f"level {lv[i - 1]}: the levels must rise along the list")
+        out.append(t)
+        if i + 1 == len(tasks) or lv[i + 1] != lv[i]:
+            out.extend(Task(Opcode.NOP, label=f"pad[{lv[i]}]")
+                       for _ in range(-len(out) % sm_count))
+    return out
 
 
 def _workspace(dims: ModelDims, batch: int, splits: int, add: Callable[[str, int, bool], int],

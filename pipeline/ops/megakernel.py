@@ -37,6 +37,9 @@ THREADS = 256
 DYNAMIC_SMEM = abi.STAGE_BYTES + abi.SCRATCH_BYTES + 96 * 1024
 """The kernel's kDynamicSmemBytes: staging buffer, scratch and the weight ring (the
 kernel traps when launched with less)."""
+STREAM_SMEM = 224 * 1024
+"""kDynamicSmemBytes of an RG_MK_STREAM build (its 160 KB ring, 48 KB staging buffer and
+the scratch after both layouts)."""
 
 
 def _allow_dynamic_smem(fn: Any, nbytes: int, device_index: int) -> None:
@@ -154,8 +157,10 @@ class PersistentDecode:
 
     def __init__(self, model: Qwen3Model, cache: PagedKVCache, batch: int,
                  schedule: abi.Schedule, cubin: Path,
-                 sm_count: int | None = None, options: dict[str, Any] | None = None):
+                 sm_count: int | None = None, options: dict[str, Any] | None = None,
+                 smem: int = DYNAMIC_SMEM):
         dev = torch.device(model.device)
+        self.smem = smem  # the launch's dynamic shared memory: the kernel build's
         self.device, self.batch, self.schedule = dev, batch, schedule
         self.sm_count = sm_count or torch.cuda.get_device_properties(dev).multi_processor_count
         self.step = StepBuffers(model, cache, batch, self.sm_count, **(options or {}))
@@ -167,7 +172,7 @@ class PersistentDecode:
         # counters then the queue head, zeroed by one memset per step
         self.sync = torch.zeros(self.plan.num_counters + 1, dtype=torch.int32, device=dev)
         self.fn = kernel(str(cubin), ENTRY[schedule])
-        _allow_dynamic_smem(self.fn, DYNAMIC_SMEM, dev.index if dev.index is not None else 0)
+        _allow_dynamic_smem(self.fn, smem, dev.index if dev.index is not None else 0)
 
     def _upload(self, data: bytes) -> torch.Tensor:
         return torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self.device)
@@ -182,7 +187,7 @@ class PersistentDecode:
     def launch(self, trace: torch.Tensor | None = None) -> None:
         cc = cuda_core()
         index = self.device.index if self.device.index is not None else 0
-        config = cc.LaunchConfig(grid=self.sm_count, block=THREADS, shmem_size=DYNAMIC_SMEM)
+        config = cc.LaunchConfig(grid=self.sm_count, block=THREADS, shmem_size=self.smem)
         counters = self.sync.data_ptr()
         head = counters + 4 * self.plan.num_counters
         cc.launch(stream(current_stream(index)), config, self.fn, self.tasks.data_ptr(),

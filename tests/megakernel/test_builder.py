@@ -302,3 +302,60 @@ def test_splits_are_emitted_split_major():
              if t.opcode == Opcode.ATTN_SPLIT and t.label.startswith("L0.")]
     assert [s for _, _, s in first] == sorted(s for _, _, s in first)  # every head's split 0 first
     assert len({(b, g) for b, g, s in first if s == 0}) == 2 * TINY.kv_heads
+
+
+@pytest.mark.parametrize("batch", [1, 4, 8])
+@pytest.mark.parametrize("options", [{}, {"fuse": False}, FULL])
+def test_padded_levels_give_every_block_one_wave_of_each_level(batch, options):
+    # on the static schedule block i runs tasks i, i + 132, ...: after padding, each wave of
+    # 132 holds tasks of one level only, and the list is the same tasks in the same order
+    plain = builder.build_step(PROBE, batch, 132, num_blocks=batch * 64, **options)
+    padded = builder.build_step(PROBE, batch, 132, num_blocks=batch * 64, pad_levels=True,
+                                **options)
+    assert validate(padded.tasks, padded.shape, padded.buffers, padded.num_counters).ok
+    assert [t for t in padded.tasks if t.opcode != Opcode.NOP] == plain.tasks
+    assert len(padded.tasks) % 132 == 0 and padded.options["pad_levels"] is True
+    assert "pad_levels" not in plain.options
+    level = builder.levels(padded.tasks)
+    real = [i for i, t in enumerate(padded.tasks) if t.opcode != Opcode.NOP]
+    for w in range(len(padded.tasks) // 132):
+        in_wave = {level[i] for i in real if i // 132 == w}
+        assert len(in_wave) <= 1, f"wave {w} mixes levels {sorted(in_wave)}"
+    # a level spans the fewest whole waves its tasks fill (the fused lists' stages: one)
+    waves_of: dict[int, set[int]] = {}
+    for i in real:
+        waves_of.setdefault(level[i], set()).add(i // 132)
+    count = {lv: level.count(lv) - sum(level[i] == lv for i, t in enumerate(padded.tasks)
+                                       if t.opcode == Opcode.NOP) for lv in waves_of}
+    assert all(len(w) == -(-count[lv] // 132) for lv, w in waves_of.items())
+    if options.get("fuse", True):
+        assert all(len(w) == 1 for w in waves_of.values())
+    # every NOP is a bare task: no waits, no signal, no operands
+    nops = [t for t in padded.tasks if t.opcode == Opcode.NOP]
+    assert nops and all(not t.waits and t.signal == builder.NO_COUNTER and not t.operands
+                        for t in nops)
+
+
+def test_levels_count_the_longest_chain_of_waits():
+    plan = builder.build_step(TINY, 1, 8, num_blocks=64, **FULL)
+    level = builder.levels(plan.tasks)
+    by_label = dict(zip((t.label for t in plan.tasks), level))
+    assert by_label["embed[0]"] == 0
+    # q|k|v after the embed; the splits after their kv head's tiles; o_proj after the splits
+    assert by_label["L0.q[0]"] == 1 and by_label["L0.split[0,0,0]"] == 2
+    assert by_label["L0.o[0]"] == 3 and by_label["L1.q[0]"] == 6
+
+
+def test_padded_levels_refuse_a_list_whose_levels_fall():
+    from pipeline.megakernel.abi import Task
+
+    rising = [Task(Opcode.EMBED, signal=0), Task(Opcode.GEMV, waits=((0, 1),), signal=1)]
+    assert len(builder.padded_to_waves(rising, 4)) == 8
+    falling = [*rising, Task(Opcode.EMBED, signal=2, label="late")]
+    with pytest.raises(UsageError, match=r"task 2 \(late\) is at level 0 after level 1"):
+        builder.padded_to_waves(falling, 4)
+
+
+def test_padded_levels_refuse_l2_ahead():
+    with pytest.raises(UsageError, match="pad_levels and l2_ahead"):
+        builder.build_step(PROBE, 1, 132, num_blocks=64, pad_levels=True, l2_ahead=2)

@@ -57,12 +57,13 @@ FULL = {"fuse_norm": True, "fuse_merge": True, "fine_deps": True}
                                      {"l2_ahead": 4}, {"one_wave": True}, {"silu_out": False},
                                      {**FULL, "silu_out": False}, {"even_splits": False},
                                      {"fuse": False, "even_splits": False},
-                                     {"kv_splits": 1}, {**FULL, "kv_splits": 2}],
+                                     {"kv_splits": 1}, {**FULL, "kv_splits": 2},
+                                     {"pad_levels": True}],
                          ids=["unfused", "fused (default)", "fully-fused", "fully-fused-x2",
                               "fused-l2-ahead", "fused-one-wave", "fused-silu-in",
                               "fully-fused-silu-in", "fused-planned-splits",
                               "unfused-planned-splits", "fused-one-split",
-                              "fully-fused-two-splits"])
+                              "fully-fused-two-splits", "fused-padded"])
 @pytest.mark.parametrize("lengths,sms,splits", [([37], 132, 3), ([5, 16, 33, 70], 1024, 5),
                                                 ([1, 2, 15, 16, 17, 31, 32, 100], 132, 1)])
 def test_the_task_list_computes_the_reference_decode_step(model, lengths, sms, splits, options):

@@ -196,6 +196,14 @@ VARIANTS = {
 }
 
 
+STREAM = {
+    # RG_MK_STREAM=1: the tensor-core GEMV's ring runs across tasks (on the static schedule
+    # into the block's next GEMV task); 224 KB of dynamic shared memory, so not a latency
+    # variant (those launch with the default's)
+    "stream": ["RG_MK_STREAM=1"],
+}
+
+
 @pytest.fixture(scope="module")
 def variant_cubins(tmp_path_factory):
     """The tree's kernel with a VARIANTS entry's defines added, built by the build gate's
@@ -214,7 +222,7 @@ def variant_cubins(tmp_path_factory):
     manifest = root / "kernels" / "kernels.toml"
     base = tomllib.loads(manifest.read_text())["kernels"][kernel_for(arch)]
     with manifest.open("a") as f:
-        for name, extra in VARIANTS.items():
+        for name, extra in {**VARIANTS, **STREAM}.items():
             f.write(f'\n[kernels.variant_{name}]\nsource = "{base["source"]}"\n'
                     f'entry_points = {json.dumps(base["entry_points"])}\narches = ["{arch}"]\n'
                     f"defines = {json.dumps([*base.get('defines', []), *extra])}\n")
@@ -250,6 +258,45 @@ def test_each_latency_variant_is_the_default_bit_for_bit(tiny, cubin, variant_cu
             for k, k_before in zip(cache.k, k0):
                 k.copy_(k_before)
     assert torch.equal(out[0], out[1])
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory):
+    """A tiny model whose GEMVs take the tensor-core path (every K a multiple of 1024),
+    with an intermediate size that puts batch 8 past the stream build's 48 KB staging
+    buffer (its 3-group ring) and batch 1 and 4 within it (its 5-group ring)."""
+    from pipeline.model import TinyModelSpec, build_tiny_model
+
+    spec = TinyModelSpec(hidden_size=1024, intermediate_size=4096, num_heads=8,
+                         num_kv_heads=4, head_dim=128)
+    return build_tiny_model(spec, root=tmp_path_factory.mktemp("wide"))
+
+
+@pytest.mark.parametrize("batch", [1, 4, 8])
+def test_the_stream_ring_is_the_default_bit_for_bit(wide, cubin, variant_cubins, batch):
+    # the tree's kernel on its default list (dynamic queue) against the stream build on the
+    # same list padded to whole waves (static schedule: the ring runs on into each block's
+    # next GEMV task) and unpadded on the dynamic queue (the ring within a task)
+    from pipeline.megakernel.abi import Schedule
+    from pipeline.ops.megakernel import STREAM_SMEM, PersistentDecode
+
+    model, cache, args = _prefilled(wide, batch, 300)
+    stream = variant_cubins("stream")
+    runs = ((cubin, Schedule.DYNAMIC_QUEUE, {}, None),
+            (stream, Schedule.STATIC_ROUND_ROBIN, {"pad_levels": True}, STREAM_SMEM),
+            (stream, Schedule.DYNAMIC_QUEUE, {}, STREAM_SMEM))
+    with torch.inference_mode():
+        out = []
+        for path, schedule, options, smem in runs:
+            k0 = [k.clone() for k in cache.k]
+            step = PersistentDecode(model, cache, batch, schedule, path, options=options,
+                                    **({"smem": smem} if smem else {}))
+            assert step.plan.options.get("pad_levels", False) == bool(options)
+            out.append(step(*args).clone())
+            for k, k_before in zip(cache.k, k0):
+                k.copy_(k_before)
+    assert torch.equal(out[0], out[1]) and torch.equal(out[0], out[2])
+    assert torch.isfinite(out[0]).all()
 
 
 @pytest.fixture(scope="module")

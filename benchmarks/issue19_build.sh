@@ -28,6 +28,8 @@
 #   mk_mmaall.cubin        RG_MK_MMA=1 and all three
 #   mk_mmastream.cubin     RG_MK_MMA=1 RG_MK_STREAM=1 (the ring runs across tasks on the static
 #                          schedule: the next GEMV task's first groups in flight across the barrier)
+#   mk_mmastreamt.cubin    ... and RG_MK_STREAM_TAIL=1 (into the next task only once this one's
+#                          groups are all read)
 #   mk_mmasilu4.cubin      RG_MK_MMA=1 RG_MK_SILU_AHEAD=4 (a SiLU-in staging's 4 granules in flight)
 #   mk_mmasilu8.cubin      RG_MK_MMA=1 RG_MK_SILU_AHEAD=8
 #   mk_mmadiag1.cubin      RG_MK_MMA=1 RG_MK_SILU_DIAG=1 (diagnostic, not bitwise: fast-intrinsic SiLU)
@@ -83,6 +85,8 @@ build mk_mmaall.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_SPL
   -DRG_MK_MERGE_ONE_TRIP=1 -DRG_MK_SKIP_EMPTY=1 & pids+=($!)
 build mk_mmastream.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_STREAM=1 &
 pids+=($!)
+build mk_mmastreamt.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_STREAM=1 \
+  -DRG_MK_STREAM_TAIL=1 & pids+=($!)
 for p in "${pids[@]}"; do wait "$p" || exit 1; done
 CUOBJDUMP=${CUOBJDUMP:-$(command -v cuobjdump ||
   ls .nox/tests/lib/python3*/site-packages/nvidia/cu13/bin/cuobjdump 2>/dev/null | head -1 || true)}

@@ -139,6 +139,9 @@ GREEDY = {"mma": [("mk-default", "v2", STAGED), ("mk-mma", "mma", STAGED)],
           "stream": [("mk-stream-norm-in", "mmastream",
                       {**NORM_IN, **DEFAULTS, **PADDED}),
                      ("mk-stream", "mmastream", {**STAGED, **DEFAULTS, **PADDED})],
+          "streamtail": [("mk-streamt-norm-in", "mmastreamt",
+                          {**NORM_IN, **DEFAULTS, **PADDED}),
+                         ("mk-streamq", "mmastream", {**STAGED, **DEFAULTS})],
           "issue19": [("mk-+ring", "v2", {"fine_deps": False})]}
 """Persistent paths run 32 greedy steps against eager (name, cubin, options)."""
 VARIANTS = [  # name, cubin, builder options, schedules
@@ -429,6 +432,24 @@ The same loads in the same order into the same sums: every list bitwise its fami
 unfused list (NOPs compute nothing)."""
 
 
+STREAM_TAIL_VARIANTS = [
+    *THIN_WAVE,
+    ("stream-norm-in", "mmastream", {**NORM_IN, **DEFAULTS, **PADDED}, (STATIC,)),
+    ("streamt-norm-in", "mmastreamt", {**NORM_IN, **DEFAULTS, **PADDED}, (STATIC,)),
+    ("streamt", "mmastreamt", {**STAGED, **DEFAULTS, **PADDED}, (STATIC,)),
+    ("streamq-norm-in", "mmastream", {**NORM_IN, **DEFAULTS}, (DYN,)),
+    ("streamq", "mmastream", {**STAGED, **DEFAULTS}, (DYN,)),
+]
+"""Run 87. Run 86 (H100): the stream across the barrier made every list slower (b1 1,158
+against 1,040 us): each GEMV task's run grew by the next task's copies it streamed beside
+its own tail (o 2.8 -> 5.6 us, gate|up 18.2 -> 21.5, down 8.4 -> 11.3) while the waits
+shrank (28.3 -> 21.0 % of block time); the same build on the dynamic queue (`streamq`: the
+5-group ring within a task, 4 groups before the wait) was the fastest b1 list (1,008 us).
+`streamt` (RG_MK_STREAM_TAIL=1): the ring runs on into the next task only once this task's
+groups are all read, so a stage's tail streams alone; `streamq` on the staged lists (the
+b4 / b8 defaults). Bitwise the tree's kernel."""
+
+
 def smem_of(cub: str) -> int:
     """A cubin's dynamic shared memory (an RG_MK_STREAM build takes more)."""
     from pipeline.ops.megakernel import DYNAMIC_SMEM, STREAM_SMEM
@@ -482,7 +503,7 @@ VARIANT_SETS = {"mma": MMA_VARIANTS, "issue19": VARIANTS, "l2": L2_VARIANTS,
                 "siluout": SILU_OUT_VARIANTS, "even": EVEN_VARIANTS,
                 "evenwave": EVEN_WAVE_VARIANTS, "stack": STACK_VARIANTS, "fat": FAT_VARIANTS,
                 "raw": RAW_VARIANTS, "rawl2": RAW_L2_VARIANTS,
-                "stream": STREAM_VARIANTS}
+                "stream": STREAM_VARIANTS, "streamtail": STREAM_TAIL_VARIANTS}
 COMPILE = ["none", "max-autotune-no-cudagraphs"]
 """(`--compile default` adds torch.compile's default mode.)"""
 GREEDY_STEPS = 32

@@ -306,7 +306,7 @@ __device__ __forceinline__ void gemv_fed(const TaskDesc& t, const TaskDesc& next
     for (u32 q = 0; q < st.groups_per_round; ++q) {
       __syncwarp();  // every lane's ldmatrix of the slot the issue refills is done (WAR)
       if (f.issued - f.consumed < static_cast<u32>(kDepth)) {
-        if (f.group >= ist.groups() && !moved && next != kNoTask) {
+        if (!RG_MK_STREAM_TAIL && f.group >= ist.groups() && !moved && next != kNoTask) {
           ist = Stream(next_t, buffers, warp);
           icur = Cursor<kDepth>(ist, 0, lane_at, lane);
           icur.slot = f.issued % kDepth;
@@ -334,6 +334,20 @@ __device__ __forceinline__ void gemv_fed(const TaskDesc& t, const TaskDesc& next
         hmma(acc, a1, x[2], x[3]);
       }
     }
+#if RG_MK_STREAM_TAIL
+    if (r + 1 == st.rounds && next != kNoTask) {  // this task's groups all read: next's now
+      __syncwarp();  // every lane's ldmatrix of the slots refilled here is done (WAR)
+      ist = Stream(next_t, buffers, warp);
+      icur = Cursor<kDepth>(ist, 0, lane_at, lane);
+      icur.slot = f.issued % kDepth;
+      f.task = next;
+      f.group = 0;
+      for (; f.group < ist.groups() && f.group < static_cast<u32>(kDepth - 1); ++f.group) {
+        issue(ist, icur, lane);
+        ++f.issued;
+      }
+    }
+#endif
     float* part = partials + (r % 2) * kSlices * kUnitFloats;
     reinterpret_cast<float4*>(part + warp * kUnitFloats)[lane] =
         make_float4(acc[0], acc[1], acc[2], acc[3]);

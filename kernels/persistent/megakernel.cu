@@ -114,6 +114,10 @@
 //                        the step's inputs fit 48 KB (b1-b4 of the probe model), else 3; the
 //                        launch takes kDynamicSmemBytes = 224 KB. The same loads in the same
 //                        order into the same sums: bit for bit the RG_MK_MMA build
+//   RG_MK_STREAM_TAIL=1  RG_MK_STREAM's ring runs on into the next GEMV task only once this
+//                        task's groups are all read (before its last round's epilogue), not
+//                        as its ring slots free: run 86 found the stream slower, each task's
+//                        run growing by the next task's copies it streamed beside its own tail
 
 #include "rowgate/dtypes.cuh"
 #include "rowgate/reduce.cuh"
@@ -155,6 +159,12 @@
 #endif
 #ifndef RG_MK_STREAM
 #define RG_MK_STREAM 0
+#endif
+#ifndef RG_MK_STREAM_TAIL
+#define RG_MK_STREAM_TAIL 0
+#endif
+#if RG_MK_STREAM_TAIL && !RG_MK_STREAM
+#error "RG_MK_STREAM_TAIL is a policy of RG_MK_STREAM's ring: it needs RG_MK_STREAM=1"
 #endif
 #if RG_MK_STREAM && (!RG_MK_MMA || RG_MK_DEEP)
 #error "RG_MK_STREAM runs the tensor-core GEMV's ring across tasks: RG_MK_MMA=1, not RG_MK_DEEP"

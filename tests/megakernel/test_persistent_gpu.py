@@ -201,6 +201,8 @@ STREAM = {
     # into the block's next GEMV task); 224 KB of dynamic shared memory, so not a latency
     # variant (those launch with the default's)
     "stream": ["RG_MK_STREAM=1"],
+    # RG_MK_STREAM_TAIL=1: into the next task only once this task's groups are all read
+    "stream_tail": ["RG_MK_STREAM=1", "RG_MK_STREAM_TAIL=1"],
 }
 
 
@@ -272,8 +274,9 @@ def wide(tmp_path_factory):
     return build_tiny_model(spec, root=tmp_path_factory.mktemp("wide"))
 
 
+@pytest.mark.parametrize("build", sorted(STREAM))
 @pytest.mark.parametrize("batch", [1, 4, 8])
-def test_the_stream_ring_is_the_default_bit_for_bit(wide, cubin, variant_cubins, batch):
+def test_the_stream_ring_is_the_default_bit_for_bit(wide, cubin, variant_cubins, batch, build):
     # the tree's kernel on its default list (dynamic queue) against the stream build on the
     # same list padded to whole waves (static schedule: the ring runs on into each block's
     # next GEMV task) and unpadded on the dynamic queue (the ring within a task)
@@ -281,7 +284,7 @@ def test_the_stream_ring_is_the_default_bit_for_bit(wide, cubin, variant_cubins,
     from pipeline.ops.megakernel import STREAM_SMEM, PersistentDecode
 
     model, cache, args = _prefilled(wide, batch, 300)
-    stream = variant_cubins("stream")
+    stream = variant_cubins(build)
     runs = ((cubin, Schedule.DYNAMIC_QUEUE, {}, None),
             (stream, Schedule.STATIC_ROUND_ROBIN, {"pad_levels": True}, STREAM_SMEM),
             (stream, Schedule.DYNAMIC_QUEUE, {}, STREAM_SMEM))

@@ -7,8 +7,11 @@
 #   mk_ring0.cubin         RG_MK_RING=0 (v1's register-load GEMV)
 #   mk_claim.cubin         RG_MK_CLAIM_AHEAD=1 (the dynamic queue claims ahead)
 #   mk_next.cubin          RG_MK_NEXT_L2=1 (static: the next task's weights into L2)
-#   mk_mma.cubin           RG_MK_MMA=1 (tensor-core GEMV tiles, kernels/persistent/gemv_mma.cuh;
-#                          the raw split loop, RG_MK_SPLIT_RAW=4, since 9e8d231)
+#   mk_mma.cubin           RG_MK_MMA=1 RG_MK_STREAM=1, the tree's kernel (tensor-core GEMV tiles,
+#                          kernels/persistent/gemv_mma.cuh; the raw split loop, RG_MK_SPLIT_RAW=4,
+#                          since 9e8d231; the ring one stream across tasks since run 87). The
+#                          other mk_mma* builds below are the plain ring's (RG_MK_MMA=1 and theirs)
+#   mk_mmaplain.cubin      RG_MK_MMA=1 alone: the plain ring, the tree's kernel before run 87
 #   mk_mmal2.cubin         RG_MK_MMA=1 RG_MK_TILE_L2=1 (a task's whole tile into L2 before its wait)
 #   mk_mmanext.cubin       RG_MK_MMA=1 RG_MK_NEXT_L2=1 (static: the next task's tile into L2)
 #   mk_mmadeep.cubin       RG_MK_MMA=1 RG_MK_DEEP=1 (a 5-group ring where the input fits 32 KB)
@@ -26,10 +29,11 @@
 #   mk_mmam1.cubin         RG_MK_MMA=1 RG_MK_MERGE_ONE_TRIP=1 (a merge's loads in one round trip)
 #   mk_mmase.cubin         RG_MK_MMA=1 RG_MK_SKIP_EMPTY=1 (an empty split runs without waiting)
 #   mk_mmaall.cubin        RG_MK_MMA=1 and all three
-#   mk_mmastream.cubin     RG_MK_MMA=1 RG_MK_STREAM=1 (the ring runs across tasks on the static
-#                          schedule: the next GEMV task's first groups in flight across the barrier)
+#   mk_mmastream.cubin     RG_MK_MMA=1 RG_MK_STREAM=1 RG_MK_STREAM_AHEAD=1 (the ring runs on into the
+#                          next GEMV task on the static schedule: its first groups in flight across
+#                          the barrier; runs 86-87)
 #   mk_mmastreamt.cubin    ... and RG_MK_STREAM_TAIL=1 (into the next task only once this one's
-#                          groups are all read)
+#                          groups are all read; run 87)
 #   mk_mmasilu4.cubin      RG_MK_MMA=1 RG_MK_SILU_AHEAD=4 (a SiLU-in staging's 4 granules in flight)
 #   mk_mmasilu8.cubin      RG_MK_MMA=1 RG_MK_SILU_AHEAD=8
 #   mk_mmadiag1.cubin      RG_MK_MMA=1 RG_MK_SILU_DIAG=1 (diagnostic, not bitwise: fast-intrinsic SiLU)
@@ -58,7 +62,8 @@ build mk_v2.cubin kernels/persistent/megakernel.cu & pids+=($!)
 build mk_ring0.cubin kernels/persistent/megakernel.cu -DRG_MK_RING=0 & pids+=($!)
 build mk_claim.cubin kernels/persistent/megakernel.cu -DRG_MK_CLAIM_AHEAD=1 & pids+=($!)
 build mk_next.cubin kernels/persistent/megakernel.cu -DRG_MK_NEXT_L2=1 & pids+=($!)
-build mk_mma.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 & pids+=($!)
+build mk_mma.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_STREAM=1 & pids+=($!)
+build mk_mmaplain.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 & pids+=($!)
 build mk_mmal2.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_TILE_L2=1 & pids+=($!)
 build mk_mmanext.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_NEXT_L2=1 & pids+=($!)
 build mk_mmadeep.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_DEEP=1 & pids+=($!)
@@ -83,10 +88,10 @@ build mk_mmadiag1.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_S
 build mk_mmadiag2.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_SILU_DIAG=2 & pids+=($!)
 build mk_mmaall.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_SPLIT_AHEAD=8 \
   -DRG_MK_MERGE_ONE_TRIP=1 -DRG_MK_SKIP_EMPTY=1 & pids+=($!)
-build mk_mmastream.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_STREAM=1 &
-pids+=($!)
+build mk_mmastream.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_STREAM=1 \
+  -DRG_MK_STREAM_AHEAD=1 & pids+=($!)
 build mk_mmastreamt.cubin kernels/persistent/megakernel.cu -DRG_MK_MMA=1 -DRG_MK_STREAM=1 \
-  -DRG_MK_STREAM_TAIL=1 & pids+=($!)
+  -DRG_MK_STREAM_AHEAD=1 -DRG_MK_STREAM_TAIL=1 & pids+=($!)
 for p in "${pids[@]}"; do wait "$p" || exit 1; done
 CUOBJDUMP=${CUOBJDUMP:-$(command -v cuobjdump ||
   ls .nox/tests/lib/python3*/site-packages/nvidia/cu13/bin/cuobjdump 2>/dev/null | head -1 || true)}

@@ -142,6 +142,8 @@ GREEDY = {"mma": [("mk-default", "v2", STAGED), ("mk-mma", "mma", STAGED)],
           "streamtail": [("mk-streamt-norm-in", "mmastreamt",
                           {**NORM_IN, **DEFAULTS, **PADDED}),
                          ("mk-streamq", "mmastream", {**STAGED, **DEFAULTS})],
+          "plain": [("mk-evenwave-norm-in", "mma9", {**NORM_IN, **DEFAULTS}),
+                    ("mk-evenwave", "mma9", {**STAGED, **DEFAULTS})],
           "issue19": [("mk-+ring", "v2", {"fine_deps": False})]}
 """Persistent paths run 32 greedy steps against eager (name, cubin, options)."""
 VARIANTS = [  # name, cubin, builder options, schedules
@@ -421,7 +423,8 @@ STREAM_VARIANTS = [
     ("streamq-norm-in", "mmastream", {**NORM_IN, **DEFAULTS}, (DYN,)),
 ]
 """The next design of run 11, its first step: the weight stream across the stage barrier.
-RG_MK_STREAM=1 (`mmastream`): on the static schedule a block knows its next GEMV task and
+RG_MK_STREAM=1 RG_MK_STREAM_AHEAD=1 (`mmastream`; in run 86 the one flag RG_MK_STREAM=1,
+the same SASS): on the static schedule a block knows its next GEMV task and
 its ring (5 groups, 160 KB, where the step's inputs fit 48 KB: b1-b4) runs on into it as
 the current task's stream ends, so the next stage's first 128 KB are in flight while the
 block runs its split, epilogue, signal and counter wait. `pad` lists (PADDED) give block i
@@ -432,6 +435,15 @@ The same loads in the same order into the same sums: every list bitwise its fami
 unfused list (NOPs compute nothing)."""
 
 
+PLAIN_VARIANTS = [
+    *THIN_WAVE,
+    ("plain-norm-in", "mmaplain", {**NORM_IN, **DEFAULTS}, (DYN,)),
+    ("plain", "mmaplain", {**STAGED, **DEFAULTS}, (DYN,)),
+]
+"""Run 88: the tree's kernel since run 87 (`mma9`: RG_MK_STREAM=1, the ring one stream
+across a block's tasks, 5 groups where the inputs fit 48 KB) beside the plain ring it
+replaced (`mmaplain`: RG_MK_MMA=1 alone, the default of runs 79-85) on the default lists
+(norms in: b1's; staged: b4 / b8's). Bitwise the same family."""
 STREAM_TAIL_VARIANTS = [
     *THIN_WAVE,
     ("stream-norm-in", "mmastream", {**NORM_IN, **DEFAULTS, **PADDED}, (STATIC,)),
@@ -448,13 +460,6 @@ shrank (28.3 -> 21.0 % of block time); the same build on the dynamic queue (`str
 `streamt` (RG_MK_STREAM_TAIL=1): the ring runs on into the next task only once this task's
 groups are all read, so a stage's tail streams alone; `streamq` on the staged lists (the
 b4 / b8 defaults). Bitwise the tree's kernel."""
-
-
-def smem_of(cub: str) -> int:
-    """A cubin's dynamic shared memory (an RG_MK_STREAM build takes more)."""
-    from pipeline.ops.megakernel import DYNAMIC_SMEM, STREAM_SMEM
-
-    return STREAM_SMEM if "stream" in cub else DYNAMIC_SMEM
 
 
 def kv_stages(n: int) -> tuple:
@@ -503,7 +508,8 @@ VARIANT_SETS = {"mma": MMA_VARIANTS, "issue19": VARIANTS, "l2": L2_VARIANTS,
                 "siluout": SILU_OUT_VARIANTS, "even": EVEN_VARIANTS,
                 "evenwave": EVEN_WAVE_VARIANTS, "stack": STACK_VARIANTS, "fat": FAT_VARIANTS,
                 "raw": RAW_VARIANTS, "rawl2": RAW_L2_VARIANTS,
-                "stream": STREAM_VARIANTS, "streamtail": STREAM_TAIL_VARIANTS}
+                "stream": STREAM_VARIANTS, "streamtail": STREAM_TAIL_VARIANTS,
+                "plain": PLAIN_VARIANTS}
 COMPILE = ["none", "max-autotune-no-cudagraphs"]
 """(`--compile default` adds torch.compile's default mode.)"""
 GREEDY_STEPS = 32
@@ -610,7 +616,6 @@ def persistent_steps(model, cache, batch: int, cubins: dict, variants: list) -> 
             pd = copy.copy(plans[key])  # same buffers and task list, this variant's kernel
             pd.schedule = schedule
             pd.fn = kernel(str(cubins[cub]), ENTRY[schedule])
-            pd.smem = smem_of(cub)
             _allow_dynamic_smem(pd.fn, pd.smem, 0)
             suffix = ":static" if sched == STATIC else ""
             steps[f"mk-{name}{suffix}"] = pd
@@ -790,8 +795,7 @@ def batch_section(model, fused: dict, cubins: dict, batch: int, ns, ceiling: flo
             c1, a1 = mk.prefilled(model, batch, GREEDY_STEPS + 2)
             fresh = PersistentDecode(model, c1, batch, Schedule.STATIC_ROUND_ROBIN
                                      if options.get("pad_levels") else Schedule.DYNAMIC_QUEUE,
-                                     Path(cubins[cub]), options=listed(options),
-                                     smem=smem_of(cub))
+                                     Path(cubins[cub]), options=listed(options))
             rec["greedy_vs_eager"][name] = against_eager(
                 eager_tokens, greedy(fresh, a1, GREEDY_STEPS), margin, name)
         rec["profile"] = {}

@@ -104,20 +104,24 @@
 //                        RG_MK_RING=1); bit for bit across its schedules and task lists,
 //                        not the FMA variant's bits (another summation order); kernels.toml
 //                        persistent_decode_mma, off in the default build until timed
-//   RG_MK_STREAM=1       the tensor-core GEMV's ring runs across tasks (needs RG_MK_MMA=1, not
-//                        RG_MK_DEEP): on the static schedule a block knows its next GEMV task,
-//                        and the copies of its first groups go out as the current task's stream
-//                        ends, so the weight stream does not stop at a stage barrier while the
-//                        block runs its split, epilogue, signal and counter wait (issue 19:
-//                        the next design of run 11, a producer that runs ahead of the
-//                        consumer across the barrier). The ring is 5 groups (160 KB) where
-//                        the step's inputs fit 48 KB (b1-b4 of the probe model), else 3; the
-//                        launch takes kDynamicSmemBytes = 224 KB. The same loads in the same
-//                        order into the same sums: bit for bit the RG_MK_MMA build
-//   RG_MK_STREAM_TAIL=1  RG_MK_STREAM's ring runs on into the next GEMV task only once this
-//                        task's groups are all read (before its last round's epilogue), not
-//                        as its ring slots free: run 86 found the stream slower, each task's
-//                        run growing by the next task's copies it streamed beside its own tail
+//   RG_MK_STREAM=1       the tensor-core GEMV's ring as one stream across a block's tasks
+//                        (needs RG_MK_MMA=1, not RG_MK_DEEP; kernels.toml
+//                        persistent_decode_mma builds it since run 87): 5 groups (160 KB,
+//                        4 in flight before the counter wait) where the step's inputs fit
+//                        48 KB (b1-b4 of the probe model), else 3, each group committed only
+//                        with copies and waited for exactly; 224 KB of dynamic shared memory.
+//                        Runs 86-87 (H100): 2-6 % faster than the plain ring at b1 / b4 / b8.
+//                        The same loads in the same order into the same sums: bit for bit
+//   RG_MK_STREAM_AHEAD=1 on the static schedule a block finds its next GEMV task before the
+//                        counter wait and its ring runs on into it as this task's groups are
+//                        issued, so the weight stream does not stop at a stage barrier (the
+//                        next design of run 11; lists padded to whole waves, builder
+//                        pad_levels). Run 86: slower at every batch (b1 +11 %): each task's
+//                        run grows by the next task's copies in flight beside its tail
+//   RG_MK_STREAM_TAIL=1  with RG_MK_STREAM_AHEAD: into the next GEMV task only once this
+//                        task's groups are all read (before its last round's epilogue). Run
+//                        87: slower still (b1 +13 %): the copies then sit in front of the
+//                        epilogue's stores and signal (an o_proj task 2.8 -> 9.5 us)
 
 #include "rowgate/dtypes.cuh"
 #include "rowgate/reduce.cuh"
@@ -160,11 +164,17 @@
 #ifndef RG_MK_STREAM
 #define RG_MK_STREAM 0
 #endif
+#ifndef RG_MK_STREAM_AHEAD
+#define RG_MK_STREAM_AHEAD 0
+#endif
 #ifndef RG_MK_STREAM_TAIL
 #define RG_MK_STREAM_TAIL 0
 #endif
-#if RG_MK_STREAM_TAIL && !RG_MK_STREAM
-#error "RG_MK_STREAM_TAIL is a policy of RG_MK_STREAM's ring: it needs RG_MK_STREAM=1"
+#if RG_MK_STREAM_AHEAD && !RG_MK_STREAM
+#error "RG_MK_STREAM_AHEAD runs RG_MK_STREAM's ring into the next task: it needs RG_MK_STREAM=1"
+#endif
+#if RG_MK_STREAM_TAIL && !RG_MK_STREAM_AHEAD
+#error "RG_MK_STREAM_TAIL is a policy of RG_MK_STREAM_AHEAD: it needs RG_MK_STREAM_AHEAD=1"
 #endif
 #if RG_MK_STREAM && (!RG_MK_MMA || RG_MK_DEEP)
 #error "RG_MK_STREAM runs the tensor-core GEMV's ring across tasks: RG_MK_MMA=1, not RG_MK_DEEP"
@@ -273,7 +283,8 @@ struct Ctx {
 #if RG_MK_STREAM
   struct Feeds* feeds;    // the ring's state across tasks (static shared)
   bool deep;              // this launch's ring is kDeepGroups deep
-  bool ahead;             // static schedule: the ring runs on into the block's next GEMV
+  bool ahead;             // RG_MK_STREAM_AHEAD on the static schedule: the ring runs on
+                          // into the block's next GEMV task
 #endif
 };
 
@@ -712,11 +723,12 @@ __device__ void op_gemv(const TaskDesc& t, const Ctx& c) {
     };
 #if RG_MK_STREAM
     const Feeds& f = *c.feeds;
+    const u32 next = c.ahead ? f.next : kNoTask;
     if (c.deep) {
-      mma::gemv_fed<kDeepGroups>(t, f.next_desc, f.next, c.buffers, c.ring, c.scratch, xs, batch,
+      mma::gemv_fed<kDeepGroups>(t, f.next_desc, next, c.buffers, c.ring, c.scratch, xs, batch,
                                  c.feeds->warp, store);
     } else {
-      mma::gemv_fed<kRingGroups>(t, f.next_desc, f.next, c.buffers, c.ring, c.scratch, xs, batch,
+      mma::gemv_fed<kRingGroups>(t, f.next_desc, next, c.buffers, c.ring, c.scratch, xs, batch,
                                  c.feeds->warp, store);
     }
 #else
@@ -1080,7 +1092,7 @@ __device__ __forceinline__ u32 dynamic_smem_size() {
   return n;
 }
 
-#if RG_MK_STREAM
+#if RG_MK_STREAM_AHEAD
 // The static schedule's next GEMV task of this block after `index` (warp 1, before the
 // counter wait: its loads overlap the wait): its descriptor into the shared feeds, so the
 // ring can run on into it as this task's stream ends (kNoTask: none, or not a tensor-core
@@ -1108,6 +1120,9 @@ __device__ __forceinline__ void find_next(const TaskDesc* tasks, u32 num_tasks, 
     c.feeds->next = k != kNoTask && mma::usable(c.feeds->next_desc, c.s.batch) ? k : kNoTask;
   }
 }
+#endif
+
+#if RG_MK_STREAM
 
 // The largest GEMV input of the step (the staged batch x K), against kStreamStage.
 __device__ __forceinline__ bool deep_launch(const StepShape& s) {
@@ -1147,7 +1162,7 @@ __device__ __forceinline__ void persistent_decode(const TaskDesc* tasks, u32 num
   const Ctx c{s_shape, buffers, reinterpret_cast<const int*>(buffers[s_shape.meta_buffer]),
               dsmem + (deep ? kDeepRingBytes : kRingBytes),
               reinterpret_cast<float*>(dsmem + kScratchAt), reinterpret_cast<uint4*>(dsmem),
-              s_red, &s_feeds, deep, !kDynamic};
+              s_red, &s_feeds, deep, !kDynamic && RG_MK_STREAM_AHEAD};
 #else
   __syncthreads();
   const Ctx c{s_shape, buffers, reinterpret_cast<const int*>(buffers[s_shape.meta_buffer]),
@@ -1171,7 +1186,7 @@ __device__ __forceinline__ void persistent_decode(const TaskDesc* tasks, u32 num
     // every thread reads the same task and length: the branch is uniform
     if (!RG_MK_SKIP_EMPTY || !empty_split(s_task, c)) {
       prefetch_weights(s_task, c, index);
-#if RG_MK_STREAM
+#if RG_MK_STREAM_AHEAD
       if (!kDynamic && threadIdx.x / 32 == 1 &&
           (s_task.opcode == task::kGemv || s_task.opcode == task::kLogits)) {
         find_next(tasks, num_tasks, index, c);

@@ -34,12 +34,11 @@ KERNEL = "persistent_decode"
 ENTRY = {abi.Schedule.STATIC_ROUND_ROBIN: "persistent_decode_static",
          abi.Schedule.DYNAMIC_QUEUE: "persistent_decode_dynamic"}
 THREADS = 256
-DYNAMIC_SMEM = abi.STAGE_BYTES + abi.SCRATCH_BYTES + 96 * 1024
-"""The kernel's kDynamicSmemBytes: staging buffer, scratch and the weight ring (the
-kernel traps when launched with less)."""
-STREAM_SMEM = 224 * 1024
-"""kDynamicSmemBytes of an RG_MK_STREAM build (its 160 KB ring, 48 KB staging buffer and
-the scratch after both layouts)."""
+DYNAMIC_SMEM = 224 * 1024
+"""The launch's dynamic shared memory: the tensor-core build's kDynamicSmemBytes since it
+runs RG_MK_STREAM (a 160 KB ring, a 48 KB staging buffer, and the scratch after both
+layouts); the builds without it need 208 KB (staging buffer, scratch and a 96 KB ring). A
+kernel traps when launched with less than its own."""
 
 
 def _allow_dynamic_smem(fn: Any, nbytes: int, device_index: int) -> None:

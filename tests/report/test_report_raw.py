@@ -363,13 +363,13 @@ def test_a_gate_that_never_measured_says_so_not_that_a_file_is_lost():
 
 
 def test_the_report_names_the_claim_rule_each_cell_was_sealed_under(tmp_path):
-    """The megakernel bundle (run 83, an H100, sealed under narrow-or-clear), and a copy of its
+    """The megakernel bundle (run 89, an H100, sealed under narrow-or-clear), and a copy of its
     throughput artifacts without the key (how every bundle before it was sealed)."""
     from pipeline import stats
     from pipeline.report import raw_throughput
 
     assert raw_throughput.SEALED_CLAIM_RULE == stats.SEALED_CLAIM_RULE
-    bundle = ROOT / "docs/evidence/KERNEL-CUDA-DECODE-MEGAKERNEL/d974d8d3df785d8c"
+    bundle = ROOT / "docs/evidence/KERNEL-CUDA-DECODE-MEGAKERNEL/1ea1286600527fdf"
     result = Bundle.open(bundle).gate_result("throughput")
     notes = section_for(result, bundle).notes
     cells = "i128-c1, i128-c4, i128-c8"

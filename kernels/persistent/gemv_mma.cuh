@@ -281,6 +281,10 @@ __device__ __forceinline__ void fill(const TaskDesc& t, u32 index, const u64* bu
 
 // gemv() with the ring's state carried in `feeds`: each step issues the next group, of this
 // task or, once its groups are all out, of `next` (next_t its descriptor; kNoTask: stop).
+// Its consumer lines (the fragment addresses, the HMMAs of a group, a round's partials and
+// sums) repeat gemv()'s on purpose: shared helpers reschedule both builds' SASS (nvcc 13.0.88,
+// checked), and this build is the one run 89 sealed, byte for byte; they are factored out
+// with the next change that re-seals the kernel anyway.
 template <int kDepth, typename Store>
 __device__ __forceinline__ void gemv_fed(const TaskDesc& t, const TaskDesc& next_t, u32 next,
                                          const u64* buffers, uint4* ring, float* partials,

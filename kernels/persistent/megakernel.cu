@@ -658,6 +658,9 @@ __device__ __forceinline__ void prefetch_weights(const TaskDesc& t, const Ctx& c
     } else {
       mma::fill<kRingGroups>(t, index, c.buffers, c.ring, c.feeds->warp, warp, lane);
     }
+#if RG_MK_TILE_L2
+    prefetch_tile_l2(t, c.buffers, warp, lane);
+#endif
     return;
   }
 #else

@@ -1,17 +1,16 @@
 """The persistent kernel builds clean for sm_90 (warnings as errors) and passes the audit:
 budgets, no spills, no local memory, the counter barriers present in the SASS -- the
 default build and the tensor-core GEMV build (RG_MK_MMA=1 RG_MK_STREAM=1,
-`persistent_decode_mma`, whose SASS must hold HMMA and LDSM), and the attention variants issue 19 times beside them
-(RG_MK_SPLIT_AHEAD=8, RG_MK_MERGE_ONE_TRIP=1, RG_MK_SKIP_EMPTY=1, RG_MK_SPLIT_PAGES=1 in
-one build, 246 registers;
-RG_MK_SILU_AHEAD=8 in another, as with the three it spills; RG_MK_SPLIT_RAW=8 (the split
-loop templated on the group, 8 tokens' rows held raw) with RG_MK_SPLIT_L2=1 (a split's rows
-asked of L2 before its wait) in a third, 254 registers; RG_MK_STREAM_AHEAD=1 and
-RG_MK_STREAM_TAIL=1 (the ring into the next GEMV task on the static schedule) in a fourth,
-232 registers; entries added to the copy's
-kernels.toml: every variant's code compiled and audited, no spills, within one
-256-thread block's 255 registers). A real nvcc build through the build gate's
-toolchain, on a copy of kernels/."""
+`persistent_decode_mma`, whose SASS must hold HMMA and LDSM), and the variants issue 19
+times beside them: RG_MK_SPLIT_AHEAD=8, RG_MK_MERGE_ONE_TRIP=1, RG_MK_SKIP_EMPTY=1 and
+RG_MK_SPLIT_PAGES=1 in one build, 246 registers; RG_MK_SILU_AHEAD=8 in another, as with the
+three it spills; RG_MK_SPLIT_RAW=8 (the split loop templated on the group, 8 tokens' rows
+held raw) with RG_MK_SPLIT_L2=1 (a split's rows asked of L2 before its wait) in a third,
+254 registers; RG_MK_STREAM_AHEAD=1 and RG_MK_STREAM_TAIL=1 (the ring into the next GEMV
+task on the static schedule) in a fourth, 232 registers. Entries added to the copy's
+kernels.toml: every variant's code compiled and audited, no spills, within one 256-thread
+block's 255 registers. A real nvcc build through the build gate's toolchain, on a copy of
+kernels/."""
 
 from __future__ import annotations
 

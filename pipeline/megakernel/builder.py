@@ -243,8 +243,8 @@ def build_step(dims: ModelDims, batch: int, sm_count: int, *, num_blocks: int,
     batch (b1 989-1293 against 966 us), since a split warp pays ~1 us a token; off.
     `pad_levels` (for the static schedule): NOP tasks pad each dependency level of the list
     to a whole number of waves (`padded_to_waves`), so block i runs the i-th task of every
-    level and knows its next GEMV task (RG_MK_STREAM's ring runs on into it); the same
-    tasks in the same order otherwise, so the same bits."""
+    level and knows its next GEMV task (an RG_MK_STREAM_AHEAD build's ring runs on into it:
+    runs 86-87, slower); the same tasks in the same order otherwise, so the same bits."""
     if batch < 1 or sm_count < 1 or num_blocks < 1 or tile_scale < 1:
         raise UsageError(f"build_step: batch {batch}, sm_count {sm_count}, num_blocks "
                          f"{num_blocks}, tile_scale {tile_scale} must all be positive")

@@ -37,7 +37,6 @@ from typing import Any
 from pipeline.errors import UsageError
 from pipeline.megakernel.abi import (
     GRANULE,
-    NO_COUNTER,
     SCRATCH_BYTES,
     STAGE_BYTES,
     Flag,
@@ -49,6 +48,7 @@ from pipeline.megakernel.abi import (
 )
 from pipeline.megakernel.tiling import gemv_rows, up
 from pipeline.megakernel.validate import Buffer
+from pipeline.megakernel.waves import padded_to_waves
 
 PAGE_SIZE = 16
 ALIGN = 256
@@ -242,7 +242,7 @@ def build_step(dims: ModelDims, batch: int, sm_count: int, *, num_blocks: int,
     its own bitwise family). Runs 75-77 on the H100 and H200: slower at every cap and
     batch (b1 989-1293 against 966 us), since a split warp pays ~1 us a token; off.
     `pad_levels` (for the static schedule): NOP tasks pad each dependency level of the list
-    to a whole number of waves (`padded_to_waves`), so block i runs the i-th task of every
+    to a whole number of waves (`waves.padded_to_waves`), so block i runs the i-th task of every
     level and knows its next GEMV task (an RG_MK_STREAM_AHEAD build's ring runs on into it:
     runs 86-87, slower); the same tasks in the same order otherwise, so the same bits."""
     if batch < 1 or sm_count < 1 or num_blocks < 1 or tile_scale < 1:
@@ -317,38 +317,6 @@ def build_step(dims: ModelDims, batch: int, sm_count: int, *, num_blocks: int,
     return StepPlan(dims=dims, batch=batch, sm_count=sm_count, tasks=e.tasks, shape=shape,
                     buffers=buffers, num_counters=e.counters, slots=slots, regions=regions,
                     options=flags)
-
-
-def levels(tasks: list[Task]) -> list[int]:
-    """Each task's dependency level: 0 without waits, else one more than the highest
-    level among the tasks signalling a counter it waits on (producers precede consumers,
-    so one pass in list order sees every producer first)."""
-    counter_level: dict[int, int] = {}
-    out = []
-    for t in tasks:
-        level = 1 + max((counter_level.get(c, -1) for c, _ in t.waits), default=-1)
-        out.append(level)
-        if t.signal != NO_COUNTER:
-            counter_level[t.signal] = max(counter_level.get(t.signal, 0), level)
-    return out
-
-
-def padded_to_waves(tasks: list[Task], sm_count: int) -> list[Task]:
-    """`tasks` with NOPs after each run of one level, up to a multiple of `sm_count`: on
-    the static schedule (block i runs tasks i, i + grid, ...) every block then runs one
-    task of each wave. The levels must rise along the list (each stage waits for the one
-    before, as every list the builder emits)."""
-    out: list[Task] = []
-    lv = levels(tasks)
-    for i, t in enumerate(tasks):
-        if i and lv[i] < lv[i - 1]:
-            raise UsageError(f"pad_levels: task {i} ({t.label}) is at level {lv[i]} after "
-                             f"level {lv[i - 1]}: the levels must rise along the list")
-        out.append(t)
-        if i + 1 == len(tasks) or lv[i + 1] != lv[i]:
-            out.extend(Task(Opcode.NOP, label=f"pad[{lv[i]}]")
-                       for _ in range(-len(out) % sm_count))
-    return out
 
 
 def _workspace(dims: ModelDims, batch: int, splits: int, add: Callable[[str, int, bool], int],

@@ -10,8 +10,9 @@ import pytest
 
 from pipeline.errors import UsageError
 from pipeline.megakernel import builder, operands
-from pipeline.megakernel.abi import GRANULE, OPTIONAL, Flag, Opcode
+from pipeline.megakernel.abi import GRANULE, NO_COUNTER, OPTIONAL, Flag, Opcode
 from pipeline.megakernel.validate import validate
+from pipeline.megakernel.waves import levels, padded_to_waves
 
 TINY = builder.ModelDims(vocab=1024, hidden=128, intermediate=256, layers=2, heads=4,
                          kv_heads=2, head_dim=64, rms_eps=1e-6, max_position=2048)
@@ -316,7 +317,7 @@ def test_padded_levels_give_every_block_one_wave_of_each_level(batch, options):
     assert [t for t in padded.tasks if t.opcode != Opcode.NOP] == plain.tasks
     assert len(padded.tasks) % 132 == 0 and padded.options["pad_levels"] is True
     assert "pad_levels" not in plain.options
-    level = builder.levels(padded.tasks)
+    level = levels(padded.tasks)
     real = [i for i, t in enumerate(padded.tasks) if t.opcode != Opcode.NOP]
     for w in range(len(padded.tasks) // 132):
         in_wave = {level[i] for i in real if i // 132 == w}
@@ -332,13 +333,13 @@ def test_padded_levels_give_every_block_one_wave_of_each_level(batch, options):
         assert all(len(w) == 1 for w in waves_of.values())
     # every NOP is a bare task: no waits, no signal, no operands
     nops = [t for t in padded.tasks if t.opcode == Opcode.NOP]
-    assert nops and all(not t.waits and t.signal == builder.NO_COUNTER and not t.operands
+    assert nops and all(not t.waits and t.signal == NO_COUNTER and not t.operands
                         for t in nops)
 
 
 def test_levels_count_the_longest_chain_of_waits():
     plan = builder.build_step(TINY, 1, 8, num_blocks=64, **FULL)
-    level = builder.levels(plan.tasks)
+    level = levels(plan.tasks)
     by_label = dict(zip((t.label for t in plan.tasks), level))
     assert by_label["embed[0]"] == 0
     # q|k|v after the embed; the splits after their kv head's tiles; o_proj after the splits
@@ -350,10 +351,10 @@ def test_padded_levels_refuse_a_list_whose_levels_fall():
     from pipeline.megakernel.abi import Task
 
     rising = [Task(Opcode.EMBED, signal=0), Task(Opcode.GEMV, waits=((0, 1),), signal=1)]
-    assert len(builder.padded_to_waves(rising, 4)) == 8
+    assert len(padded_to_waves(rising, 4)) == 8
     falling = [*rising, Task(Opcode.EMBED, signal=2, label="late")]
     with pytest.raises(UsageError, match=r"task 2 \(late\) is at level 0 after level 1"):
-        builder.padded_to_waves(falling, 4)
+        padded_to_waves(falling, 4)
 
 
 def test_padded_levels_refuse_l2_ahead():

@@ -600,7 +600,7 @@ def persistent_steps(model, cache, batch: int, cubins: dict, variants: list) -> 
     each with its variant's kernel (variants whose cubin is not given are left out)."""
     from pipeline.megakernel.abi import Schedule
     from pipeline.ops.launch import kernel
-    from pipeline.ops.megakernel import ENTRY, PersistentDecode, _allow_dynamic_smem
+    from pipeline.ops.megakernel import DYNAMIC_SMEM, ENTRY, PersistentDecode, _allow_dynamic_smem
 
     plans: dict[str, PersistentDecode] = {}
     steps = {}
@@ -616,7 +616,7 @@ def persistent_steps(model, cache, batch: int, cubins: dict, variants: list) -> 
             pd = copy.copy(plans[key])  # same buffers and task list, this variant's kernel
             pd.schedule = schedule
             pd.fn = kernel(str(cubins[cub]), ENTRY[schedule])
-            _allow_dynamic_smem(pd.fn, pd.smem, 0)
+            _allow_dynamic_smem(pd.fn, DYNAMIC_SMEM, 0)
             suffix = ":static" if sched == STATIC else ""
             steps[f"mk-{name}{suffix}"] = pd
             pd.step.stage(*HANG["args"])

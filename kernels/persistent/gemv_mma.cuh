@@ -296,7 +296,6 @@ __device__ __forceinline__ void gemv_fed(const TaskDesc& t, const TaskDesc& next
   Stream ist = st;       // the issuer's stream: this task's, then next's
   Cursor<kDepth> icur(ist, f.group, lane_at, lane);
   icur.slot = f.issued % kDepth;
-  bool moved = false;
   const u32 xb = static_cast<u32>(lane % 8) < static_cast<u32>(batch) ? lane % 8 : 0;
   const u32 x_at = static_cast<u32>(__cvta_generic_to_shared(xs + xb * st.K8 + st.kb0 * 4 +
                                                              lane / 8));
@@ -310,13 +309,13 @@ __device__ __forceinline__ void gemv_fed(const TaskDesc& t, const TaskDesc& next
     for (u32 q = 0; q < st.groups_per_round; ++q) {
       __syncwarp();  // every lane's ldmatrix of the slot the issue refills is done (WAR)
       if (f.issued - f.consumed < static_cast<u32>(kDepth)) {
-        if (!RG_MK_STREAM_TAIL && f.group >= ist.groups() && !moved && next != kNoTask) {
+        // f.task == next once the issuer has moved on (fill() left it this task's index)
+        if (!RG_MK_STREAM_TAIL && f.group >= ist.groups() && f.task != next && next != kNoTask) {
           ist = Stream(next_t, buffers, warp);
           icur = Cursor<kDepth>(ist, 0, lane_at, lane);
           icur.slot = f.issued % kDepth;
           f.task = next;
           f.group = 0;
-          moved = true;
         }
         if (f.group < ist.groups()) {
           issue(ist, icur, lane);

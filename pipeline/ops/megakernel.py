@@ -156,10 +156,8 @@ class PersistentDecode:
 
     def __init__(self, model: Qwen3Model, cache: PagedKVCache, batch: int,
                  schedule: abi.Schedule, cubin: Path,
-                 sm_count: int | None = None, options: dict[str, Any] | None = None,
-                 smem: int = DYNAMIC_SMEM):
+                 sm_count: int | None = None, options: dict[str, Any] | None = None):
         dev = torch.device(model.device)
-        self.smem = smem  # the launch's dynamic shared memory: the kernel build's
         self.device, self.batch, self.schedule = dev, batch, schedule
         self.sm_count = sm_count or torch.cuda.get_device_properties(dev).multi_processor_count
         self.step = StepBuffers(model, cache, batch, self.sm_count, **(options or {}))
@@ -171,7 +169,7 @@ class PersistentDecode:
         # counters then the queue head, zeroed by one memset per step
         self.sync = torch.zeros(self.plan.num_counters + 1, dtype=torch.int32, device=dev)
         self.fn = kernel(str(cubin), ENTRY[schedule])
-        _allow_dynamic_smem(self.fn, smem, dev.index if dev.index is not None else 0)
+        _allow_dynamic_smem(self.fn, DYNAMIC_SMEM, dev.index if dev.index is not None else 0)
 
     def _upload(self, data: bytes) -> torch.Tensor:
         return torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self.device)
@@ -186,7 +184,7 @@ class PersistentDecode:
     def launch(self, trace: torch.Tensor | None = None) -> None:
         cc = cuda_core()
         index = self.device.index if self.device.index is not None else 0
-        config = cc.LaunchConfig(grid=self.sm_count, block=THREADS, shmem_size=self.smem)
+        config = cc.LaunchConfig(grid=self.sm_count, block=THREADS, shmem_size=DYNAMIC_SMEM)
         counters = self.sync.data_ptr()
         head = counters + 4 * self.plan.num_counters
         cc.launch(stream(current_stream(index)), config, self.fn, self.tasks.data_ptr(),

@@ -99,7 +99,7 @@ def gpu(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """Lint with ruff; type-check pipeline/ with mypy (strict: pyproject.toml [tool.mypy])."""
+    """Lint with ruff; type-check src/rowgate/ with mypy (strict: pyproject.toml [tool.mypy])."""
     # The dependencies `tests` has (less the vLLM engine), so mypy reads the same types
     # there and here; `nox -s tests` runs these checks too.
     _install(session, "test", "stats", "cuda12", "cuda13", "trace", "ops", "llamacpp", "lint")

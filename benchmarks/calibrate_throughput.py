@@ -52,15 +52,9 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from rowgate.engines.interface import Engine, PassResult, RequestOutput, WorkloadPass
 
-from pipeline.engines.interface import (  # noqa: E402
-    Engine,
-    PassResult,
-    RequestOutput,
-    WorkloadPass,
-)
+REPO = Path(__file__).resolve().parents[1]
 
 EFFECTS = (0.0, 0.05, 0.02, 0.01)
 """Planted slowdowns of the sim mode (A/A first); the engine modes run `CUDA_PHASES`."""
@@ -120,7 +114,7 @@ class Machine:
         return f * (1980 / 1500 if self._dropped else 1.0)
 
     def clock(self):
-        from pipeline.device import ClockSample
+        from rowgate.seal.device import ClockSample
 
         return ClockSample(t=self.t, sm_clock_mhz=1500 if self._dropped else 1980,
                            mem_clock_mhz=3201, temperature_c=40)
@@ -275,7 +269,7 @@ class _Quiet:
 
 def synthetic_passes(concurrency=(1, 4, 8), output_len: int = 32, input_len: int = 16,
                      waves: int = 1) -> list[WorkloadPass]:
-    from pipeline.engines.interface import Request
+    from rowgate.engines.interface import Request
 
     return [WorkloadPass(cell=f"i{input_len}-c{c}", concurrency=c, requests=tuple(
         Request(id=f"i{input_len}-c{c}-r{r}", cell=f"i{input_len}-c{c}",
@@ -286,7 +280,7 @@ def synthetic_passes(concurrency=(1, 4, 8), output_len: int = 32, input_len: int
 def gate_run(engines: dict[str, Engine], passes: list[WorkloadPass], plans: dict, out: Path,
              clocks=None, now=time.monotonic) -> tuple[str, dict[str, dict]]:
     """One throughput gate run on started engines: measure the cells, derive the verdict."""
-    from pipeline.gates import _tp_artifacts as art
+    from rowgate.gates.throughput import artifacts as art
 
     out.mkdir(parents=True, exist_ok=True)
     with art.open_sink(out, clocks is not None) as sink:
@@ -299,8 +293,8 @@ def gate_run(engines: dict[str, Engine], passes: list[WorkloadPass], plans: dict
 
 
 def default_plans(passes: list[WorkloadPass], **overrides) -> dict:
-    from pipeline import stats
-    from pipeline.gates._timed import Plan
+    from rowgate.gates.throughput.measure import Plan
+    from rowgate.stats import paired as stats
 
     design = stats.Design(**{"min_effect": 0.02, **{
         k: overrides.pop(k) for k in list(overrides)
@@ -357,7 +351,7 @@ def sim(trials: int, seed: int, scratch: Path, scenarios=SCENARIOS,
 
 def slowed_engine_class():
     """The reference engine with a planted slowdown (imported lazily: torch)."""
-    from pipeline.engines.reference import ReferenceEngine
+    from rowgate.engines.reference import ReferenceEngine
 
     class Slowed(ReferenceEngine):
         """After every token, spin for `slowdown` x the work since the previous token
@@ -386,7 +380,7 @@ def slowed_engine_class():
 @dataclass(frozen=True)
 class Model:
     name: str
-    """A name of pipeline.megakernel.models.NAMED."""
+    """A name of rowgate_lab.megakernel.models.NAMED."""
     dtype: str
     input_len: int
     output_len: int
@@ -482,7 +476,7 @@ class Loaded:
 
     def run(self, out: Path, engines: dict) -> tuple[str, dict[str, dict]]:
         """One throughput gate run: the gate's measure (on these engines) and derive."""
-        from pipeline.gates.throughput import Throughput
+        from rowgate.gates.throughput import Throughput
 
         out.mkdir(parents=True)
         self.ctx.artifact_dir = out
@@ -529,12 +523,12 @@ def load(model: Model, device: str, mode: str, keys: dict, scratch: Path,
          concurrency) -> Loaded:
     """The model's row (the gate's defaults but `keys`), its engine started, its cells:
     one wave of `c` requests per cell, so every pass decodes at full concurrency."""
-    from pipeline import device as dev
-    from pipeline.gates.interface import GateContext, gate_device
-    from pipeline.megakernel import models
-    from pipeline.rows import load_row
-    from pipeline.rowspec import Workload
-    from pipeline.workload import build_passes
+    from rowgate.gates.interface import GateContext, gate_device
+    from rowgate.rows.row import load_row
+    from rowgate.rows.spec import Workload
+    from rowgate.rows.workload import build_passes
+    from rowgate.seal import device as dev
+    from rowgate_lab.megakernel import models
 
     inv = dev.inventory()
     arch = inv.gpus[0].arch if device.startswith("cuda") and inv.gpus else "cpu"
@@ -559,7 +553,7 @@ def load(model: Model, device: str, mode: str, keys: dict, scratch: Path,
 
 def second_load(m: Loaded, device: str, mode: str):
     """Another engine object of the same model (the two-loads A/A)."""
-    from pipeline.megakernel import models
+    from rowgate_lab.megakernel import models
 
     e = slowed_engine_class()(models.build(models.NAMED[m.model.name]).path, device=device,
                               mode=mode, dtype=m.model.dtype)
@@ -653,7 +647,7 @@ def engine_runs(models, device: str, mode: str, phases, budget_s: float, scratch
 
 def mde_table(results: dict, min_effect: float, rounds=(8, 16, 24, 40, 80)) -> dict:
     """Minimum detectable slowdown (80 % power) vs budget at each A/A's median sd."""
-    from pipeline import stats
+    from rowgate.stats import paired as stats
 
     design = stats.Design(min_effect=min_effect)
     return {key: {str(n): round(stats.detectable_effect(design, r["sd_log_ratio_median"], n), 4)

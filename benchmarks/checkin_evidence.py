@@ -11,7 +11,7 @@ names). `--from-device DIR` first unpacks `DIR/evidence.tar.gz.part-*` (what
 `benchmarks/device_gate.sh` returns) into a temporary directory and takes the named
 bundles from there. Refuses to go over `docs/evidence`'s budget (30 MB in all): traces,
 SASS dumps, PTX, objects, fatbins and case records are sealed gzipped by their gates
-(pipeline/compressed.py), so a bundle over budget is a bundle to leave out,
+(src/rowgate/compressed.py), so a bundle over budget is a bundle to leave out,
 not to recompress (any change to a byte breaks its signature). `tests/test_evidence_checked_in.py`
 verifies every checked-in bundle with its key.
 """
@@ -25,11 +25,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from rowgate.seal import signing
+from rowgate.seal.bundle import Bundle
 
-from pipeline import signing  # noqa: E402
-from pipeline.evidence import Bundle  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 EVIDENCE = ROOT / "docs" / "evidence"
 BUDGET_BYTES = 30 * 1000 * 1000

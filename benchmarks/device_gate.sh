@@ -38,7 +38,7 @@ else
 fi
 [ -n "${SKIP_TRACE:-}" ] || timeout 300 python3 benchmarks/trace_capture.py --device cuda --out "$R" 2>&1 | tee "$R/trace-log.txt"
 for row in "$@"; do
-  timeout "${GATE_TIMEOUT:-240}" python3 -m pipeline.cli gate "$row" --out /tmp/evidence \
+  timeout "${GATE_TIMEOUT:-240}" python3 -m rowgate.cli.main gate "$row" --out /tmp/evidence \
     --option nvcc="$(command -v nvcc)" 2>&1 | tee "$R/gate-log-$row.txt"
 done
 if [ -n "${MEGAKERNEL_BENCH:-}" ]; then

@@ -14,11 +14,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, ".")
-from pipeline import device, runner
-from pipeline.gates.interface import run_gate
-from pipeline.gates.throughput import Throughput
-from pipeline.gates.tokens import Tokens
-from pipeline.rows import load_row
+from rowgate.gates.interface import run_gate
+from rowgate.gates.throughput import Throughput
+from rowgate.gates.tokens import Tokens
+from rowgate.rows.row import load_row
+from rowgate.run import runner
+from rowgate.seal import device
 
 out = Path(sys.argv[1])
 tmp = Path("/tmp/gpucheck")

@@ -38,12 +38,11 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from rowgate.trace import captures
+from rowgate.trace.capture import CapturePlan
+from rowgate.trace.seams import Seam
 
-from pipeline.trace import captures  # noqa: E402
-from pipeline.trace.capture import CapturePlan  # noqa: E402
-from pipeline.trace.seams import Seam  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 SERVER = ROOT / "tests" / "fixtures" / "openai_server.py"
 FULL = dict(primer_steps=256, primer_concurrency=1, arm_delay=257, steps=32, concurrency=1)
@@ -53,18 +52,18 @@ GPU_SEAMS = (Seam("gemm kernels", "kernel", r"(?i)gemm|gemv|xmma|cutlass"),)
 
 
 def model(device: str):
-    from pipeline.model import build_tiny_model
+    from rowgate.models.tiny import build_tiny_model
 
     if device == "cpu":
         return build_tiny_model(), "float32"
-    from pipeline.megakernel.models import NAMED
+    from rowgate_lab.megakernel.models import NAMED
 
     return build_tiny_model(NAMED["probe-qwen3-h2048-l16"]), "bfloat16"
 
 
 def prompts(info, n: int = 4) -> list[tuple[int, ...]]:
-    from pipeline.rowspec import Workload
-    from pipeline.workload import build_passes
+    from rowgate.rows.spec import Workload
+    from rowgate.rows.workload import build_passes
 
     work = Workload(input_lens=[128], concurrency=[1], output_len=1, requests_per_cell=n)
     return [r.prompt_ids for p in build_passes(work, info.vocab_size, info.special_ids)
@@ -72,8 +71,8 @@ def prompts(info, n: int = 4) -> list[tuple[int, ...]]:
 
 
 def run(device: str, plan: dict, work: Path) -> dict:
-    from pipeline.engines.openai import OpenAIEngine
-    from pipeline.trace.engine_capture import capture_engine
+    from rowgate.engines.openai import OpenAIEngine
+    from rowgate.trace.engine_capture import capture_engine
 
     info, dtype = model(device)
     gpu = 0 if device.startswith("cuda") else None

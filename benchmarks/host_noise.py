@@ -38,11 +38,10 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
+import calibrate_throughput as cal
 
-import calibrate_throughput as cal  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 CONDITIONS = ("plain", "gc-off", "pinned", "pinned+gc-off")
 

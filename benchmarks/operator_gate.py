@@ -14,11 +14,12 @@ import argparse
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from rowgate import gates
+from rowgate.rows.row import resolve_row
+from rowgate.run import runner
+from rowgate.seal import device
 
-from pipeline import device, gates, runner  # noqa: E402
-from pipeline.rows import resolve_row  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 
 def main(argv=None) -> int:

@@ -31,7 +31,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 ROWS = REPO / "tests" / "data" / "rows"
 PAGEDMINI_ROW = ROWS / "SUBJECT-PAGEDMINI-SM90.toml"
@@ -59,7 +58,7 @@ def operator_only(row: Path, out: Path) -> Path:
 
 
 def gate(name: str, row: Path, subject: Path, out: Path, nvcc: str | None) -> dict:
-    argv = [sys.executable, "-m", "pipeline.cli", "gate", str(row), "--repo", str(subject),
+    argv = [sys.executable, "-m", "rowgate.cli.main", "gate", str(row), "--repo", str(subject),
             "--out", str(out / "evidence")]
     if nvcc:
         argv += ["--option", f"nvcc={nvcc}"]

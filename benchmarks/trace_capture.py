@@ -27,23 +27,15 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import sys
 import tarfile
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from rowgate.trace import captures
+from rowgate.trace.capture import CAPTURE_FILE, CLOCKS_FILE, TRACE_FILE, CapturePlan, capture
 
-from pipeline.trace import captures  # noqa: E402
-from pipeline.trace.capture import (  # noqa: E402
-    CAPTURE_FILE,
-    CLOCKS_FILE,
-    TRACE_FILE,
-    CapturePlan,
-    capture,
-)
+ROOT = Path(__file__).resolve().parent.parent
 
 MATERIAL = 0.10
 CLOCK_TOLERANCE = 0.02
@@ -52,18 +44,18 @@ SMALL = dict(primer_steps=16, primer_concurrency=1, arm_delay=17, steps=4, concu
 
 
 def model(device: str):
-    from pipeline.model import build_tiny_model
+    from rowgate.models.tiny import build_tiny_model
 
     if device == "cpu":
         return build_tiny_model(), "float32", 16
-    from pipeline.megakernel.models import NAMED
+    from rowgate_lab.megakernel.models import NAMED
 
     return build_tiny_model(NAMED["probe-qwen3-h2048-l16"]), "bfloat16", 128
 
 
 def prompts(info, input_len: int, n: int = 4) -> list[tuple[int, ...]]:
-    from pipeline.rowspec import Workload
-    from pipeline.workload import build_passes
+    from rowgate.rows.spec import Workload
+    from rowgate.rows.workload import build_passes
 
     work = Workload(input_lens=[input_len], concurrency=[1], output_len=1, requests_per_cell=n)
     return [r.prompt_ids for p in build_passes(work, info.vocab_size, info.special_ids)
@@ -72,11 +64,11 @@ def prompts(info, input_len: int, n: int = 4) -> list[tuple[int, ...]]:
 
 def run_capture(info, dtype: str, device: str, mode: str, plan: CapturePlan, out: Path,
                 ps: list) -> None:
-    from pipeline.engines.reference import ReferenceEngine
+    from rowgate.engines.reference import ReferenceEngine
 
     gpu = int(device.split(":")[1]) if device.startswith("cuda") else None
     if mode == "persistent":
-        from pipeline.engines.persistent import PersistentEngine
+        from rowgate_lab.engines.persistent import PersistentEngine
 
         engine = PersistentEngine(info.path, device=device, dtype=dtype)
     else:
@@ -132,7 +124,7 @@ def fixture_set(info, dtype, device, modes, ps, out: Path, prefix: str) -> dict:
 
 def _judge_one(d: Path, mode: str) -> dict:
     """Validity (and headline numbers) of one scenario directory."""
-    from pipeline.trace import analysis, events, validity
+    from rowgate.trace import analysis, events, validity
 
     trace = events.load(d / TRACE_FILE)
     clocks = json.loads((d / CLOCKS_FILE).read_text())

@@ -18,8 +18,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipeline import provenance, rows, signing
-from pipeline.evidence import Bundle, Stage
+from rowgate.rows import row as rows
+from rowgate.run import provenance
+from rowgate.seal import signing
+from rowgate.seal.bundle import Bundle, Stage
 
 ROW = '''id = "BENCH-VERIFY"
 title = "verify benchmark"

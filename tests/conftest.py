@@ -81,8 +81,10 @@ def host_row(tmp_path) -> Path:
 @pytest.fixture
 def sealed(tmp_path, git_repo, host_row):
     """A real sealed bundle of the host gate over `git_repo`: (bundle path, signer)."""
-    from pipeline import rows, runner, signing
-    from pipeline.progress import PlainProgress
+    from rowgate.cli.progress import PlainProgress
+    from rowgate.rows import row as rows
+    from rowgate.run import runner
+    from rowgate.seal import signing
 
     signer = signing.default_signer(announce=lambda msg: None)
     run = runner.run_row(rows.load_row(host_row), Path(git_repo.working_dir),

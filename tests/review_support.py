@@ -15,11 +15,14 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from pipeline import cli, rows, runner, signing
-from pipeline.evidence import MANIFEST_FILE, digest_tree
-from pipeline.progress import PlainProgress
-from pipeline.records.canonical import canonical_json
-from pipeline.signing import SIGNATURE_FILE
+from rowgate.cli import main as cli
+from rowgate.cli.progress import PlainProgress
+from rowgate.records.canonical import canonical_json
+from rowgate.rows import row as rows
+from rowgate.run import runner
+from rowgate.seal import signing
+from rowgate.seal.bundle import MANIFEST_FILE, digest_tree
+from rowgate.seal.signing import SIGNATURE_FILE
 from tests.support import write_row
 
 SIGNOFF = "\n\nSigned-off-by: Test Author <author@example.com>\n"

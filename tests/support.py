@@ -8,6 +8,17 @@ from pathlib import Path
 
 import git
 
+from rowgate import dirs
+
+REPO = Path(__file__).resolve().parents[1]
+"""The rowgate checkout the tests run from (the package under test is the installed wheel)."""
+ROWS = REPO / "rows"
+"""The campaign's rows."""
+DEMOS = dirs.demos_dir()
+"""The built-in demo rows, as installed."""
+LAB = REPO / "lab"
+"""rowgate's lab: a subject in this repository."""
+
 SIGNOFF = "\n\nSigned-off-by: Test Author <author@example.com>\n"
 
 
@@ -70,7 +81,7 @@ def thaw(path: Path) -> None:
 def killed_nvcc(directory: Path) -> Path:
     """An nvcc that answers `--version` as the real one and SIGKILLs itself on a compile:
     a compile killed by a signal (Ctrl-C reaching it, the OOM killer)."""
-    from pipeline.build import toolchains
+    from rowgate.cuda import toolchains
 
     real = toolchains.for_arch("sm_90", None).compiler.path
     nvcc = directory / "nvcc"

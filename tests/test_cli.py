@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cli import main
-from pipeline.rows import ROWS_DIR
-from tests.support import HOST_GATE, thaw, write_row
+from rowgate.cli.main import main
+from tests.support import HOST_GATE, ROWS, thaw, write_row
 
 
 def _run(args: list[str], capsys) -> tuple[int, str, str]:
@@ -26,7 +25,7 @@ def _gate(row: Path, repo, tmp_path, capsys) -> tuple[int, Path, str]:
 
 
 def _own_key() -> str:
-    from pipeline.signing import local_public_key
+    from rowgate.seal.signing import local_public_key
 
     return str(local_public_key())
 
@@ -57,7 +56,7 @@ def test_verify_names_the_first_problem(git_repo, host_row, tmp_path, capsys):
 
 
 def test_verify_with_another_public_key_fails(git_repo, host_row, tmp_path, capsys, make_key):
-    from pipeline.signing import KeySigner
+    from rowgate.seal.signing import KeySigner
 
     _, bundle, _ = _gate(host_row, git_repo, tmp_path, capsys)
     other = KeySigner(make_key("other")).public_key_file()
@@ -106,7 +105,7 @@ def test_gate_json_is_the_sealed_bundle(git_repo, host_row, tmp_path, capsys):
 
 
 def test_every_subcommand_lists_its_exit_codes_and_takes_q(capsys):
-    from pipeline.cli import EXIT_CODES
+    from rowgate.cli.main import EXIT_CODES
 
     for argv in (["gate"], ["verify"], ["inspect"], ["rows"], ["rows", "check"], ["review"],
                  ["attest-operator"], ["merge"], ["report"], ["history"], ["build"],
@@ -170,16 +169,13 @@ def test_pending_gate_exits_3_with_reason(git_repo, tmp_path, capsys):
     assert "until a Thor runner runs it" in tokens["reason"]
 
 
-def test_unbuilt_gate_kind_is_error_not_pending(git_repo, tmp_path, capsys, monkeypatch):
-    from pipeline import gates
-
-    monkeypatch.delitem(gates.IMPLEMENTED, "host")  # a kind this build does not have
-    row = write_row(tmp_path, "UNBUILT", HOST_GATE)
-    code, bundle, out = _gate(row, git_repo, tmp_path, capsys)
-    assert code == 1
-    _, out, _ = _run(["inspect", str(bundle), "--json"], capsys)
-    result = json.loads(out)["gates"][0]
-    assert result["status"] == "ERROR" and result["reason"].startswith("not implemented")
+def test_a_gate_kind_nothing_installed_provides_is_one_line_naming_the_installed(git_repo, tmp_path,
+                                                                                capsys):
+    row = write_row(tmp_path, "UNBUILT", HOST_GATE.replace('kind = "host"', 'kind = "hots"'))
+    code, out, err = _run(["gate", str(row), "--repo", git_repo.working_dir], capsys)
+    assert code == 2 and "Traceback" not in err
+    line = next(x for x in err.splitlines() if "hots" in x)
+    assert "gate kind 'hots' is not installed (installed: " in line and "host" in line
 
 
 def test_unknown_row_is_usage_error(capsys):
@@ -207,7 +203,7 @@ def test_checked_in_schemas_match_the_models(capsys):
 def test_thor_row_on_a_cpu_machine_is_honest(git_repo, tmp_path, capsys):
     """Every gate of the Thor row gets an honest status here: device gates PENDING
     saying sm_110, nothing silently passing, nothing ERROR for lack of code."""
-    code, bundle, out = _gate(ROWS_DIR / "PERF-THOR-DECODE-PARITY.toml", git_repo, tmp_path, capsys)
+    code, bundle, out = _gate(ROWS / "PERF-THOR-DECODE-PARITY.toml", git_repo, tmp_path, capsys)
     _, out, _ = _run(["inspect", str(bundle), "--json"], capsys)
     results = {g["gate_id"]: g for g in json.loads(out)["gates"]}
     for gate_id in ("tokens", "trace", "throughput"):

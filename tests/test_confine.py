@@ -1,4 +1,4 @@
-"""pipeline.confine on its own: the rule for what a subject names, on real trees."""
+"""rowgate.confine on its own: the rule for what a subject names, on real trees."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from pipeline import confine
-from pipeline.errors import SubjectError
+from rowgate import confine
+from rowgate.errors import SubjectError
 
 
 @pytest.fixture

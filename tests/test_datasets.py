@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import datasets
-from pipeline.datasets import DatasetError, DatasetRef
-from pipeline.model import build_tiny_model
-from pipeline.rowspec import Workload
-from pipeline.workload import DatasetPrompts, build_passes, workload_digest
+from rowgate.models.tiny import build_tiny_model
+from rowgate.rows import datasets
+from rowgate.rows.datasets import DatasetError, DatasetRef
+from rowgate.rows.spec import Workload
+from rowgate.rows.workload import DatasetPrompts, build_passes, workload_digest
+from tests.support import DEMOS
 
-ROWS_DATA = Path(__file__).resolve().parents[1] / "rows" / "data"
+ROWS_DATA = DEMOS / "data"
 SHAREGPT = ROWS_DATA / "sharegpt-tiny.jsonl"
 
 

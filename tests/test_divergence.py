@@ -1,9 +1,9 @@
 """Matched correctness windows: a timed or traced pass's tokens against the correctness
-pass of the same requests (pipeline.divergence.matched_windows)."""
+pass of the same requests (rowgate.engines.divergence.matched_windows)."""
 
 from __future__ import annotations
 
-from pipeline.divergence import Out, matched_windows
+from rowgate.engines.divergence import Out, matched_windows
 
 
 def out(tokens, alternatives=None):

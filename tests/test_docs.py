@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from pipeline import rows
-from pipeline.cli import _parser
-from pipeline.gates.throughput import ThroughputGate
-from pipeline.rowspec import Tolerance
+from rowgate.cli.main import _parser
+from rowgate.gates.throughput import ThroughputGate
+from rowgate.rows import row as rows
+from rowgate.rows.spec import Tolerance
 from tests.support import thaw
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,11 +59,11 @@ def _code_lines(text: str) -> list[str]:
 
 
 def test_the_operator_doc_lists_the_device_kinds():
-    from pipeline.gates import DEVICE_KINDS
+    from rowgate.gates import device_kinds
 
     text = re.sub(r"\s+", " ", DOCS["operators.md"])
-    listed = re.search(r"the kinds in `DEVICE_KINDS`: (.*?)\):", text).group(1)
-    assert set(re.findall(r"`([a-z]+)`", listed)) == DEVICE_KINDS
+    listed = re.search(r"the kinds in `device_kinds\(\)`: (.*?)\):", text).group(1)
+    assert set(re.findall(r"`([a-z]+)`", listed)) == device_kinds()
 
 
 def test_every_rowgate_command_in_the_docs_parses():
@@ -120,8 +120,8 @@ def test_model_signing_cli_verifies_a_real_bundle_as_documented(sealed):
 
 def test_model_signing_misses_an_added_github_dir_and_rowgate_does_not(sealed):
     """What docs/reviewers.md warns about: git paths are ignored by model-signing."""
-    from pipeline.errors import VerificationError
-    from pipeline.evidence import Bundle
+    from rowgate.errors import VerificationError
+    from rowgate.seal.bundle import Bundle
 
     bundle, signer = sealed
     thaw(bundle)

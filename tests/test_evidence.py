@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import signing
-from pipeline.errors import VerificationError
-from pipeline.evidence import MANIFEST_FILE, Bundle, find_bundles
-from pipeline.records.status import Status
-from pipeline.signing import SIGNATURE_FILE
+from rowgate.errors import VerificationError
+from rowgate.records.status import Status
+from rowgate.seal import signing
+from rowgate.seal.bundle import MANIFEST_FILE, Bundle, find_bundles
+from rowgate.seal.signing import SIGNATURE_FILE
 from tests.support import thaw
 
 
@@ -181,8 +181,9 @@ def test_bundle_renamed_is_refused(sealed):
 
 
 def test_each_seal_is_a_new_bundle(tmp_path, git_repo, host_row):
-    from pipeline import rows, runner
-    from pipeline.progress import PlainProgress
+    from rowgate.cli.progress import PlainProgress
+    from rowgate.rows import row as rows
+    from rowgate.run import runner
 
     signer = signing.default_signer(announce=lambda m: None)
     runs = [runner.run_row(rows.load_row(host_row), Path(git_repo.working_dir), tmp_path / "ev",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline import latency
+from rowgate.stats import latency
 
 REQS = [
     {"output_tokens": 4, "ttft_s": 0.5, "latency_s": 2.0, "itl_s": [0.4, 0.5, 0.6]},

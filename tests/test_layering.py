@@ -1,7 +1,8 @@
-"""The import rules of docs/architecture.md, read from the source with `ast` (nothing
-is imported to build the graph): no import cycle in pipeline/, records/ at the bottom,
-evidence and signing above records only, no gate importing the signing code, no module
-over 450 lines, no private name imported from another module."""
+"""The import rules of docs/architecture.md. The layers are import-linter's contracts
+(pyproject.toml [tool.importlinter], run here and in `nox -s lint`); read from the source
+with `ast` besides: no import cycle in src/rowgate/ (TYPE_CHECKING imports counted),
+records/ at the bottom, the sealer and signer above records only, no gate importing the
+signing code, no private module or name imported from another package."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGE = ROOT / "pipeline"
-MAX_LINES = 450
+SRC = ROOT / "src"
+PACKAGE = SRC / "rowgate"
 
 
 @cache
@@ -24,7 +25,7 @@ def modules() -> dict[str, Path]:
     their __init__.py)."""
     out = {}
     for path in sorted(PACKAGE.rglob("*.py")):
-        parts = path.relative_to(ROOT).with_suffix("").parts
+        parts = path.relative_to(SRC).with_suffix("").parts
         if parts[-1] == "__init__":
             parts = parts[:-1]
         out[".".join(parts)] = path
@@ -54,13 +55,13 @@ def _absolute(module: str, node: ast.ImportFrom) -> str:
 
 
 @cache
-def imports(module: str) -> tuple[tuple[str, str], ...]:
+def imports(module: str, type_checking: bool = False) -> tuple[tuple[str, str], ...]:
     """(imported module, imported name or "") for every import the module executes:
     module level and inside functions alike; TYPE_CHECKING blocks excluded. A
     `from PKG import NAME` counts as importing PKG, and PKG.NAME too when that is a
     module."""
     tree = ast.parse(modules()[module].read_text())
-    skipped = _type_checking_only(tree)
+    skipped = set() if type_checking else _type_checking_only(tree)
     out: list[tuple[str, str]] = []
     for node in ast.walk(tree):
         if id(node) in skipped:
@@ -77,9 +78,10 @@ def imports(module: str) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
-def graph() -> dict[str, set[str]]:
+def graph(type_checking: bool = False) -> dict[str, set[str]]:
     known = modules()
-    return {m: {dep for dep, _ in imports(m) if dep in known and dep != m} for m in known}
+    return {m: {dep for dep, _ in imports(m, type_checking) if dep in known and dep != m}
+            for m in known}
 
 
 def strongly_connected(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -125,9 +127,9 @@ def strongly_connected(edges: dict[str, set[str]]) -> list[list[str]]:
 
 
 def loaded(names: list[str]) -> set[str]:
-    """pipeline modules a fresh interpreter has loaded after importing `names`."""
+    """rowgate modules a fresh interpreter has loaded after importing `names`."""
     code = "import sys\n" + "".join(f"import {n}\n" for n in names) + \
-        "print('\\n'.join(m for m in sys.modules if m.startswith('pipeline')))"
+        "print('\\n'.join(m for m in sys.modules if m.startswith('rowgate')))"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          check=True).stdout
     return set(out.split())
@@ -139,15 +141,15 @@ def loaded(names: list[str]) -> set[str]:
 def test_the_graph_sees_known_edges():
     """The checker itself: a graph that missed imports would pass every rule below."""
     g = graph()
-    assert "pipeline.records.status" in g["pipeline.records.gate_result"]
-    assert "pipeline.evidence" in g["pipeline.runner"]
+    assert "rowgate.records.status" in g["rowgate.records.gate_result"]
+    assert "rowgate.seal.bundle" in g["rowgate.run.runner"]
     assert strongly_connected({"a": {"b"}, "b": {"a", "c"}, "c": set()}) == [["c"], ["a", "b"]]
 
 
 def test_no_import_cycle():
     # A package importing its own children (an __init__ re-exporting them) is the one
     # allowed loop: it is not a cycle between modules.
-    cycles = [c for c in strongly_connected(graph())
+    cycles = [c for c in strongly_connected(graph(type_checking=True))
               if sum(not _is_package(m) for m in c) > 1]
     assert cycles == [], "import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)
 
@@ -163,41 +165,58 @@ def _reaches(start: str) -> set[str]:
 
 
 def test_records_import_nothing_of_rowgate_but_errors():
-    for module in (m for m in modules() if m.startswith("pipeline.records")):
+    for module in (m for m in modules() if m.startswith("rowgate.records")):
         outside = {d for d in _reaches(module)
-                   if not d.startswith("pipeline.records") and d not in ("pipeline", "pipeline.errors")}
+                   if not d.startswith("rowgate.records")
+                   and d not in ("rowgate", "rowgate.errors", "rowgate.dirs")}
         assert outside == set(), f"{module} imports {sorted(outside)}"
-        assert "pipeline" not in {d for d, _ in imports(module)}, \
-            f"{module} imports pipeline/__init__ (records compute their own paths)"
 
 
-@pytest.mark.parametrize("module", ["pipeline.evidence", "pipeline.signing"])
+@pytest.mark.parametrize("module", ["rowgate.seal.bundle", "rowgate.seal.signing"])
 def test_evidence_and_signing_stand_on_records_only(module):
     above = {d for d in _reaches(module)
-             if d.startswith(("pipeline.gates", "pipeline.engines", "pipeline.decision",
-                              "pipeline.rows", "pipeline.runner"))}
+             if d.startswith(("rowgate.gates", "rowgate.engines", "rowgate.decision",
+                              "rowgate.rows.row", "rowgate.run.runner"))}
     assert above == set(), f"{module} reaches {sorted(above)}"
 
 
 def test_importing_the_sealer_loads_no_gate_engine_or_decision_module():
-    found = loaded(["pipeline.evidence", "pipeline.signing", "pipeline.records"])
+    found = loaded(["rowgate.seal.bundle", "rowgate.seal.signing", "rowgate.records"])
     above = sorted(m for m in found
-                   if m.startswith(("pipeline.gates", "pipeline.engines", "pipeline.decision")))
-    assert "pipeline.evidence" in found and above == []
+                   if m.startswith(("rowgate.gates", "rowgate.engines", "rowgate.decision")))
+    assert "rowgate.seal.bundle" in found and above == []
 
 
 def test_no_gate_reaches_the_signing_code():
-    for module in (m for m in modules() if m.startswith("pipeline.gates")):
-        assert "pipeline.signing" not in _reaches(module), f"{module} reaches pipeline.signing"
-
-
-def test_no_module_is_over_the_line_limit():
-    long = {str(p.relative_to(ROOT)): n for p in modules().values()
-            if (n := len(p.read_text().splitlines())) > MAX_LINES}
-    assert long == {}, f"modules over {MAX_LINES} lines: {long}"
+    for module in (m for m in modules() if m.startswith("rowgate.gates")):
+        assert "rowgate.seal.signing" not in _reaches(module), f"{module} reaches rowgate.seal.signing"
 
 
 def test_no_private_name_crosses_modules():
     crossing = [f"{m} imports {dep}.{name}" for m in modules() for dep, name in imports(m)
-                if name.startswith("_") and not name.startswith("__") and dep.startswith("pipeline")]
+                if name.startswith("_") and not name.startswith("__") and dep.startswith("rowgate")]
     assert crossing == []
+
+
+def _package(module: str) -> str:
+    return module if _is_package(module) else module.rsplit(".", 1)[0]
+
+
+def test_no_private_module_is_imported_from_another_package():
+    """`rowgate.gates._built` is the gates package's own: another package imports the
+    gates' public modules only."""
+    crossing = [f"{m} imports {dep}" for m in modules() for dep, _ in imports(m, True)
+                if dep in modules() and dep.rsplit(".", 1)[-1].startswith("_")
+                and not dep.endswith("__init__")
+                and not _package(m).startswith(dep.rsplit(".", 1)[0])]
+    assert crossing == []
+
+
+def test_import_linter_contracts_hold():
+    """The layers of docs/architecture.md and the lab's independence, as import-linter
+    checks them (its `lint-imports`, installed with the lint extra)."""
+    exe = Path(sys.executable).with_name("lint-imports")
+    if not exe.exists():
+        pytest.skip("import-linter is not installed in this environment (the lint extra)")
+    proc = subprocess.run([str(exe), "--no-cache"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]

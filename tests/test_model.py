@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pipeline.model import (
+from rowgate.models.tiny import (
     ModelError,
     TinyModelSpec,
     build_tiny_model,

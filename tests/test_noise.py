@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline import noise
+from rowgate.stats import noise
 
 
 def test_warmup_ends_when_both_arms_settle_or_at_the_maximum():

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import options
-from pipeline.errors import UsageError
+from rowgate.errors import UsageError
+from rowgate.rows import options
 
 PIPELINE = Path(__file__).resolve().parent.parent / "pipeline"
 READS = re.compile(r"""(?:options|opts)(?:\.get\(|\[)"([a-z_]+)"|_(?:flag|int)\(options, "([a-z_]+)"|"""
@@ -26,9 +26,9 @@ def _read_in_code() -> set[str]:
 
 
 def test_every_key_the_code_reads_is_declared_described_and_nothing_else():
-    from pipeline.gates import registry
+    from rowgate.gates import registry
 
-    declared = {k for gate in registry.KINDS.values() for k in gate.options}
+    declared = {k for kind in registry.kinds() for k in registry.lookup(kind).options}
     assert _read_in_code() == declared == set(options.SAYS)
 
 

@@ -8,13 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import cli, oracle, runner, signing
-from pipeline.engines.reference import ReferenceEngine
-from pipeline.engines.vllm import installed_version
-from pipeline.errors import EvidenceError, VerificationError
-from pipeline.model import build_tiny_model
-from pipeline.rows import load_row
-from pipeline.workload import build_passes
+from rowgate.cli import main as cli
+from rowgate.engines.reference import ReferenceEngine
+from rowgate.engines.vllm import installed_version
+from rowgate.errors import EvidenceError, VerificationError
+from rowgate.models.tiny import build_tiny_model
+from rowgate.rows.row import load_row
+from rowgate.rows.workload import build_passes
+from rowgate.run import runner
+from rowgate.seal import oracle, signing
 from tests.gates.engine_rows import tiny_row
 
 HOST = '''

@@ -8,16 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import oracle
-from pipeline.errors import VerificationError
-from pipeline.megakernel import models
-from pipeline.model import build_tiny_model
-from pipeline.rows import ROWS_DIR, load_row
-from pipeline.signing import KeyVerifier
-from pipeline.workload import build_passes, workload_digest
+from rowgate.errors import VerificationError
+from rowgate.models.tiny import build_tiny_model
+from rowgate.rows.row import load_row
+from rowgate.rows.workload import build_passes, workload_digest
+from rowgate.seal import oracle
+from rowgate.seal.signing import KeyVerifier
+from rowgate_lab.megakernel import models
+from tests.support import DEMOS, ROWS
 
 ROOT = Path(__file__).resolve().parents[1]
-RECORD_ROWS = [p for p in sorted(ROWS_DIR.glob("*.toml"))
+RECORD_ROWS = [p for p in sorted([*ROWS.glob("*.toml"), *DEMOS.glob("*.toml")])
                if any(getattr(g, "oracle_record", "") for g in load_row(p).row.gates)]
 
 

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import plan, rows
-from pipeline.cli import main
+from rowgate.cli.main import main
+from rowgate.rows import row as rows
+from rowgate.run import plan
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[1] / "lab"  # the seed rows gate the lab
 # The hardware each seed row names, as NVML would describe it there.
 HARDWARE = {
     "PERF-THOR-DECODE-PARITY": ["sm_110:NVIDIA Thor"],

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from pipeline.gates.interface import GateContext, Progress
-from pipeline.progress import PlainProgress, RichProgress, progress
+from rowgate.cli.progress import PlainProgress, RichProgress, progress
+from rowgate.gates.interface import GateContext, Progress
 
 
 def _lines(capsys) -> list[str]:
@@ -105,7 +105,7 @@ def test_the_default_gate_context_progress_supports_tasks_and_prints_nothing(tmp
 
 def test_gate_command_logs_plain_lines_and_q_after_the_subcommand_silences(
         host_row: Path, git_repo, tmp_path, capsys):
-    from pipeline.cli import main
+    from rowgate.cli.main import main
 
     repo = git_repo.working_dir
     with pytest.raises(SystemExit) as exit_:

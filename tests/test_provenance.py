@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import provenance
-from pipeline.errors import RepoError
+from rowgate.errors import RepoError
+from rowgate.run import provenance
 from tests.support import commit_file
 
 

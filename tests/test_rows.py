@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cli import main
-from pipeline.records.criteria import Comparison
-from pipeline.rows import ROWS_DIR, load_row
-from tests.support import HOST_GATE, write_row
+from rowgate.cli.main import main
+from rowgate.records.criteria import Comparison
+from rowgate.rows.row import load_row
+from tests.support import DEMOS, HOST_GATE, ROWS, write_row
 
-SHIPPED = sorted(ROWS_DIR.glob("*.toml"))
+SHIPPED = sorted([*ROWS.glob("*.toml"), *DEMOS.glob("*.toml")])
 
 
 def test_the_rows_ship():
@@ -28,7 +28,7 @@ def test_shipped_rows_load(path):
 
 
 def test_thor_row_encodes_its_requirements():
-    row = load_row(ROWS_DIR / "PERF-THOR-DECODE-PARITY.toml").row
+    row = load_row(ROWS / "PERF-THOR-DECODE-PARITY.toml").row
     assert row.target.arch == "sm_110" and row.target.launcher == ["rc", "--"]
     assert sorted(row.workload.cells()) == sorted(
         f"i{i}-c{c}" for i in (16, 1024) for c in (1, 4, 8))
@@ -39,7 +39,7 @@ def test_thor_row_encodes_its_requirements():
 
 
 def test_sm70_row_encodes_operator_matrix_and_history():
-    row = load_row(ROWS_DIR / "SM70-XQA-E5M2-DECODE.toml").row
+    row = load_row(ROWS / "SM70-XQA-E5M2-DECODE.toml").row
     op = row.gate("operator")
     assert op.batches == [4, 8, 12, 16] and set(op.layouts) == {"uniform", "ragged"}
     assert {"page-1", "page", "page+1", "17.8K"} <= set(op.contexts)
@@ -50,7 +50,7 @@ def test_sm70_row_encodes_operator_matrix_and_history():
 
 
 def test_megakernel_row_stops_without_idle_capacity():
-    row = load_row(ROWS_DIR / "KERNEL-CUDA-DECODE-MEGAKERNEL.toml").row
+    row = load_row(ROWS / "KERNEL-CUDA-DECODE-MEGAKERNEL.toml").row
     stop = next(s for s in row.stop_conditions if s.id == "no-idle-capacity")
     assert stop.action.value == "stop-implementation"
     assert stop.comparison is Comparison.LT and stop.threshold == pytest.approx(0.10)

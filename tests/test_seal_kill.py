@@ -12,16 +12,18 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import signing
-from pipeline.errors import VerificationError
-from pipeline.evidence import Bundle, Stage
+from rowgate.errors import VerificationError
+from rowgate.seal import signing
+from rowgate.seal.bundle import Bundle, Stage
 
 SEALER = textwrap.dedent('''
     import os, sys
     from pathlib import Path
-    from pipeline import provenance, rows, signing
-    from pipeline.evidence import Stage
-    from pipeline.records.gate_result import GateResult
+    from rowgate.run import provenance
+    from rowgate.rows import row as rows
+    from rowgate.seal import signing
+    from rowgate.seal.bundle import Stage
+    from rowgate.records.gate_result import GateResult
 
     repo, row_path, out = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
     loaded = rows.load_row(row_path)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats as st
 
-from pipeline import sequential
+from rowgate.stats import sequential
 
 
 def test_pocock_type_bounds_match_gsdesign_for_five_equal_looks():

@@ -1,4 +1,4 @@
-"""pipeline.staging on its own: ownership by lock, sweeping only the dead, moving files
+"""rowgate.seal.staging on its own: ownership by lock, sweeping only the dead, moving files
 into a bundle and freezing it without following a link (real files, real processes)."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import CHECKOUT, staging
-from pipeline.errors import EvidenceError
+from rowgate.errors import EvidenceError
+from rowgate.seal import staging
 
 HOLD = """
 import sys, time
 from pathlib import Path
-from pipeline import CHECKOUT, staging
+from rowgate.seal import staging
 holder = staging.Holder(Path(sys.argv[1]))
 print(holder.path, flush=True)
 time.sleep(60)
@@ -26,7 +26,7 @@ time.sleep(60)
 
 def _owner(parent: Path) -> tuple[subprocess.Popen[str], Path]:
     proc = subprocess.Popen([sys.executable, "-c", HOLD, str(parent)], stdout=subprocess.PIPE,
-                            text=True, env=dict(os.environ, PYTHONPATH=str(CHECKOUT)))
+                            text=True, env=dict(os.environ))
     assert proc.stdout is not None
     return proc, Path(proc.stdout.readline().strip())
 

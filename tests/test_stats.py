@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 from scipy import stats as st
 
-from pipeline import sequential, stats
-from pipeline.stats import Design, Verdict
+from rowgate.stats import paired as stats
+from rowgate.stats import sequential
+from rowgate.stats.paired import Design, Verdict
 
 DESIGN = Design(min_effect=0.02)
 NARROW = Design(min_effect=0.02, claim_rule="narrow")

@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline import _stats_v1 as stats
-from pipeline._stats_v1 import ParityBound, Verdict
-from pipeline.rowspec import Criterion
+from rowgate.rows.spec import Criterion
+from rowgate.stats import compat_v1 as stats
+from rowgate.stats.compat_v1 import ParityBound, Verdict
 
 
 def _draw(rng: np.random.Generator, centre: float, noise: float, n: int) -> list[float]:

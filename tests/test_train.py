@@ -6,9 +6,10 @@ import json
 
 import pytest
 
-from pipeline.model import EOS_TOKEN, TRAINED_MODELS, UNK_TOKEN, build_trained_model
-from pipeline.rows import ROWS_DIR, load_row
-from pipeline.train import PROMPT_FORMAT, read_examples, sequences, vocabulary
+from rowgate.models.tiny import EOS_TOKEN, TRAINED_MODELS, UNK_TOKEN, build_trained_model
+from rowgate.models.train import PROMPT_FORMAT, read_examples, sequences, vocabulary
+from rowgate.rows.row import load_row
+from tests.support import DEMOS
 
 SPEC = TRAINED_MODELS["tiny-qwen3-gsm8k"]
 DIGEST = "sha256:649dd2a141f5ec628a2354dd7d7ec32a5b81ce86168faab5a8f8f8408dadfff6"
@@ -30,7 +31,7 @@ def test_every_word_of_the_data_has_its_own_id_and_the_shape_is_the_tiny_models(
 
 
 def test_the_demo_rows_max_tokens_leaves_room_for_every_answer_and_its_eos():
-    row = load_row(ROWS_DIR / "DEMO-CPU-DECODE.toml").row
+    row = load_row(DEMOS / "DEMO-CPU-DECODE.toml").row
     health = row.gate("gsm8k-health")
     assert row.models[0].name == "tiny-qwen3-gsm8k" and health.health_only
     examples = read_examples(SPEC.dataset_path())
@@ -56,7 +57,7 @@ def test_two_builds_give_the_pinned_digest_whatever_the_ambient_environment(tmp_
 
 
 def test_missing_training_data_is_one_clear_line(tmp_path, monkeypatch):
-    from pipeline import model
+    from rowgate.models import tiny as model
 
     monkeypatch.setitem(model.TRAINED_MODELS, "t", model.TrainSpec(dataset=str(tmp_path / "x")))
     with pytest.raises(model.ModelError, match="training data .*x is not here"):

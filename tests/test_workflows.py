@@ -23,8 +23,8 @@ import jsonschema
 import pytest
 import yaml
 
-from pipeline import rows
-from pipeline.cli import _parser
+from rowgate.cli.main import _parser
+from rowgate.rows import row as rows
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKFLOWS = ROOT / ".github" / "workflows"

@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from pipeline.errors import Error
-from pipeline.rowspec import Sampling, Workload
-from pipeline.workload import (
+from rowgate.errors import Error
+from rowgate.rows.spec import Sampling, Workload
+from rowgate.rows.workload import (
     WorkloadError,
     WorkloadMismatch,
     build_passes,

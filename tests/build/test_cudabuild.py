@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.build import cudabuild, kernels
+from rowgate.cuda import cudabuild, kernels
 
 pytestmark = pytest.mark.slow
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "kernels"

@@ -6,14 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.build import kernels
-from pipeline.errors import SubjectError
+from rowgate.cuda import kernels
+from tests.support import LAB
+from rowgate.errors import SubjectError
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_repository_kernels_toml_loads():
-    manifest = kernels.load(REPO)
+    manifest = kernels.load(LAB)
     da = manifest.kernels["decode_attention"]
     assert {"sm_70", "sm_90", "sm_110"} <= set(da.arches)
     assert da.budget("sm_110").max_spill_stores == 0
@@ -57,7 +58,7 @@ def test_bad_manifest_is_one_clear_line(body, message):
 
 
 def test_select_refuses_unknown_or_untargeted_kernel():
-    manifest = kernels.load(REPO)
+    manifest = kernels.load(LAB)
     with pytest.raises(kernels.KernelsError, match="not in kernels.toml"):
         manifest.select(["nope"], "sm_90")
     with pytest.raises(kernels.KernelsError, match="does not target sm_80"):
@@ -76,7 +77,7 @@ def test_version_2_declares_operators_and_version_1_is_still_read():
     m = kernels.parse("version = 2\n" + KERNEL + OPERATOR, "t.toml")
     assert m.operator() == ("op", m.operators["op"])
     assert kernels.parse("version = 1\n" + KERNEL, "t.toml").operators == {}
-    assert kernels.load(REPO).operator("split_kv")[1].kernel == "split_kv"
+    assert kernels.load(LAB).operator("split_kv")[1].kernel == "split_kv"
 
 
 @pytest.mark.parametrize("text,message", [

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cli import main
+from rowgate.cli.main import main
+from tests.support import LAB
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -23,13 +24,13 @@ def _run(args: list[str], capsys) -> tuple[int, str, str]:
 
 def test_build_sm70_prints_every_entry_point(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")
-    shutil.copytree(REPO / "kernels", tmp_path / "kernels")
+    shutil.copytree(LAB / "kernels", tmp_path / "kernels")
     code, out, err = _run(["-q", "build", "--arch", "sm_70", "--repo", str(tmp_path)], capsys)
     assert code == 0, out + err
     for entry in ("decode_attention_bf16_hd64", "decode_attention_e5m2_hd128"):
         assert entry in out
     assert "build: PASS" in out and "audit: PASS" in out
-    from pipeline.build import cache
+    from rowgate.cuda import cache
 
     assert (cache.reports(tmp_path, ["sm_70"]) / "audit.json").is_file()
     assert not (tmp_path / "build").exists()  # nothing written into the subject

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from pipeline.build.operators import OperatorDecl, TritonDecl, check_operators
-from pipeline.ops import contract
+from rowgate.cuda.operators import OperatorDecl, TritonDecl, check_operators
+from tests.support import LAB
+from rowgate.ops import contract
 from tests.subjects import PAGED_DECODE
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,10 +76,10 @@ def test_rowgates_own_operators_parse_alike_and_name_what_their_kernels_build():
     """The validating parser and the bare-image reader agree on rowgate's kernels.toml;
     the sm_90+ candidates' cluster entry points (split_kv_bulk, split_kv_deep) are entry
     points of their kernels, which split_kv (built for sm_70 too) does not list."""
-    from pipeline.build import kernels
+    from rowgate.cuda import kernels
 
     manifest = kernels.load(ROOT)
-    own = contract.operators_in((ROOT / "kernels" / "kernels.toml").read_text(), "kernels.toml")
+    own = contract.operators_in((LAB / "kernels" / "kernels.toml").read_text(), "kernels.toml")
     assert {n: d.to_contract(n) for n, d in manifest.operators.items()} == own
     assert set(own) == {"split_kv", "split_kv_bulk", "split_kv_deep"}
     assert "sm_70" in manifest.kernels["split_kv"].arches

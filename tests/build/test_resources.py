@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.build import kernels, resources
+from rowgate.cuda import kernels, resources
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "ptxas"
 ENTRIES = ["decode_attention_bf16_hd64", "decode_attention_bf16_hd128",

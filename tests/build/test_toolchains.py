@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from pipeline.build import toolchains
+from rowgate.cuda import toolchains
 
 
 def test_sm70_is_cuda_12_8_nvrtc_with_12_8_sass_tools():

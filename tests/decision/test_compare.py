@@ -5,7 +5,7 @@ Format-2 bundles (what every new bundle is) come from the throughput gate's own
 `measure_on` and `derive`, run on synthetic engines (tests/report/format2.py), so
 the planted change is known. One format-1 bundle pair is written in the old gate's layout (the format an
 older rowgate sealed, which compare still reads). The changes come from
-`pipeline.unpaired`, the unpaired statistics two independent runs call for."""
+`rowgate.stats.unpaired`, the unpaired statistics two independent runs call for."""
 
 from __future__ import annotations
 
@@ -16,9 +16,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline import compressed, provenance, rows, signing
-from pipeline.cli import main
-from pipeline.evidence import Stage
+from rowgate import compressed
+from rowgate.cli.main import main
+from rowgate.rows import row as rows
+from rowgate.run import provenance
+from rowgate.seal import signing
+from rowgate.seal.bundle import Stage
 from tests.gates.test_timed_rounds import cal
 from tests.report import format2
 from tests.support import write_row
@@ -143,8 +146,8 @@ def test_a_planted_speedup_is_found_with_its_ci(world, capsys):
 
 
 def test_the_changes_are_the_sealed_passes_compared_unpaired(world, capsys):
-    from pipeline import latency, unpaired
-    from pipeline.gates._timed import sealed_schedule
+    from rowgate.gates.throughput.measure import sealed_schedule
+    from rowgate.stats import latency, unpaired
 
     seal, pub = world
     a, b = seal("before", 0.6), seal("after", 0.66)
@@ -252,7 +255,7 @@ def test_a_bundle_that_does_not_verify_is_exit_1(world, capsys, make_key):
 
 def test_format_one_bundles_still_compare(world, capsys):
     """Bundles sealed by an older rowgate (samples.csv, arms oracle / candidate)."""
-    from pipeline.workload import workload_digest
+    from rowgate.rows.workload import workload_digest
 
     seal, pub = world
     same = workload_digest(cal.synthetic_passes((1, 4)))  # the format-2 runs' workload

@@ -8,9 +8,9 @@ from pathlib import Path
 import git
 import pytest
 
-from pipeline import signing
-from pipeline.decision import attest, record_files, review
-from pipeline.records.merge import MergeOutcome, MergeRecord
+from rowgate.decision import attest, record_files, review
+from rowgate.records.merge import MergeOutcome, MergeRecord
+from rowgate.seal import signing
 from tests.review_support import HOST_ROW, World, commit_file, thaw
 
 

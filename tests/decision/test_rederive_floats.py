@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from pipeline.decision.rederive import FLOAT_REL_TOL, _first_difference, _same
+from rowgate.decision.rederive import FLOAT_REL_TOL, _first_difference, _same
 
 
 def result(**metrics: object) -> dict[str, object]:

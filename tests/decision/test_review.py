@@ -8,15 +8,15 @@ from pathlib import Path
 import git
 import pytest
 
-from pipeline import signing
-from pipeline.decision import attest, criteria, record_files, review
-from pipeline.errors import VerificationError
-from pipeline.evidence import Bundle
-from pipeline.records import schema
-from pipeline.records.gate_result import GateResult
-from pipeline.records.review import Outcome, ReviewRecord, Verdict
-from pipeline.records.status import Status
-from pipeline.rows import Row
+from rowgate.decision import attest, criteria, record_files, review
+from rowgate.errors import VerificationError
+from rowgate.records import schema
+from rowgate.records.gate_result import GateResult
+from rowgate.records.review import Outcome, ReviewRecord, Verdict
+from rowgate.records.status import Status
+from rowgate.rows.row import Row
+from rowgate.seal import signing
+from rowgate.seal.bundle import Bundle
 from tests.review_support import HOST_ROW, World, commit_file, thaw
 
 

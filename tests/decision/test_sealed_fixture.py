@@ -11,10 +11,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipeline import rows, signing
-from pipeline.decision.criteria import verdict_of
-from pipeline.decision.review import evaluate
-from pipeline.evidence import Bundle
+from rowgate.decision.criteria import verdict_of
+from rowgate.decision.review import evaluate
+from rowgate.rows import row as rows
+from rowgate.seal import signing
+from rowgate.seal.bundle import Bundle
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "bundles"
 ROW_ID = "FIXTURE-SEALED-B68C77E"

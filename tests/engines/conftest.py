@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.model import TinyModelSpec, build_tiny_model
-from pipeline.rowspec import Workload
-from pipeline.workload import build_passes
+from rowgate.models.tiny import TinyModelSpec, build_tiny_model
+from rowgate.rows.spec import Workload
+from rowgate.rows.workload import build_passes
 
 DEMO_WORKLOAD = Workload(input_lens=[16, 64], concurrency=[1, 4], output_len=16,
                          requests_per_cell=4)

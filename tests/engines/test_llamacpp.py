@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.engines import create, why_unavailable
-from pipeline.engines.interface import EngineError
-from pipeline.engines.llamacpp import UNTRACEABLE, LlamaCppEngine, installed_version
-from pipeline.engines.reference import ReferenceEngine
-from pipeline.rowspec import Arm, EngineKind
+from rowgate.engines import create, why_unavailable
+from rowgate.engines.interface import EngineError
+from rowgate.engines.llamacpp import UNTRACEABLE, LlamaCppEngine, installed_version
+from rowgate.engines.reference import ReferenceEngine
+from rowgate.rows.spec import Arm, EngineKind
 
 gguf = pytest.importorskip("gguf")
 needs_llamacpp = pytest.mark.skipif(installed_version() is None,
@@ -20,7 +20,7 @@ ARM = Arm(engine=EngineKind.LLAMA_CPP, version=PIN, dtype="float32")
 
 
 def test_gguf_holds_the_qwen3_model_llama_cpp_loads(tiny_model, tmp_path):
-    from pipeline.model_gguf import gguf_for
+    from rowgate.models.gguf import gguf_for
 
     written = gguf_for(tiny_model.path, tmp_path)
     again = gguf_for(tiny_model.path, tmp_path)
@@ -40,7 +40,7 @@ def test_gguf_holds_the_qwen3_model_llama_cpp_loads(tiny_model, tmp_path):
 
 
 def test_an_altered_gguf_is_rewritten(tiny_model, tmp_path):
-    from pipeline.model_gguf import gguf_for
+    from rowgate.models.gguf import gguf_for
 
     written = gguf_for(tiny_model.path, tmp_path)
     written.path.write_bytes(written.path.read_bytes()[:-8] + b"\0" * 8)

@@ -6,13 +6,13 @@ import sys
 
 import pytest
 
-from pipeline.engines import create
-from pipeline.engines._process import live_group_members
-from pipeline.engines.interface import EngineError
-from pipeline.engines.openai import OpenAIEngine, _chunk_tokens
-from pipeline.engines.reference import ReferenceEngine
-from pipeline.engines.vllm import VllmServerEngine, installed_version
-from pipeline.rowspec import Arm, EngineKind
+from rowgate.engines import create
+from rowgate.engines._process import live_group_members
+from rowgate.engines.interface import EngineError
+from rowgate.engines.openai import OpenAIEngine, _chunk_tokens
+from rowgate.engines.reference import ReferenceEngine
+from rowgate.engines.vllm import VllmServerEngine, installed_version
+from rowgate.rows.spec import Arm, EngineKind
 
 
 def _group_gone(pid: int) -> bool:

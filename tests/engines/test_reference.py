@@ -7,11 +7,11 @@ import dataclasses
 import pytest
 import torch
 
-from pipeline.engines import create
-from pipeline.engines.interface import EngineError
-from pipeline.engines.qwen3 import PAGE_SIZE, torch_paged_decode_attention
-from pipeline.engines.reference import ALTERNATIVES, ReferenceEngine, sample, step_inputs
-from pipeline.rowspec import Arm, EngineKind
+from rowgate.engines import create
+from rowgate.engines.interface import EngineError
+from rowgate.engines.qwen3 import PAGE_SIZE, torch_paged_decode_attention
+from rowgate.engines.reference import ALTERNATIVES, ReferenceEngine, sample, step_inputs
+from rowgate.rows.spec import Arm, EngineKind
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +156,7 @@ def test_factory_and_refusals(tiny_model):
         ReferenceEngine(tiny_model.path, mode="graph")
     with pytest.raises(EngineError, match="generate\\(\\) before start"):
         eng.generate(None)
-    from pipeline.engines.llamacpp import LlamaCppEngine
+    from rowgate.engines.llamacpp import LlamaCppEngine
 
     assert isinstance(create(Arm(engine=EngineKind.LLAMA_CPP), tiny_model.path), LlamaCppEngine)
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.model import TinyModelSpec, build_tiny_model
-from pipeline.rowspec import Workload
-from pipeline.workload import build_passes
+from rowgate.models.tiny import TinyModelSpec, build_tiny_model
+from rowgate.rows.spec import Workload
+from rowgate.rows.workload import build_passes
 
 pytestmark = pytest.mark.gpu
 
@@ -19,7 +19,7 @@ WORKLOAD = Workload(input_lens=[16, 64], concurrency=[1, 4, 8], output_len=24,
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    from pipeline.engines.reference import ReferenceEngine
+    from rowgate.engines.reference import ReferenceEngine
 
     model = build_tiny_model(TinyModelSpec(), root=tmp_path_factory.mktemp("models"))
     passes = build_passes(WORKLOAD, model.vocab_size, model.special_ids)
@@ -32,7 +32,7 @@ def setup(tmp_path_factory):
 def test_cuda_equals_cpu(setup, mode):
     import torch
 
-    from pipeline.engines.reference import ReferenceEngine
+    from rowgate.engines.reference import ReferenceEngine
 
     model, passes, expected = setup
     with ReferenceEngine(model.path, device="cuda:0", mode=mode) as gpu:
@@ -47,8 +47,8 @@ def test_cuda_equals_cpu(setup, mode):
 
 
 def test_decode_attention_seam_on_cuda(setup):
-    from pipeline.engines.qwen3 import torch_paged_decode_attention
-    from pipeline.engines.reference import ReferenceEngine
+    from rowgate.engines.qwen3 import torch_paged_decode_attention
+    from rowgate.engines.reference import ReferenceEngine
 
     model, passes, expected = setup
     calls = []

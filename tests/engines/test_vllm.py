@@ -6,13 +6,13 @@ import os
 
 import pytest
 
-from pipeline.engines import create
-from pipeline.engines._process import live_group_members
-from pipeline.engines.interface import EngineError
-from pipeline.engines.reference import ReferenceEngine
-from pipeline.engines.vllm import VllmEngine, check_pinned, installed_version
-from pipeline.model import perturbed_copy
-from pipeline.rowspec import Arm, EngineKind
+from rowgate.engines import create
+from rowgate.engines._process import live_group_members
+from rowgate.engines.interface import EngineError
+from rowgate.engines.reference import ReferenceEngine
+from rowgate.engines.vllm import VllmEngine, check_pinned, installed_version
+from rowgate.models.tiny import perturbed_copy
+from rowgate.rows.spec import Arm, EngineKind
 
 PIN = "0.32.0"
 # mode eager: vLLM's enforce_eager, no torch.compile (saves ~50 s of start-up on 2 cores)

@@ -6,10 +6,11 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from pipeline import device, provenance, runner
-from pipeline.gates.interface import Gate, run_gate
-from pipeline.records.gate_result import GateResult
-from pipeline.rows import load_row
+from rowgate.gates.interface import Gate, run_gate
+from rowgate.records.gate_result import GateResult
+from rowgate.rows.row import load_row
+from rowgate.run import provenance, runner
+from rowgate.seal import device
 
 ROOT = Path(__file__).resolve().parents[2]
 

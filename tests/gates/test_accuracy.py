@@ -8,14 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.gates.accuracy import Accuracy, gold_number, load_questions, predicted_number
-from pipeline.gates.interface import GateError
-from pipeline.model import build_tiny_model
-from pipeline.records.status import Status
-from pipeline.rows import load_row
+from rowgate.gates.accuracy import Accuracy, gold_number, load_questions, predicted_number
+from rowgate.gates.interface import GateError
+from rowgate.models.tiny import build_tiny_model
+from rowgate.records.status import Status
+from rowgate.rows.row import load_row
 from tests.gates.engine_rows import ROOT, Lines, run_one, tiny_row
+from tests.support import DEMOS
 
-DATASET = "rows/data/gsm8k-tiny.jsonl"
+DATASET = str(DEMOS / "data" / "gsm8k-tiny.jsonl")
 
 
 def accuracy_gate(**fields) -> str:
@@ -55,7 +56,7 @@ def test_predicted_number_is_the_last_number():
 
 
 def test_the_shipped_dataset_parses(tmp_path):
-    questions = load_questions(ROOT / DATASET, 100)
+    questions = load_questions(Path(DATASET), 100)
     assert len(questions) == 8 and all(gold_number(q["answer"]) for q in questions)
 
 
@@ -103,8 +104,8 @@ def test_missing_model_and_dataset_are_both_named(tmp_path):
 
 
 def _ctx(tmp_path):
-    from pipeline import provenance
-    from pipeline.gates.interface import GateContext
+    from rowgate.gates.interface import GateContext
+    from rowgate.run import provenance
 
     return GateContext(repo=ROOT, artifact_dir=tmp_path / "a", subject=provenance.subject(ROOT),
                        provenance=provenance.collect(), progress=Lines())

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import rows
-from pipeline.build import _triton_subject
-from pipeline.gates.aot import ADMISSION, Aot
-from pipeline.gates.build import build_into
-from pipeline.gates.interface import GateContext
-from pipeline.progress import PlainProgress
-from pipeline.records.status import Status
+from rowgate.cli.progress import PlainProgress
+from rowgate.cuda import _triton_subject
+from rowgate.gates.aot import ADMISSION, Aot
+from rowgate.gates.build import build_into
+from rowgate.gates.interface import GateContext
+from rowgate.records.status import Status
+from rowgate.rows import row as rows
 from tests.subjects import SIGNOFF, paged_decode_subject
 
 pytestmark = pytest.mark.slow

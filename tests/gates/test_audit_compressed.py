@@ -14,15 +14,18 @@ from pathlib import Path
 import git
 import pytest
 
-from pipeline import compressed, rows, runner, signing
-from pipeline.cli import main
-from pipeline.decision.review import evaluate
-from pipeline.evidence import Bundle
-from pipeline.gates import audit, build
-from pipeline.progress import PlainProgress
-from pipeline.records.gate_result import GateResult
-from pipeline.records.status import Status
-from tests.support import write_row
+from rowgate import compressed
+from rowgate.cli.main import main
+from rowgate.cli.progress import PlainProgress
+from rowgate.decision.review import evaluate
+from rowgate.gates import audit, build
+from rowgate.records.gate_result import GateResult
+from rowgate.records.status import Status
+from rowgate.rows import row as rows
+from rowgate.run import runner
+from rowgate.seal import signing
+from rowgate.seal.bundle import Bundle
+from tests.support import LAB, write_row
 
 pytestmark = pytest.mark.slow
 
@@ -49,7 +52,7 @@ def _subject(root: Path) -> Path:
     with repo.config_writer() as cw:
         cw.set_value("user", "name", "Test Author")
         cw.set_value("user", "email", "author@example.com")
-    shutil.copytree(REPO / "kernels", root / "kernels")
+    shutil.copytree(LAB / "kernels", root / "kernels")
     repo.index.add(["kernels"])
     repo.index.commit("kernels\n\nSigned-off-by: Test Author <author@example.com>\n")
     return root

@@ -13,13 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import compressed, rows, runner, signing
-from pipeline.build import toolchains
-from pipeline.decision.review import evaluate
-from pipeline.evidence import Bundle
-from pipeline.gates import audit
-from pipeline.gates.interface import GateError
-from pipeline.records.status import Status
+from rowgate import compressed
+from rowgate.cuda import toolchains
+from rowgate.decision.review import evaluate
+from rowgate.gates import audit
+from rowgate.gates.interface import GateError
+from rowgate.records.status import Status
+from rowgate.rows import row as rows
+from rowgate.run import runner
+from rowgate.seal import signing
+from rowgate.seal.bundle import Bundle
 from tests.gates.test_audit_compressed import KERNEL, QUIET, ROW, _subject
 from tests.support import write_row
 

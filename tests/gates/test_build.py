@@ -18,13 +18,13 @@ from pathlib import Path
 import git
 import pytest
 
-from pipeline import compressed
-from pipeline.build import cudabuild, kernels, toolchains
-from pipeline.gates import audit, build
-from pipeline.gates.interface import GateError
-from pipeline.progress import PlainProgress
-from pipeline.records.status import Status
-from tests.support import killed_nvcc, write_row
+from rowgate import compressed
+from rowgate.cli.progress import PlainProgress
+from rowgate.cuda import cudabuild, kernels, toolchains
+from rowgate.gates import audit, build
+from rowgate.gates.interface import GateError
+from rowgate.records.status import Status
+from tests.support import LAB, killed_nvcc, write_row
 
 pytestmark = pytest.mark.slow
 
@@ -53,7 +53,7 @@ def _fixture_repo(root: Path, source: str, arches: list[str], extra: str = "") -
 def kernels_repo(tmp_path_factory) -> Path:
     """A copy of the real kernels/, built and audited once for the session."""
     root = tmp_path_factory.mktemp("kernels-repo")
-    shutil.copytree(REPO / "kernels", root / "kernels")
+    shutil.copytree(LAB / "kernels", root / "kernels")
     return root
 
 
@@ -257,15 +257,17 @@ BUILD_AND_AUDIT = '''
 
 
 def test_row_build_and_audit_pass_in_a_sealed_bundle(tmp_path, kernels_repo):
-    from pipeline import rows, runner, signing
-    from pipeline.evidence import Bundle
+    from rowgate.rows import row as rows
+    from rowgate.run import runner
+    from rowgate.seal import signing
+    from rowgate.seal.bundle import Bundle
 
     repo = git.Repo.init(tmp_path / "subject", initial_branch="main")
     with repo.config_writer() as cw:
         cw.set_value("user", "name", "Test Author")
         cw.set_value("user", "email", "author@example.com")
     root = Path(repo.working_dir)
-    shutil.copytree(REPO / "kernels", root / "kernels")
+    shutil.copytree(LAB / "kernels", root / "kernels")
     repo.index.add(["kernels"])
     repo.index.commit("kernels\n\nSigned-off-by: Test Author <author@example.com>\n")
     # The session's build cache (outside the subject) serves it: same sources, same keys.
@@ -305,7 +307,7 @@ def test_sass_that_cannot_be_checked_here_is_pending_with_the_reason(audited, tm
 
 
 def test_malformed_artifacts_are_a_gate_error_not_a_crash(audited, tmp_path):
-    from pipeline.gates.interface import GateError
+    from rowgate.gates.interface import GateError
 
     copy = tmp_path / "audit"
     shutil.copytree(audited, copy)

@@ -14,17 +14,18 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.decision.criteria import evaluate_criterion
-from pipeline.gates import _arms
-from pipeline.gates.tokens import Tokens
-from pipeline.gates.trace import Trace
-from pipeline.records.status import Status
-from pipeline.rows import load_row
+from rowgate.decision.criteria import evaluate_criterion
+from rowgate.gates import arms as _arms
+from rowgate.gates.tokens import Tokens
+from rowgate.gates.trace import Trace
+from rowgate.records.status import Status
+from rowgate.rows.row import load_row
 from tests.gates.engine_rows import run_one
+from tests.support import DEMOS
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVER = ROOT / "tests" / "fixtures" / "openai_server.py"
-SHAREGPT = ROOT / "rows" / "data" / "sharegpt-tiny.jsonl"
+SHAREGPT = DEMOS / "data" / "sharegpt-tiny.jsonl"
 
 TOKENS = '''
     [[gates]]

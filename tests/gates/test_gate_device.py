@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline import device, runner
-from pipeline.gates import _arms, device_requirement
-from pipeline.gates.interface import gate_arch, gate_device
-from pipeline.rows import load_row
+from rowgate.gates import arms as _arms
+from rowgate.gates import device_requirement
+from rowgate.gates.interface import gate_arch, gate_device
+from rowgate.rows.row import load_row
+from rowgate.run import runner
+from rowgate.seal import device
 from tests.support import write_row
 
 ROW = '''

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline import provenance
-from pipeline.gates.host import Host
-from pipeline.gates.interface import GateContext, run_gate
-from pipeline.records.status import Status
-from pipeline.rows import load_row
+from rowgate.gates.host import Host
+from rowgate.gates.interface import GateContext, run_gate
+from rowgate.records.status import Status
+from rowgate.rows.row import load_row
+from rowgate.run import provenance
 from tests.support import HOST_GATE, commit_file, write_row
 
 

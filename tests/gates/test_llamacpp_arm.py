@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.engines.llamacpp import installed_version as llamacpp_version
-from pipeline.engines.vllm import installed_version as vllm_version
-from pipeline.gates.interface import Status
-from pipeline.gates.throughput import Throughput
-from pipeline.gates.tokens import Tokens
+from rowgate.engines.llamacpp import installed_version as llamacpp_version
+from rowgate.engines.vllm import installed_version as vllm_version
+from rowgate.gates.interface import Status
+from rowgate.gates.throughput import Throughput
+from rowgate.gates.tokens import Tokens
 from tests.gates.engine_rows import run_one, tiny_row
 
 pytestmark = [pytest.mark.slow,

@@ -10,12 +10,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from pipeline import gates
-from pipeline.gates.operator import Operator, derive_records
-from pipeline.ops import paged_inputs as pi
-from pipeline.ops.reference import decode_attention_fp64
-from pipeline.records.status import Status
-from pipeline.rows import resolve_row
+from rowgate import gates
+from rowgate.gates.operator import Operator, derive_records
+from rowgate.ops import paged_inputs as pi
+from rowgate.ops.reference import decode_attention_fp64
+from rowgate.records.status import Status
+from rowgate.rows.row import resolve_row
 
 
 def _spec(**kw):
@@ -48,8 +48,8 @@ def _record(case: pi.Case, spec, perturb: int | None = None) -> dict:
 
 
 def test_operator_kind_is_registered():
-    assert gates.IMPLEMENTED["operator"] is Operator
-    assert "operator" in gates.DEVICE_KINDS
+    assert gates.registry.lookup("operator") is Operator
+    assert "operator" in gates.device_kinds()
 
 
 def test_context_labels():
@@ -190,7 +190,7 @@ def test_case_records_are_sealed_gzipped_and_derive_reads_them(tmp_path):
     (a mismatch planted in the records is found through it)."""
     import gzip
 
-    from pipeline.ops import operator_ab
+    from rowgate.ops import operator_ab
 
     spec = _spec()
     cases = pi.cases(spec)

@@ -11,15 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import gates
-from pipeline.build import kernels
-from pipeline.gates.interface import Status
-from pipeline.gates.phase import PHASE, Phase, _ncu_missing, derive_phase
-from pipeline.ops import phase
-from pipeline.rows import resolve_row
+from rowgate import gates
+from rowgate.cuda import kernels
+from rowgate.gates.interface import Status
+from rowgate.gates.phase import PHASE, Phase, _ncu_missing, derive_phase
+from rowgate.ops import phase
+from rowgate.rows.row import resolve_row
+from tests.support import LAB
 
 ROOT = Path(__file__).resolve().parents[2]
-H200 = ROOT / "benchmarks" / "results" / "h200-2026-11-29" / "final"
+H200 = ROOT / "tests" / "data" / "phase-h200"
 # the benchmark's variant names -> the phases rowgate's kernels.toml declares
 BENCH = {"full": "full", "no_k_load": "k_load_e5m2_convert", "no_v_load": "v_load_e5m2_convert",
          "qk_x2": "qk", "pv_x2": "pv", "convert_x2": "convert", "no_sync": "sync",
@@ -38,12 +39,12 @@ def _medians() -> dict[str, float]:
 
 
 def _effects() -> dict[str, str]:
-    decl = kernels.load(ROOT).operators["split_kv"]
+    decl = kernels.load(LAB).operators["split_kv"]
     return {p: decl.phases[p].effect for p in _row()[1].phases}
 
 
 def test_phase_kind_is_registered():
-    assert gates.IMPLEMENTED["phase"] is Phase
+    assert gates.registry.lookup("phase") is Phase
 
 
 def test_shapes():
@@ -59,7 +60,7 @@ def test_shapes():
 
 
 def test_variants_of_rowgates_own_operator():
-    decl = kernels.load(ROOT).operators["split_kv"]
+    decl = kernels.load(LAB).operators["split_kv"]
     v = phase.variants(decl.phase_build.defines, decl.phases, ["qk", "sync"])
     assert v == {"full": ["RG_ONLY_E5M2_D128_G4"], "qk": ["RG_ONLY_E5M2_D128_G4", "RG_PHASE=3"],
                  "sync": ["RG_ONLY_E5M2_D128_G4", "RG_PHASE=6"]}
@@ -113,7 +114,7 @@ def test_derive_costs_and_counters_from_the_raw_files(tmp_path):
     assert derived.status is Status.PASS, derived.reason
     assert derived.metrics["dominant_phase_baseline"] in spec.phases
     assert derived.metrics["full_us_baseline"] == round(_medians()["baseline:full"], 3)
-    from pipeline.ops import ncu
+    from rowgate.ops import ncu
 
     launches = [r for r in ncu.parse((H200 / "ncu.csv").read_text())
                 if r["kernel"] == "split_kv_e5m2_d128_g4_base"]

@@ -13,15 +13,17 @@ from typing import Literal
 import pytest
 from pydantic import Field
 
-from pipeline import cli, gates, rows
-from pipeline.decision.rederive import rederive
-from pipeline.device import Inventory
-from pipeline.errors import RowError
-from pipeline.evidence import Bundle
-from pipeline.gates import registry
-from pipeline.gates.interface import Derived, Gate, GateContext, GateError
-from pipeline.records.status import Status
-from pipeline.rowspec import GateSpec
+from rowgate import gates
+from rowgate.cli import main as cli
+from rowgate.decision.rederive import rederive
+from rowgate.errors import RowError
+from rowgate.gates import registry
+from rowgate.gates.interface import Derived, Gate, GateContext, GateError
+from rowgate.records.status import Status
+from rowgate.rows import row as rows
+from rowgate.rows.spec import GateSpec
+from rowgate.seal.bundle import Bundle
+from rowgate.seal.device import Inventory
 from tests.support import write_row
 
 WORDS = "words.txt"
@@ -111,9 +113,9 @@ def test_a_table_of_the_kind_is_validated_by_its_spec_model(tmp_path):
 def test_rowgate_rows_and_the_runner_read_the_registry(tmp_path):
     loaded = rows.load_row(write_row(tmp_path, "ECHO-ROWS", ROW.format(expect=3)))
     spec = loaded.row.gate("echo")
-    assert gates.gate_for("echo").__class__ is Echo and gates.IMPLEMENTED["echo"] is Echo
+    assert gates.gate_for("echo").__class__ is Echo and registry.lookup("echo") is Echo
     assert gates.availability(loaded.row, spec, Inventory()) == ("runs", "")
-    assert "echo" not in gates.DEVICE_KINDS  # rowgate's own kinds only
+    assert "echo" not in gates.device_kinds() and "operator" in gates.device_kinds()
 
 
 def test_an_unregistered_kind_is_a_row_error_naming_the_kinds(tmp_path):
@@ -121,8 +123,9 @@ def test_an_unregistered_kind_is_a_row_error_naming_the_kinds(tmp_path):
                                                                        'kind = "ehco"'))
     with pytest.raises(RowError) as exc:
         rows.load_row(path)
-    assert exc.value.problems[0].startswith("gates[0]: Input tag 'ehco' found using 'kind' "
-                                            "does not match any of the expected tags: 'host'")
+    assert exc.value.problems[0].startswith("gates[0]: gate kind 'ehco' is not installed "
+                                            "(installed: ")
+    assert "echo" in exc.value.problems[0] and "host" in exc.value.problems[0]
 
 
 def test_a_kind_registers_once_and_agrees_with_its_spec():

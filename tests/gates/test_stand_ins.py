@@ -14,13 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import CHECKOUT, gates
-from pipeline.device import Inventory
-from pipeline.gates import _phase_measure, operator, phase
-from pipeline.gates.build import build_into, gate_arches
-from pipeline.progress import PlainProgress
-from pipeline.records.provenance import Gpu
-from pipeline.rows import all_rows
+from rowgate import gates
+from rowgate.cli.progress import PlainProgress
+from rowgate.gates import _phase_measure, operator, phase
+from rowgate.gates.build import build_into, gate_arches
+from rowgate.records.provenance import Gpu
+from rowgate.rows.row import all_rows
+from rowgate.seal.device import Inventory
+from tests.support import LAB
 
 pytestmark = pytest.mark.slow
 
@@ -52,7 +53,7 @@ def built(tmp_path_factory, build_cache):
             spec = next(g for g in row.gates if g.kind == "build")
             with pytest.MonkeyPatch.context() as mp:
                 mp.setenv("ROWGATE_CACHE_DIR", str(build_cache))
-                build_into(CHECKOUT, gate_arches(row, spec.arches), spec.kernels, {},
+                build_into(LAB, gate_arches(row, spec.arches), spec.kernels, {},
                            root / spec.id, QUIET)
             done[row.id] = root
         return done[row.id]
@@ -72,7 +73,7 @@ def test_nothing_but_the_hardware_is_missing(row, spec, built, tmp_path):
         assert cubin.arch == arch and op.name == (spec.operator or op.name)
     else:
         name, decl, op, case, variants, entries = phase.resolve(row, spec, root)
-        builds = _phase_measure.build_variants(CHECKOUT, decl.kernel, arch, variants, None,
+        builds = _phase_measure.build_variants(LAB, decl.kernel, arch, variants, None,
                                                tmp_path, QUIET)
         assert all(not b["problems"] for b in builds.values()), \
             {v: b["problems"][:1] for v, b in builds.items() if b["problems"]}

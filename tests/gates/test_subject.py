@@ -15,11 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import rows, runner, signing
-from pipeline.build import cudabuild
-from pipeline.gates import _phase_measure, operator, phase
-from pipeline.gates.interface import GateError
-from pipeline.progress import PlainProgress
+from rowgate.cli.progress import PlainProgress
+from rowgate.cuda import cudabuild
+from rowgate.gates import _phase_measure, operator, phase
+from rowgate.gates.interface import GateError
+from rowgate.rows import row as rows
+from rowgate.run import runner
+from rowgate.seal import signing
 from tests.review_support import World
 from tests.subjects import CANDIDATE_SOURCE, SIGNOFF, paged_decode_subject
 from tests.support import killed_nvcc, write_row
@@ -94,7 +96,7 @@ def test_the_same_commit_gated_twice(gated):
     assert first.bundle != second.bundle
     assert [(r.gate_id, r.status) for r in first.results] == \
            [(r.gate_id, r.status) for r in second.results]
-    from pipeline.evidence import Bundle
+    from rowgate.seal.bundle import Bundle
 
     for run in (first, second):
         Bundle.open(run.bundle).verify(gated["verifier"])
@@ -133,7 +135,7 @@ def test_entry_points_the_build_lacks_are_refused(tmp_path):
         "PM_BOTH(KV, T, D, 4) PM_BOTH(KV, T, D, 8)", "PM_BOTH(KV, T, D, 4)"))
     repo.git.commit("-qam", "drop group 8" + SIGNOFF)
     row = rows.load_row(ROW).row
-    from pipeline.gates.build import build_into
+    from rowgate.gates.build import build_into
 
     build_into(tmp_path / "subject", ["sm_90"], [], {}, tmp_path / "artifacts" / "build", QUIET)
     with pytest.raises(GateError, match=r"^operator pm_paged_decode: entry point\(s\) "
@@ -182,7 +184,7 @@ def test_the_planted_bug_builds_and_audits_clean(tmp_path, build_cache):
     """A semantic bug compiles: only the operator gate on a GPU catches it
     (test_subject_gpu.py names the case)."""
     repo = paged_decode_subject(tmp_path / "subject", planted_bug=True)
-    from pipeline.gates.audit import derive_audit, measure_audit
+    from rowgate.gates.audit import derive_audit, measure_audit
 
     measure_audit(tmp_path / "subject", ["sm_90"], [], {}, tmp_path / "out", QUIET)
     assert derive_audit(tmp_path / "out").status.value == "PASS"

@@ -47,8 +47,10 @@ def _small_row(tmp: Path, name: str) -> Path:
 
 
 def _gate(row: Path, subject: Path, tmp: Path) -> dict:
-    from pipeline import rows, runner, signing
-    from pipeline.progress import PlainProgress
+    from rowgate.cli.progress import PlainProgress
+    from rowgate.rows import row as rows
+    from rowgate.run import runner
+    from rowgate.seal import signing
 
     nvcc = os.environ.get("ROWGATE_NVCC") or shutil.which("nvcc")
     run = runner.run_row(rows.load_row(row), subject, tmp / "evidence",
@@ -89,7 +91,7 @@ def test_the_planted_last_page_bug_is_caught_with_the_case_named(pagedmini):
 
 
 def test_the_phase_gate_collects_the_rows_counters(pagedmini):
-    from pipeline.ops import ncu
+    from rowgate.ops import ncu
 
     phase = pagedmini["clean"]["phase"]
     if ncu.find() is None:

@@ -15,12 +15,13 @@ import sys
 
 import pytest
 
-from pipeline import compressed
-from pipeline.gates.throughput import Throughput
-from pipeline.gates.tokens import Tokens
-from pipeline.records.status import Status
-from pipeline.rows import ROWS_DIR, load_row
+from rowgate import compressed
+from rowgate.gates.throughput import Throughput
+from rowgate.gates.tokens import Tokens
+from rowgate.records.status import Status
+from rowgate.rows.row import load_row
 from tests.gates.engine_rows import ROOT, run_one, tiny_row
+from tests.support import DEMOS
 
 AA_GATE = '''
     [[gates]]
@@ -175,7 +176,7 @@ while True:  # bursts of busy work and of idling, 50-500 ms each
 def test_the_demo_rows_throughput_gate_is_honest_under_a_background_load(tmp_path):
     """The DEMO-CPU-DECODE row's own throughput settings (its time budget shortened),
     reference engine on both arms, while two load processes fight for the CPU."""
-    demo = load_row(ROWS_DIR / "DEMO-CPU-DECODE.toml").row.gate("throughput")
+    demo = load_row(DEMOS / "DEMO-CPU-DECODE.toml").row.gate("throughput")
     keys = ("metric", "min_effect", "alpha", "min_rounds", "max_rounds", "order")
     body = "\n".join(["[[gates]]", 'id = "tp"', 'kind = "throughput"', "max_seconds = 30.0",
                       'cells = ["i16-c1", "i16-c4"]'] +
@@ -199,9 +200,9 @@ def test_vllm_aa_is_never_a_difference(tmp_path):
     the gate's own `measure_on` and `derive`. (Two processes are two engines, not an A/A:
     on a shared 2-core CPU they differ for real, as two loads of one model differed by
     1.3 % on the H200: docs/perf.md, calibration run 1.)"""
-    from pipeline import engines
-    from pipeline.gates import _arms
-    from pipeline.gates.interface import GateContext
+    from rowgate import engines
+    from rowgate.gates import arms as _arms
+    from rowgate.gates.interface import GateContext
 
     row = load_row(tiny_row(tmp_path, "TP-VLLM-AA", AA_GATE, oracle="vllm",
                             output_len=16)).row
@@ -249,7 +250,7 @@ def test_the_candidate_is_measured_against_a_fallback_arm_when_the_row_says_so(t
 
 
 def test_a_baseline_the_row_does_not_have_is_refused_with_the_row(tmp_path):
-    from pipeline.errors import RowError
+    from rowgate.errors import RowError
 
     path = tiny_row(tmp_path, "TP-NOBASE", FALLBACK.format(baseline="graph"), requests=2)
     with pytest.raises(RowError, match=r"gates\[0\] \(tp\): no arm named 'graph' \(arms: "
@@ -278,7 +279,7 @@ def test_an_arm_whose_engine_is_not_on_this_machine_is_pending(tmp_path):
     ("warmup = 5\nmax_warmup = 2", "warmup 5 is above max_warmup 2"),
     ("min_effect = 0.0", "min_effect"), ('metric = "goodput"', "metric")])
 def test_bad_throughput_keys_name_the_problem(tmp_path, body, match):
-    from pipeline.errors import RowError
+    from rowgate.errors import RowError
 
     path = tiny_row(tmp_path, "TP-BAD", f'[[gates]]\nid = "tp"\nkind = "throughput"\n{body}\n')
     with pytest.raises(RowError, match=match):

@@ -1,4 +1,4 @@
-"""The throughput gate's rounds (pipeline/gates/_timed.py) and their re-derivation
+"""The throughput gate's rounds (src/rowgate/gates/throughput/measure.py) and their re-derivation
 (_ab.py, _tp_artifacts.py) on synthetic engines: real `Engine` implementations on a
 virtual clock (benchmarks/calibrate_throughput.py), so the noise, the drift, the
 planted slowdowns and the clock drops are known, and a run takes milliseconds."""
@@ -14,11 +14,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline import compressed
-from pipeline.gates import _ab, _timed
-from pipeline.gates import _tp_artifacts as art
-from pipeline.gates.interface import GateError
-from pipeline.records.status import Status
+from rowgate import compressed
+from rowgate.gates.interface import GateError
+from rowgate.gates.throughput import artifacts as art
+from rowgate.gates.throughput import derive as _ab
+from rowgate.gates.throughput import measure as _timed
+from rowgate.records.status import Status
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -234,7 +235,7 @@ def test_derive_refuses_a_plan_other_than_the_rows(tmp_path):
 
 
 def test_timed_tokens_must_agree_across_rounds_and_with_the_correctness_pass(tmp_path):
-    from pipeline.divergence import Out
+    from rowgate.engines.divergence import Out
 
     _, _, out, plans = _run(tmp_path, 10)
     requests = [json.loads(line) for line in compressed.read_text(out / f"{art.REQUESTS}.gz").splitlines()]

@@ -16,13 +16,13 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from pipeline.engines.reference import ReferenceEngine
-from pipeline.gates.tokens import Tokens, compare_request
-from pipeline.model import build_tiny_model, perturbed_copy
-from pipeline.records.status import Status
-from pipeline.rows import load_row
-from pipeline.signing import KeySigner
-from pipeline.workload import build_passes
+from rowgate.engines.reference import ReferenceEngine
+from rowgate.gates.tokens import Tokens, compare_request
+from rowgate.models.tiny import build_tiny_model, perturbed_copy
+from rowgate.records.status import Status
+from rowgate.rows.row import load_row
+from rowgate.rows.workload import build_passes
+from rowgate.seal.signing import KeySigner
 from tests.gates.engine_rows import run_one, tiny_row
 
 TOKENS = '''
@@ -81,7 +81,7 @@ def keypair(directory: Path) -> tuple[Path, Path]:
 
 def make_record(row_path: Path, directory: Path, key: Path):
     """`rowgate oracle record` for the row, signed with `key`, config kept in `directory`."""
-    from pipeline import runner
+    from rowgate.run import runner
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("XDG_CONFIG_HOME", str(directory / "config"))

@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import compressed, device, gates, provenance, runner
-from pipeline.gates.trace import Trace
-from pipeline.records.status import Status
-from pipeline.rows import load_row
+from rowgate import compressed, gates
+from rowgate.gates.trace import Trace
+from rowgate.records.status import Status
+from rowgate.rows.row import load_row
+from rowgate.run import provenance, runner
+from rowgate.seal import device
 from tests.gates.engine_rows import ROOT, Lines, run_one, tiny_row
 from tests.trace import planted
 
@@ -125,14 +127,15 @@ def test_a_vllm_arm_is_traced_through_its_own_profiler(tmp_path):
 
 
 def test_trace_kind_is_registered():
-    assert gates.IMPLEMENTED["trace"] is Trace
+    assert gates.registry.lookup("trace") is Trace
 
 
 def test_sealed_bundle_holds_the_trace_and_verifies(tmp_path, git_repo):
     """Through the runner: capture, seal, sign, verify; the raw trace is in the bundle."""
-    from pipeline import runner, signing
-    from pipeline.evidence import Bundle
-    from pipeline.progress import PlainProgress
+    from rowgate.cli.progress import PlainProgress
+    from rowgate.run import runner
+    from rowgate.seal import signing
+    from rowgate.seal.bundle import Bundle
 
     row = trace_row(tmp_path, "TRACE-SEAL", primer=2, delay=3)
     signer = signing.default_signer(announce=lambda msg: None)

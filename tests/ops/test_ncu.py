@@ -7,10 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.ops import ncu
+from rowgate.ops import ncu
 
-CSV = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "h200-2026-11-29" / \
-    "final" / "ncu.csv"
+CSV = Path(__file__).resolve().parents[2] / "tests" / "data" / "phase-h200" / "ncu.csv"
 
 
 def test_raw_page_of_a_real_run():
@@ -45,9 +44,9 @@ def test_the_phase_gates_request_is_what_the_profiled_process_reads(tmp_path):
     """collect_counters writes the request; profile_launch (in ncu's process) reads it."""
     import json
 
-    from pipeline.build import kernels
-    from pipeline.ops import profile_launch
-    from pipeline.ops.phase import parse_shape
+    from rowgate.cuda import kernels
+    from rowgate.ops import profile_launch
+    from rowgate.ops.phase import parse_shape
 
     decl = kernels.load(Path(__file__).resolve().parents[2]).operators["split_kv"]
     case = parse_shape("B16-ragged-17.8K-e5m2")

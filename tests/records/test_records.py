@@ -7,12 +7,12 @@ import re
 
 import pytest
 
-from pipeline.errors import VerificationError
-from pipeline.records.canonical import canonical_json, strict_loads
-from pipeline.records.gate_result import GateResult
-from pipeline.records.ids import ARTIFACT_PATH, BUNDLE_FILE, BUNDLE_ID, GATE_ID, ROW_ID
-from pipeline.records.schema import SCHEMAS_DIR, load_checked
-from pipeline.records.status import Status
+from rowgate.errors import VerificationError
+from rowgate.records.canonical import canonical_json, strict_loads
+from rowgate.records.gate_result import GateResult
+from rowgate.records.ids import ARTIFACT_PATH, BUNDLE_FILE, BUNDLE_ID, GATE_ID, ROW_ID
+from rowgate.records.schema import SCHEMAS_DIR, load_checked
+from rowgate.records.status import Status
 
 
 def test_canonical_json_is_sorted_indented_utf8_with_a_final_newline():

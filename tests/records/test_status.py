@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.build.local import LocalBuild
-from pipeline.cli import STATUS_EXIT
-from pipeline.errors import ExitCode
-from pipeline.gates.interface import Derived
-from pipeline.records.status import Status, overall_status
+from rowgate.cli.main import STATUS_EXIT
+from rowgate.errors import ExitCode
+from rowgate.gates.interface import Derived
+from rowgate.records.status import Status, overall_status
+from rowgate.run.local_build import LocalBuild
 
 P, F, W, E = Status.PASS, Status.FAIL, Status.PENDING, Status.ERROR
 

@@ -9,12 +9,14 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline import provenance, rows, signing
-from pipeline.engines.interface import WorkloadPass
-from pipeline.evidence import Stage
-from pipeline.gates.interface import GateContext
-from pipeline.gates.throughput import Throughput
-from pipeline.records.gate_result import GateResult
+from rowgate.engines.interface import WorkloadPass
+from rowgate.gates.interface import GateContext
+from rowgate.gates.throughput import Throughput
+from rowgate.records.gate_result import GateResult
+from rowgate.rows import row as rows
+from rowgate.run import provenance
+from rowgate.seal import signing
+from rowgate.seal.bundle import Stage
 from tests.gates.test_timed_rounds import cal
 
 

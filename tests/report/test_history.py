@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cli import main
-from pipeline.signing import local_public_key
+from rowgate.cli.main import main
+from rowgate.seal.signing import local_public_key
 from tests.support import commit_file, thaw, write_row
 
 

@@ -6,7 +6,7 @@ with results of the GPU gate kinds (throughput, trace, audit, tokens,
 operator) written in the shapes those gates produce: the gates themselves
 need GPUs and vLLM, and the report only reads results, so its sections are
 tested on results whose numbers the test knows. The throughput cells come
-from `pipeline.stats.compare` on seeded samples, the token divergences from
+from `rowgate.stats.paired.compare` on seeded samples, the token divergences from
 the tokens gate's own `compare_request`.
 """
 
@@ -26,12 +26,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline import provenance, report, rows, signing, stats
-from pipeline.evidence import Bundle, Stage
-from pipeline.records.gate_result import GateResult
-from pipeline.records.status import Status
-from pipeline.report import html, markdown, plots
-from pipeline.report.model import BarFigure, ImageFigure, IntervalFigure, TimelineFigure
+from rowgate import report
+from rowgate.records.gate_result import GateResult
+from rowgate.records.status import Status
+from rowgate.report import html, markdown, plots
+from rowgate.report.model import BarFigure, ImageFigure, IntervalFigure, TimelineFigure
+from rowgate.rows import row as rows
+from rowgate.run import provenance
+from rowgate.seal import signing
+from rowgate.seal.bundle import Bundle, Stage
+from rowgate.stats import paired as stats
 from tests.support import thaw, write_row
 
 CELLS = ["i16-c1", "i16-c4", "i1024-c1", "i1024-c4"]
@@ -285,7 +289,7 @@ def test_rich_bundle_sections(rich, tmp_path):
 
 
 def test_a_trace_gate_with_its_own_plots_shows_those_instead(tmp_path):
-    from pipeline.report.sections import section_for
+    from rowgate.report.sections import section_for
 
     (tmp_path / "artifacts/trace").mkdir(parents=True)
     png = plots.render(BarFigure("idle", "fraction", ("gap",), (0.2,)))
@@ -303,7 +307,7 @@ def test_a_trace_gate_with_its_own_plots_shows_those_instead(tmp_path):
 
 
 def test_build_cells_per_arch_with_their_status(tmp_path):
-    from pipeline.report.sections import section_for
+    from rowgate.report.sections import section_for
 
     build = GateResult(gate_id="build", kind="build", status=Status.FAIL, reason="r",
                        cells={"decode@sm_90": {"status": "PASS", "toolchain": "nvcc 13.0"},
@@ -318,7 +322,7 @@ def test_build_cells_per_arch_with_their_status(tmp_path):
 
 
 def test_an_unknown_shape_degrades_to_the_generic_tables(tmp_path):
-    from pipeline.report.sections import section_for
+    from rowgate.report.sections import section_for
 
     odd = GateResult(gate_id="tp", kind="throughput", status=Status.PASS, reason="r",
                      cells={"i16-c1": {"speedup": 1.2}}, artifacts=["artifacts/tp/x.json"])
@@ -406,7 +410,7 @@ def test_markdown_has_the_tables_and_escapes_pipes(rich, tmp_path):
 
 
 def test_step_summary_is_appended_in_a_runner_job(sealed, tmp_path, monkeypatch, capsys):
-    from pipeline.cli import main
+    from rowgate.cli.main import main
 
     bundle, _ = sealed
     summary = tmp_path / "summary.md"
@@ -435,7 +439,7 @@ def test_a_step_summary_over_githubs_limit_is_cut_with_a_note(tmp_path):
 
 def test_report_without_outputs_prints_markdown_and_quiet_prints_nothing_else(sealed, tmp_path,
                                                                              capsys):
-    from pipeline.cli import main
+    from rowgate.cli.main import main
 
     bundle, _ = sealed
     with pytest.raises(SystemExit) as exit_:
@@ -446,7 +450,7 @@ def test_report_without_outputs_prints_markdown_and_quiet_prints_nothing_else(se
 
 
 def test_report_of_a_missing_bundle_is_one_line_exit_2(tmp_path, capsys):
-    from pipeline.cli import main
+    from rowgate.cli.main import main
 
     with pytest.raises(SystemExit) as exit_:
         main(["report", str(tmp_path / "nope")])
@@ -534,7 +538,7 @@ def test_headless_chromium_loads_the_page_with_tables_and_images(rich, tmp_path)
 
 
 def test_the_page_says_which_key_it_trusted_when_none_was_named(sealed, tmp_path):
-    from pipeline.signing import local_public_key
+    from rowgate.seal.signing import local_public_key
 
     bundle, _ = sealed
     page = report.report_for(bundle, reviews_dir=tmp_path)

@@ -17,13 +17,17 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from pipeline import compressed, latency, provenance, report, rows, signing
-from pipeline.evidence import Bundle, Stage
-from pipeline.gates.interface import GateResult, Status
-from pipeline.report import html, markdown
-from pipeline.report.model import BACKGROUND, BarFigure, DistributionFigure, Table, TimelineFigure
-from pipeline.report.raw_throughput import read_samples
-from pipeline.report.sections import section_for
+from rowgate import compressed, report
+from rowgate.gates.interface import GateResult, Status
+from rowgate.report import html, markdown
+from rowgate.report.model import BACKGROUND, BarFigure, DistributionFigure, Table, TimelineFigure
+from rowgate.report.raw_throughput import read_samples
+from rowgate.report.sections import section_for
+from rowgate.rows import row as rows
+from rowgate.run import provenance
+from rowgate.seal import signing
+from rowgate.seal.bundle import Bundle, Stage
+from rowgate.stats import latency
 from tests.gates.engine_rows import run_one, tiny_row
 from tests.report.test_report import _parse, _run_chromium
 
@@ -86,7 +90,7 @@ TP_GATE = '''
 def tp2(tmp_path_factory):
     """A format-2 bundle: the throughput gate run here, reference engine on both arms
     (a short budget: the distributions, not the verdict, are under test)."""
-    from pipeline.gates.throughput import Throughput
+    from rowgate.gates.throughput import Throughput
 
     tmp = tmp_path_factory.mktemp("tp2")
     path = tiny_row(tmp, "TP-RAW", TP_GATE, oracle="reference", output_len=16)
@@ -168,7 +172,7 @@ def test_rounds_the_gate_discarded_are_left_out(tmp_path):
 
     import numpy as np
 
-    from pipeline.gates import _tp_artifacts as art
+    from rowgate.gates.throughput import artifacts as art
     from tests.gates.test_timed_rounds import PASSES, cal
 
     # a drop in any of a round's 2k passes discards it (k = 4-5 here: the sample length)
@@ -241,7 +245,7 @@ def test_a_missing_sample_file_is_said_in_red(tmp_path):
 
 
 def _seal_trace(tmp_path: Path, repo: Path, key: Path) -> Path:
-    from pipeline.gates.trace import Trace
+    from rowgate.gates.trace import Trace
 
     path = tmp_path / "TRACE-RAW.toml"
     path.write_text(TRACE_ROW)
@@ -271,8 +275,8 @@ def traced(tmp_path, git_repo, make_key):
 
 
 def test_trace_timeline_and_idle_breakdown_come_from_the_sealed_trace(traced, tmp_path):
-    from pipeline.gates.trace import judging
-    from pipeline.trace import captures
+    from rowgate.gates.trace import judging
+    from rowgate.trace import captures
 
     bundle, key = traced
     page = report.report_for(bundle, key=key, reviews_dir=tmp_path)
@@ -365,8 +369,8 @@ def test_a_gate_that_never_measured_says_so_not_that_a_file_is_lost():
 def test_the_report_names_the_claim_rule_each_cell_was_sealed_under(tmp_path):
     """The megakernel bundle (run 89, an H100, sealed under narrow-or-clear), and a copy of its
     throughput artifacts without the key (how every bundle before it was sealed)."""
-    from pipeline import stats
-    from pipeline.report import raw_throughput
+    from rowgate.report import raw_throughput
+    from rowgate.stats import paired as stats
 
     assert raw_throughput.SEALED_CLAIM_RULE == stats.SEALED_CLAIM_RULE
     bundle = ROOT / "docs/evidence/KERNEL-CUDA-DECODE-MEGAKERNEL/1ea1286600527fdf"

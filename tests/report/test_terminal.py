@@ -11,11 +11,13 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from pipeline import provenance, rows, signing
-from pipeline.cli import main
-from pipeline.evidence import Stage
-from pipeline.gates.interface import GateResult, Status
-from pipeline.report import units
+from rowgate.cli.main import main
+from rowgate.gates.interface import GateResult, Status
+from rowgate.report import units
+from rowgate.rows import row as rows
+from rowgate.run import provenance
+from rowgate.seal import signing
+from rowgate.seal.bundle import Stage
 from tests.support import write_row
 
 WIDTH = 100
@@ -92,8 +94,8 @@ def test_gate_table_prints_a_reason_with_brackets_intact(tmp_path, git_repo, cap
 
 
 def test_review_output_lists_each_gate_with_its_arch_and_stand_in(tmp_path, monkeypatch, capsys):
-    from pipeline.decision.review import load_review
-    from pipeline.report import review_view
+    from rowgate.decision.review import load_review
+    from rowgate.report import review_view
     from tests.review_support import World
 
     world = World(tmp_path, monkeypatch, capsys)
@@ -112,7 +114,7 @@ def test_review_output_lists_each_gate_with_its_arch_and_stand_in(tmp_path, monk
 
 
 def test_progress_labels_are_not_markup():
-    from pipeline.progress import progress
+    from rowgate.cli.progress import progress
 
     out = io.StringIO()
     console = Console(file=out, force_terminal=True, width=WIDTH)

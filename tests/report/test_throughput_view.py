@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.gates import _tp_artifacts as art
-from pipeline.records.gate_result import GateResult
-from pipeline.report.model import IntervalFigure
-from pipeline.report.sections import section_for
+from rowgate.gates.throughput import artifacts as art
+from rowgate.records.gate_result import GateResult
+from rowgate.report.model import IntervalFigure
+from rowgate.report.sections import section_for
 from tests.gates.test_timed_rounds import PASSES, cal
 
 

@@ -1,7 +1,7 @@
 """Helpers of the security suite: real subjects, real keys, the real CLI, tree snapshots.
 
 Everything here drives rowgate from outside (its CLI, in-process or as a subprocess) on
-real files and real git repositories, so the tests survive a re-layering of pipeline/.
+real files and real git repositories, so the tests survive a re-layering of src/rowgate/.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from pipeline import CHECKOUT
+from tests.support import REPO
 
 SIGNOFF = "\n\nSigned-off-by: Test Author <author@example.com>\n"
-FIXTURES = CHECKOUT / "tests" / "fixtures" / "kernels"
+FIXTURES = REPO / "tests" / "fixtures" / "kernels"
 CLEAN_TOML = '''
     version = 1
     [kernels.k]
@@ -68,8 +68,8 @@ class Run:
 
 
 def cli(capsys, *args: object, cwd: Path | None = None) -> Run:
-    """`rowgate ARGS` in-process (pipeline.cli.main): exit code, stdout, stderr."""
-    from pipeline.cli import main
+    """`rowgate ARGS` in-process (rowgate.cli.main.main): exit code, stdout, stderr."""
+    from rowgate.cli.main import main
 
     capsys.readouterr()
     old = Path.cwd()
@@ -86,20 +86,20 @@ def cli(capsys, *args: object, cwd: Path | None = None) -> Run:
 
 def proc_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(CHECKOUT), env.get("PYTHONPATH", "")]).rstrip(
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(
         os.pathsep)
     env.update(extra)
     return env
 
 
 def rowgate_argv(*args: object) -> list[str | bytes]:
-    return [sys.executable, "-m", "pipeline.cli",
+    return [sys.executable, "-m", "rowgate.cli.main",
             *[a if isinstance(a, (str, bytes)) else str(a) for a in args]]
 
 
 def rowgate(*args: object, cwd: Path | None = None, timeout: float = 300,
             env: dict[str, str] | None = None) -> Run:
-    """`python -m pipeline.cli ARGS` as a subprocess (kills, concurrency, FIFOs, cwd)."""
+    """`python -m rowgate.cli.main ARGS` as a subprocess (kills, concurrency, FIFOs, cwd)."""
     proc = subprocess.run(rowgate_argv(*args), cwd=cwd, env=env or proc_env(),
                           capture_output=True, timeout=timeout, check=False)
     return Run(proc.returncode, proc.stdout.decode(errors="replace"),
@@ -110,7 +110,7 @@ def own_key() -> tuple[str, Path]:
     """`--key` and the public half of the user's own key (the test's config dir), which
     every gate here signs with unless a test names another: `verify`, `review` and
     `oracle verify` check against a signer the caller names (issue 18)."""
-    from pipeline import signing
+    from rowgate.seal import signing
 
     return "--key", signing.local_public_key()
 
@@ -353,7 +353,7 @@ def canonical(doc: object) -> str:
 
 def sign_dir(key: Path, directory: Path) -> None:
     """Sign a directory the way rowgate's key signer does (model-signing, every file)."""
-    from pipeline import signing
+    from rowgate.seal import signing
 
     sig = directory / signing.SIGNATURE_FILE
     if sig.exists():
@@ -416,7 +416,7 @@ def sign_record(key: Path, record: Path) -> None:
         holder = Path(tmp) / record.name.removesuffix(".json")
         holder.mkdir()
         shutil.copyfile(record, holder / record.name)
-        from pipeline import signing
+        from rowgate.seal import signing
 
         signing.KeySigner(key).sign(holder, Path(tmp) / "sig.json", ignore=[])
         shutil.copyfile(Path(tmp) / "sig.json", sig)

@@ -22,7 +22,7 @@ def _user_dirs(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("ROWGATE_CACHE_DIR", str(cache / "rowgate"))  # its own, to snapshot
     # the user's key exists already: its one-time "created signing key" notice is not
     # part of any refusal these tests assert line for line
-    from pipeline import signing
+    from rowgate.seal import signing
 
     signing.ensure_local_key(announce=lambda _msg: None)
 

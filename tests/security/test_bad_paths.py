@@ -92,7 +92,7 @@ def test_oracle_record_out_that_is_a_file(tmp_path, capsys, row):
 def test_review_and_merge_reviews_that_is_not_a_directory(tmp_path, capsys, bundle, subject, row,
                                                           kind, keys):
     reviews = _file(tmp_path, "reviews") if kind == "file" else _fifo(tmp_path, "reviews")
-    from pipeline import signing
+    from rowgate.seal import signing
 
     pub = tmp_path / "gate.pub.pem"
     pub.write_bytes(signing.KeySigner(signing.config_dir() / "signing-key.pem").public_pem)

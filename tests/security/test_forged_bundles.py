@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import CHECKOUT, signing
+from rowgate.seal import signing
 from tests.review_support import World, make_key
 from tests.security._support import (
     assert_one_line,
@@ -32,6 +32,7 @@ from tests.security._support import (
     sign_dir,
     sign_record,
 )
+from tests.support import DEMOS
 
 ROW = "TEST-FORGE"
 
@@ -178,7 +179,7 @@ def test_an_attestation_saying_a_digest_twice_cannot_merge(tmp_path, monkeypatch
 
 
 def test_an_oracle_record_saying_a_key_twice_does_not_verify(tmp_path, capsys, keys):
-    source = CHECKOUT / "oracle-records" / "DEMO-GPU-DECODE" / "11b423834e1ece54" / "record.json"
+    source = DEMOS / "oracle-records" / "DEMO-GPU-DECODE" / "11b423834e1ece54" / "record.json"
     text = duplicate_before(source.read_text(), ' "format": "rowgate-oracle-record/1"',
                             '"format": "rowgate-oracle-record/0"')
     record_id = hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -121,7 +121,7 @@ def _model_signing_verifies(bundle: Path) -> subprocess.CompletedProcess:
         shutil.which("model_signing")
     if not cli:
         pytest.skip("model_signing's CLI is not installed")
-    from pipeline import signing
+    from rowgate.seal import signing
 
     pub = signing.local_public_key()
     return subprocess.run([cli, "--log-level", "ERROR", "verify", "key", str(bundle),

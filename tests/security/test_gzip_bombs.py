@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import compressed
-from pipeline.gates._artifacts import read_json, read_jsonl
-from pipeline.gates.interface import GateError
+from rowgate import compressed
+from rowgate.gates.artifacts import read_json, read_jsonl
+from rowgate.gates.interface import GateError
 
 LIMIT = 1 << 20
 CHUNK = 1 << 16

@@ -102,9 +102,9 @@ def test_a_fifo_as_key_is_refused_not_read(bundle, keys):
 
 
 def test_a_private_key_as_oracle_verify_key_is_refused(keys, capsys):
-    from pipeline import CHECKOUT
+    from tests.support import DEMOS
 
-    record = CHECKOUT / "oracle-records" / "DEMO-GPU-DECODE" / "11b423834e1ece54"
+    record = DEMOS / "oracle-records" / "DEMO-GPU-DECODE" / "11b423834e1ece54"
     run = cli(capsys, "oracle", "verify", record, "--key", keys.private)
     assert_one_line(run, 2, rf"--key {re.escape(str(keys.private))}: .*private key.*")
 

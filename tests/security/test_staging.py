@@ -1,6 +1,6 @@
 """Issue 14, case 12: staging under concurrency, stale stages and other PID namespaces.
 
-Real `rowgate gate` processes (python -m pipeline.cli) against one --out: runs killed with
+Real `rowgate gate` processes (python -m rowgate.cli.main) against one --out: runs killed with
 SIGKILL leave stale stages; eight gates then start at once and sweep them; a gate started
 in another PID namespace (standing in for a second host on shared storage, where PIDs say
 nothing) must not sweep the stage of a gate that is still running.

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import CHECKOUT, signing
+from rowgate.seal import signing
 from tests.security._support import cli, host_row, make_subject, make_writable
+from tests.support import REPO
 
 SIGSTORE_JS = Path(__file__).with_name("sigstore_js_verify.js")
 
@@ -52,7 +53,7 @@ def test_model_signing_cli_accepts_a_rowgate_bundle(bundle, tmp_path):
 def _node_modules() -> Path | None:
     """Where sigstore-js is installed: $ROWGATE_SIGSTORE_JS, else .nox/sigstore-js (the
     tests session installs it there when npm is available)."""
-    for root in (os.environ.get("ROWGATE_SIGSTORE_JS"), str(CHECKOUT / ".nox" / "sigstore-js")):
+    for root in (os.environ.get("ROWGATE_SIGSTORE_JS"), str(REPO / ".nox" / "sigstore-js")):
         if root and (Path(root) / "node_modules" / "@sigstore" / "verify").is_dir():
             return Path(root) / "node_modules"
     return None

@@ -6,7 +6,7 @@ import copy
 import json
 from pathlib import Path
 
-from pipeline.trace import events
+from rowgate.trace import events
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
 

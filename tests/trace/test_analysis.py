@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from pipeline.trace import analysis, events, holistic
-from pipeline.trace.analysis import blocks_per_sm
+from rowgate.trace import analysis, events, holistic
+from rowgate.trace.analysis import blocks_per_sm
 from tests.trace import gpu_shaped as gs
 from tests.trace import planted
 
@@ -314,7 +314,7 @@ def test_real_gpu_capture_supports_every_measure(name):
 
 
 def test_reviewer_pictures_of_gpu_captures(tmp_path):
-    from pipeline.trace import plots
+    from rowgate.trace import plots
 
     ks = [gs.Kernel("gemv", 10.0, launch_late=True, gap_before=20.0), gs.Kernel("norm", 2.0)]
     eager = analyse(gs.Builder().doc([ks] * 3))

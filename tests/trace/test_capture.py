@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from pipeline.engines.reference import ReferenceEngine
-from pipeline.model import build_tiny_model
-from pipeline.trace import analysis, events, validity
-from pipeline.trace.capture import CapturePlan, ClockSampler, capture, merge_ranges
+from rowgate.engines.reference import ReferenceEngine
+from rowgate.models.tiny import build_tiny_model
+from rowgate.trace import analysis, events, validity
+from rowgate.trace.capture import CapturePlan, ClockSampler, capture, merge_ranges
 
 SMALL = dict(concurrency=2, primer_steps=4, primer_concurrency=1, arm_delay=5, steps=2)
 
@@ -69,7 +69,7 @@ def test_primer_longer_than_the_delay_lands_in_the_range(tiny, tmp_path):
 
 
 def test_a_capture_without_any_range_is_an_error():
-    from pipeline.trace.capture import CaptureError
+    from rowgate.trace.capture import CaptureError
 
     with pytest.raises(CaptureError, match="no trace"):
         merge_ranges([])

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.engines import create
-from pipeline.engines.openai import OpenAIEngine
-from pipeline.engines.reference import ReferenceEngine
-from pipeline.rowspec import Arm, EngineKind
-from pipeline.trace import captures, engine_trace, events
-from pipeline.trace.capture import TRACE_FILE, CaptureError, CapturePlan
-from pipeline.trace.engine_capture import capture_engine
+from rowgate.engines import create
+from rowgate.engines.openai import OpenAIEngine
+from rowgate.engines.reference import ReferenceEngine
+from rowgate.rows.spec import Arm, EngineKind
+from rowgate.trace import captures, engine_trace, events
+from rowgate.trace.capture import TRACE_FILE, CaptureError, CapturePlan
+from rowgate.trace.engine_capture import capture_engine
 
 SERVER = Path(__file__).resolve().parents[1] / "fixtures" / "openai_server.py"
 PLAN = CapturePlan(concurrency=2, primer_steps=6, primer_concurrency=1, arm_delay=7, steps=3)
@@ -28,7 +28,7 @@ JUDGING = captures.Judging(arm_delay=7, steps=3, clock_tolerance=0.02,
 
 @pytest.fixture(scope="module")
 def tiny_model():
-    from pipeline.model import build_tiny_model
+    from rowgate.models.tiny import build_tiny_model
 
     return build_tiny_model()
 
@@ -70,7 +70,7 @@ def test_the_fixture_server_is_traced_through_its_profiler(fixture_capture, tiny
     assert [p["phase"] for p in phases] == ["warm", "primer", "timed"]
     # The traced pass's tokens are kept: the server's own model agrees with rowgate's.
     work = [tuple(p) for p in prompts()]
-    from pipeline.trace.engine_capture import _pass, timed_tokens
+    from rowgate.trace.engine_capture import _pass, timed_tokens
     with ReferenceEngine(tiny_model.path) as ref:
         want = ref.generate(_pass(work, 2, timed_tokens(PLAN), "timed"))
     assert [o["token_ids"] for o in record["timed_outputs"]] == [list(o.token_ids)

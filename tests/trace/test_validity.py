@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from pipeline.trace import events, validity
+from rowgate.trace import events, validity
 from tests.trace import gpu_shaped as gs
 from tests.trace import planted
 

@@ -1,0 +1,209 @@
+"""Build one kernel of kernels.toml for one arch, warnings as errors, cached.
+
+Each build is a directory holding everything the gates and a reviewer need: the
+exact command lines (`build.json`), each tool's log, the PTX, the cubin, and for
+nvcc builds the fatbin and the object that embeds it, with sha256 digests.
+Directories live in rowgate's cache, outside the subject (`rowgate.cuda.cache`):
+`kernels/NAME/ARCH/KEY/`, KEY = sha256 of the sources, the flags and the toolchain's
+exact versions: an unchanged re-run finds its directory and compiles nothing. Failed
+builds are cached too (the same inputs fail the same way). Nothing is written into
+the subject: compilers run in a work directory of the cache, reading its sources.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rowgate.cuda import cache, resources, toolchains
+from rowgate.cuda import kernels as kernels_toml
+from rowgate.cuda.kernels import KERNELS_DIR, KernelManifest
+from rowgate.cuda.toolchains import Toolchain
+from rowgate.errors import Error
+
+BUILD_RECORD = "build.json"
+COMPILE_TIMEOUT_S = 600
+PTXAS_FLAGS = ["-Werror", "-warn-spills", "-warn-lmem-usage", "-v"]
+NVCC_WARNING_FLAGS = ["-Werror", "all-warnings", "-Xptxas", "-v,-warn-spills,-warn-lmem-usage",
+                      "-Xcompiler", "-Wall,-Wextra,-Werror"]
+CXX_STD = "c++17"
+RECIPE = 3
+"""Bump when the command lines below change: part of every cache key. 3: the NVRTC
+driver moved to `rowgate.cuda._nvrtc` (a cached build would record the old module)."""
+_SAYS = re.compile(r"\b(error|warning|fatal)\b", re.IGNORECASE)
+
+
+class BuildFailed(Error):
+    """A kernel did not build clean (a warning counts): names the kernel, arch and line."""
+
+
+class BuildInterrupted(Error):
+    """A compile died by a signal: no outcome of the kernel's, so none is cached."""
+
+
+@dataclass(frozen=True)
+class BuildDir:
+    path: Path
+    record: dict[str, Any]
+    cached: bool
+
+
+def sm_number(arch: str) -> str:
+    """`sm_90a` -> `90a`."""
+    return arch.removeprefix("sm_")
+
+
+def cache_key(source_digest: str, kernel: dict[str, Any], arch: str, toolchain: Toolchain) -> str:
+    blob = json.dumps({"recipe": RECIPE, "source": source_digest, "kernel": kernel, "arch": arch,
+                       "toolchain": toolchain.digest()}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def build(repo: Path, manifest: KernelManifest, name: str, arch: str, toolchain: Toolchain,
+          cache_root: Path | None = None) -> BuildDir:
+    """Build kernel `name` for `arch` (or find the cached build). Never raises for a
+    compile failure: that is recorded (return codes, logs) for the gates to judge."""
+    kernel = manifest.kernels[name]
+    digest = kernels_toml.source_digest(repo, manifest, name)
+    key = cache_key(digest, kernel.model_dump(mode="json"), arch, toolchain)
+    final = (cache_root or cache.kernels()) / name / arch / key[:24]
+    if (final / BUILD_RECORD).is_file():
+        return BuildDir(final, json.loads((final / BUILD_RECORD).read_text()), cached=True)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{key[:12]}-", dir=final.parent))
+    try:
+        root = repo / KERNELS_DIR
+        src = root / kernel.source
+        includes = [str(root / inc) for inc in manifest.include_dirs]
+        defines = [f"-D{d}" for d in kernel.defines]
+        steps = (_nvrtc_steps if toolchain.kind == "nvrtc" else _nvcc_steps)(
+            name, arch, toolchain, src, includes, defines)
+        record: dict[str, Any] = {
+            "kernel": name, "arch": arch, "source": f"{KERNELS_DIR}/{kernel.source}",
+            "source_digest": digest, "cache_key": key, "recipe": RECIPE,
+            "toolchain": toolchain.describe(), "steps": [], "outputs": {}}
+        for step in steps:
+            done = _run(step, work)
+            record["steps"].append(done)
+            if done["returncode"] < 0:
+                # Killed by a signal (an interrupt reaching the compile, the OOM killer):
+                # the machine's doing, not the inputs', so it must not be cached as this
+                # kernel's failure. Builds run side by side (gates/build.py), and Ctrl-C
+                # reaches every compile of the process group at once.
+                raise BuildInterrupted(f"{done['tool']} building {name} for {arch} was "
+                                       f"killed by signal {-done['returncode']}; nothing "
+                                       f"was cached, build again")
+            if done["returncode"] != 0:
+                break
+        _collect(name, arch, work, record)
+        (work / BUILD_RECORD).write_text(json.dumps(record, indent=2) + "\n")
+        if final.exists():  # a concurrent build got there first: identical inputs
+            shutil.rmtree(work)
+        else:
+            os.replace(work, final)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return BuildDir(final, record, cached=False)
+
+
+def _nvrtc_steps(name: str, arch: str, tc: Toolchain, src: Path, includes: list[str],
+                 defines: list[str]) -> list[dict[str, Any]]:
+    sm = sm_number(arch)
+    nvrtc = [sys.executable, "-m", "rowgate.cuda._nvrtc", tc.compiler.path, str(src), f"{name}.ptx",
+             f"--gpu-architecture=compute_{sm}", f"--std={CXX_STD}",
+             *[f"-I{i}" for i in [*includes, *tc.include_dirs]], *defines]
+    if tc.ptxas is None:
+        raise toolchains.ToolchainError(f"{tc.name}: NVRTC builds need a standalone ptxas")
+    ptxas = [tc.ptxas.path, f"-arch=sm_{sm}", *PTXAS_FLAGS, "-o", f"{name}.{arch}.cubin",
+             f"{name}.ptx"]
+    return [{"tool": "nvrtc", "argv": nvrtc, "log": "nvrtc.log"},
+            {"tool": "ptxas", "argv": ptxas, "log": "ptxas.log"}]
+
+
+def _nvcc_steps(name: str, arch: str, tc: Toolchain, src: Path, includes: list[str],
+                defines: list[str]) -> list[dict[str, Any]]:
+    sm = sm_number(arch)
+    # SASS for the arch plus its PTX (the portable JIT fallback) in one fatbin;
+    # --keep leaves the exact cubin and fatbin nvcc embedded in the object.
+    argv = [tc.compiler.path, "-c", str(src), "-o", f"{name}.o", f"-std={CXX_STD}",
+            *[f"-I{i}" for i in includes], *defines,
+            "-gencode", f"arch=compute_{sm},code=[sm_{sm},compute_{sm}]",
+            *NVCC_WARNING_FLAGS, "--keep", "--keep-dir", "keep"]
+    return [{"tool": "nvcc", "argv": argv, "log": "nvcc.log", "mkdir": "keep"}]
+
+
+def _run(step: dict[str, Any], work: Path) -> dict[str, Any]:
+    if "mkdir" in step:
+        (work / step["mkdir"]).mkdir()
+    env = dict(os.environ)  # NVRTC's module is rowgate's own, importable as installed
+    try:
+        proc = subprocess.run(step["argv"], cwd=work, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, timeout=COMPILE_TIMEOUT_S, env=env,
+                              check=False)
+        rc, out = proc.returncode, proc.stdout
+    except subprocess.TimeoutExpired as exc:
+        rc, out = 124, (exc.stdout or b"") + f"\ntimed out after {COMPILE_TIMEOUT_S}s\n".encode()
+    except OSError as exc:
+        rc, out = 127, f"{step['argv'][0]}: cannot run: {exc.strerror}\n".encode()
+    (work / step["log"]).write_bytes(out)
+    return {"tool": step["tool"], "argv": step["argv"], "returncode": rc, "log": step["log"]}
+
+
+def _collect(name: str, arch: str, work: Path, record: dict[str, Any]) -> None:
+    """Keep the outputs that matter (cubin, PTX, fatbin, object) and digest them."""
+    keep = work / "keep"
+    if keep.is_dir():
+        stem = record["source"].rsplit("/", 1)[-1].removesuffix(".cu")
+        for src, dst in ((f"{stem}.{arch}.cubin", f"{name}.{arch}.cubin"),
+                         (f"{stem}.fatbin", f"{name}.fatbin"), (f"{stem}.ptx", f"{name}.ptx")):
+            if (keep / src).is_file():
+                os.replace(keep / src, work / dst)
+        shutil.rmtree(keep)
+    for out in (f"{name}.ptx", f"{name}.{arch}.cubin", f"{name}.fatbin", f"{name}.o"):
+        if (work / out).is_file():
+            record["outputs"][out] = hashlib.sha256((work / out).read_bytes()).hexdigest()
+    record["cubin"] = f"{name}.{arch}.cubin" if f"{name}.{arch}.cubin" in record["outputs"] else None
+    record["fatbin"] = f"{name}.fatbin" if f"{name}.fatbin" in record["outputs"] else None
+    record["object"] = f"{name}.o" if f"{name}.o" in record["outputs"] else None
+
+
+def problems(build_dir: Path, record: dict[str, Any]) -> list[str]:
+    """Why a build failed (return codes, warning/error lines quoted), or [] when clean.
+    Reads the logs in `build_dir`; raises OSError when one is missing."""
+    out = []
+    for step in record["steps"]:
+        log = (build_dir / step["log"]).read_text(errors="replace")
+        diags = resources.diagnostics(log, step["tool"])
+        if step["returncode"] != 0 or diags:
+            # The warning/error lines themselves, not the "In function …" context.
+            said = [d.strip() for d in diags if _SAYS.search(d)] or diags[:1] or ["(no output)"]
+            text = " | ".join(said[:3]) + (f" (+{len(said) - 3} more)" if len(said) > 3 else "")
+            out.append(f"{record['kernel']} {record['arch']}: {step['tool']} exited "
+                       f"{step['returncode']}: {text}")
+    if not out and not record.get("cubin"):
+        out.append(f"{record['kernel']} {record['arch']}: no cubin was produced")
+    return out
+
+
+def cubin(repo: Path, name: str, arch: str, nvcc: str | None = None) -> Path:
+    """The cubin of kernel `name` for `arch`, built (or found in the cache) exactly as
+    the build gate builds it. For loaders (src/rowgate/ops). Raises KernelsError,
+    ToolchainError, BuildFailed quoting the first problem, or BuildInterrupted."""
+    manifest = kernels_toml.load(repo)
+    manifest.select([name], arch)
+    built = build(repo, manifest, name, arch, toolchains.for_arch(arch, nvcc))
+    failed = problems(built.path, built.record)
+    if failed:
+        raise BuildFailed(f"{failed[0]} (logs: {built.path})")
+    cubin_name: str = built.record["cubin"]
+    return built.path / cubin_name

@@ -1,0 +1,244 @@
+"""kernels/kernels.toml: what to build, for which arches, and the budgets to hold; in
+format version 2 also the operators the kernels implement and the Triton kernels to
+compile ahead of time (`rowgate.cuda.operators`).
+
+The only place that file is parsed. The format is documented at its top and in
+docs/build.md and docs/contracts.md; unknown keys are errors naming the file and the key. The file belongs to
+the subject, so it is untrusted (docs/security.md): kernel names match a strict pattern
+(they become directories), and the file itself, every source, include dir and header
+the compiler may read through them resolves inside the subject and is a regular file
+(`rowgate.confine`, the one rule for what a subject names).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import os
+import tomllib
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from rowgate import confine
+from rowgate.cuda.operators import DEFINE, NAME_PATTERN, OperatorDecl, TritonDecl, check_operators
+from rowgate.errors import SubjectError
+from rowgate.rows.spec import ARCH_PATTERN
+from rowgate.storage import read_regular
+
+KERNELS_DIR = "kernels"
+MANIFEST = "kernels.toml"
+Arch = Annotated[str, Field(pattern=ARCH_PATTERN)]
+Bytes = Annotated[int, Field(ge=0)]
+Name = Annotated[str, Field(pattern=NAME_PATTERN)]
+
+
+class KernelsError(SubjectError):
+    """kernels.toml is missing or malformed, or names something that is not there."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BudgetOverride(_Model):
+    """Budget keys as written: any subset; `all` then the arch's table apply."""
+
+    max_registers: Annotated[int, Field(gt=0, le=255)] | None = None
+    max_spill_stores: Bytes | None = None
+    max_spill_loads: Bytes | None = None
+    max_stack_bytes: Bytes | None = None
+    max_local_bytes: Bytes | None = None
+    max_static_shared_bytes: Bytes | None = None
+
+
+class Budget(_Model):
+    """The resolved budget of one kernel on one arch (per entry point)."""
+
+    max_registers: int | None = None
+    """None: no register budget (ptxas' own limit applies)."""
+    max_spill_stores: int = 0
+    max_spill_loads: int = 0
+    max_stack_bytes: int = 0
+    max_local_bytes: int = 0
+    max_static_shared_bytes: int | None = None
+
+
+class SassRule(_Model):
+    entry_points: list[str] = ["*"]
+    """fnmatch patterns over the kernel's entry points."""
+    arches: list[Arch] = []
+    """Arches the rule applies to; empty means all of the kernel's arches."""
+    forbid: list[str] = []
+    """Opcode families (text before the first dot) that must not appear."""
+    require: list[str] = []
+    """Opcode families that must appear at least once."""
+
+    def applies(self, entry: str, arch: str) -> bool:
+        return (not self.arches or arch in self.arches) and any(
+            fnmatch.fnmatchcase(entry, p) for p in self.entry_points)
+
+
+class Kernel(_Model):
+    source: str
+    """The .cu file, relative to kernels/."""
+    entry_points: Annotated[list[str], Field(min_length=1)]
+    arches: Annotated[list[Arch], Field(min_length=1)]
+    defines: list[Annotated[str, Field(pattern=DEFINE)]] = []
+    budgets: dict[Literal["all"] | Arch, BudgetOverride] = {}
+    sass: list[SassRule] = []
+
+    @model_validator(mode="after")
+    def _budget_arches_are_built(self) -> "Kernel":
+        stray = [a for a in self.budgets if a != "all" and a not in self.arches]
+        if stray:
+            raise ValueError(f"budgets for {', '.join(stray)}: not in arches {self.arches}")
+        return self
+
+    def budget(self, arch: str) -> Budget:
+        merged: dict[str, int] = {}
+        for key in ("all", arch):
+            if key in self.budgets:
+                merged.update(self.budgets[key].model_dump(exclude_none=True))
+        return Budget(**merged)
+
+    def rules(self, entry: str, arch: str) -> list[SassRule]:
+        return [r for r in self.sass if r.applies(entry, arch)]
+
+
+class KernelManifest(_Model):
+    version: Literal[1, 2]
+    include_dirs: list[str] = ["include"]
+    kernels: dict[Name, Kernel]
+    operators: dict[Name, OperatorDecl] = {}
+    """Version 2: the operators the kernels implement (docs/contracts.md)."""
+    triton: dict[Name, TritonDecl] = {}
+    """Version 2: Triton kernels the AOT gate compiles."""
+
+    @model_validator(mode="after")
+    def _operators_name_what_is_built(self) -> "KernelManifest":
+        if self.version == 1 and (self.operators or self.triton):
+            raise ValueError("operators/triton tables need version = 2")
+        problems = check_operators(self.operators, {n: k.entry_points
+                                                    for n, k in self.kernels.items()})
+        if problems:
+            raise ValueError(problems[0])
+        return self
+
+    def operator(self, name: str = "") -> tuple[str, OperatorDecl]:
+        """The operator `name`, or the only one declared. Raises KernelsError."""
+        if not name:
+            if len(self.operators) != 1:
+                raise KernelsError(f"{MANIFEST} declares {len(self.operators)} operators "
+                                   f"({', '.join(sorted(self.operators)) or 'none'}): the row's "
+                                   f"gate must name one (operator = \"NAME\")")
+            name = next(iter(self.operators))
+        if name not in self.operators:
+            raise KernelsError(f"operator {name!r}: not in {MANIFEST} (operators: "
+                               f"{', '.join(sorted(self.operators)) or 'none'})")
+        return name, self.operators[name]
+
+    def select(self, names: list[str], arch: str) -> list[str]:
+        """Kernels to build for `arch`: `names` (all when empty) that target it.
+
+        Raises KernelsError for a named kernel that does not exist or does not
+        list the arch: asking for it and silently building nothing would pass.
+        """
+        for name in names:
+            if name not in self.kernels:
+                raise KernelsError(f"kernel {name!r}: not in {MANIFEST} "
+                                   f"(known: {', '.join(sorted(self.kernels))})")
+            if arch not in self.kernels[name].arches:
+                raise KernelsError(f"kernel {name!r}: does not target {arch} "
+                                   f"(arches: {', '.join(self.kernels[name].arches)})")
+        return [n for n in (names or sorted(self.kernels)) if arch in self.kernels[n].arches]
+
+
+def parse(text: str, where: str) -> KernelManifest:
+    """Parse kernels.toml text; `where` names the file in errors."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise KernelsError(f"{where}: {exc}") from exc
+    names = data.get("kernels")
+    if isinstance(names, dict):  # names become directories: checked before anything else
+        for name in names:
+            confine.name(name, where, f"kernels.{confine.shown(name)}")
+        confine.distinct_by_case(names, where, "kernels.")
+    try:
+        return KernelManifest.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        key = ".".join(str(p) for p in err["loc"] if p != "[key]")
+        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+        msg = msg.removeprefix("Value error, ")
+        raise KernelsError(f"{where}: {key}: {msg}" if key else f"{where}: {msg}") from None
+
+
+def manifest_text(repo: Path) -> str:
+    """The subject's kernels/kernels.toml, confined (a link out of the subject, a FIFO
+    or a directory is refused, never read)."""
+    where = str(repo / KERNELS_DIR / MANIFEST)
+    for rel in (KERNELS_DIR, f"{KERNELS_DIR}/{MANIFEST}"):
+        if confine.inside(repo, rel, where, "", kind="dir" if rel == KERNELS_DIR else "file",
+                          missing_ok=True) is None:
+            raise KernelsError(f"{where}: cannot read: No such file or directory")
+    data = read_regular(repo / KERNELS_DIR / MANIFEST, where)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise KernelsError(f"{where}: not UTF-8 ({exc})") from exc
+
+
+def load(repo: Path) -> KernelManifest:
+    """Parse the subject's kernels.toml and confine every file it makes the compiler read.
+    Raises KernelsError (a SubjectError for what leaves the subject) naming file and key."""
+    where = str(repo / KERNELS_DIR / MANIFEST)
+    manifest = parse(manifest_text(repo), where)
+    for name in manifest.kernels:
+        kernel_files(repo, manifest, name)
+    for name in manifest.triton:
+        triton_source(repo, manifest, name)
+    return manifest
+
+
+def triton_source(repo: Path, manifest: KernelManifest, name: str) -> Path:
+    """The confined real path of Triton kernel `name`'s source file (under kernels/)."""
+    where = str(repo / KERNELS_DIR / MANIFEST)
+    return confine.inside(repo, manifest.triton[name].source, where, f"triton.{name}.source",
+                          base=repo / KERNELS_DIR)
+
+
+def kernel_files(repo: Path, manifest: KernelManifest, name: str) -> list[Path]:
+    """The kernel's source, the headers beside it and every file under the include dirs:
+    all a compile may read through what kernels.toml names, each confined to the subject
+    (paths as named, under kernels/). Raises SubjectError naming the key that brought it in."""
+    where = str(repo / KERNELS_DIR / MANIFEST)
+    root = repo / KERNELS_DIR
+    source = manifest.kernels[name].source
+    key = f"kernels.{name}.source"
+    confine.inside(repo, source, where, key, base=root)
+    src = root / source
+    confine.inside(repo, os.path.relpath(src.parent, repo), where, key, kind="dir")
+    files = [src] + confine.files_under(src.parent, repo, where, key, suffixes=(".cuh", ".h"))
+    for i, inc in enumerate(manifest.include_dirs):
+        if confine.inside(repo, inc, where, f"include_dirs[{i}]", base=root, kind="dir",
+                          missing_ok=True) is not None:
+            files += confine.files_under(root / inc, repo, where, f"include_dirs[{i}]")
+    return files
+
+
+def source_digest(repo: Path, manifest: KernelManifest, name: str) -> str:
+    """sha256 over the kernel's source and every file under the include dirs.
+
+    Every header counts (not just the ones included): a cache keyed on less could
+    serve a stale build after a header edit. Headers beside the source count too
+    (`persistent/task_abi.cuh` is included by its directory, not an include dir).
+    """
+    root = repo / KERNELS_DIR
+    h = hashlib.sha256()
+    for f in kernel_files(repo, manifest, name):
+        h.update(Path(os.path.relpath(f, root)).as_posix().encode() + b"\0")
+        h.update(hashlib.sha256(f.read_bytes()).digest())
+    return h.hexdigest()

@@ -1,0 +1,250 @@
+"""CUDA toolchains from wheels in the running environment, pinned and described.
+
+* CUDA 12.8 for sm_70/sm_72 (CUDA 13 dropped them): NVRTC
+  (`nvidia-cuda-nvrtc-cu12`) compiles to PTX, `ptxas` from `nvidia-cuda-nvcc-cu12`
+  assembles. No 12.x wheel ships cuobjdump/nvdisasm, and the 13.x ones refuse
+  sm_70 SASS, so the SASS tools come from the pinned `triton` 3.4.0 wheel, which
+  bundles CUDA 12.8's cuobjdump and nvdisasm.
+* CUDA 13 for sm_75 and newer (sm_90, sm_90a, sm_110 = Thor): the complete
+  `nvcc` of `nvidia-cuda-nvcc`, with cuobjdump/nvdisasm from their 13.x wheels.
+  A device machine may name its own nvcc (gate option `nvcc=/path`); its version
+  is then read from it and recorded.
+
+The machine's /usr/local/cuda is never consulted. Exact versions (package and
+`--version` of each binary) go into every build record: register counts move
+between minor toolchain versions.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+from dataclasses import asdict, dataclass, field
+from functools import cache
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from rowgate.errors import Error
+
+NVRTC_ARCHES = ("sm_70", "sm_72")
+CUDA12_INSTALL = "pip install 'rowgate[cuda12]' (nox -s build-sm70)"
+CUDA13_INSTALL = "pip install 'rowgate[cuda13]' (nox -s build-sm90 / build-sm110)"
+CUDA12_HEADERS = (("nvidia-cuda-runtime-cu12", "nvidia/cuda_runtime/include"),
+                  ("nvidia-cuda-cccl-cu12", "nvidia/cuda_cccl/include"))
+"""cudart and CCCL headers of the 12.8 release, put on NVRTC's include path."""
+EXPLICIT = "explicit path"
+"""`Tool.package` of binaries given by path (gate option) rather than found in a wheel."""
+_VERSION = re.compile(r"release (\d+\.\d+), V(\d+\.\d+\.\d+)")
+
+
+class ToolchainError(Error):
+    """A toolchain the arch needs is not installed or not usable."""
+
+
+@dataclass(frozen=True)
+class Tool:
+    """One binary or library, where it came from and its exact version."""
+
+    path: str
+    version: str
+    """`--version` of the binary (`12.8.93`), or NVRTC's own for the library."""
+    package: str
+    package_version: str
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    name: str
+    """`cuda-12.8-nvrtc` or `cuda-13-nvcc`."""
+    kind: str
+    """`nvrtc` (NVRTC + ptxas) or `nvcc`."""
+    compiler: Tool
+    """libnvrtc for `nvrtc`, nvcc for `nvcc`."""
+    ptxas: Tool | None
+    """Standalone ptxas (the `nvrtc` kind; nvcc drives its own)."""
+    cuobjdump: Tool | None
+    nvdisasm: Tool | None
+    host_compiler: Tool | None = None
+    """The C++ compiler nvcc drives for host code (its warnings count too)."""
+    headers: dict[str, str] = field(default_factory=dict)
+    """Header/support wheels in use, package -> exact version (CCCL, crt, cudart, nvvm):
+    a CCCL upgrade changes what compiles, so it is part of the cache identity."""
+    include_dirs: tuple[str, ...] = ()
+    """Extra -I for NVRTC (cudart and CCCL headers of the same release); nvcc finds
+    its own through nvcc.profile."""
+    sass_missing: str = ""
+    """Why the SASS tools cannot disassemble this toolchain's arches (empty: they can)."""
+
+    def describe(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def digest(self) -> str:
+        """Identity for the build cache: every tool's exact version (not its path,
+        so two environments with the same pins share a cache)."""
+        def strip(d: dict[str, Any]) -> dict[str, Any]:
+            return {k: strip(v) if isinstance(v, dict) else v for k, v in d.items()
+                    if k not in ("path", "include_dirs")}
+        return hashlib.sha256(json.dumps(strip(self.describe()), sort_keys=True).encode()).hexdigest()
+
+    def short(self) -> str:
+        return f"{self.name} {self.compiler.version}"
+
+
+def uses_nvrtc(arch: str) -> bool:
+    return arch in NVRTC_ARCHES
+
+
+def for_arch(arch: str, nvcc: str | None = None) -> Toolchain:
+    """The pinned toolchain that builds `arch`. Raises ToolchainError when absent."""
+    if uses_nvrtc(arch):
+        return _cuda12()
+    return _cuda13(nvcc)
+
+
+def _file(dist: str, rel: str, install: str) -> Path:
+    try:
+        d = metadata.distribution(dist)
+    except metadata.PackageNotFoundError:
+        raise ToolchainError(f"{dist} is not installed: {install}") from None
+    path = Path(str(d.locate_file(rel)))  # typeshed's SimplePath is no PathLike
+    if not path.exists():
+        raise ToolchainError(f"{dist} {d.version}: {rel} missing from the wheel: {install}")
+    return path
+
+
+@cache
+def binary_version(path: str) -> str:
+    """`V12.8.93` of a CUDA binary's `--version`, as `12.8.93`."""
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60,
+                             check=False).stdout
+    except OSError as exc:
+        raise ToolchainError(f"{path}: cannot run: {exc.strerror}") from exc
+    m = _VERSION.search(out)
+    if not m:
+        raise ToolchainError(f"{path} --version: no CUDA release line in {out.strip()[:120]!r}")
+    return m.group(2)
+
+
+def _tool(dist: str, rel: str, install: str) -> Tool:
+    path = _file(dist, rel, install)
+    return Tool(str(path), binary_version(str(path)), dist, metadata.version(dist))
+
+
+@cache
+def nvrtc_version(lib: str) -> str:
+    """`major.minor` reported by the library itself (nvrtcVersion)."""
+    try:
+        handle = ctypes.CDLL(lib)
+    except OSError as exc:
+        raise ToolchainError(f"{lib}: cannot load: {exc}") from exc
+    major, minor = ctypes.c_int(), ctypes.c_int()
+    if handle.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)) != 0:
+        raise ToolchainError(f"{lib}: nvrtcVersion failed")
+    return f"{major.value}.{minor.value}"
+
+
+def _cuda12() -> Toolchain:
+    lib = _file("nvidia-cuda-nvrtc-cu12", "nvidia/cuda_nvrtc/lib/libnvrtc.so.12", CUDA12_INSTALL)
+    pkg = metadata.version("nvidia-cuda-nvrtc-cu12")
+    api = nvrtc_version(str(lib))
+    if not pkg.startswith(api + "."):
+        raise ToolchainError(f"libnvrtc reports {api} but the package is {pkg}")
+    ptxas = _tool("nvidia-cuda-nvcc-cu12", "nvidia/cuda_nvcc/bin/ptxas", CUDA12_INSTALL)
+    cuobjdump = nvdisasm = None
+    missing = ""
+    try:
+        cuobjdump = _tool("triton", "triton/backends/nvidia/bin/cuobjdump", CUDA12_INSTALL)
+        nvdisasm = _tool("triton", "triton/backends/nvidia/bin/nvdisasm", CUDA12_INSTALL)
+        if not cuobjdump.version.startswith("12."):
+            missing = (f"triton {cuobjdump.package_version} bundles cuobjdump "
+                       f"{cuobjdump.version}, which refuses sm_70 SASS; pin triton==3.4.0 "
+                       f"(CUDA 12.8 cuobjdump/nvdisasm): {CUDA12_INSTALL}")
+    except ToolchainError as exc:
+        missing = f"no CUDA 12.x cuobjdump/nvdisasm for sm_70 SASS ({exc.diagnostics()})"
+    if missing:
+        # A 13.x cuobjdump still reads sm_70 resource usage and unpacks images;
+        # only its disassembly refuses sm_70.
+        try:
+            cuobjdump = _tool("nvidia-cuda-cuobjdump", "nvidia/cu13/bin/cuobjdump", CUDA13_INSTALL)
+        except ToolchainError:
+            pass  # keep the 13.x one a newer triton bundles, if any
+        nvdisasm = None
+    headers = _versions("nvidia-cuda-runtime-cu12", "nvidia-cuda-cccl-cu12")
+    include_dirs = tuple(str(_file(dist, rel, CUDA12_INSTALL)) for dist, rel in CUDA12_HEADERS
+                         if dist in headers)
+    return Toolchain(name=f"cuda-{api}-nvrtc", kind="nvrtc", headers=headers,
+                     include_dirs=include_dirs,
+                     compiler=Tool(str(lib), pkg, "nvidia-cuda-nvrtc-cu12", pkg), ptxas=ptxas,
+                     cuobjdump=cuobjdump, nvdisasm=nvdisasm, sass_missing=missing)
+
+
+def _cuda13(nvcc: str | None) -> Toolchain:
+    if nvcc:
+        path = Path(nvcc)
+        if not path.is_file():
+            raise ToolchainError(f"option nvcc={nvcc}: no such file")
+        compiler = Tool(str(path), binary_version(str(path)), EXPLICIT, "")
+    else:
+        compiler = _tool("nvidia-cuda-nvcc", "nvidia/cu13/bin/nvcc", CUDA13_INSTALL)
+    if not compiler.version.startswith("13."):
+        raise ToolchainError(f"{compiler.path} is CUDA {compiler.version}; sm_110 and this "
+                             f"build need CUDA 13: {CUDA13_INSTALL}")
+    cuobjdump = _sibling_or_wheel(compiler, "cuobjdump", "nvidia-cuda-cuobjdump")
+    nvdisasm = _sibling_or_wheel(compiler, "nvdisasm", "nvidia-cuda-nvdisasm")
+    headers = {} if compiler.package == EXPLICIT else _versions(
+        "nvidia-cuda-cccl", "nvidia-cuda-crt", "nvidia-cuda-runtime", "nvidia-nvvm")
+    return Toolchain(name="cuda-13-nvcc", kind="nvcc", compiler=compiler, ptxas=None,
+                     cuobjdump=cuobjdump, nvdisasm=nvdisasm, host_compiler=_host_compiler(),
+                     headers=headers)
+
+
+def _versions(*dists: str) -> dict[str, str]:
+    out = {}
+    for dist in dists:
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def _host_compiler() -> Tool:
+    gcc = shutil.which("g++") or shutil.which("gcc")
+    if gcc is None:
+        raise ToolchainError("nvcc needs a host C++ compiler: no g++ or gcc on PATH")
+    out = subprocess.run([gcc, "-dumpfullversion"], capture_output=True, text=True, timeout=60,
+                         check=False).stdout.strip()
+    return Tool(gcc, out, "system", "")
+
+
+def _sibling_or_wheel(compiler: Tool, name: str, dist: str) -> Tool:
+    """An explicit nvcc's own cuobjdump/nvdisasm first: one toolkit, one version."""
+    sibling = Path(compiler.path).parent / name
+    if compiler.package == EXPLICIT and sibling.is_file():
+        return Tool(str(sibling), binary_version(str(sibling)), EXPLICIT, "")
+    return _tool(dist, f"nvidia/cu13/bin/{name}", CUDA13_INSTALL)
+
+
+def installed() -> dict[str, str]:
+    """Provenance: each toolchain present here with its tools' exact versions.
+    Never raises; a toolchain that is absent or broken says so in its value."""
+    out = {}
+    for arch in ("sm_70", "sm_90"):
+        try:
+            tc = for_arch(arch)
+        except Error as exc:
+            out["cuda-12.8-nvrtc" if uses_nvrtc(arch) else "cuda-13-nvcc"] = \
+                f"unavailable: {exc.diagnostics()}"
+            continue
+        tools = [("ptxas", tc.ptxas), ("cuobjdump", tc.cuobjdump), ("nvdisasm", tc.nvdisasm),
+                 ("g++", tc.host_compiler)]
+        out[tc.name] = ", ".join([tc.compiler.version] + [
+            f"{name} {tool.version} ({' '.join(filter(None, (tool.package, tool.package_version)))})"
+            for name, tool in tools if tool is not None])
+    return out

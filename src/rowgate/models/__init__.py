@@ -1,0 +1,1 @@
+"""rowgate.models."""

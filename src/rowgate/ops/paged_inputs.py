@@ -1,0 +1,222 @@
+"""Operator-gate inputs: shapes, seeded lengths, randomized page tables,
+poisoned caches and outputs, and the comparators. Torch only (CPU or CUDA), so
+CI exercises all of it on the fp64 reference."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from rowgate.ops.reference import E5M2
+
+K = 1024
+POISON_E5M2 = 0x7F       # an E5M2 NaN byte
+POISON_BF16 = 0x7FC1     # a bf16 NaN with a payload no arithmetic produces
+UNWRITTEN_BF16 = 0x7FBF  # the output sentinel: a NaN payload no kernel writes
+
+
+def context_tokens(label: str, page: int) -> int:
+    """`1`, `page-1`, `page`, `page+1`, `1024`, `17.8K` (K = 1024, rounded) -> tokens."""
+    if label == "page":
+        return page
+    if label in ("page-1", "page+1"):
+        return page - 1 if label == "page-1" else page + 1
+    if label.endswith("K"):
+        return round(float(label[:-1]) * K)
+    return int(label)
+
+
+def seq_lengths(layout: str, context: int, batch: int, seed: int) -> list[int]:
+    """Uniform: every sequence `context` long. Ragged: one sequence `context`
+    long, the others drawn from 1..context, in a seeded shuffled order."""
+    if layout == "uniform" or batch == 1:
+        return [context] * batch
+    rng = random.Random(seed * 1_000_003 + context * 31 + batch)
+    lens = [context] + [rng.randint(1, context) for _ in range(batch - 1)]
+    rng.shuffle(lens)
+    return lens
+
+
+@dataclass(frozen=True)
+class Case:
+    """One operator-gate case; everything needed to rebuild its inputs."""
+
+    seed: int
+    batch: int
+    layout: str
+    context: str
+    page: int
+    kv: str
+    hq: int
+    hkv: int
+    dim: int
+    lens: list[int] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return (f"{self.kv}-h{self.hq}x{self.hkv}-d{self.dim}-p{self.page}-B{self.batch}-"
+                f"{self.layout}-{self.context}-s{self.seed}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self) | {"name": self.name}
+
+
+class CaseGrid(Protocol):
+    """What `cases` reads of a spec (the operator gate's): the values to combine."""
+
+    @property
+    def seeds(self) -> Sequence[int]: ...
+    @property
+    def kv_dtypes(self) -> Sequence[str]: ...
+    @property
+    def heads(self) -> Sequence[Sequence[int]]: ...
+    @property
+    def head_dims(self) -> Sequence[int]: ...
+    @property
+    def page_sizes(self) -> Sequence[int]: ...
+    @property
+    def layouts(self) -> Sequence[str]: ...
+    @property
+    def batches(self) -> Sequence[int]: ...
+    @property
+    def contexts(self) -> Sequence[str]: ...
+
+
+def cases(spec: CaseGrid) -> list[Case]:
+    """Every combination the spec asks for, lengths fixed by the seed."""
+    out = []
+    for seed, kv, (hq, hkv), dim, page, layout, batch, ctx in itertools.product(
+            spec.seeds, spec.kv_dtypes, spec.heads, spec.head_dims, spec.page_sizes,
+            spec.layouts, spec.batches, spec.contexts):
+        if layout == "ragged" and batch == 1:
+            continue  # one sequence is uniform by definition
+        tokens = context_tokens(ctx, page)
+        out.append(Case(seed, batch, layout, ctx, page, kv, hq, hkv, dim,
+                        seq_lengths(layout, tokens, batch, seed)))
+    return out
+
+
+@dataclass
+class Inputs:
+    q: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    block_table: torch.Tensor
+    seq_lens: torch.Tensor
+    k_scale: float
+    v_scale: float
+    used_pages: int
+    poison_pages: int
+
+
+def _random_cache(shape: tuple[int, ...], kv: str, gen: torch.Generator,
+                  dev: torch.device) -> torch.Tensor:
+    values = torch.randn(shape, generator=gen, dtype=torch.float32, device=dev)
+    if kv == E5M2:
+        return values.to(torch.float8_e5m2).view(torch.uint8)
+    return values.to(torch.bfloat16)
+
+
+def _poison_value(kv: str) -> torch.Tensor:
+    if kv == E5M2:
+        return torch.tensor(POISON_E5M2, dtype=torch.uint8)
+    return torch.tensor(POISON_BF16, dtype=torch.int16).view(torch.bfloat16)
+
+
+def make_inputs(case: Case, device: torch.device | str = "cpu") -> Inputs:
+    """Random q and caches, drawn on `device` from the case's seed; physical
+    pages shuffled; every byte no sequence owns (unused pages, the tail of each
+    last page) is poison, and block-table padding points at a poison page."""
+    dev = torch.device(device)
+    gen = torch.Generator(device=dev).manual_seed(hash_seed(case))
+    page = case.page
+    pages_per_seq = [math.ceil(n / page) for n in case.lens]
+    used = sum(pages_per_seq)
+    spare = max(2, used // 4)                  # pages nobody owns, all poison
+    total = used + spare
+    perm = torch.randperm(total, generator=gen, device=dev)
+    shape = (total, case.hkv, page, case.dim)
+    k_cache = _random_cache(shape, case.kv, gen, dev)
+    v_cache = _random_cache(shape, case.kv, gen, dev)
+    poison = _poison_value(case.kv).to(dev)
+    width = max(pages_per_seq)
+    table = torch.empty((case.batch, width), dtype=torch.int32, device=dev)
+    table.fill_(int(perm[used]))               # padding points at a poison page
+    cursor = 0
+    for b, (n, length) in enumerate(zip(pages_per_seq, case.lens)):
+        table[b, :n] = perm[cursor:cursor + n].to(torch.int32)
+        cursor += n
+        tail = length - (n - 1) * page        # rows of the last page in use
+        last = int(table[b, n - 1])
+        k_cache[last, :, tail:] = poison
+        v_cache[last, :, tail:] = poison
+    unowned = perm[used:]
+    k_cache[unowned] = poison
+    v_cache[unowned] = poison
+    q = torch.randn((case.batch, case.hq, case.dim), generator=gen, device=dev)
+    scales = torch.rand(2, generator=gen, dtype=torch.float64, device=dev) * 1.5 + 0.25
+    return Inputs(q.to(torch.bfloat16), k_cache, v_cache, table,
+                  torch.tensor(case.lens, dtype=torch.int32, device=dev),
+                  float(scales[0]), float(scales[1]), used, spare)
+
+
+def hash_seed(case: Case) -> int:
+    """A stable 63-bit seed from the case (Python's hash() is salted per process)."""
+    text = case.name.encode()
+    value = 0
+    for byte in text:
+        value = (value * 1_099_511_628_211 + byte) % (1 << 63)
+    return value
+
+
+def poisoned_output(like: torch.Tensor) -> torch.Tensor:
+    """An output buffer whose every element is the unwritten sentinel."""
+    return torch.full(like.shape, UNWRITTEN_BF16, dtype=torch.int16,
+                      device=like.device).view(torch.bfloat16)
+
+
+def unwritten(out: torch.Tensor) -> int:
+    """Elements still holding the sentinel after a launch."""
+    return int((out.view(torch.int16) == UNWRITTEN_BF16).sum())
+
+
+def _value(t: torch.Tensor, i: int) -> dict[str, str | None]:
+    x = t.reshape(-1)[i]
+    bits = int(x.view(torch.int16)) & 0xFFFF if x.dtype == torch.bfloat16 else None
+    return {"value": repr(float(x)), "bits": f"0x{bits:04x}" if bits is not None else None}
+
+
+def bitwise(a: torch.Tensor, b: torch.Tensor) -> dict[str, Any]:
+    """Compare two bf16 outputs bit for bit: count and the first mismatch."""
+    diff = (a.view(torch.int16) != b.view(torch.int16)).reshape(-1)
+    count = int(diff.sum())
+    rec: dict[str, Any] = {"mismatches": count, "first_index": None, "a": None, "b": None}
+    if count:
+        i = int(diff.nonzero()[0])
+        rec.update(first_index=i, a=_value(a, i), b=_value(b, i))
+    return rec
+
+
+def against_reference(out: torch.Tensor, ref: torch.Tensor, rtol: float, atol: float) -> dict[str, Any]:
+    """Errors of a bf16 output against the fp64 reference; NaN never passes."""
+    o = out.to(torch.float64).reshape(-1)
+    r = ref.to(torch.float64).reshape(-1).to(o.device)
+    err = (o - r).abs()
+    bad = ~(err <= atol + rtol * r.abs())      # NaN compares false: it fails
+    finite = err[torch.isfinite(err)]
+    rel = finite / r.abs()[torch.isfinite(err)].clamp_min(1e-30)
+    count = int(bad.sum())
+    rec: dict[str, Any] = {"max_abs_err": float(finite.max()) if finite.numel() else None,
+           "max_rel_err": float(rel.max()) if rel.numel() else None,
+           "failures": count, "nan": int(torch.isnan(o).sum()), "first_index": None,
+           "out": None, "ref": None}
+    if count:
+        i = int(bad.nonzero()[0])
+        rec.update(first_index=i, out=_value(out, i), ref={"value": repr(float(r[i]))})
+    return rec

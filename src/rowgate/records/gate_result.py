@@ -1,0 +1,45 @@
+"""What one gate concluded, as sealed in `gates/GATE-ID.json`."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from rowgate.records.ids import ARTIFACT_PATH, GATE_ID
+from rowgate.records.status import MetricValue, Status
+
+
+class GateResult(BaseModel):
+    """What one gate concluded; stored as `gates/GATE-ID.json` in a bundle."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gate_id: str = Field(pattern=GATE_ID)
+    """The gate's id in the row."""
+    kind: str
+    """The gate kind (`host`, `build`, …)."""
+    status: Status
+    reason: str
+    """Why this status: one line a reviewer can act on."""
+    metrics: dict[str, MetricValue] = Field(default_factory=dict)
+    """Gate-level metrics, recomputable from the artifacts by `derive`."""
+    cells: dict[str, dict[str, MetricValue]] = Field(default_factory=dict)
+    """Per-cell metrics (workload matrix cells or the gate's own cells)."""
+    arch: str = ""
+    """Arch the measurement came from (`cpu`, `sm_90`, …); empty when none."""
+    stand_in: bool = False
+    """True when measured on a stand-in arch rather than the row's target arch."""
+    artifacts: list[Annotated[str, Field(pattern=ARTIFACT_PATH)]] = Field(default_factory=list)
+    """Paths of the raw artifacts, relative to the bundle root, under `artifacts/GATE-ID/`."""
+    duration_s: float = 0.0
+
+    @model_validator(mode="after")
+    def _artifacts_are_the_gates(self) -> GateResult:
+        for i, path in enumerate(self.artifacts):
+            if not path.startswith(f"artifacts/{self.gate_id}/"):
+                raise ValueError(f"artifacts[{i}] {path!r} is not under artifacts/{self.gate_id}/")
+        return self
+
+    def __bool__(self) -> bool:
+        return self.status is Status.PASS

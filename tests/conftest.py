@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import git
@@ -11,6 +13,15 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from tests.support import HOST_GATE, commit_file, write_row
+
+
+def pytest_configure(config):
+    """rowgate's user cache dir for the whole run, set before any test module is imported
+    (modules compute their cache paths when imported): models, kernel builds and engine
+    logs go to one fresh directory, never the user's ~/.cache/rowgate."""
+    if not os.environ.get("ROWGATE_TEST_CACHE_DIR"):
+        os.environ["ROWGATE_TEST_CACHE_DIR"] = tempfile.mkdtemp(prefix="rowgate-test-cache-")
+    os.environ["ROWGATE_CACHE_DIR"] = os.environ["ROWGATE_TEST_CACHE_DIR"]
 
 
 def pytest_collection_modifyitems(config, items):
@@ -29,10 +40,7 @@ def build_cache(tmp_path_factory):
     by one test are found by the next, as on a real machine. Session-wide and autouse, so
     session fixtures that build (before any test's own environment) use it too, never
     the user's ~/.cache/rowgate."""
-    path = tmp_path_factory.mktemp("rowgate-cache")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("ROWGATE_CACHE_DIR", str(path))
-        yield path
+    yield Path(os.environ["ROWGATE_TEST_CACHE_DIR"])
 
 
 @pytest.fixture(autouse=True)

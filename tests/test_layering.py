@@ -220,3 +220,16 @@ def test_import_linter_contracts_hold():
         pytest.skip("import-linter is not installed in this environment (the lint extra)")
     proc = subprocess.run([str(exe), "--no-cache"], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+
+
+def test_the_lab_imports_only_rowgates_public_modules():
+    """The lab is a subject gated like anyone's: it uses rowgate's public API only."""
+    found = []
+    for path in sorted((ROOT / "lab").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            found += [f"{path.relative_to(ROOT)}: {n}" for n in names
+                      if n.startswith("rowgate.") and any(p.startswith("_") and p != "__init__"
+                                                           for p in n.split("."))]
+    assert found == []

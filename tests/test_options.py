@@ -10,8 +10,8 @@ import pytest
 from rowgate.errors import UsageError
 from rowgate.rows import options
 
-PIPELINE = Path(__file__).resolve().parent.parent / "pipeline"
-READS = re.compile(r"""(?:options|opts)(?:\.get\(|\[)"([a-z_]+)"|_(?:flag|int)\(options, "([a-z_]+)"|"""
+PIPELINE = Path(__file__).resolve().parent.parent / "src" / "rowgate"
+READS = re.compile(r"""(?:options|opts)(?:\.get\(|\[)"([a-z_]+)"|(?:flag|integer)\(options, "([a-z_]+)"|"""
                    r"""_OPTION = "([a-z_]+)\"""")
 
 
@@ -26,9 +26,10 @@ def _read_in_code() -> set[str]:
 
 
 def test_every_key_the_code_reads_is_declared_described_and_nothing_else():
+    from rowgate import plugins
     from rowgate.gates import registry
 
-    declared = {k for kind in registry.kinds() for k in registry.lookup(kind).options}
+    declared = {k for kind in plugins.own(plugins.GATES) for k in registry.lookup(kind).options}
     assert _read_in_code() == declared == set(options.SAYS)
 
 

@@ -104,7 +104,8 @@ def test_planted_problems_are_errors_named_before_anything_runs(tmp_path):
 def test_the_cli_plans_with_stood_in_gpus_and_maps_the_outcome(capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as exc:
-        main(["gate", "SM70-XQA-E5M2-DECODE", "--repo", str(ROOT), "--plan",
+        main(["gate", "SM70-XQA-E5M2-DECODE", "--rows", str(ROOT.parent / "rows"),
+              "--repo", str(ROOT), "--plan",
               "--plan-gpu", "sm_70:Tesla V100-SXM2-32GB"])
     assert exc.value.code == 3
     out = capsys.readouterr().out

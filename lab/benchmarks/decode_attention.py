@@ -5,7 +5,7 @@
 
 Sections (each one's failure is recorded and the next still runs):
   build     split_kv.cu for the device's arch, plus the RG_PHASE timing variants and the
-            deep candidate's build variants and ablations (DEEP_BUILDS, ABLATIONS below)
+            deep candidate's timing-only ablations (ABLATIONS below)
   ceiling   device-to-device copy bandwidth (bytes read + written), this run
   operator  the row's operator gate cases (randomized pages, poison, bitwise A/B,
             fp64 reference) -> DIR/operator/{cases.json.gz,cases.csv.gz,timing.json},
@@ -15,7 +15,7 @@ Sections (each one's failure is recorded and the next still runs):
             split_kv); operator_bf16 the same matrix on bf16 KV,
             operator_g2 on bf16 GQA groups of 2 (16/8 heads)
   bench     FP8/bf16 B16x16K and FP8 B1x1K: split_kv baseline, ring (pipelined), bulk
-            and deep candidates (and the deep candidate's build variants), torch SDPA on
+            and deep candidates, torch SDPA on
             dense bf16 KV, the naive path (dequantise to bf16, then SDPA), interleaved
             in rotated order, L2 flushed / inputs rotated; at B1x1K also the launch
             floor (a graph of one small zero-fill kernel per call), the deep candidate
@@ -46,7 +46,7 @@ from types import SimpleNamespace
 
 import torch
 
-from rowgate.ops import contract, operator_ab, reference, timing
+from rowgate.ops import operator_ab, reference, timing
 from rowgate.ops.paged_inputs import Case, make_inputs
 from rowgate_lab.ops import split_kv as op
 
@@ -55,18 +55,6 @@ REPO = Path(__file__).resolve().parents[1]
 SOURCE = REPO / "kernels" / "decode_attention" / "split_kv.cu"
 PHASES = {0: "full", 1: "no_k_load", 2: "no_v_load", 3: "qk_x2", 4: "pv_x2",
           5: "convert_x2", 6: "no_sync", 7: "no_smem_publish"}
-DEEP_BUILDS = {"ca": (2, ["RG_DEEP_LINES=0", "RG_DEEP_STAGES=2"], 1024),
-               "s2": (2, ["RG_DEEP_STAGES=2"], 1024), "s3": (3, ["RG_DEEP_STAGES=3"], 1024),
-               "c512": (2, ["RG_DEEP_MAX_CHUNK=512", "RG_DEEP_STAGES=2"], 512)}
-"""The deep candidate's build variants beside its default (split_kv.cu's DeepCfg: D128
-tiles copied as whole swizzled lines; ring stages: three for E5M2 D128 G4, two else; three
-CTAs per SM (E5M2) or two (bf16); chunks up to 1024): {name: (ring stages, defines,
-max_chunk)} -- per-lane pieces instead of whole lines (two stages), two stages, three
-stages (bf16's A/B), chunks up to 512 (split_kv's) with two stages (run 38's kernel). A
-build at the default's stages takes None (kernels.toml's rules hold for it, so the
-operator matrices can run on it). The persistent CTAs (RG_DEEP_PERSIST: "ps", "ps2",
-"psr") and thread 0's fence before the ticket (RG_DEEP_FENCE: "fc", "fr") measured no
-faster (runs 63-64, docs/perf.md) and are in commit f311ed0. `--deep-builds` picks some."""
 ABLATIONS = {"abl_nomerge": ["RG_DEEP_ABLATE=1"], "abl_nokv": ["RG_DEEP_ABLATE=2"],
              "abl_prologue": ["RG_DEEP_ABLATE=3"]}
 """Timing-only builds of the deep candidate for B1x1K's attribution (split_kv.cu's
@@ -74,14 +62,14 @@ RG_DEEP_ABLATE: no cluster merge, no K/V copies, the prologue alone)."""
 
 
 def deep_stages(kv: str, dim: int, group: int) -> int:
-    """split_kv.cu's DeepCfg::S of a default build: three for E5M2 D128 up to G4, else two."""
+    """split_kv.cu's DeepCfg::S: three stages for E5M2 D128 up to G4, else two."""
     return 3 if kv == "e5m2" and dim == 128 and group <= 4 else 2
 
 
 def deep_ring_bytes(kv: str, dim: int, stages: int | None = None, group: int = 4) -> int:
     """The deep candidate's warps' rings (split_kv.cu's DeepCfg, line for line): 8 warps x
-    `stages` stages (the default build's: deep_stages) x one 16-token tile. kernels.toml's
-    split_kv_deep rules declare the default build's (tests check they agree)."""
+    `stages` stages (the build's: deep_stages) x one 16-token tile. kernels.toml's
+    split_kv_deep rules declare them (tests check they agree)."""
     stages = stages or deep_stages(kv, dim, group)
     return 8 * stages * 4 * 32 * dim // 8 * (1 if kv == "e5m2" else 2)
 
@@ -90,18 +78,6 @@ def deep_landing_bytes(dim: int, group: int) -> int:
     """`_deepc`'s landing area in split 0 (split_kv.cu's push_partial): the cluster's 8
     split states of 2G + G x D floats."""
     return 8 * (2 * group + group * dim) * 4
-
-
-def deep_operator(stages: int | None, max_chunk: int | None = None):
-    """split_kv_deep as a build with RG_DEEP_STAGES=stages (None: the default's, deep_stages)
-    and RG_DEEP_MAX_CHUNK=max_chunk launches it: its shared memory for the timed shapes (D128
-    G4, `_deep`: B16x16K) ahead of kernels.toml's rules, and its largest chunk."""
-    rules = tuple(contract.SharedMemory((f"split_kv_{kv}_d128_g4_deep",), chunk_heads=4,
-                                        fixed=deep_ring_bytes(kv, 128, stages), heads_dim=32,
-                                        opt_in=True) for kv in ("e5m2", "bf16"))
-    return dataclasses.replace(op.SPLIT_KV_DEEP,
-                               shared_memory=rules + op.SPLIT_KV_DEEP.shared_memory,
-                               max_chunk=max_chunk or op.SPLIT_KV_DEEP.max_chunk)
 
 
 SM90_CANDIDATES = ("bulk", "deep")
@@ -140,14 +116,11 @@ def nvcc_cmd(nvcc: str, arch: str, out: Path, defines: list[str]) -> list[str]:
             "-o", str(out), str(SOURCE)]
 
 
-def build(nvcc: str, arch: str, build_dir: Path, out: Path,
-          deep_builds: dict = DEEP_BUILDS) -> dict:
+def build(nvcc: str, arch: str, build_dir: Path, out: Path) -> dict:
     jobs = {"main": (op.cubin_path(arch, build_dir), [])}
     for n in PHASES:
         jobs[f"phase{n}"] = (build_dir / "phase" / f"split_kv.phase{n}.{arch}.cubin",
                              [f"RG_PHASE={n}", "RG_ONLY_E5M2_D128_G4"])
-    for name, (_, defines, _) in deep_builds.items():
-        jobs[f"deep_{name}"] = (build_dir / "deep" / f"split_kv.deep_{name}.{arch}.cubin", defines)
     for name, defines in ABLATIONS.items():
         jobs[name] = (build_dir / "deep" / f"split_kv.{name}.{arch}.cubin", defines)
     version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
@@ -285,11 +258,8 @@ def dense_bf16(batch, hkv, length, dim, dev, gen):
     return k, v
 
 
-def bench_large(cubin: Path, dev, repeats: int, ceiling: float,
-                extra: dict[str, tuple[Path, int, int]] | None = None) -> dict:
-    """B16 x 16K, GQA 32/8, D128, page 64: every path, interleaved in rotated order;
-    `extra` ({name: (cubin, ring stages, max_chunk)}) adds the deep candidate of other
-    builds."""
+def bench_large(cubin: Path, dev, repeats: int, ceiling: float) -> dict:
+    """B16 x 16K, GQA 32/8, D128, page 64: every path, interleaved in rotated order."""
     batch, length, hq, hkv, dim = 16, 16384, 32, 8, 128
     fp8 = make_inputs(Case(7, batch, "uniform", str(length), 64, "e5m2", hq, hkv, dim,
                            [length] * batch), dev)
@@ -316,10 +286,6 @@ def bench_large(cubin: Path, dev, repeats: int, ceiling: float,
                k_scale=fp8.k_scale, v_scale=fp8.v_scale)}
     fns.update(sdpa_backends(lambda: reference.dense_sdpa(bf.q, dk, dvv)))
     operators = {"bulk": (op.SPLIT_KV_BULK, cubin), "deep": (op.SPLIT_KV_DEEP, cubin)}
-    for name, (cub, stages, max_chunk) in (extra or {}).items():
-        operators[name] = (deep_operator(stages, max_chunk), cub)
-        for kv, inp in (("e5m2", fp8), ("bf16", bf)):
-            fns[f"{kv}_{name}"] = split(inp, "deep", operators[name][0], cub)
     # accuracy of the timed paths on this shape (SDPA paths against their own inputs)
     ref8 = reference.decode_attention_fp64(fp8.q, fp8.k_cache, fp8.v_cache, fp8.block_table,
                                            fp8.seq_lens, k_scale=fp8.k_scale,
@@ -328,7 +294,7 @@ def bench_large(cubin: Path, dev, repeats: int, ceiling: float,
     for name in [n for n in fns if n.startswith("e5m2_")] + ["naive_dequant_sdpa"]:
         outs[name] = fns[name]().clone()
         acc[name] = float((outs[name].double() - ref8).abs().max())
-    # each sm_90+ candidate (and build variant) against the baseline of its own operator's
+    # each sm_90+ candidate against the baseline of its own operator's
     # plan, from its own cubin (split_kv_bulk: split_kv's chunk; split_kv_deep: up to 1024)
     bits = {}
     for kv, inp in (("e5m2", fp8), ("bf16", bf)):
@@ -341,7 +307,6 @@ def bench_large(cubin: Path, dev, repeats: int, ceiling: float,
     samples = timing.interleaved(fns, repeats=repeats, device=dev, flush=True)
     kv_bytes = {"e5m2": batch * length * hkv * dim * 2, "bf16": batch * length * hkv * dim * 4}
     res = {"shape": "B16x16384 GQA32/8 D128 page64", "max_abs_err_vs_fp64": acc,
-           "extra_cubins": {k: [str(c), n, m] for k, (c, n, m) in (extra or {}).items()},
            "bitwise_equal_to_baseline": bits, "order": samples["order"], "variants": {}}
     for name, s in samples["samples_us"].items():
         nbytes = kv_bytes["e5m2" if name.startswith(("e5m2", "naive")) else "bf16"]
@@ -355,7 +320,7 @@ def bench_large(cubin: Path, dev, repeats: int, ceiling: float,
 def sdpa_backends(call) -> dict:
     """`call` (torch SDPA) pinned to each backend that takes it: {"sdpa_bf16_dense_<backend>":
     fn}. The bf16 bar's comparison point is the fastest of them and of SDPA's own dispatch,
-    which has run in a slow mode in some processes (docs/perf.md, runs 54-59)."""
+    which has run in a slow mode in some processes (docs/perf.md)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     fns = {}
@@ -663,9 +628,6 @@ def main(argv=None) -> int:
     ap.add_argument("--row", type=Path, default=REPO / "rows" / "SM70-XQA-E5M2-DECODE.toml")
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--skip", action="append", default=[], help="section names to skip")
-    ap.add_argument("--deep-builds", nargs="*", choices=list(DEEP_BUILDS),
-                    default=list(DEEP_BUILDS), help="the deep candidate's build variants to "
-                    "build and time (DEEP_BUILDS; default all)")
     ap.add_argument("--ncu-target", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--cubin", type=Path,
                     help="a split_kv cubin built elsewhere (skips the build and phase sections)")
@@ -686,17 +648,13 @@ def main(argv=None) -> int:
         ns.skip.append("phase")
     else:
         build_rec = section(results, "build", lambda: build(
-            ns.nvcc, arch, REPO / "build", ns.out,
-            {n: DEEP_BUILDS[n] for n in ns.deep_builds}))
+            ns.nvcc, arch, REPO / "build", ns.out))
         cubin = op.cubin_path(arch, REPO / "build")
     cand = {"candidate": ns.candidate} if ns.candidate else {}
     cand16 = {"candidate": "bf16_" + ns.candidate.rsplit("_", 1)[-1]} if ns.candidate else {}
     ceiling = section(results, "ceiling", lambda: copy_ceiling(dev)).get("tb_per_s", float("nan"))
     plan = {"smoke": lambda: smoke(cubin, dev, ns.out, results),
-            "bench_large": lambda: bench_large(cubin, dev, ns.repeats, ceiling, {
-                f"deep_{n}": (Path(build_rec["cubins"][f"deep_{n}"]), stages, max_chunk)
-                for n, (stages, _, max_chunk) in DEEP_BUILDS.items()
-                if f"deep_{n}" in build_rec.get("cubins", {})}),
+            "bench_large": lambda: bench_large(cubin, dev, ns.repeats, ceiling),
             "bench_small": lambda: bench_small(cubin, dev, max(9, ns.repeats // 2), {
                 n: Path(build_rec["cubins"][n]) for n in ABLATIONS
                 if n in build_rec.get("cubins", {})}),

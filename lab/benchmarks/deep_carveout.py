@@ -1,6 +1,6 @@
-"""The deep candidate at B16x16K (E5M2 and bf16) under each preferred shared-memory carveout
-(issue 19 item 3): how much of the SM's 256 KB the L1 keeps beside the CTAs' shared memory,
-where the candidate's cp.async.ca copies are staged in flight. One copy of the cubin a
+"""The deep candidate at B16x16K (E5M2 and bf16) under each preferred shared-memory carveout:
+how much of the SM's 256 KB the L1 keeps beside the CTAs' shared memory, where the
+candidate's cp.async.ca copies are staged in flight. One copy of the cubin a
 carveout (a module each, so each launch carries only its own attribute), every variant
 checked bit for bit against the default first, then timed interleaved (L2 flushed).
 

@@ -1,4 +1,4 @@
-"""Where the deep candidate's E5M2 B16x16K time goes (issue 19 item 3), in one device call:
+"""Where the deep candidate's E5M2 B16x16K time goes, in one device call:
 the bytes it reads, read by probes that do nothing else (benchmarks/probes/paged_read.cu:
 16-byte loads, and bulk copies of split_kv's own segments, of whole pages, of flat slices)
 beside the kernel at pages of 16, 64 and 256 tokens; and the kernel's own compute without
@@ -11,8 +11,8 @@ whole pages and flat slices, beside torch SDPA on the same bytes dense, the bf16
 comparison point.
 
 The tensor-copy and persistent forms of the deep candidate first measured with this script
-(runs 39-47, docs/perf.md) are in commit 6e2d7d6 with their launchers; the copies' L2
-hints, early tickets and successor prefetches (runs 54-57) in fd7c4e7.
+(docs/perf.md) are in commit 6e2d7d6 with their launchers; the copies' L2 hints, early
+tickets and successor prefetches in fd7c4e7.
 """
 
 from __future__ import annotations

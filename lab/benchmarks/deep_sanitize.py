@@ -1,4 +1,4 @@
-"""The deep split-KV candidate on small shapes, for compute-sanitizer (issue 19).
+"""The deep split-KV candidate on small shapes, for compute-sanitizer.
 
     compute-sanitizer --tool racecheck --kernel-name kns=_deep \
         python3 benchmarks/deep_sanitize.py --cubin build/ops/sm_90/split_kv.cubin

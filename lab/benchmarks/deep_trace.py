@@ -1,4 +1,4 @@
-"""The deep candidate's CTAs on the global timer: ramp, slot occupancy, drain (issue 19).
+"""The deep candidate's CTAs on the global timer: ramp, slot occupancy, drain.
 
     python3 benchmarks/deep_trace.py --out DIR              (on the GPU: build and trace)
     python3 benchmarks/deep_trace.py --read DIR/trace.json.gz  (anywhere: the table, the plot)
@@ -122,7 +122,8 @@ def occupancy(start: list[float], end: list[float]) -> list[tuple[float, int]]:
 
 
 def modes_of(r: dict[str, Any]) -> dict[str, Any]:
-    """A KV dtype's launches by what ran before each (run 66 recorded "flush" only)."""
+    """A KV dtype's launches by what ran before each (the first recorded runs hold "flush"
+    only)."""
     return r["modes"] if "modes" in r else {"flush": r["launches"]}
 
 
@@ -190,9 +191,9 @@ def bench_main(argv: list[str] | None, doc: str, tool: str, record: str,
                summarize: Callable[[dict[str, Any]], dict[str, Any]],
                show: Callable[[dict[str, Any]], None],
                repeats: int | None = None) -> tuple[Any, Path]:
-    """The deep benchmarks' command line (deep_trace, deep_tail, deep_merge): `--read` a
-    recorded run (None if it cannot be read: one line on stderr), or `measure(out,
-    repeats)` on the GPU with its record written gzipped as out/<record>; then the summary
+    """A deep benchmark's command line: `--read` a recorded run (None if it cannot be read:
+    one line on stderr), or `measure(out, repeats)` on the GPU with its record written
+    gzipped as out/<record>; then the summary
     beside it as summary.json, shown. Returns the run and that directory."""
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("/tmp") / tool.replace("_", "-"))
@@ -213,13 +214,6 @@ def bench_main(argv: list[str] | None, doc: str, tool: str, record: str,
     (out / "summary.json").write_text(json.dumps(rows, indent=1))
     show(rows)
     return res, out
-
-
-def bench_exit(*args: Any) -> int:
-    """bench_main's exit code for a benchmark with nothing more to do: 2 if the recorded run
-    could not be read, else 0 (deep_tail, deep_merge)."""
-    res, _ = bench_main(*args)
-    return 2 if res is None else 0
 
 
 def measure(out: Path, repeats: int) -> dict[str, Any]:

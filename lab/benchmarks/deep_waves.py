@@ -1,4 +1,4 @@
-"""The deep candidate's fixed cost a launch against its streaming rate (issue 19, item 3).
+"""The deep candidate's fixed cost a launch against its streaming rate.
 
     python3 benchmarks/deep_waves.py --cubin CUBIN --out DIR      (on the GPU: samples)
     python3 benchmarks/deep_waves.py --fit DIR/results.json        (anywhere: the fit)

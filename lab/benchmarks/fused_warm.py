@@ -6,7 +6,7 @@ The graph-fused engine (`lab/rowgate_lab/engines/fused.py`) compiles its step wi
 every GEMM shape (~6 s each on the H200) and keeps the fastest it measured, then the step
 is captured in a CUDA graph. Those measurements are noisy enough that two compiles pick
 different kernels: on the H200 the compiled step at batch 4 took 1,340-1,668 µs over five
-compiles (docs/perf.md, issue 19). A baseline has to be the strongest the device runs, so
+compiles (docs/perf.md). A baseline has to be the strongest the device runs, so
 with `--compiles N` each compile runs in its own process with its own fresh cache, every
 cell is timed on it, and the cache of the fastest compile (the least geometric mean of
 its cells' times over the best time of each cell) becomes `build/torchinductor`.

@@ -1,17 +1,19 @@
-"""Issue 19 on one GPU, in one call: the persistent kernel's steps toward the floor
-against the strongest conventional baseline, on the probe model, same weights, same
-prefilled state.
+"""The persistent kernel against the strongest conventional baseline on one GPU, in one
+call: the probe model, same weights, same prefilled state.
 
     PYTHONUNBUFFERED=1 PYTHONPATH=. python3 benchmarks/megakernel_ab.py --out DIR \
-        --cubins NAME=PATH ... --split-kv-cubin PATH [--variants mma|issue19] \
+        --cubins NAME=PATH ... --split-kv-cubin PATH [--variants SET] \
         [--batches 1 8 4] [--repeats 7] [--budget-s 115]
 
-Cubins (built elsewhere with the build gate's flags: benchmarks/issue19_build.sh):
-`v2` the default build (the FMA GEMV, weight ring), `mma` RG_MK_MMA=1 (tensor-core GEMV
-tiles, kernels/persistent/gemv_mma.cuh), `ring0` RG_MK_RING=0 (v1's register-load GEMV),
-`claim` RG_MK_CLAIM_AHEAD=1, `next` RG_MK_NEXT_L2=1. A variant whose cubin is not given
-is skipped (recorded). `--variants mma` (the default) times the tensor-core GEMV beside
-the current default and the graph-fused baselines; `issue19` is runs 1-2's list.
+Cubins (built elsewhere with the build gate's flags), by the key a set's rows name: `v2`
+the default build (kernels.toml persistent_decode: the FMA GEMV, weight ring); `mma` and
+`mmaplain` RG_MK_MMA=1 (tensor-core GEMV tiles, kernels/persistent/gemv_mma.cuh; the ring
+within a task); `mma6`, `mma8` and `mma9` the tree's tensor-core build when the set was
+written (today kernels.toml persistent_decode_mma: RG_MK_MMA=1 RG_MK_STREAM=1). A variant
+whose cubin is not given is skipped (recorded). `--variants mma` (the default) times the
+tensor-core GEMV beside the FMA default and the graph-fused baselines; the other sets time
+the task list's options (VARIANT_SETS). The sets of the build variants that lost are in git
+history with their builds (commit fc06221).
 
 Per batch, every path's decode step from the same state, timed interleaved (rounds in
 rotated order, CUDA events over --steps steps, medians of --repeats rounds):
@@ -19,18 +21,16 @@ rotated order, CUDA events over --steps steps, medians of --repeats rounds):
   fused-<mode>   mode graph-fused: q|k|v and gate|up GEMMs, split_kv bf16 attention, the
                  layers torch.compile'd with <mode> (none / default /
                  max-autotune-no-cudagraphs), one CUDA graph (lab/rowgate_lab/engines/fused.py)
-  mk-<variant>   the persistent kernel (VARIANTS below: task list options, cubin and
+  mk-<variant>   the persistent kernel (VARIANT_SETS below: task list options, cubin and
                  schedules): the unfused (ABI v1) stages, the fused list (ABI v2 flags),
-                 the weight ring with its pre-wait prefetch, the dynamic queue claiming
-                 ahead, norms and/or merges kept as stages, splits waiting only for their
-                 kv head, the static schedule prefetching its next task's weights to L2
-Checks: within a GEMV family (FMA: `v2`, `ring0`, ...; MMA: `mma`) every variant, task
-list and schedule gives its family's unfused list's logits bit for bit (the same
-arithmetic in the same order; the two families sum in different orders); each path's
-logits against eager bf16 (max |d|, argmax); 32 greedy steps of the persistent defaults and
-the fused baselines against eager's tokens under the row's near-tie rule (its abi gate's
-tie_margin, src/rowgate/engines/divergence.py: exact, tie, or mismatch); the fused list through the
-ABI's torch interpreter on the GPU (batch 1, the issue19 set).
+                 norms and/or merges kept as stages, splits waiting only for their kv head,
+                 PREFETCH_L2 tasks, the split plans (one wave, splits sized by the context)
+Checks: within a GEMV family (FMA: `v2`; MMA: `mma`, ...) every variant, task list and
+schedule gives its family's unfused list's logits bit for bit (the same arithmetic in the
+same order; the two families sum in different orders); each path's logits against eager
+bf16 (max |d|, argmax); 32 greedy steps of the persistent defaults and the fused baselines
+against eager's tokens under the row's near-tie rule (its abi gate's tie_margin,
+src/rowgate/engines/divergence.py: exact, tie, or mismatch).
 Then one traced launch per schedule of the last variant: the breakdown (counter waits,
 GEMV, other ops; lab/rowgate_lab/megakernel/timeline.py). DIR/results.json is rewritten after
 every section; a table is printed last.
@@ -57,27 +57,23 @@ import megakernel as mk  # noqa: E402  (benchmarks/megakernel.py: probe, prefill
 
 DYN, STATIC = "dynamic", "static"
 PINNED = {"silu_out": False, "even_splits": False, "one_wave": False}
-"""Builder options that became defaults after the variant sets of runs 1-13 were written:
-a variant that does not name them runs the list those runs timed (`listed`)."""
+"""Builder options that became defaults after the first variant sets (`mma` to `wave`) were
+written: a variant that does not name them runs the list those sets timed (`listed`)."""
 STAGED = {"fine_deps": False, "fuse_norm": False, "fuse_merge": False}
 """Norms and merges kept as stages: the builder's default list at batch > 1 (at batch 1 it
-fuses the norms since run 5, docs/perf.md); the variants name their flags, so a default
-that moves does not move them."""
+fuses the norms, docs/perf.md); the variants name their flags, so a default that moves does
+not move them."""
 NORM_IN = {**STAGED, "fuse_norm": True}
-"""The norms in their consumers' prologues, the merges as stages: the b1 default (run 5)."""
+"""The norms in their consumers' prologues, the merges as stages: the b1 default."""
 WAVE = {"one_wave": True}
-"""At most one attention split task per SM (builder `one_wave`, run 9)."""
+"""At most one attention split task per SM (builder `one_wave`)."""
 SILU_OUT = {"silu_out": True}
-"""SiLU-mul in the gate|up tiles' epilogue (builder `silu_out`, ABI flag SILU_OUT, run 14)."""
+"""SiLU-mul in the gate|up tiles' epilogue (builder `silu_out`, ABI flag SILU_OUT)."""
 EVEN = {"even_splits": True}
 """Attention splits chunked by the context, not the plan (builder `even_splits`, ABI flag
-EVEN_SPLITS, run 15): another summation order, its own bitwise family."""
+EVEN_SPLITS): another summation order, its own bitwise family."""
 DEFAULTS = {**SILU_OUT, **EVEN, **WAVE}
-"""The builder's list options since run 17 (SILU_OUT, EVEN_SPLITS, one wave)."""
-PADDED = {"pad_levels": True}
-"""Each dependency level padded with NOPs to whole waves (builder `pad_levels`): on the
-static schedule block i runs the i-th task of every level. A path whose options hold it
-runs the static schedule wherever it runs (its greedy steps too)."""
+"""The builder's list options (SILU_OUT, EVEN_SPLITS, one wave)."""
 MMA_VARIANTS = [  # name, cubin, builder options, schedules
     ("stages", "v2", {"fuse": False}, (DYN,)),
     ("default", "v2", STAGED, (DYN,)),
@@ -85,36 +81,24 @@ MMA_VARIANTS = [  # name, cubin, builder options, schedules
     ("mma", "mma", STAGED, (DYN, STATIC)),
     ("mma-fused", "mma", {"fine_deps": False}, (DYN,)),
 ]
-"""The tensor-core GEMV (cubin `mma`) beside the current default (`v2`, the same task
-list), each with its unfused list as the bitwise reference; `mma-fused` was meant to have
-every fusion flag but sets only fine_deps False: the builder's defaults keep norms and
-merges as stages, so it is `mma`'s list (run 3 timed both at 1,192 us; the flags are
-timed by the `fuse` set)."""
+"""The tensor-core GEMV (cubin `mma`) beside the FMA default (`v2`, the same task list),
+each with its unfused list as the bitwise reference; `mma-fused` was meant to have every
+fusion flag but sets only fine_deps False: the builder's defaults keep norms and merges as
+stages, so it is `mma`'s list (both timed at 1,192 us; the flags are timed by the `fuse`
+set)."""
 GREEDY = {"mma": [("mk-default", "v2", STAGED), ("mk-mma", "mma", STAGED)],
-          "l2": [("mk-mma", "mma", STAGED), ("mk-mma-tile-l2", "mmal2", STAGED)],
           "fuse": [("mk-mma", "mma", STAGED),
                    ("mk-mma-all-in", "mma", {"fine_deps": True, "fuse_norm": True,
                                              "fuse_merge": True})],
           "merge": [("mk-mma6-norm-in", "mma6", NORM_IN),
                     ("mk-mma6-norm-merge-in", "mma6", {**NORM_IN, "fuse_merge": True}),
                     ("mk-mma6", "mma6", STAGED)],
-          "diag": [("mk-mma7-norm-in", "mma7", NORM_IN), ("mk-nv-norm-in", "nv", NORM_IN)],
           "ahead": [("mk-mma8-norm-in", "mma8", NORM_IN),
                     ("mk-mma8-norm-in-l2a5", "mma8", {**NORM_IN, "l2_ahead": 5}),
                     ("mk-mma8", "mma8", STAGED)],
           "wave": [("mk-mma8-1w-norm-in", "mma8", {**NORM_IN, **WAVE}),
                    ("mk-mma8-1w", "mma8", {**STAGED, **WAVE}),
                    ("mk-mma8-norm-in", "mma8", NORM_IN)],
-          "deep": [("mk-deep-norm-in", "mmadeep", NORM_IN), ("mk-deep", "mmadeep", STAGED),
-                   ("mk-mma9-norm-in", "mma9", NORM_IN)],
-          "deepsmoke": [("mk-deep-norm-in", "mmadeep", NORM_IN)],
-          "attention": [("mk-sa8-norm-in", "mmasa8", NORM_IN), ("mk-m1-norm-in", "mmam1", NORM_IN),
-                        ("mk-se-norm-in", "mmase", NORM_IN),
-                        ("mk-all-norm-in", "mmaall", NORM_IN), ("mk-all", "mmaall", STAGED),
-                        ("mk-mma9-norm-in", "mma9", NORM_IN)],
-          "silu": [("mk-silu8-norm-in", "mmasilu8", NORM_IN), ("mk-silu8", "mmasilu8", STAGED),
-                   ("mk-mma9", "mma9", STAGED)],
-          "siludiag": [("mk-mma9", "mma9", STAGED)],
           "even": [("mk-even-norm-in", "mma9", {**NORM_IN, **SILU_OUT, **EVEN}),
                    ("mk-even", "mma9", {**STAGED, **SILU_OUT, **EVEN}),
                    ("mk-siluout", "mma9", {**STAGED, **SILU_OUT})],
@@ -124,56 +108,10 @@ GREEDY = {"mma": [("mk-default", "v2", STAGED), ("mk-mma", "mma", STAGED)],
           "siluout": [("mk-siluout-norm-in", "mma9", {**NORM_IN, **SILU_OUT}),
                       ("mk-siluout", "mma9", {**STAGED, **SILU_OUT}),
                       ("mk-mma9", "mma9", STAGED)],
-          "stack": [("mk-m1-norm-in", "mmam1", {**NORM_IN, **DEFAULTS}),
-                    ("mk-nv-norm-in", "nv", {**NORM_IN, **DEFAULTS}),
-                    ("mk-nvm1-norm-in", "nvm1", {**NORM_IN, **DEFAULTS}),
-                    ("mk-nvm1-fine", "nvm1", {**STAGED, **DEFAULTS, "fine_deps": True})],
-          "fat": [("mk-kv1-pg-norm-in", "mmapg", {**NORM_IN, **DEFAULTS, "kv_splits": 1}),
-                  ("mk-kv2-sa8pg-norm-in", "mmasa8pg",
-                   {**NORM_IN, **DEFAULTS, "kv_splits": 2})],
-          "raw": [("mk-evenwave-raw4-norm-in", "mmaraw4", {**NORM_IN, **DEFAULTS}),
-                  ("mk-kv1-raw8-norm-in", "mmaraw8", {**NORM_IN, **DEFAULTS, "kv_splits": 1})],
-          "rawl2": [("mk-kv1-raw4l2-norm-in", "mmaraw4l2",
-                     {**NORM_IN, **DEFAULTS, "kv_splits": 1})],
-          "stream": [("mk-stream-norm-in", "mmastream",
-                      {**NORM_IN, **DEFAULTS, **PADDED}),
-                     ("mk-stream", "mmastream", {**STAGED, **DEFAULTS, **PADDED})],
-          "streamtail": [("mk-streamt-norm-in", "mmastreamt",
-                          {**NORM_IN, **DEFAULTS, **PADDED}),
-                         ("mk-streamq", "mmastream", {**STAGED, **DEFAULTS})],
           "plain": [("mk-evenwave-norm-in", "mma9", {**NORM_IN, **DEFAULTS}),
-                    ("mk-evenwave", "mma9", {**STAGED, **DEFAULTS})],
-          "issue19": [("mk-+ring", "v2", {"fine_deps": False})]}
-"""Persistent paths run 32 greedy steps against eager (name, cubin, options)."""
-VARIANTS = [  # name, cubin, builder options, schedules
-    ("stages", "ring0", {"fuse": False}, (DYN,)),
-    ("fused", "ring0", {"fine_deps": False}, (DYN,)),
-    ("+ring", "v2", {"fine_deps": False}, (DYN, STATIC)),
-    ("+claim", "claim", {"fine_deps": False}, (DYN,)),
-    ("+ring-norm-stages", "v2", {"fine_deps": False, "fuse_norm": False}, (DYN,)),
-    ("+ring-norm-merge-stages", "v2", {"fine_deps": False, "fuse_norm": False,
-                                       "fuse_merge": False}, (DYN,)),
-    ("+fine", "v2", {}, (DYN,)),
-    ("+next-l2", "next", {"fine_deps": False}, (STATIC,)),
-    ("+next-l2-norm-merge-stages", "next", {"fine_deps": False, "fuse_norm": False,
-                                            "fuse_merge": False}, (STATIC,)),
-]
-"""Run 1 (benchmarks/results/h200-2026-12-01/run1) also had +tiles2 (tile_scale 2):
-slower everywhere (half the SMs per stage), dropped."""
-L2_VARIANTS = [  # name, cubin, builder options, schedules
-    ("mma-stages", "mma", {"fuse": False}, (DYN,)),
-    ("mma", "mma", STAGED, (DYN, STATIC)),
-    ("mma-tile-l2", "mmal2", STAGED, (DYN, STATIC)),
-    ("mma-next-l2", "mmanext", STAGED, (STATIC,)),
-    ("mma-fine", "mma", {**STAGED, "fine_deps": True}, (DYN,)),
-    ("mma-tile-l2-fine", "mmal2", {**STAGED, "fine_deps": True}, (DYN,)),
-]
-"""Run 4: the stage waits (44 % of the b1 span with the tensor-core GEMV) overlapped with
-the weight stream. `mmal2` (RG_MK_MMA=1 RG_MK_TILE_L2=1): before its counter wait a GEMV
-task asks L2 for its whole tile, not only the ring's first groups; `mmanext` (RG_MK_MMA=1
-RG_MK_NEXT_L2=1): the static schedule asks L2 for its next task's tile; `-fine`: attention
-splits wait only for their kv head's q|k|v tiles. All of the `mma` family: bit for bit the
-unfused list's logits."""
+                    ("mk-evenwave", "mma9", {**STAGED, **DEFAULTS})]}
+"""Persistent paths whose 32 greedy steps are checked against eager's (name, cubin,
+options)."""
 FUSE_VARIANTS = [  # name, cubin, builder options, schedules
     ("mma-stages", "mma", {"fuse": False}, (DYN,)),
     ("mma", "mma", STAGED, (DYN,)),
@@ -181,10 +119,10 @@ FUSE_VARIANTS = [  # name, cubin, builder options, schedules
     ("mma-merge-in", "mma", {**STAGED, "fuse_merge": True}, (DYN,)),
     ("mma-all-in", "mma", {"fine_deps": True, "fuse_norm": True, "fuse_merge": True}, (DYN,)),
 ]
-"""Run 5: the serial single-block stages out of the critical path. Run 4's breakdown at b1:
-each RMS norm is one task on one SM (6.3 us) that all 128 tiles of the next GEMV wait for,
-twice a layer; NORM_IN / MERGE_IN (ABI v2 flags) renormalise / merge in every consumer
-tile's prologue instead. Measured with the FMA GEMV only so far (slower there: the
+"""The serial single-block stages out of the critical path. The `mma` set's breakdown at
+b1: each RMS norm is one task on one SM (6.3 us) that all 128 tiles of the next GEMV wait
+for, twice a layer; NORM_IN / MERGE_IN (ABI v2 flags) renormalise / merge in every consumer
+tile's prologue instead. Measured with the FMA GEMV only before this set (slower there: the
 prologue every tile redoes cost more than the stage); `mma-fused` of the `mma` set never
 set them (the builder's defaults keep norms and merges as stages)."""
 MERGE_VARIANTS = [  # name, cubin, builder options, schedules
@@ -197,30 +135,16 @@ MERGE_VARIANTS = [  # name, cubin, builder options, schedules
     ("mma6-norm-merge-in", "mma6", {**NORM_IN, "fuse_merge": True}, (DYN,)),
     ("mma6-all-in", "mma6", {"fine_deps": True, "fuse_norm": True, "fuse_merge": True}, (DYN,)),
 ]
-"""Run 6: the latency of the small serial steps. Run 5's breakdown at b1: a merge task
+"""The latency of the small serial steps. The `fuse` set's breakdown at b1: a merge task
 (one per sequence and kv head, on the critical path of every layer) ran 4.8 us for 2 heads
 x 128 values, because each of its threads loaded the splits' m, then l and acc, one
 dependent L2 round trip after the other (2 x 22 splits); MERGE_IN's prologue the same per
-o_proj tile, and a norm one round trip per element. `mma6` (the tree's kernel now) loads
-every split's m, then every l, at once, skips the zero-weight splits and issues the loads
-8 at a time before their sums (kernels/persistent/attention_split.cuh, split_weights and
-merged), and the norms load 8 elements ahead: the same arithmetic in the same order, so
-`mma6` must give `mma`'s logits bit for bit (the family check compares every variant with
-`mma-stages`, built from the previous kernel)."""
-DIAG_VARIANTS = [  # name, cubin, builder options, schedules
-    ("mma7-stages", "mma7", {"fuse": False}, (DYN,)),
-    ("mma7", "mma7", STAGED, (DYN,)),
-    ("mma7-norm-in", "mma7", NORM_IN, (DYN,)),
-    ("nv-stages", "nv", {"fuse": False}, (DYN,)),
-    ("nv", "nv", STAGED, (DYN,)),
-    ("nv-norm-in", "nv", NORM_IN, (DYN,)),
-]
-"""Run 7: where a GEMV task's run goes at b1 (run 6's traced stages: a q|k|v tile ran 16 us
-with the norm in its prologue, 6 us without; a down tile 29 us for 192 KB of weights). The
-trace now splits a GEMV's run at its staged input (`prologue_us` per stage); `mma7` is the
-tree's kernel (run 6's `mma6` plus that timestamp), `nv` the same with RG_MK_NORM_VEC=1 (a
-norm reads 16 bytes a load: another summation order, so its own family, bitwise against
-`nv-stages`)."""
+o_proj tile, and a norm one round trip per element. `mma6` (the tree's kernel when this set
+was written) loads every split's m, then every l, at once, skips the zero-weight splits and
+issues the loads 8 at a time before their sums (kernels/persistent/attention_split.cuh,
+split_weights and merged), and the norms load 8 elements ahead: the same arithmetic in the
+same order, so `mma6` must give `mma`'s logits bit for bit (the family check compares every
+variant with `mma-stages`, built from the previous kernel)."""
 AHEAD_VARIANTS = [  # name, cubin, builder options, schedules
     ("mma-stages", "mma", {"fuse": False}, (DYN,)),
     ("mma8-stages", "mma8", {"fuse": False}, (DYN,)),
@@ -231,16 +155,17 @@ AHEAD_VARIANTS = [  # name, cubin, builder options, schedules
     ("mma8-norm-in-l2a8", "mma8", {**NORM_IN, "l2_ahead": 8}, (DYN,)),
     ("mma8-l2a5", "mma8", {**STAGED, "l2_ahead": 5}, (DYN,)),
 ]
-"""Run 8. Run 7's traced stages at b1 (66 us a layer): q|k|v 9.1 us, splits 13.1, merge 7.1,
-o 3.4, gate|up 19.4, down 12.4 -- the windows add up to the layer, each stage waits for the
-one before; a task's run holds ~2.5 us besides its work (the queue claim's round trip before
-its signal, 19 of 22 splits an empty-state task of 3 us). `mma8` (the tree's kernel)
-signals before it claims, writes an empty split's m and l only (a merge never reads the acc
-of a zero-weight split), and requests 2 granules of SILU_IN's gate and up at a time;
-bit for bit `mma`'s logits (the family check against `mma-stages`, the previous kernel).
-`l2aN`: PREFETCH_L2 tasks after each layer's attention ask L2 for N eighths of every
-gate|up tile (the blocks done with their splits issue them while DRAM idles: the
-attention phase is ~20 us of the layer); a hint, so the same logits."""
+"""The traced stages at b1 before this set (66 us a layer): q|k|v 9.1 us, splits 13.1,
+merge 7.1, o 3.4, gate|up 19.4, down 12.4 -- the windows add up to the layer, each stage
+waits for the one before; a task's run holds ~2.5 us besides its work (the queue claim's
+round trip before its signal, 19 of 22 splits an empty-state task of 3 us). `mma8` (the
+tree's kernel when this set was written) signals before it claims, writes an empty split's
+m and l only (a merge never reads the acc of a zero-weight split), and requests 2 granules
+of SILU_IN's gate and up at a time; bit for bit `mma`'s logits (the family check against
+`mma-stages`, the previous kernel). `l2aN`: PREFETCH_L2 tasks after each layer's attention
+ask L2 for N eighths of every gate|up tile (the blocks done with their splits issue them
+while DRAM idles: the attention phase is ~20 us of the layer); a hint, so the same
+logits."""
 WAVE_VARIANTS = [  # name, cubin, builder options, schedules
     ("mma-stages", "mma", {"fuse": False}, (DYN,)),
     ("mma8-norm-in", "mma8", NORM_IN, (DYN,)),
@@ -250,82 +175,30 @@ WAVE_VARIANTS = [  # name, cubin, builder options, schedules
     ("mma8-1w", "mma8", {**STAGED, **WAVE}, (DYN,)),
     ("mma8-1w-fine-norm-in", "mma8", {**NORM_IN, **WAVE, "fine_deps": True}, (DYN,)),
 ]
-"""Run 9: the attention phase (run 8 at b1: splits 12.5 us, merge 6 us of a 65 us layer;
+"""The attention phase (the `ahead` set at b1: splits 12.5 us, merge 6 us of a 65 us layer;
 split_kv does both in 6.5 us in the baseline's graph). Split tasks are now emitted
 split-major (every kv head's token-bearing first splits in the first wave; the same
 logits, so `mma8-norm-in` is bitwise `mma-stages` still); `1w`: at most one split task per
 SM (`one_wave`: b1 16 splits of 64 tokens instead of 22 of 48, b4 4 x 256 instead of
 6 x 192, b8 2 x 512 instead of 4 x 336): another chunking, so its own bitwise family
 (`mma8-1w-stages`)."""
-DEEP_VARIANTS = [  # name, cubin, builder options, schedules
-    ("mma-stages", "mma", {"fuse": False}, (DYN,)),
-    ("mma9-norm-in", "mma9", NORM_IN, (DYN,)),
-    ("mma9", "mma9", STAGED, (DYN,)),
-    ("deep-stages", "mmadeep", {"fuse": False}, (DYN,)),
-    ("deep-norm-in", "mmadeep", NORM_IN, (DYN,)),
-    ("deep", "mmadeep", STAGED, (DYN,)),
-]
-"""Run 10: more of a tile in flight while its block waits. Run 9 at b1: a gate|up tile runs
-15 us for 384 KB, a down tile 9.8 us for 192 KB, and their blocks wait ~3 us for the stage
-before with only the ring's 2 prefetched groups (64 KB) in flight. `mmadeep`
-(RG_MK_DEEP=1): where the staged input fits 32 KB a tensor-core tile streams through a
-5-group ring (160 KB, over the ring and the staging buffer's start), 4 groups (128 KB)
-before the wait; `mma9` is the tree's default layout (the ring first in shared memory now).
-The same loads in the same order: every list bitwise `mma-stages` (the previous kernel)."""
 LATENCY_BASE = [  # name, cubin, builder options, schedules
     ("mma-stages", "mma", {"fuse": False}, (DYN,)),
     ("mma9-norm-in", "mma9", NORM_IN, (DYN,)),
     ("mma9", "mma9", STAGED, (DYN,)),
 ]
-"""What the latency variant sets time theirs beside: the unfused list (every list's bits),
-and the tree's kernel with the norms in and staged."""
-ATTENTION_VARIANTS = [*LATENCY_BASE,
-    ("sa8-norm-in", "mmasa8", NORM_IN, (DYN,)),
-    ("m1-norm-in", "mmam1", NORM_IN, (DYN,)),
-    ("se-norm-in", "mmase", NORM_IN, (DYN,)),
-    ("all-norm-in", "mmaall", NORM_IN, (DYN,)),
-    ("all", "mmaall", STAGED, (DYN,)),
-]
-"""The attention phase's latency. Run 9 at b1: splits 11.5 us and merge 5.7 us of a 65 us
-layer for ~1 MB of K/V. A split warp walks its tokens with one token's rows in flight (6
-at b1, 24 at b4, 42 at b8 on the benchmark's plan for 1024 positions): `mmasa8` keeps 8 in
-flight (RG_MK_SPLIT_AHEAD=8). A merge makes three dependent L2 round trips (m, then l,
-then acc): `mmam1` one (RG_MK_MERGE_ONE_TRIP=1). 19 of a kv head's 22 splits hold no
-token at b1, and each waits for the q|k|v stage before it signals: `mmase` runs them
-without waiting (RG_MK_SKIP_EMPTY=1). `mmaall`: the three. The same values in the same
-sums: every list is bitwise `mma-stages` (the previous kernel) still."""
-DEEP_SMOKE = [v for v in DEEP_VARIANTS if v[0] in ("mma-stages", "deep-norm-in")]
-"""The deep ring once at each batch before the timed run (a fault there would take the
-call's CUDA context with it)."""
-SILU_VARIANTS = [*LATENCY_BASE,
-    ("silu4-norm-in", "mmasilu4", NORM_IN, (DYN,)),
-    ("silu4", "mmasilu4", STAGED, (DYN,)),
-    ("silu8-norm-in", "mmasilu8", NORM_IN, (DYN,)),
-    ("silu8", "mmasilu8", STAGED, (DYN,)),
-]
-"""A down tile's prologue. Run 11 traced it at 20.4 of a b8 down task's 28 us (3.2 at
-b1): the tile stages SiLU(gate)*up of the whole batch, 96 KB at b8, 24 granules a
-thread, with 2 granules of gate and up in flight (12 dependent L2 round trips).
-`mmasilu4` / `mmasilu8` keep 4 / 8 in flight (RG_MK_SILU_AHEAD). The same values in
-the same order: bitwise `mma-stages`. Run 12: no faster; the prologue is the SiLU
-arithmetic (run 13, `siludiag`), not the round trips."""
-SILU_DIAG_VARIANTS = [*LATENCY_BASE,
-    ("siludiag1", "mmasilud1", STAGED, (DYN,)),
-    ("siludiag2", "mmasilud2", STAGED, (DYN,)),
-]
-"""Diagnostics, NOT bitwise (run 12: more SiLU granules in flight were no faster): the
-down prologue with fast-intrinsic SiLU (RG_MK_SILU_DIAG=1) and with none (=2, gate * up),
-to time its arithmetic against its loads. Only the traced down stage is read: siludiag2's
-bitwise line says != (not the model), and the greedy check runs the default kernel."""
+"""What a set times its lists beside: the unfused list (every list's bits), and the tree's
+kernel with the norms in and staged."""
 SILU_OUT_VARIANTS = [*LATENCY_BASE,
     ("siluout-norm-in", "mma9", {**NORM_IN, **SILU_OUT}, (DYN,)),
     ("siluout", "mma9", {**STAGED, **SILU_OUT}, (DYN, STATIC)),
     ("siluout-fine", "mma9", {**STAGED, **SILU_OUT, "fine_deps": True}, (DYN,)),
 ]
-"""Run 14: the SiLU once an element. Run 13: a b8 down tile's prologue is 20.6 us, 11.7 of
-it the IEEE SiLU each of the ~128 down tiles redoes over the whole batch x intermediate
-input. `siluout` (the list option; the same kernel): each gate|up tile takes the same rows
-of both weights and stores SiLU(gate) * up in its epilogue (SILU_OUT), and a down tile
+"""The SiLU once an element. A b8 down tile's prologue was 20.6 us, 11.7 of it the IEEE
+SiLU each of the ~128 down tiles redoes over the whole batch x intermediate input (timed
+against diagnostic builds with a fast-intrinsic SiLU and none; more granules in flight were
+no faster). `siluout` (the list option; the same kernel): each gate|up tile takes the same
+rows of both weights and stores SiLU(gate) * up in its epilogue (SILU_OUT), and a down tile
 stages that plain. The same values in the same roundings: every list bitwise
 `mma-stages`."""
 EVEN_VARIANTS = [
@@ -337,8 +210,8 @@ EVEN_VARIANTS = [
     ("even", "mma9", {**STAGED, **SILU_OUT, **EVEN}, (DYN, STATIC)),
     ("even-fine", "mma9", {**STAGED, **SILU_OUT, **EVEN, "fine_deps": True}, (DYN,)),
 ]
-"""Run 15: the attention phase at short contexts. Run 14 at b8: the split window is 21.7
-of a 83 us layer; the plan is for 1024 positions (4 splits of 336 tokens), so the
+"""The attention phase at short contexts. The `siluout` lists at b8: the split window is
+21.7 of a 83 us layer; the plan is for 1024 positions (4 splits of 336 tokens), so the
 benchmark's 129-token contexts sit in one split a (sequence, kv head), 17 tokens a warp
 one after the other, beside 3 empty ones. `even` (EVEN_SPLITS): each split takes
 ceil(len / splits) tokens (at least 16): 33 at b8, 22 at b4, 16 at b1. Its own family:
@@ -351,164 +224,34 @@ EVEN_WAVE_VARIANTS = [
     ("evenwave-norm-in", "mma9", {**NORM_IN, **SILU_OUT, **EVEN, **WAVE}, (DYN,)),
     ("evenwave", "mma9", {**STAGED, **SILU_OUT, **EVEN, **WAVE}, (DYN,)),
 ]
-"""Run 17: one wave of split tasks now that splits are sized by the context. Run 15 at b1:
-176 split tasks a layer (8 kv heads x 22 planned splits) on 132 SMs, two waves; the split
-window 7.3 us where a split runs 3.1. Run 9's `one_wave` (at most one split task per SM)
-was 2.4 % slower at b1 because a token-bearing split then held 64 planned tokens; with
-EVEN_SPLITS a split holds ceil(len / splits) tokens whatever the plan, so `evenwave` has
-16 splits a kv head at b1 (128 tasks, one wave) of the same 16 tokens, 4 x 33 at b4, 2 x 65
-at b8. Its own family (`family_of`: one_wave), bitwise `evenwave-stages`."""
-STACK_VARIANTS = [
-    ("evenwave-stages", "mma", {"fuse": False, **EVEN, **WAVE}, (DYN,)),
-    ("evenwave-norm-in", "mma9", {**NORM_IN, **DEFAULTS}, (DYN,)),
-    ("evenwave", "mma9", {**STAGED, **DEFAULTS}, (DYN,)),
-    ("evenwave-fine", "mma9", {**STAGED, **DEFAULTS, "fine_deps": True}, (DYN,)),
-    ("m1-norm-in", "mmam1", {**NORM_IN, **DEFAULTS}, (DYN,)),
-    ("m1", "mmam1", {**STAGED, **DEFAULTS}, (DYN,)),
-    ("nv-stages", "nv", {"fuse": False, **EVEN, **WAVE}, (DYN,)),
-    ("nv-norm-in", "nv", {**NORM_IN, **DEFAULTS}, (DYN,)),
-    ("nvm1-norm-in", "nvm1", {**NORM_IN, **DEFAULTS}, (DYN,)),
-    ("nvm1", "nvm1", {**STAGED, **DEFAULTS}, (DYN,)),
-    ("nvm1-fine", "nvm1", {**STAGED, **DEFAULTS, "fine_deps": True}, (DYN,)),
-]
-"""Run 20: the levers measured before, on today's lists, alone and stacked: the one-trip
-merge (`mmam1`, RG_MK_MERGE_ONE_TRIP=1: run 11 -1.8 % at b1, +1.6 % at b8 on the lists of
-then), 16-byte norm loads (`nv`, RG_MK_NORM_VEC=1: run 7 -1.4 % at b1; another summation
-order, its own family, bitwise `nv-stages`), splits waiting only for their kv head
-(`fine_deps`: run 15 -1.3 % at b8), and all three (`nvm1`: both build flags). Whether the
-levers left in this design add up to anything near the b1 bar (0.69 ms)."""
-FAT_VARIANTS = [
-    ("evenwave-stages", "mma", {"fuse": False, **EVEN, **WAVE}, (DYN,)),
-    ("evenwave-norm-in", "mma9", {**NORM_IN, **DEFAULTS}, (DYN,)),
-    ("evenwave-pg-norm-in", "mmapg", {**NORM_IN, **DEFAULTS}, (DYN,)),
-    ("evenwave", "mma9", {**STAGED, **DEFAULTS}, (DYN,)),
-    ("evenwave-pg", "mmapg", {**STAGED, **DEFAULTS}, (DYN,)),
-    *[row for n in (1, 2, 4) for row in (
-        (f"kv{n}-stages", "mma", {"fuse": False, **EVEN, **WAVE, "kv_splits": n}, (DYN,)),
-        (f"kv{n}-norm-in", "mma9", {**NORM_IN, **DEFAULTS, "kv_splits": n}, (DYN,)),
-        (f"kv{n}-pg-norm-in", "mmapg", {**NORM_IN, **DEFAULTS, "kv_splits": n}, (DYN,)),
-        (f"kv{n}-sa8pg-norm-in", "mmasa8pg", {**NORM_IN, **DEFAULTS, "kv_splits": n}, (DYN,)))],
-    ("kv1-merge-in", "mma9", {**NORM_IN, **DEFAULTS, "kv_splits": 1, "fuse_merge": True},
-     (DYN,)),
-    ("kv1-sa8-norm-in", "mmasa8", {**NORM_IN, **DEFAULTS, "kv_splits": 1}, (DYN,)),
-    ("kv2-pg", "mmapg", {**STAGED, **DEFAULTS, "kv_splits": 2}, (DYN,)),
-]
-"""Runs 75-77: a few fat split tasks a (sequence, kv head) instead of one wave of thin ones.
-Run 11 found the b1 split window (7.4 us a layer since run 17, and a 5.4 us merge) set by
-when blocks reach the split tasks in the queue, not by a split's loads; `kv_splits` N caps
-the splits at N a kv head (b1: 8 N tasks of 128 / N tokens, against 128 of 16), the merge
-staged (`norm-in`) or in o_proj's prologue (`merge-in`). Run 75 (H100) timed a split warp at
-~1.2 us a token whatever N, the 8-ahead loop (`sa8`) slower still, and each token's K/V load
-waited on its block-table load in the SASS; RG_MK_SPLIT_PAGES=1 (`pg`, runs 76-77: run 77's
-build the one with no table load in the loop) reads the chunk's pages once, two a lane;
-`sa8pg` with 8 tokens ahead. Neither moved the ~1 us a token (docs/perf.md, "Runs 75-77").
-The same arithmetic (bitwise the tree's kernel); each N its own bitwise family
-(`family_of`), `kvN-stages`."""
+"""One wave of split tasks now that splits are sized by the context. The `even` lists at
+b1: 176 split tasks a layer (8 kv heads x 22 planned splits) on 132 SMs, two waves; the
+split window 7.3 us where a split takes 3.1. The `wave` set's `one_wave` (at most one split
+task per SM) was 2.4 % slower at b1 because a token-bearing split then held 64 planned
+tokens; with EVEN_SPLITS a split holds ceil(len / splits) tokens whatever the plan, so
+`evenwave` has 16 splits a kv head at b1 (128 tasks, one wave) of the same 16 tokens,
+4 x 33 at b4, 2 x 65 at b8. Its own family (`family_of`: one_wave), bitwise
+`evenwave-stages`."""
 THIN_WAVE = [
     ("evenwave-stages", "mma", {"fuse": False, **EVEN, **WAVE}, (DYN,)),
     ("evenwave-norm-in", "mma9", {**NORM_IN, **DEFAULTS}, (DYN,)),
     ("evenwave", "mma9", {**STAGED, **DEFAULTS}, (DYN,)),
 ]
 """The tree's kernel on the default lists (norms in: b1's; staged: b4 / b8's) and their
-unfused bitwise reference: the first rows of the split-loop sets."""
-
-
-STREAM_VARIANTS = [
-    *THIN_WAVE,
-    ("pad-norm-in", "mma9", {**NORM_IN, **DEFAULTS, **PADDED}, (STATIC,)),
-    ("pad", "mma9", {**STAGED, **DEFAULTS, **PADDED}, (STATIC,)),
-    ("stream-norm-in", "mmastream", {**NORM_IN, **DEFAULTS, **PADDED}, (STATIC,)),
-    ("stream", "mmastream", {**STAGED, **DEFAULTS, **PADDED}, (STATIC,)),
-    ("streamq-norm-in", "mmastream", {**NORM_IN, **DEFAULTS}, (DYN,)),
-]
-"""The next design of run 11, its first step: the weight stream across the stage barrier.
-RG_MK_STREAM=1 RG_MK_STREAM_AHEAD=1 (`mmastream`; in run 86 the one flag RG_MK_STREAM=1,
-the same SASS): on the static schedule a block knows its next GEMV task and
-its ring (5 groups, 160 KB, where the step's inputs fit 48 KB: b1-b4) runs on into it as
-the current task's stream ends, so the next stage's first 128 KB are in flight while the
-block runs its split, epilogue, signal and counter wait. `pad` lists (PADDED) give block i
-the i-th task of every level, so the static schedule is one wave a stage; `pad` on the
-tree's kernel separates the schedule from the stream; `streamq` is the same build on the
-dynamic queue (no next task: only the deeper ring before the wait, run 10's `mmadeep`).
-The same loads in the same order into the same sums: every list bitwise its family's
-unfused list (NOPs compute nothing)."""
-
-
+unfused bitwise reference: the first rows of the `plain` set."""
 PLAIN_VARIANTS = [
     *THIN_WAVE,
     ("plain-norm-in", "mmaplain", {**NORM_IN, **DEFAULTS}, (DYN,)),
     ("plain", "mmaplain", {**STAGED, **DEFAULTS}, (DYN,)),
 ]
-"""Run 88: the tree's kernel since run 87 (`mma9`: RG_MK_STREAM=1, the ring one stream
-across a block's tasks, 5 groups where the inputs fit 48 KB) beside the plain ring it
-replaced (`mmaplain`: RG_MK_MMA=1 alone, the default of runs 79-85) on the default lists
-(norms in: b1's; staged: b4 / b8's). Bitwise the same family."""
-STREAM_TAIL_VARIANTS = [
-    *THIN_WAVE,
-    ("stream-norm-in", "mmastream", {**NORM_IN, **DEFAULTS, **PADDED}, (STATIC,)),
-    ("streamt-norm-in", "mmastreamt", {**NORM_IN, **DEFAULTS, **PADDED}, (STATIC,)),
-    ("streamt", "mmastreamt", {**STAGED, **DEFAULTS, **PADDED}, (STATIC,)),
-    ("streamq-norm-in", "mmastream", {**NORM_IN, **DEFAULTS}, (DYN,)),
-    ("streamq", "mmastream", {**STAGED, **DEFAULTS}, (DYN,)),
-]
-"""Run 87. Run 86 (H100): the stream across the barrier made every list slower (b1 1,158
-against 1,040 us): each GEMV task's run grew by the next task's copies it streamed beside
-its own tail (o 2.8 -> 5.6 us, gate|up 18.2 -> 21.5, down 8.4 -> 11.3) while the waits
-shrank (28.3 -> 21.0 % of block time); the same build on the dynamic queue (`streamq`: the
-5-group ring within a task, 4 groups before the wait) was the fastest b1 list (1,008 us).
-`streamt` (RG_MK_STREAM_TAIL=1): the ring runs on into the next task only once this task's
-groups are all read, so a stage's tail streams alone; `streamq` on the staged lists (the
-b4 / b8 defaults). Bitwise the tree's kernel."""
-
-
-def kv_stages(n: int) -> tuple:
-    """The unfused list of `kv_splits` n: its family's bitwise reference (family_of)."""
-    return (f"kv{n}-stages", "mma", {"fuse": False, **EVEN, **WAVE, "kv_splits": n}, (DYN,))
-
-
-RAW_VARIANTS = [
-    *THIN_WAVE,
-    *[(f"evenwave-raw{r}-norm-in", f"mmaraw{r}", {**NORM_IN, **DEFAULTS}, (DYN,))
-      for r in (2, 4, 8)],
-    *[(f"evenwave-raw{r}", f"mmaraw{r}", {**STAGED, **DEFAULTS}, (DYN,)) for r in (4, 8)],
-    *[row for n in (1, 2, 4) for row in (
-        kv_stages(n),
-        (f"kv{n}-norm-in", "mma9", {**NORM_IN, **DEFAULTS, "kv_splits": n}, (DYN,)),
-        *[(f"kv{n}-raw{r}-norm-in", f"mmaraw{r}", {**NORM_IN, **DEFAULTS, "kv_splits": n},
-           (DYN,)) for r in (4, 8)])],
-]
-"""Run 79: RG_MK_SPLIT_RAW=R (`rawR`), a split loop templated on the group whose next R
-tokens' K/V rows are held raw. Run 78's source counters (ncu, `kv1`) put 54 % of a split's
-stall samples on the loop's load lines, most on the conversion right after the "next token"
-loads: nvcc converts them at once, so the default loop pays a whole round trip a token,
-and runs 75-77's 8-ahead builds unrolled eight head slots a token (89 KB of SASS). The raw
-builds on the default lists and on `kv_splits` 1, 2, 4: the same arithmetic (bitwise the
-tree's kernel, `family_of`). Run 79 (H200): raw4 the fastest list at b1 / b4 / b8 (-1.6 /
--0.9 / -2.6 %), a kv1 split 27 % shorter, and still no cap beats the thin wave."""
-RAW_L2_VARIANTS = [
-    *THIN_WAVE,
-    *[row for build in ("raw4", "raw4l2") for row in (
-        (f"evenwave-{build}-norm-in", f"mma{build}", {**NORM_IN, **DEFAULTS}, (DYN,)),
-        (f"evenwave-{build}", f"mma{build}", {**STAGED, **DEFAULTS}, (DYN,)))],
-    *[row for n in (1, 2, 4) for row in (
-        kv_stages(n),
-        *[(f"kv{n}-{build}-norm-in", f"mma{build}", {**NORM_IN, **DEFAULTS, "kv_splits": n},
-           (DYN,)) for build in ("raw4", "raw4l2")])],
-]
-"""The next device call (not yet run): RG_MK_SPLIT_L2=1 on the raw4 build (`raw4l2`): a
-split asks L2 for its chunk's K and V rows before its counter wait. Run 79's kv1 splits
-waited 4.9 us for their k and v tiles and then paid ~1 us a load round trip; the default
-thin wave waits 0.7 us. The same bits (`family_of`)."""
-VARIANT_SETS = {"mma": MMA_VARIANTS, "issue19": VARIANTS, "l2": L2_VARIANTS,
-                "fuse": FUSE_VARIANTS, "merge": MERGE_VARIANTS, "diag": DIAG_VARIANTS,
-                "ahead": AHEAD_VARIANTS, "wave": WAVE_VARIANTS, "deep": DEEP_VARIANTS,
-                "deepsmoke": DEEP_SMOKE, "attention": ATTENTION_VARIANTS,
-                "silu": SILU_VARIANTS, "siludiag": SILU_DIAG_VARIANTS,
-                "siluout": SILU_OUT_VARIANTS, "even": EVEN_VARIANTS,
-                "evenwave": EVEN_WAVE_VARIANTS, "stack": STACK_VARIANTS, "fat": FAT_VARIANTS,
-                "raw": RAW_VARIANTS, "rawl2": RAW_L2_VARIANTS,
-                "stream": STREAM_VARIANTS, "streamtail": STREAM_TAIL_VARIANTS,
-                "plain": PLAIN_VARIANTS}
+"""The tree's kernel (`mma9`: RG_MK_STREAM=1, the ring one stream across a block's tasks,
+5 groups where the inputs fit 48 KB) beside the plain ring it replaced (`mmaplain`:
+RG_MK_MMA=1 alone) on the default lists (norms in: b1's; staged: b4 / b8's); the stream
+measured 2-6 % faster at b1 / b4 / b8 on the H100 (docs/perf.md). Bitwise the same
+family."""
+VARIANT_SETS = {"mma": MMA_VARIANTS, "fuse": FUSE_VARIANTS, "merge": MERGE_VARIANTS,
+                "ahead": AHEAD_VARIANTS, "wave": WAVE_VARIANTS, "siluout": SILU_OUT_VARIANTS,
+                "even": EVEN_VARIANTS, "evenwave": EVEN_WAVE_VARIANTS, "plain": PLAIN_VARIANTS}
 COMPILE = ["none", "max-autotune-no-cudagraphs"]
 """(`--compile default` adds torch.compile's default mode.)"""
 GREEDY_STEPS = 32
@@ -720,9 +463,9 @@ def bitwise(variants: list, logits: dict) -> dict:
 def batch_section(model, fused: dict, cubins: dict, batch: int, ns, ceiling: float,
                   deadline: float) -> dict:
     from rowgate.engines.qwen3 import DecodeGraphs
-    from rowgate_lab.megakernel import interpret, timeline
+    from rowgate_lab.megakernel import timeline
     from rowgate_lab.megakernel.abi import Schedule
-    from rowgate_lab.ops.megakernel import PersistentDecode, StepBuffers
+    from rowgate_lab.ops.megakernel import PersistentDecode
 
     weight_bytes = sum(t.numel() * t.element_size() for k, t in model.w.items()
                        if k != "model.embed_tokens.weight")
@@ -762,16 +505,6 @@ def batch_section(model, fused: dict, cubins: dict, batch: int, ns, ceiling: flo
         rec["vs_eager"] = {n: {"max_abs": float((v - want).abs().max()),
                                "argmax_equal": v.argmax(-1).tolist() == want.argmax(-1).tolist()}
                            for n, v in logits.items()}
-        if batch == 1 and "mk-+fine" in steps:  # the fused list through the ABI's torch
-            # semantics (the FMA kernel's rounding points), on the GPU
-            sb = StepBuffers(model, mk._clone_cache(cache), batch, steps["mk-+fine"].sm_count,
-                             **listed({"fine_deps": True}))
-            sb.stage(*args)
-            interpret.run(sb.plan.tasks, sb.plan.shape, sb.tensors)
-            rec["interpreter_vs_kernel_max_abs"] = float(
-                (sb.logits - logits["mk-+fine"]).abs().max())
-            rec["interpreter_argmax_equal"] = \
-                sb.logits.argmax(-1).tolist() == logits["mk-+fine"].argmax(-1).tolist()
         for f in fns.values():
             f()
         torch.cuda.synchronize()
@@ -853,7 +586,7 @@ def table(results: dict) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--cubins", nargs="+", required=True, help="NAME=PATH (v2, ring0, claim, next)")
+    ap.add_argument("--cubins", nargs="+", required=True, help="NAME=PATH (v2, mma, ...)")
     ap.add_argument("--split-kv-cubin", required=True)
     ap.add_argument("--variants", choices=sorted(VARIANT_SETS), default="mma")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 4],
@@ -869,7 +602,7 @@ def main() -> int:
                     help="paths profiled by kernel beside the graph-fused ones")
     ap.add_argument("--budget-s", type=float, default=115.0,
                     help="no max-autotune baseline is compiled after this many seconds "
-                         "(30-48 s per batch size on the H200, runs 1-2; nothing to cache "
+                         "(30-48 s per batch size on the H200; nothing to cache "
                          "across device calls: each starts on a fresh machine)")
     ns = ap.parse_args()
     ns.out.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""Hardware counters of the persistent decode step (issue 19's measured limit): ncu on one
+"""Hardware counters of the persistent decode step (its measured limit): ncu on one
 batch's step of the probe model for each given cubin, the same task list, the dynamic
 queue, the clocks left alone (`--clock-control none`).
 
@@ -13,13 +13,13 @@ traced breakdown: the breakdown says where a block's time goes (counter waits, G
 other ops); the counters say whether DRAM is busy while it does (dram throughput, bytes,
 L2 hit rate) and what the warps stall on.
 
-`--options` gives the task list's builder options as JSON (e.g. run 77's fat splits,
+`--options` gives the task list's builder options as JSON (e.g. fat splits,
 '{"fuse_norm": true, "kv_splits": 1}'); `--source FILE` (cubins built with -lineinfo) also
 takes ncu's source counters of one launch a cubin (DIR/source-NAME.ncu-rep, kept whole) and
 writes DIR/source.json: for each line of FILE (and each of its SASS instructions), the
 warp stall samples by reason (Nsight Compute's Python report interface maps each sampled
-address to its line), the question runs 75-77 left open: a persistent split warp pays
-~1 us a token however its loads are issued (docs/perf.md).
+address to its line), the question the fat-split measurements left open: a persistent split
+warp pays ~1 us a token however its loads are issued (docs/perf.md).
 """
 
 from __future__ import annotations

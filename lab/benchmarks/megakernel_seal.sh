@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The megakernel row sealed on a device lent 10 minutes a call (issue 19, item 5), in two
+# The megakernel row sealed on a device lent 10 minutes a call, in two
 # calls on one machine: the second must start while the first's machine is still warm
 # (ignored build outputs, build/torchinductor among them, are kept between calls there).
 #   bash benchmarks/megakernel_seal.sh warm   # carry [".site"]
@@ -17,7 +17,7 @@
 # On a runner without the 10-minute cap the row is one `nox -s gate-megakernel`.
 # The row's bars are the H200's: either step exits 3 at once on another card (the pool may
 # give an H100 for a call that names nvidia-h200), NEED_GPU=NAME to seal on another
-# (NEED_GPU=NVIDIA takes any card: run 83 sealed the row on an H100 so, docs/perf.md).
+# (NEED_GPU=NVIDIA takes any card: the row was sealed on an H100 so once, docs/perf.md).
 # Carry: the full .site and the tree are over the 64 MiB a call carries; leave the bundle
 # this seal replaces out of the working tree for both calls (docs/perf.md, "The raw split
 # loop as the default").
@@ -35,7 +35,12 @@ case "${1:-}" in
     R=/tmp/warm-results
     rm -rf "$R" /tmp/k && mkdir -p "$R"
     . benchmarks/device_env.sh || exit 1
-    bash benchmarks/issue19_build.sh /tmp/k > "$R/build.txt" 2>&1 || { tail -20 "$R/build.txt"; exit 1; }
+    # the tree's tensor-core kernel (kernels.toml persistent_decode_mma), the build gate's flags
+    mkdir -p /tmp/k/cubins
+    nvcc -cubin -arch=sm_90 -std=c++17 -I kernels/include -Werror all-warnings \
+      -Xptxas -v,-warn-spills,-warn-lmem-usage -Xcompiler -Wall,-Wextra,-Werror \
+      -DRG_MK_MMA=1 -DRG_MK_STREAM=1 -o /tmp/k/cubins/mk_mma.cubin kernels/persistent/megakernel.cu \
+      > /tmp/k/cubins/mk_mma.cubin.log 2>&1 || { tail -20 /tmp/k/cubins/mk_mma.cubin.log; exit 1; }
     grep -h "registers" /tmp/k/cubins/mk_mma.cubin.log | head -3
     timeout 200 python3 benchmarks/megakernel_ncu.py --out "$R/ncu" --norm-in --batch 1 \
       --cubin mma=/tmp/k/cubins/mk_mma.cubin 2>&1 | tail -n 30
@@ -51,7 +56,7 @@ case "${1:-}" in
       grep -v "triton_mm\|AUTOTUNE\|strides:\|dtypes:\|Autotune\|best_kernel\|SingleProcess\|^  mm \|^  addmm"
     du -sh build/torchinductor 2>/dev/null
     # the compiles that lost keep their caches under compiles/N/cache (~160 MB): left out,
-    # or the tarball is over what a call returns (run 83's did not come back)
+    # or the tarball is over what a call returns (one that held them did not come back)
     tar czf "$OUT/warm.tar.gz" --exclude=cache -C "$R" .
     ;;
   seal)

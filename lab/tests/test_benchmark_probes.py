@@ -1,13 +1,10 @@
-"""The deep candidate's measurement builds (docs/perf.md, runs 39-59), with the project's
-nvcc and warnings as errors: benchmarks/probes/paged_read.cu, its read ceilings, as
+"""The deep candidate's measurement builds (docs/perf.md), with the project's nvcc and
+warnings as errors: benchmarks/probes/paged_read.cu, its read ceilings, as
 benchmarks/deep_ceiling.py builds it on the device, both entry points present and neither
 spilling (the same flags refuse a planted warning, so the check can fail); the timing-only
 ablations with the copies on, each changing the kernel; the shared memory of the E5M2
 entry points that run three CTAs an SM, inside the carveout they were measured in; and the
-trace build (deep_trace.py), which changes the deep kernels only and keeps that carveout;
-the two-size plan's build (deep_tail.py), which leaves the other kernels' plans alone;
-and the merge kernel's build (deep_merge.py), which adds its entry points and changes the
-deep candidate's alone."""
+trace build (deep_trace.py), which changes the deep kernels only and keeps that carveout."""
 
 from __future__ import annotations
 
@@ -78,9 +75,9 @@ def test_a_planted_warning_fails_the_same_build(tmp_path: Path) -> None:
 
 
 def test_the_streaming_ablations_build_clean_and_each_changes_the_kernel(tmp_path: Path) -> None:
-    """deep_ceiling.py's timing-only builds with the copies on (RG_DEEP_ABLATE 7-10, runs
-    54-57): each compiles with the benchmark's own flags (warnings as errors), and no two
-    leave the E5M2 D128 G4 kernel the same (an ablation that changed nothing would)."""
+    """deep_ceiling.py's timing-only builds with the copies on (RG_DEEP_ABLATE 7-10): each
+    compiles with the benchmark's own flags (warnings as errors), and no two leave the E5M2
+    D128 G4 kernel the same (an ablation that changed nothing would)."""
     from benchmarks import deep_ceiling
 
     names = ["noqk", "nopv", "noepi", "storeonly"]
@@ -98,7 +95,7 @@ def test_three_e5m2_ctas_fit_the_196_kb_carveout(tmp_path: Path) -> None:
     B16x16K plan's 1024-token chunk. Their shared memory (dynamic, static, and the 1 KB the
     SM reserves a CTA, both in cuobjdump's SHARED) must fit the 196 KB carveout: past it
     the SM takes 228 KB and leaves the cp.async.ca copies 28 KB of L1 instead of 60, 6 %
-    slower on the H200 (benchmarks/deep_carveout.py, run 58: 156.0 against 147.0 us).
+    slower on the H200 (benchmarks/deep_carveout.py: 156.0 against 147.0 us).
     D128 G8 is 16 bytes inside it; so this guards every byte of static shared memory a
     change adds."""
     from rowgate_lab.ops import split_kv as op
@@ -159,43 +156,3 @@ def test_the_trace_build_changes_the_deep_kernels_only_and_keeps_their_carveout(
             entry = f"split_kv_e5m2_d{dim}_g{group}_deep"
             dynamic = op.SPLIT_KV_DEEP.smem(entry, 1024, group, dim)
             assert 3 * (dynamic + usage["trace"][entry]["SHARED"]) <= 196 * 1024, entry
-
-
-def test_the_tail_and_merge_builds_change_only_the_kernels_they_reshape(tmp_path: Path) -> None:
-    """deep_tail.py's builds (split_kv.cu's RG_DEEP_TAIL: the deep plan with two split sizes,
-    short splits last, split-major; here with long splits past 1024 tokens, the
-    RG_DEEP_MAX_CHUNK=1152 build) compile with warnings as errors and change no entry point
-    outside the deep candidate and the baseline; the plain `_deep` ones, whose plan the
-    knob reshapes, all change; and the rule deep_tail.py derives its grid from refuses a
-    tail that is not whole chunks of whole pages of the sequence (the kernel indexes a
-    split's pages from its first). (The `_base` entry points share finish_partial, whose
-    split index gains the knob's branch, so their code changes too; their CTAs never set a
-    split and take blockIdx.x as before.) deep_merge.py's split build (RG_DEEP_ABLATE=10 with
-    RG_DEEP_MERGE_ENTRY) adds the six merge kernels, unspilled, and changes the deep
-    candidate's entry points alone."""
-    from benchmarks import deep_merge, deep_tail
-
-    builds = {"main": [], "tail": deep_tail.defines(*deep_tail.VARIANTS["L1152t4"], trace=False),
-              "merge": deep_merge.BUILDS["split"]}
-    built = _deep_units(tmp_path, {k: [d for d in v if d != "RG_UNIT=3"]
-                                   for k, v in builds.items()}, 2)
-    for name, done in built.items():
-        assert done.returncode == 0, f"{name}: {done.stderr[-2000:]}"
-    sass = {n: _sass_by_function(tmp_path / f"{n}.cubin") for n in builds}
-    main, tail = sass["main"], sass["tail"]
-    changed = {f for f in main if main[f] != tail[f]}
-    assert set(main) == set(tail)
-    assert {f for f in main if f.endswith("_deep")} <= changed
-    assert all(f.endswith(("_deep", "_deepc", "_base")) for f in changed), changed
-    merge = sass["merge"]
-    entries = {f"split_kv_merge_d{d}_g{g}" for d in (128, 64) for g in (2, 4, 8)}
-    assert set(merge) == set(main) | entries
-    assert not any(re.search(r"\b(LDL|STL)\b", merge[f]) for f in entries)
-    changed = {f for f in main if main[f] != merge[f]}
-    assert {f for f in main if f.endswith("_deep")} <= changed
-    assert all(f.endswith(("_deep", "_deepc")) for f in changed), changed
-    assert deep_tail.splits(4, 512) == 18 and deep_tail.splits(1, 1024) == 16
-    assert deep_tail.splits(4, 640, 1152) == 16  # 12 x 1152 + 4 x 640: the default's CTAs
-    for tail, short, chunk in ((3, 512, 1024), (4, 600, 1024), (4, 640, 1088), (2, 1152, 1024)):
-        with pytest.raises(ValueError, match="not whole chunks of whole pages"):
-            deep_tail.splits(tail, short, chunk)

@@ -30,6 +30,11 @@ def names(group: str) -> list[str]:
     return list(dict.fromkeys([*_entry_points(group), *_REGISTERED[group]]))
 
 
+def own(group: str) -> list[str]:
+    """The names rowgate's own distribution provides, sorted."""
+    return sorted(n for n, ep in _entry_points(group).items() if ep.value.startswith("rowgate."))
+
+
 def register(group: str, name: str, obj: Any) -> None:
     _REGISTERED[group][name] = obj
 

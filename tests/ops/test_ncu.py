@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from rowgate.ops import ncu
+from tests.support import LAB
 
 CSV = Path(__file__).resolve().parents[2] / "tests" / "data" / "phase-h200" / "ncu.csv"
 
@@ -48,7 +49,7 @@ def test_the_phase_gates_request_is_what_the_profiled_process_reads(tmp_path):
     from rowgate.ops import profile_launch
     from rowgate.ops.phase import parse_shape
 
-    decl = kernels.load(Path(__file__).resolve().parents[2]).operators["split_kv"]
+    decl = kernels.load(LAB).operators["split_kv"]
     case = parse_shape("B16-ragged-17.8K-e5m2")
     req = {"cubin": "x.cubin", "operator": "split_kv",
            "table": decl.model_dump(exclude={"phase_build", "phases"}),

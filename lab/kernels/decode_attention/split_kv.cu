@@ -1509,7 +1509,7 @@ __device__ __forceinline__ void split_kv_bulk(const Params& p) {
 // commit group per load (an empty one past the stream's end) keeps the wait constant: when
 // load j is due, the groups committed after it are always S - 1. Each lane reads back only
 // the bytes it copied, so no barrier orders the ring. The issue is lean because the SMs
-// were issue-bound here (H200, 2026-12-04 run 22: ~48 % issue-active, one eligible warp per
+// were issue-bound here (H200, 2026-12-04: ~48 % issue-active, one eligible warp per
 // scheduler, ~500 instructions a 16-token tile): a tile's four pieces go from one tile
 // pointer with the pieces' offsets as immediates, full tiles without zero-fill predicates,
 // and the CTA's pages come with the sequence length in one round trip, one per lane (a
@@ -1522,7 +1522,7 @@ __device__ __forceinline__ void split_kv_bulk(const Params& p) {
 // The deep candidate's largest chunk (kernels.toml's max_chunk for split_kv_deep): 1024
 // tokens, 8 tiles a warp. Against 512 it halves the CTAs' prologues, partial stores and
 // merge inputs at B16x16K: 155.9 -> 151.0 us E5M2, 267.5 -> 262.1 us bf16; 2048 lost
-// (166.6 / 278.8 us: 2.6 waves of CTAs) (H200, 2026-12-04 run 49).
+// (166.6 / 278.8 us: 2.6 waves of CTAs) (H200, 2026-12-04).
 constexpr int kDeepMaxChunk = 1024;
 constexpr int kMaxWarpTiles = kDeepMaxChunk / kTile / kWarps;
 
@@ -1562,10 +1562,10 @@ struct DeepCfg {
   static constexpr int BLOCKS = REGS3 ? 3 : 2;
 #endif
   // Three stages for E5M2 D128 up to 4 heads a group, whose three CTAs still fit an SM with
-  // 1024-token chunks: 147.1 against 150.3 us at B16x16K (H200, 2026-12-04 run 51); two
+  // 1024-token chunks: 147.1 against 150.3 us at B16x16K (H200, 2026-12-04); two
   // elsewhere: bf16 lost with three (281.2 against 262.4 us, two CTAs an SM), a group of 8
   // would drop to two CTAs an SM, and with per-lane pieces and 512-token chunks deeper rings
-  // lost at every point (runs 21-26: .ca copies hold an L1 line in flight).
+  // lost at every point (.ca copies hold an L1 line in flight).
   static constexpr int S = KV::kBytes == 1 && D == 128 && G <= 4 ? 3 : 2;
   static constexpr int RING = kWarps * S * STAGE;
   static_assert(S >= 2, "a ring of at least two stages");
@@ -1573,9 +1573,9 @@ struct DeepCfg {
 
 // One 16-byte (8: D64 E5M2) cp.async at immediate offsets from the lane's bases; with ZFILL
 // it copies `bytes` (PB or 0: zero-fill, the source not read). .ca: .cg (L2 only) measured
-// 36 % slower at B16x16K with per-lane pieces and 16 % with whole lines (H200, 2026-12-04
-// runs 24 and 34); L2 prefetch sizes (.L2::128B / 256B) and an evict-first policy measured
-// no faster (148.9 / 152.6 / 149.8 against 148.8 us, run 54).
+// 36 % slower at B16x16K with per-lane pieces and 16 % with whole lines (H200, 2026-12-04);
+// L2 prefetch sizes (.L2::128B / 256B) and an evict-first policy measured no faster
+// (148.9 / 152.6 / 149.8 against 148.8 us).
 template <int BYTES, int DST, int SRC, bool ZFILL = false>
 __device__ __forceinline__ void cp_piece(uint32_t dst, const uint8_t* src, int bytes = BYTES) {
   if constexpr (ZFILL)
@@ -1642,8 +1642,8 @@ __device__ __forceinline__ void issue_tile(const Params& p, const Ctx& c, uint32
 // Whole lines (DeepCfg::LINES, D128): each copy instruction of a warp reads whole rows
 // (E5M2: four 128-byte rows, lane l row 4i + l / 8, 16-byte chunk l % 8; bf16: two 256-byte
 // rows, lane l row 2i + l / 16, chunk l % 16), where per-lane pieces read half rows: the L2
-// partitions' fabric ran 82 % busy at 69 % of DRAM bandwidth with those (H200, 2026-12-04
-// run 33). Chunk c of row r lands at chunk c ^ line_swz(r), which puts the 16-byte reads of
+// partitions' fabric ran 82 % busy at 69 % of DRAM bandwidth with those (H200, 2026-12-04).
+// Chunk c of row r lands at chunk c ^ line_swz(r), which puts the 16-byte reads of
 // a quarter warp in eight different bank groups: the QK's (rows grp and grp + 1, chunks
 // c of the same parity (bf16) or the same half (E5M2)) and the PV's (rows 2tig.., chunk
 // grp (E5M2) or 2grp + u (bf16)). The lanes read each other's copies: a __syncwarp follows
@@ -1888,7 +1888,7 @@ __device__ __forceinline__ void deep_attend(const Params& p, const Ctx& c, uint8
     deep_load<KV, D, G>(p, c, wring, nw + i + DC::S, nw, pg, lo);
   }
   // (head g's sum inside warp g's PV loop instead, the same terms in the same order, measured
-  // 160.9 against 146.6 us at B16x16K E5M2: H200, 2026-12-04 run 58)
+  // 160.9 against 146.6 us at B16x16K E5M2: H200, 2026-12-04)
   head_sums<G>(scores, wmax, s_ml, c);
   __syncthreads();  // every warp is done with its ring and the scores: red reuses them
   store_warp_partial<KV, D, G>(c, o, reinterpret_cast<float*>(smem));
@@ -1963,7 +1963,7 @@ __device__ __forceinline__ void st_cluster(uint32_t remote, float v) {
 // 2G + G*D floats past the scores, used for nothing else) before the cluster barrier, whose
 // release orders the stores before split 0's reads; split 0 then merges from its own shared
 // memory with merge_cluster's arithmetic in its order. (Pulling the states after the
-// barrier cost B1x1K ~1.6 us on the H200, 2026-12-04 run 26: remote round trips and a
+// barrier cost B1x1K ~1.6 us on the H200, 2026-12-04: remote round trips and a
 // second barrier that kept every split until split 0 was done reading.)
 template <int D, int G>
 __device__ __forceinline__ void push_partial(const Params& p, const Ctx& c, const float* red,

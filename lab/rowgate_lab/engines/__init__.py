@@ -34,5 +34,17 @@ def _graph_fused(arm: Arm, model_dir: Path, device: str, options: dict[str, str]
                        chunk=integer(options, "fused_chunk", 0) or None)
 
 
-PERSISTENT = EnginePlugin(create=_persistent, in_process=True)
-GRAPH_FUSED = EnginePlugin(create=_graph_fused, in_process=True)
+PERSISTENT = EnginePlugin(create=_persistent, in_process=True, options={
+    "persistent_schedule": "the persistent engine's schedule (static-round-robin, "
+                           "dynamic-queue)",
+    "persistent_cubin": "a prebuilt persistent megakernel cubin",
+    "nvcc": "path of a CUDA nvcc to build with (its version is recorded)",
+})
+GRAPH_FUSED = EnginePlugin(create=_graph_fused, in_process=True, options={
+    "fused_compile": "the graph-fused engine's torch.compile mode (max-autotune-no-cudagraphs "
+                     "by default; max-autotune, default, reduce-overhead, none)",
+    "fused_cubin": "a prebuilt cubin of the graph-fused engine's decode attention",
+    "fused_chunk": "tokens per split of the graph-fused engine's split_kv attention (a "
+                   "multiple of 64 up to 512; default: the operator contract's plan)",
+    "nvcc": "path of a CUDA nvcc to build with (its version is recorded)",
+})

@@ -1,5 +1,5 @@
 """The reference engine in mode `graph-fused`: the strongest conventional decode step
-the device runs, the baseline a persistent kernel must beat (issue 19).
+the device runs, the baseline a persistent kernel must beat.
 
 Same weights, same tokens, a faster path: q/k/v and gate/up are one projection each
 (the weights concatenated once at load, cuBLAS GEMMs), the K/V cache is paged bf16 in

@@ -217,7 +217,7 @@ def build_step(dims: ModelDims, batch: int, sm_count: int, *, num_blocks: int,
     (`fuse_norm` / `fuse_merge` True move them into every consumer tile's prologue,
     which redoes them per tile), and splits wait for the whole q|k|v stage (`fine_deps`
     True: only for their kv head's tiles): the fastest combination measured on the H200
-    (docs/perf.md, issue 19, run 5). At batch 1 a norm stage is one task on one SM that
+    (docs/perf.md). At batch 1 a norm stage is one task on one SM that
     every tile of the next GEMV waits for, twice a layer: moving it into the prologues
     made the b1 step 5 % faster there (1,183 -> 1,121 us), and 5-20 % slower at b4/b8,
     where a norm stage is already one task per sequence. `l2_ahead` (0-8, fused lists): after
@@ -225,26 +225,26 @@ def build_step(dims: ModelDims, batch: int, sm_count: int, *, num_blocks: int,
     tile's weights, which the blocks idle in the attention phase issue while DRAM is idle.
     `one_wave`: at most one attention split task per SM (`attention_splits`); by default
     (None) it follows `even_splits`. With planned chunks it made a token-bearing split hold
-    more tokens (run 9: 2.4 % slower at b1); with even splits a split's tokens do not depend
+    more tokens (2.4 % slower at b1); with even splits a split's tokens do not depend
     on the plan, and one wave of split tasks made the step 7.2 / 6.4 % faster at b4 / b8 and
-    no slower at b1 (run 17). `silu_out`
+    no slower at b1. `silu_out`
     (fused lists, the default): SiLU·mul in the gate|up tiles' epilogue (SILU_OUT), once an
-    element; False: in every down tile's prologue (SILU_IN), which redoes it per tile (run
-    14 on the H200: the step 4.5 / 10.7 / 17.7 % faster at b1 / b4 / b8 with SILU_OUT, bit
+    element; False: in every down tile's prologue (SILU_IN), which redoes it per tile (on
+    the H200 the step 4.5 / 10.7 / 17.7 % faster at b1 / b4 / b8 with SILU_OUT, bit
     for bit the same logits). `even_splits` (the default): each attention split takes an
     even share of its sequence's context (EVEN_SPLITS, at least 16 tokens); False: the
-    planned chunk, which leaves a context shorter than the plan in a few long splits (run
-    15: the step 5.3 / 7.3 / 3.0 % slower at b1 / b4 / b8 on 129-token contexts). Another
+    planned chunk, which leaves a context shorter than the plan in a few long splits (the
+    step 5.3 / 7.3 / 3.0 % slower at b1 / b4 / b8 on 129-token contexts). Another
     partition of the tokens, so another bitwise family than False's. `kv_splits` (one
-    wave only): at most that many splits a (sequence, kv head): run 11 found the split
+    wave only): at most that many splits a (sequence, kv head): a trace found the split
     window set by when blocks reach the split tasks in the queue, not by a split's own
     loads, so a few fat tasks a kv head instead of a wave of thin ones (each split count
-    its own bitwise family). Runs 75-77 on the H100 and H200: slower at every cap and
+    its own bitwise family). On the H100 and H200: slower at every cap and
     batch (b1 989-1293 against 966 us), since a split warp pays ~1 us a token; off.
     `pad_levels` (for the static schedule): NOP tasks pad each dependency level of the list
     to a whole number of waves (`waves.padded_to_waves`), so block i runs the i-th task of every
-    level and knows its next GEMV task (an RG_MK_STREAM_AHEAD build's ring runs on into it:
-    runs 86-87, slower); the same tasks in the same order otherwise, so the same bits."""
+    level and knows its next GEMV task (a build whose ring ran on into it measured slower and
+    was removed); the same tasks in the same order otherwise, so the same bits."""
     if batch < 1 or sm_count < 1 or num_blocks < 1 or tile_scale < 1:
         raise UsageError(f"build_step: batch {batch}, sm_count {sm_count}, num_blocks "
                          f"{num_blocks}, tile_scale {tile_scale} must all be positive")

@@ -5,8 +5,8 @@ Per layer: q|k|v tiles (NORM_IN: the input norm in their prologue), attention sp
 (MERGE_IN | RESIDUAL_OUT), gate|up tiles (NORM_IN), down tiles (SILU_IN |
 RESIDUAL_OUT); the logits (NORM_IN). `silu_out`: each gate|up tile takes the same rows of
 both weights and stores SiLU(gate) * up (SILU_OUT) into the region's first columns, and
-the down tiles stage that plain: the SiLU once an element, not once a down tile (issue
-19, run 13: 11.7 of a b8 down tile's 20.6 us prologue). `even_splits`: the splits
+the down tiles stage that plain: the SiLU once an element, not once a down tile (it was
+11.7 of a b8 down tile's 20.6 us prologue). `even_splits`: the splits
 (EVEN_SPLITS) spread each sequence's context over all of them. `fuse_norm=False` keeps
 each RMS norm a stage of its own (one task per sequence, into `h`); `fuse_merge=False` keeps the attention
 merge a stage (one task per sequence and kv head, into `attn`, its splits signalling

@@ -2,8 +2,8 @@
 
 On the static schedule block i runs tasks i, i + grid, ...: with each level padded by NOP
 tasks to a multiple of the grid, block i runs the i-th task of every level and so knows
-its next GEMV task before it claims it (builder `pad_levels`; the RG_MK_STREAM_AHEAD build,
-docs/perf.md "Runs 86-88").
+its next GEMV task before it claims it (builder `pad_levels`; a build whose ring ran on into
+that task measured slower and was removed, docs/perf.md).
 """
 
 from __future__ import annotations

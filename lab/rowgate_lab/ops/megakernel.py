@@ -59,7 +59,7 @@ MMA_KERNEL = "persistent_decode_mma"
 """The tensor-core GEMV build (kernels.toml): the engine's kernel on every arch that
 entry targets. On the H200 it is 1.2-2.0x the FMA build at b1-b8 with the same proof
 (bitwise across its task lists and schedules, greedy within the row's near-tie rule;
-docs/perf.md, issue 19 run 3)."""
+docs/perf.md)."""
 
 
 def kernel_for(arch: str) -> str:

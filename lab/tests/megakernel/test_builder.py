@@ -222,7 +222,7 @@ def test_dims_from_a_model_directory(tmp_path):
 
 
 def test_at_batch_1_the_norms_move_into_their_consumers_by_default():
-    # one norm task on one SM that a whole GEMV stage waits for, twice a layer (run 5)
+    # one norm task on one SM that a whole GEMV stage waits for, twice a layer
     plan = builder.build_step(TINY, 1, 16, num_blocks=8)
     assert "RMS_NORM" not in plan.summary()["ops"]
     assert any(t.flags & Flag.NORM_IN for t in plan.tasks)
@@ -246,9 +246,9 @@ def test_by_default_norms_and_merges_are_stages_of_a_fused_list():
 
 @pytest.mark.parametrize("batch", [1, 4, 8])
 def test_one_wave_of_split_tasks_follows_even_splits_by_default(batch):
-    """Run 17 on the H200: with splits sized by the context, one wave of split tasks is
-    7.2 / 6.4 % faster at b4 / b8 and no slower at b1; with planned chunks it is slower
-    at b1 (run 9), so a planned-split list keeps up to two waves unless asked."""
+    """On the H200, with splits sized by the context, one wave of split tasks is 7.2 /
+    6.4 % faster at b4 / b8 and no slower at b1; with planned chunks it is slower at b1,
+    so a planned-split list keeps up to two waves unless asked."""
     sms = 129  # not a multiple of batch x kv heads: one wave and two differ at every batch
 
     def per_layer(**options) -> tuple[bool, int]:
@@ -275,7 +275,7 @@ def test_split_plans_of_the_probe_model(batch, default, one_wave):
 
 @pytest.mark.parametrize("batch", [1, 4, 8])
 def test_kv_splits_caps_one_wave_of_even_splits(batch):
-    """Run 75's fat split tasks: at most kv_splits a (sequence, kv head), each chunk still
+    """Fat split tasks: at most kv_splits a (sequence, kv head), each chunk still
     a whole number of pages covering the plan; one task a kv head holds the whole context."""
     full = builder.attention_splits(batch, 8, 1024, 132, one_wave=True)
     for cap in (1, 2, 3, 64):

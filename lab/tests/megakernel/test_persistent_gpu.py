@@ -168,48 +168,18 @@ def test_a_traced_launch_stamps_every_task_and_computes_the_same(tiny, cubin, sc
     assert 0 < b["run_fraction"] <= 1 and 0 <= b["wait_fraction"] < 1
 
 
-VARIANTS = {
-    # RG_MK_SPLIT_AHEAD=8 (each warp keeps its next 8 tokens' K/V rows in flight),
-    # RG_MK_MERGE_ONE_TRIP=1 (a merge loads every split's state at once) and
-    # RG_MK_SKIP_EMPTY=1 (an empty split runs without waiting), in one build
-    "attention": ["RG_MK_SPLIT_AHEAD=8", "RG_MK_MERGE_ONE_TRIP=1", "RG_MK_SKIP_EMPTY=1"],
-    # RG_MK_SILU_AHEAD=8: a SiLU-in GEMV's staging keeps 8 granules of gate and up in flight
-    # (with the three above it spills: its own build)
-    "silu": ["RG_MK_SILU_AHEAD=8"],
-    # RG_MK_SPLIT_PAGES=1: a split's block-table entries read once, a token's page by
-    # shuffle, with the 8-ahead loop (and so both of its row loops' paths: the 1-ahead
-    # loop is raw0's, below)
-    "pages": ["RG_MK_SPLIT_PAGES=1", "RG_MK_SPLIT_AHEAD=8"],
-    # The tree's split loop is RG_MK_SPLIT_RAW=4 (templated on the group, the tiny model's
-    # 2; its next 4 tokens' rows held raw, D 64: one 32-bit word a lane a row).
-    # RG_MK_SPLIT_RAW=0: the one-token-ahead loop every run before 79 timed
-    "raw0": ["RG_MK_SPLIT_RAW=0"],
-    # RG_MK_SPLIT_RAW=8: the next 8 tokens' rows held raw
-    "raw8": ["RG_MK_SPLIT_RAW=8"],
-    # RG_MK_SPLIT_L2=1: a split's K/V rows asked of L2 before its counter wait
-    "rawl2": ["RG_MK_SPLIT_L2=1"],
-}
-
-
-STREAM = {
-    # RG_MK_STREAM_AHEAD=1: on the static schedule the ring runs on into the block's next
-    # GEMV task (run 86's build)
-    "stream_ahead": ["RG_MK_STREAM_AHEAD=1"],
-    # RG_MK_STREAM_TAIL=1: into the next task only once this task's groups are all read
-    "stream_tail": ["RG_MK_STREAM_AHEAD=1", "RG_MK_STREAM_TAIL=1"],
-}
 PLAIN = {
-    # the tensor-core build without RG_MK_STREAM (the default before run 87): the ring
-    # within a task, 3 groups (these defines replace the default's)
+    # the tensor-core build without RG_MK_STREAM: the ring within a task, 3 groups (these
+    # defines replace the default's)
     "plain_ring": ["RG_MK_MMA=1"],
 }
 
 
 @pytest.fixture(scope="module")
 def variant_cubins(tmp_path_factory):
-    """The tree's kernel with a VARIANTS entry's defines added, built by the build gate's
-    toolchain from kernels.toml entries added to a copy of kernels/, when a test first
-    asks for it (`-k` picking one variant builds one)."""
+    """A PLAIN entry's build (its defines in place of the tree's kernel's), built by the
+    build gate's toolchain from a kernels.toml entry added to a copy of kernels/, when a
+    test first asks for it."""
     import shutil
     import tomllib
 
@@ -223,8 +193,7 @@ def variant_cubins(tmp_path_factory):
     manifest = root / "kernels" / "kernels.toml"
     base = tomllib.loads(manifest.read_text())["kernels"][kernel_for(arch)]
     with manifest.open("a") as f:
-        for name, extra in {**VARIANTS, **STREAM, **PLAIN}.items():
-            defines = extra if name in PLAIN else [*base.get("defines", []), *extra]
+        for name, defines in PLAIN.items():
             f.write(f'\n[kernels.variant_{name}]\nsource = "{base["source"]}"\n'
                     f'entry_points = {json.dumps(base["entry_points"])}\narches = ["{arch}"]\n'
                     f"defines = {json.dumps(defines)}\n")
@@ -239,29 +208,6 @@ def variant_cubins(tmp_path_factory):
     return build
 
 
-@pytest.mark.parametrize("variant", sorted(VARIANTS))
-@pytest.mark.parametrize("batch", [1, 8])
-def test_each_latency_variant_is_the_default_bit_for_bit(tiny, cubin, variant_cubins,
-                                                         variant, batch):
-    # 600-token prompts: at batch 8 a split holds 224 tokens, 28 a warp (the 8-ahead loop's
-    # full groups and a partial last one) and a merge 9 splits; at batch 1, 16-token splits
-    # (2 a warp) and 128 to merge (past the one-trip merge's 24: the default merge runs);
-    # every down tile stages SiLU(gate)*up, batch x intermediate granules
-    from rowgate_lab.megakernel.abi import Schedule
-    from rowgate_lab.ops.megakernel import PersistentDecode
-
-    model, cache, args = _prefilled(tiny, batch, 600)
-    with torch.inference_mode():
-        out = []
-        for path in (cubin, variant_cubins(variant)):
-            k0 = [k.clone() for k in cache.k]
-            step = PersistentDecode(model, cache, batch, Schedule.DYNAMIC_QUEUE, path)
-            out.append(step(*args).clone())
-            for k, k_before in zip(cache.k, k0):
-                k.copy_(k_before)
-    assert torch.equal(out[0], out[1])
-
-
 @pytest.fixture(scope="module")
 def wide(tmp_path_factory):
     """A tiny model whose GEMVs take the tensor-core path (every K a multiple of 1024),
@@ -274,23 +220,18 @@ def wide(tmp_path_factory):
     return build_tiny_model(spec, root=tmp_path_factory.mktemp("wide"))
 
 
-@pytest.mark.parametrize("build", sorted(STREAM))
 @pytest.mark.parametrize("batch", [1, 4, 8])
-def test_the_stream_ring_is_the_plain_ring_bit_for_bit(wide, cubin, variant_cubins, batch,
-                                                      build):
+def test_the_stream_ring_is_the_plain_ring_bit_for_bit(wide, cubin, variant_cubins, batch):
     # the tensor-core build before RG_MK_STREAM on the default list (dynamic queue) against
     # the tree's kernel (the ring one stream across a block's tasks) on the same list, and
-    # the look-ahead builds on it padded to whole waves (static schedule: the ring runs on
-    # into each block's next GEMV task)
+    # on it padded to whole waves (static schedule)
     from rowgate_lab.megakernel.abi import Schedule
     from rowgate_lab.ops.megakernel import PersistentDecode
 
     model, cache, args = _prefilled(wide, batch, 300)
     runs = ((variant_cubins("plain_ring"), Schedule.DYNAMIC_QUEUE, {}),
             (cubin, Schedule.DYNAMIC_QUEUE, {}),
-            (cubin, Schedule.STATIC_ROUND_ROBIN, {"pad_levels": True}),
-            (variant_cubins(build), Schedule.STATIC_ROUND_ROBIN, {"pad_levels": True}),
-            (variant_cubins(build), Schedule.DYNAMIC_QUEUE, {}))
+            (cubin, Schedule.STATIC_ROUND_ROBIN, {"pad_levels": True}))
     with torch.inference_mode():
         out = []
         for path, schedule, options in runs:
@@ -323,7 +264,7 @@ def test_silu_out_is_the_default_list_bit_for_bit(tiny, cubin, fma_cubin, kernel
     # SILU_OUT: SiLU(gate) * up in the gate|up epilogue instead of every down tile's
     # prologue: the same dot products, the same roundings, so the same logits (and the
     # norms fused or staged alike); on the tensor-core build (the default here) and the FMA
-    # (silu_out is the builder's default since run 14: False is the SILU_IN list)
+    # (silu_out is the builder's default: False is the SILU_IN list)
     from rowgate_lab.megakernel.abi import Flag, Schedule
     from rowgate_lab.ops.megakernel import PersistentDecode
 
@@ -381,7 +322,7 @@ def test_even_splits_are_their_unfused_list_bit_for_bit_and_the_eager_step(tiny,
 @pytest.mark.parametrize("batch", [1, 8])
 def test_fat_splits_are_their_unfused_list_bit_for_bit_and_the_eager_step(tiny, cubin, batch,
                                                                           kv_splits):
-    # kv_splits caps a (sequence, kv head)'s split tasks (run 75): one or two fat tasks of
+    # kv_splits caps a (sequence, kv head)'s split tasks: one or two fat tasks of
     # the whole context instead of a wave of thin ones; each cap its own summation order,
     # whose fused lists (merge staged or in o_proj's prologue) give its unfused list's
     # logits bit for bit and track the eager step. 300-token prompts: 38 tokens a warp at 1.

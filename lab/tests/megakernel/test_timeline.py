@@ -18,7 +18,7 @@ def _trace(rows):
 
 def test_breakdown_of_two_blocks():
     tasks = [Task(Opcode.EMBED), Task(Opcode.GEMV), Task(Opcode.GEMV), Task(Opcode.LOGITS)]
-    # block, claim ns, wait cycles, run cycles: block 0 runs 0 and 2, block 1 runs 1 and 3
+    # block, claim ns, wait cycles, run cycles: block 0 takes 0 and 2, block 1 takes 1 and 3
     tr = _trace([[0, 1_000, 0, 1_000], [1, 1_000, 1_000, 2_000],
                  [0, 2_000, 500, 1_500], [1, 4_000, 0, 1_000]])
     b = timeline.breakdown(tr, tasks, HZ, grid=2)

@@ -295,7 +295,7 @@ def test_even_splits_spread_a_short_context_over_every_split():
     assert abi.even_chunk(129, 22, 48) == 16  # at least two tokens a warp
     assert abi.even_chunk(5, 3, 16) == 16
     assert abi.even_chunk(40, 3, 8) == 8  # never past the planned chunk
-    plan = builder.build_step(DIMS, 2, 16, num_blocks=8)  # the default since run 15
+    plan = builder.build_step(DIMS, 2, 16, num_blocks=8)  # even splits: the default
     assert _check(plan, plan.tasks).ok and plan.options["even_splits"] is True
     splits = [t for t in plan.tasks if t.opcode == Opcode.ATTN_SPLIT]
     assert splits and all(t.flags == Flag.ROPE_IN | Flag.EVEN_SPLITS for t in splits)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rowgate.ops import arguments, contract
+from rowgate.ops import contract
+from rowgate.ops import launch_args as arguments
 from rowgate.ops.contract import PORTABLE_DYNAMIC_SMEM, ContractError
 from rowgate.ops.paged_inputs import Case, make_inputs, seq_lengths
 from rowgate_lab.ops import split_kv as op
@@ -92,7 +93,7 @@ def test_deep_operator_launch_rules_and_shared_memory():
     one cluster of 8 splits when a call has at most 8; its shared memory (opt-in) never
     shrinks the chunk, which goes up to 1024 (split_kv's: 512), so a large call's plan is
     its own and a small call's split_kv's. benchmarks/decode_attention.py's mirror of the
-    kernel's DeepCfg gives kernels.toml's sizes, and its build variants'."""
+    kernel's DeepCfg gives kernels.toml's sizes."""
     bench = _benchmark()
     deep = op.SPLIT_KV_DEEP
     for kv, dim, group, roles in _shapes(deep, "deep"):
@@ -118,25 +119,6 @@ def test_deep_operator_launch_rules_and_shared_memory():
         assert (p.chunk, p.splits) == want
     assert bench.deep_stages("e5m2", 128, 4) == 3 and bench.deep_stages("e5m2", 128, 8) == 2
     assert bench.deep_stages("bf16", 128, 4) == 2 and bench.deep_stages("e5m2", 64, 4) == 2
-    for name, (stages, defines, _) in bench.DEEP_BUILDS.items():  # each names its depth
-        if stages is None:  # the default's depths: kernels.toml's rules launch it
-            assert not any(d.startswith("RG_DEEP_STAGES") for d in defines), name
-        else:
-            assert f"RG_DEEP_STAGES={stages}" in defines, name
-    for kv, stages in (("e5m2", 3), ("bf16", 2)):  # None sizes each ring at its default depth
-        assert bench.deep_operator(None).smem(f"split_kv_{kv}_d128_g4_deep", 1024, 4, 128) == \
-            deep.smem(f"split_kv_{kv}_d128_g4_deep", 1024, 4, 128) == \
-            8 * stages * 2048 * (1 if kv == "e5m2" else 2) + 16384
-    assert bench.DEEP_BUILDS["ca"][1][0] == "RG_DEEP_LINES=0"  # the per-lane pieces' A/B
-    assert bench.DEEP_BUILDS["c512"][1:] == (["RG_DEEP_MAX_CHUNK=512", "RG_DEEP_STAGES=2"], 512)
-    assert bench.deep_operator(2, 512).max_chunk == 512
-    for stages in (3, 4):
-        variant = bench.deep_operator(stages)
-        assert variant.smem("split_kv_e5m2_d128_g4_deep", 512, 4, 128) == 8 * stages * 2048 + 8192
-        assert variant.smem("split_kv_bf16_d128_g4_deep", 512, 4, 128) == 8 * stages * 4096 + 8192
-        assert variant.smem("split_kv_e5m2_d64_g8_deep", 512, 8, 64) == 16384 + 16384
-        assert variant.smem("split_kv_e5m2_d128_g4_deepc", 512, 4, 128) == \
-            deep.smem("split_kv_e5m2_d128_g4_deepc", 512, 4, 128)
 
 
 def _benchmark(name: str = "decode_attention"):
@@ -150,64 +132,18 @@ def _benchmark(name: str = "decode_attention"):
     return bench
 
 
-def _rederived(name: str, run: str, record: str, tmp_path):
-    """benchmarks/<name>.py --read on a copy of a recorded run (benchmarks/results/<run>):
-    the summary it writes must be the one the run wrote. The module, the rows and the
-    recorded run."""
-    import gzip
-    import json
-    import shutil
-    from pathlib import Path
-
-    bench = _benchmark(name)
-    rec = Path(__file__).resolve().parents[2] / "benchmarks/results" / run
-    shutil.copy(rec / record, tmp_path / record)
-    assert bench.main(["--read", str(tmp_path / record)]) == 0
-    rows = json.loads((tmp_path / "summary.json").read_text())
-    assert rows == json.loads((rec / "summary.json").read_text())
-    return bench, rows, json.loads(gzip.decompress((rec / record).read_bytes()))
-
-
-def test_the_pick_call_checks_whole_the_fastest_bitwise_build(tmp_path):
-    """deep_pick.sh's pick (benchmarks/deep_pick.py) on run 64's and run 62's recorded
-    results: of the builds timed there, the one whose E5M2 + bf16 B16x16K medians sum
-    least, never one that was not bit for bit its baseline's, nothing where none counts."""
-    import json
-    from pathlib import Path
-
-    pick = _benchmark("deep_pick")
-    run62 = Path(__file__).resolve().parents[2] / \
-        "benchmarks/results/h200-2026-12-04/run62/deep/da/results.json"
-    results = json.loads(run62.read_text())
-    assert pick.pick(results, ["s2"]) == "s2"
-    run64 = run62.parents[4] / "h200-2026-12-05/run64/da/results.json"
-    assert pick.pick(json.loads(run64.read_text()), ["fc", "fr", "psfr"]) == "fr"  # as printed
-    assert pick.pick(results, ["cand", "other"]) is None  # not timed in run 62
-    bench = results["bench_large"]
-    for kv in ("e5m2", "bf16"):  # a faster "cand" beside it, then one that is not bitwise
-        bench["variants"][f"{kv}_deep_cand"] = dict(bench["variants"][f"{kv}_deep_s2"])
-        bench["variants"][f"{kv}_deep_cand"]["median_us"] -= 1.0
-        bench["bitwise_equal_to_baseline"][f"{kv}_deep_cand"] = True
-    assert pick.pick(results, ["s2", "cand"]) == "cand"
-    bench["bitwise_equal_to_baseline"]["bf16_deep_cand"] = False
-    assert pick.pick(results, ["s2", "cand"]) == "s2"
-    out = tmp_path / "r.json"
-    out.write_text(json.dumps(results))
-    assert pick.main([str(out), "cand"]) == 0
-    assert pick.main([str(tmp_path / "missing.json"), "cand"]) == 2
-
-
-def test_the_waves_fit_splits_run65_into_a_fixed_cost_and_a_streaming_rate(tmp_path):
-    """deep_waves.py's fit on run 65's recorded samples (batches 4-99 at 16K, H200):
-    E5M2 and bf16 are affine in their bytes, and the fit is what the run wrote; a file
-    that cannot be read exits 2."""
+def test_the_waves_fit_splits_a_recorded_sweep_into_a_fixed_cost_and_a_streaming_rate(
+        tmp_path):
+    """deep_waves.py's fit on a recorded sweep's samples (batches 4-99 at 16K, H200,
+    2026-12-05): E5M2 and bf16 are affine in their bytes, and the fit is what the sweep
+    wrote; a file that cannot be read exits 2."""
     import json
     from pathlib import Path
 
     waves = _benchmark("deep_waves")
-    run65 = Path(__file__).resolve().parents[2] / "benchmarks/results/h200-2026-12-05/run65"
-    f = waves.fit(json.loads((run65 / "results.json").read_text()))
-    recorded = json.loads((run65 / "fit.json").read_text())
+    sweep = Path(__file__).resolve().parents[2] / "benchmarks/results/h200-2026-12-05/run65"
+    f = waves.fit(json.loads((sweep / "results.json").read_text()))
+    recorded = json.loads((sweep / "fit.json").read_text())
     for name in ("e5m2_deep", "bf16_deep"):
         r = f["paths"][name]
         assert r["r2"] > 0.9999 and 20 < r["intercept_us"] < 30, (name, r)
@@ -420,7 +356,7 @@ def test_a_plan_rechecks_contents_it_has_not_validated():
 def test_inference_tensors_are_rechecked_outside_capture():
     # made under inference_mode they keep no version counter (reading it raises): a plan
     # made there must not fail, and must not trust them again unseen (the graph-fused
-    # engine's plans are made under inference_mode on the H200: docs/perf.md, run 4)
+    # engine's plans are made under inference_mode on the H200: docs/perf.md)
     with torch.inference_mode():
         inp = _inputs([5, 9])
         checked = arguments.Checked(inp.block_table, inp.seq_lens)
@@ -439,8 +375,8 @@ def test_gpu_launcher_refuses_cpu_tensors():
 
 
 def test_the_benchmarks_operator_sections_are_expressible():
-    """benchmarks/decode_attention.py's operator sections as benchmarks/issue19_device.sh
-    runs them (`--candidate e5m2_bulk` or `e5m2_deep`: split_kv_bulk or split_kv_deep on
+    """benchmarks/decode_attention.py's operator sections as a device call runs them
+    (`--candidate e5m2_bulk` or `e5m2_deep`: split_kv_bulk or split_kv_deep on
     e5m2, bf16 and bf16 GQA 2) and as they run by default (split_kv): every case declared
     by the operator picked."""
     from pathlib import Path
@@ -462,65 +398,3 @@ def test_the_benchmarks_operator_sections_are_expressible():
             assert operator.name == want
             operator_ab.check_expressible(operator, operator_ab.cases(s))
             assert operator_ab.timing_cases(s, operator)
-
-
-def test_the_two_size_plan_summary_is_run69s_and_shows_no_variant_faster(tmp_path):
-    """deep_tail.py --read on run 69's recorded samples (H100, B16x16K): it re-derives the
-    summary the run wrote, and that summary is the negative result recorded in docs/perf.md
-    (every two-size plan shortens the drain yet takes longer than the default; the
-    split-major order alone keeps the default's error to the last bit). A file that cannot
-    be read exits 2."""
-    tail, rows, res = _rederived("deep_tail", "h100-2026-12-05/run69", "tail.json.gz", tmp_path)
-    # run 69's variants as it recorded them: (T, divisor of the 1024-token chunk)
-    recorded = res["variants"]
-    assert set(recorded) == {"major", "t2h", "t4h", "t6h", "t4q", "t8q"}
-    for kv in ("e5m2", "bf16"):
-        base = rows[f"{kv} default"]
-        assert rows[f"{kv} major"]["mean_abs_err"] == base["mean_abs_err"]
-        for name, (t, div) in recorded.items():
-            row = rows[f"{kv} {name}"]
-            assert row["vs_default_us"] > 0 and row["splits"] == tail.splits(t, tail.CHUNK // div)
-            if name != "major":
-                assert row["trace_drain_us"] < base["trace_drain_us"], (kv, name)
-    assert tail.main(["--read", str(tmp_path / "missing.json.gz")]) == 2
-
-
-def test_the_same_cta_count_plans_of_run70_shorten_the_drain_and_lose(tmp_path):
-    """deep_tail.py --read on run 70's record (H200, B16x16K): the summary is re-derived; the
-    two-size plans that keep the default's 16 splits (long splits past 1024 tokens) all
-    shorten the drain, and every variant, those too, is slower than the default, its error
-    the default's."""
-    tail, rows, res = _rederived("deep_tail", "h200-2026-12-05/run70", "tail.json.gz", tmp_path)
-    recorded = res["variants"]
-    long = [n for n, (_, _, chunk) in recorded.items() if chunk > tail.CHUNK]
-    assert len(long) == 4
-    for kv in ("e5m2", "bf16"):
-        base = rows[f"{kv} default"]
-        for name, spec in recorded.items():
-            row = rows[f"{kv} {name}"]
-            assert row["splits"] == tail.splits(*spec) and row["vs_default_us"] > 0, (kv, name)
-            assert row["max_abs_err"] == base["max_abs_err"], (kv, name)
-        for name in long:
-            assert rows[f"{kv} {name}"]["splits"] == base["splits"] == 16
-            assert rows[f"{kv} {name}"]["trace_drain_us"] < base["trace_drain_us"], (kv, name)
-
-
-@pytest.mark.parametrize("run", ["h100-2026-12-05/run71", "h100-2026-12-05/run72",
-                                 "h100-2026-12-05/run73", "h200-2026-12-05/run74"])
-def test_the_merge_kernel_costs_what_the_epilogue_saves(tmp_path, run):
-    """deep_merge.py --read on runs 71-73 (H100) and 74 (H200), B16x16K: the summary is
-    re-derived; the pair (split kernel + merge kernel) is the deep candidate bit for bit, the
-    split kernel alone (no merge, not a result) is > 5 µs faster, and the merge kernel puts
-    nearly all of it back: every bf16 pair is slower than the default, the plain E5M2 pair
-    within 1 µs of it, the programmatic-dependent E5M2 pair at most 1.5 µs faster (run 74).
-    An unreadable file exits 2."""
-    merge, rows, _ = _rederived("deep_merge", run, "merge.json.gz", tmp_path)
-    for kv in ("e5m2", "bf16"):
-        pairs = [n.split()[1] for n in rows if n.startswith(f"{kv} pair") and "c512" not in n]
-        assert pairs and rows[f"{kv} split"]["vs_default_us"] < -5
-        assert not rows[f"{kv} split"]["equals_default"]
-        for name in pairs:
-            row = rows[f"{kv} {name}"]
-            floor = 0 if kv == "bf16" else -1 if name == "pair" else -1.6
-            assert row["equals_default"] and row["vs_default_us"] > floor, (kv, name)
-    assert merge.main(["--read", str(tmp_path / "missing.json.gz")]) == 2

@@ -108,8 +108,8 @@ def test_graph_capture_refuses_tensors_the_plan_has_not_validated(cubin):
 def test_plans_of_one_cubin_with_other_chunks_each_launch(cubin):
     """Plans of one cubin share its functions, and the dynamic shared memory attribute is
     the function's: a later plan with a smaller chunk must not lower it under an earlier
-    plan's bytes (that launch failed with CUDA_ERROR_INVALID_VALUE; deep_tail.py, device
-    run 2026-12-05). The earlier plan's output is bitwise what it was before."""
+    plan's bytes (that launch failed with CUDA_ERROR_INVALID_VALUE on the device,
+    2026-12-05). The earlier plan's output is bitwise what it was before."""
     import torch
 
     from rowgate_lab.ops import split_kv as op

@@ -1,4 +1,4 @@
-"""The deep candidate's whole-line layout (split_kv.cu's line_swz, issue 19 runs 34-38): a
+"""The deep candidate's whole-line layout (split_kv.cu's line_swz): a
 bijection of each row's 16-byte chunks, and every 16-byte access of a quarter warp (the
 copies' writes, the QK's K reads, the PV's V reads) in eight different bank groups.
 

@@ -57,6 +57,10 @@ def fatal(message: str) -> NoReturn:
     sys.exit(int(ExitCode.USAGE))
 
 
+ROWS_HELP = ("directory a row id is looked up in (default: $ROWGATE_ROWS, else ./rows; "
+             "the built-in demos last)")
+
+
 def _command(sub: Any, name: str, help_: str, codes: str | None = None,
              **kw: Any) -> argparse.ArgumentParser:
     """A subcommand whose help ends with its exit codes and which accepts `-q` after it."""
@@ -76,8 +80,11 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     g = _command(sub, "gate", "run a row's gates here, seal and sign a bundle")
-    g.add_argument("row", help="row id (rows/ID.toml) or path to a row TOML")
-    g.add_argument("--repo", type=Path, default=Path.cwd(), help="subject repository (default: .)")
+    g.add_argument("row", help="row id (looked up as --rows says) or path to a row TOML")
+    g.add_argument("--rows", type=Path, default=None,
+                   help=ROWS_HELP)
+    g.add_argument("--repo", type=Path, default=Path.cwd(),
+                   help="subject: a git checkout or a directory inside one (default: .)")
     g.add_argument("--out", type=Path, default=None,
                    help="evidence dir (default: $XDG_STATE_HOME/rowgate/evidence, never the "
                         "subject)")
@@ -103,6 +110,8 @@ def parser() -> argparse.ArgumentParser:
     _add_json_arg(i, "machine-readable output")
 
     r = _command(sub, "rows", "list rows and which gates can run here")
+    r.add_argument("--rows", type=Path, default=None,
+                   help=ROWS_HELP)
     r_sub = r.add_subparsers(dest="rows_command", parser_class=_Parser)
     rc = _command(r_sub, "check", "validate one row file", EXIT_CODES["rows"])
     rc.add_argument("file", type=Path)
@@ -124,6 +133,8 @@ def parser() -> argparse.ArgumentParser:
 
     mg = _command(sub, "merge", "local git merge --no-ff of an approved head (never a push)")
     mg.add_argument("--row", required=True, help="row id or path to a row TOML")
+    mg.add_argument("--rows", type=Path, default=None,
+                   help=ROWS_HELP)
     mg.add_argument("--repo", type=Path, default=Path.cwd(), help="repository (default: .)")
     mg.add_argument("--into", default=None, help="target branch (default: the row's merge_into)")
     mg.add_argument("--reviews", type=Path, default=None,
@@ -179,7 +190,9 @@ def parser() -> argparse.ArgumentParser:
     orr = _command(orc_sub, "record", "run the row's pinned oracle once on its workload "
                                       "and keep its outputs as a signed record",
                    EXIT_CODES["oracle"])
-    orr.add_argument("row", help="row id (rows/ID.toml) or path to a row TOML")
+    orr.add_argument("row", help="row id (looked up as --rows says) or path to a row TOML")
+    orr.add_argument("--rows", type=Path, default=None,
+                     help="directory a row id is looked up in (default: $ROWGATE_ROWS, else ./rows)")
     orr.add_argument("--out", type=Path, default=None,
                      help="records dir (default: oracle-records/ in the current directory)")
     orr.add_argument("--device", default="cpu", help="cpu (default) or cuda:N")
@@ -189,8 +202,10 @@ def parser() -> argparse.ArgumentParser:
     orv.add_argument("record", type=Path)
     _add_verifier_args(orv)
 
-    s = _command(sub, "schemas", "write schemas/*.schema.json from the models")
-    s.add_argument("--check", action="store_true", help="exit 1 if the checked-in schemas drift")
+    s = _command(sub, "schemas", "write the JSON Schemas of the sealed records from the models")
+    s.add_argument("--out", type=Path, help="directory to write them to")
+    s.add_argument("--check", action="store_true",
+                   help="exit 1 if the schemas this rowgate ships drift from its models")
     return p
 
 

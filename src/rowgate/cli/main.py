@@ -94,7 +94,7 @@ def _gate(ns: argparse.Namespace) -> ExitCode:
     from rowgate.seal import signing
 
     out = storage.out_dir(ns.out or storage.default_evidence(), "--out")
-    loaded = rows.resolve_row(ns.row)
+    loaded = rows.resolve_row(ns.row, ns.rows)
     if ns.plan or ns.plan_gpu:
         return _plan(ns, loaded)
     opts = _options(ns.option)
@@ -259,7 +259,7 @@ def _rows(ns: argparse.Namespace) -> ExitCode:
         print(f"{ns.file}: ok ({loaded.row.id}, {len(loaded.row.gates)} gates, "
               f"{len(loaded.row.criteria)} criteria)")
         return ExitCode.OK
-    report.console().print(report.rows_table(rows.all_rows()))
+    report.console().print(report.rows_table(rows.all_rows(ns.rows)))
     return ExitCode.OK
 
 
@@ -303,7 +303,7 @@ def _merge(ns: argparse.Namespace) -> ExitCode:
     from rowgate.seal import signing
 
     reviews = _reviews_dir(ns)
-    result = merge.merge(rows.resolve_row(ns.row), ns.repo.resolve(), ns.into, reviews,
+    result = merge.merge(rows.resolve_row(ns.row, ns.rows), ns.repo.resolve(), ns.into, reviews,
                          signing.default_signer())
     code = MERGE_EXIT[result.record.outcome]
     print(result.record.message, file=sys.stderr if code else sys.stdout)
@@ -320,9 +320,9 @@ def _oracle(ns: argparse.Namespace) -> ExitCode:
 
     if ns.oracle_command == "record":
         out = storage.out_dir(ns.out or Path.cwd() / oracle.DEFAULT_DIR, "--out")
-        loaded = rows.resolve_row(ns.row)
+        loaded = rows.resolve_row(ns.row, ns.rows)
         opts = _options(ns.option)
-        options.check(opts, options.ENGINE_KEYS, "the oracle's engine")
+        options.check(opts, options.engine_keys(), "the oracle's engine")
         say = (lambda _m: None) if ns.quiet else (lambda m: print(f"rowgate: {m}", file=sys.stderr))
         record = runner.record_oracle(loaded, signing.default_signer(), out_dir=out,
                                       device=ns.device, options=opts, say=say)
@@ -345,7 +345,10 @@ def _schemas(ns: argparse.Namespace) -> ExitCode:
             return ExitCode.FAILED
         print("schemas match the models")
         return ExitCode.OK
-    for path in schemas.write_all():
+    if ns.out is None:
+        raise UsageError("schemas: name --out DIR (a checkout's src/rowgate/schemas) or --check; "
+                         "an installed rowgate is never written into")
+    for path in schemas.write_all(ns.out):
         print(path)
     return ExitCode.OK
 

@@ -7,8 +7,8 @@ is 25-80 s on a CPU); `generate` runs one pass of the workload.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -98,3 +98,5 @@ class EnginePlugin:
     """Why the trace gate cannot trace the arm, or None."""
     in_process: bool = False
     """Steps in rowgate's process (the trace gate profiles it directly)."""
+    options: Mapping[str, str] = field(default_factory=dict)
+    """`--option` keys its engines read, and what each does (`rowgate gate --option`)."""

@@ -3,7 +3,7 @@
 Any subject's operator (src/rowgate/ops/contract.py, docs/contracts.md) goes through
 here: the entry point of a role comes from the operator's declaration, the grid,
 block, cluster and dynamic shared memory from the contract's plan and launch rules,
-and every argument is checked before the first launch (src/rowgate/ops/arguments.py).
+and every argument is checked before the first launch (src/rowgate/ops/launch_args.py).
 A cubin is loaded once per path with cuda.core and launched on torch's current
 stream with cuLaunchKernel (cuda.core's `launch` when cuda-bindings is absent; both
 through `rowgate.ops.launch`).
@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from rowgate.ops import arguments as args_check
 from rowgate.ops import contract, launch
+from rowgate.ops import launch_args as args_check
 from rowgate.ops.contract import DEFAULT_SMEM_LIMIT, Operator, Plan
 from rowgate.ops.launch import kernel
 
@@ -167,7 +167,7 @@ def _optin(index: int) -> int:
 
 class DecodeAttention:
     """A planned launch of one entry point of an operator: validates every argument
-    once (src/rowgate/ops/arguments.py), then `run` launches with the checks that keep
+    once (src/rowgate/ops/launch_args.py), then `run` launches with the checks that keep
     it memory-safe: shapes and dtypes as planned, and block_table/seq_lens contents
     validated again whenever they are not tensors already validated for this plan
     (unmodified since). Under CUDA-graph capture contents cannot be read: tensors

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from rowgate import storage
 from rowgate.report import history, html, markdown
-from rowgate.report.build import build, find_row, read_review, report_for, review_path, verify
+from rowgate.report.assemble import build, find_row, read_review, report_for, review_path, verify
 from rowgate.report.model import Report
 from rowgate.report.terminal import (
     STYLE,

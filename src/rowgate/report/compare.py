@@ -37,7 +37,7 @@ from rowgate.errors import UsageError
 from rowgate.records.canonical import strict_loads
 from rowgate.records.gate_result import GateResult
 from rowgate.records.status import Status
-from rowgate.report.build import find_row
+from rowgate.report.assemble import find_row
 from rowgate.report.raw_throughput import METRICS, Samples, read_samples
 from rowgate.seal.bundle import Bundle
 from rowgate.seal.signing import Verifier

@@ -28,7 +28,7 @@ from typing import Any
 
 from rowgate.errors import EvidenceError, UsageError
 from rowgate.records.gate_result import GateResult
-from rowgate.report.build import read_review, review_path
+from rowgate.report.assemble import read_review, review_path
 from rowgate.report.model import SeriesFigure
 from rowgate.report.tables import natural_key
 from rowgate.seal.bundle import Bundle, find_bundles

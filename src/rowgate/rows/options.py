@@ -22,10 +22,9 @@ if TYPE_CHECKING:
 TOOLCHAIN_KEYS = ("nvcc",)
 """Read by the CUDA toolchains (src/rowgate/cuda/toolchains.py)."""
 ENGINE_KEYS = ("seed", "endpoint", "vllm_enforce_eager", "vllm_max_num_seqs",
-               "persistent_schedule", "persistent_cubin", "fused_compile", "fused_cubin",
-               "fused_chunk",
                "llamacpp_parallel", "llamacpp_threads", *TOOLCHAIN_KEYS)
-"""Read by the engines a gate starts (src/rowgate/engines/__init__.py)."""
+"""Read by rowgate's own engines (src/rowgate/engines/__init__.py); an engine plugin
+declares its own (`EnginePlugin.options`)."""
 
 SAYS = {
     "nvcc": "path of a CUDA nvcc to build with (its version is recorded)",
@@ -33,16 +32,8 @@ SAYS = {
     "endpoint": "drive vLLM through its OpenAI server instead of offline (1/true)",
     "vllm_enforce_eager": "run vLLM without CUDA graphs (1/true)",
     "vllm_max_num_seqs": "vLLM's max_num_seqs (default 16)",
-    "persistent_schedule": "the persistent engine's schedule (static-round-robin, "
-                           "dynamic-queue)",
-    "persistent_cubin": "a prebuilt persistent megakernel cubin",
-    "fused_compile": "the graph-fused engine's torch.compile mode (max-autotune-no-cudagraphs "
-                     "by default; max-autotune, default, reduce-overhead, none)",
     "llamacpp_parallel": "the llama.cpp server's parallel slots (default 16)",
     "llamacpp_threads": "the llama.cpp server's CPU threads (default 2)",
-    "fused_cubin": "a prebuilt cubin of the graph-fused engine's decode attention",
-    "fused_chunk": "tokens per split of the graph-fused engine's split_kv attention (a "
-                   "multiple of 64 up to 512; default: the operator contract's plan)",
     "candidate_model": "the candidate arm loads this model directory instead of the row's "
                        "(its digest is recorded)",
     "oracle_record_key": "public key PEM the oracle record must be signed with",
@@ -50,14 +41,38 @@ SAYS = {
 """Every key a gate, engine or toolchain reads, and what it does (docs/operators.md)."""
 
 
+def plugin_says() -> dict[str, str]:
+    """The keys the installed engine plugins read, and what each does."""
+    from rowgate import plugins
+
+    out: dict[str, str] = {}
+    for name in plugins.names(plugins.ENGINES):
+        out.update(getattr(plugins.load(plugins.ENGINES, name), "options", {}))
+    return out
+
+
+def says() -> dict[str, str]:
+    """Every key rowgate and its installed plugins read, and what it does."""
+    return {**SAYS, **plugin_says()}
+
+
+def engine_keys() -> tuple[str, ...]:
+    """What the engines a gate may start read: rowgate's own and the plugins'."""
+    return (*ENGINE_KEYS, *plugin_says())
+
+
 def for_kinds(kinds: Iterable[str]) -> tuple[str, ...]:
-    """Every key the registered gate kinds read (a kind not registered reads none)."""
+    """Every key the registered gate kinds read (a kind not registered reads none); a
+    kind that starts engines reads every installed engine's keys too."""
     from rowgate import plugins
 
     keys: dict[str, None] = {}
     for kind in kinds:
         gate = plugins.load(plugins.GATES, kind)
-        keys.update(dict.fromkeys(gate.options if gate is not None else ()))
+        declared = tuple(gate.options) if gate is not None else ()
+        keys.update(dict.fromkeys(declared))
+        if set(ENGINE_KEYS) <= set(declared):
+            keys.update(dict.fromkeys(plugin_says()))
     return tuple(keys)
 
 

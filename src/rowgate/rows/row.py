@@ -80,9 +80,10 @@ def _gate_table(value: Any, handler: ValidatorFunctionWrapHandler) -> GateSpec:
             raise ValueError(plugins.unknown(plugins.GATES, kind, "gate kind"))
         spec: GateSpec = handler(value)  # pydantic's handler is untyped (Any)
         return spec
-    if isinstance(value, gate.spec_model):  # a spec already validated (a row built in code)
+    model: type[GateSpec] = gate.spec_model
+    if isinstance(value, model):  # a spec already validated (a row built in code)
         return value
-    return gate.spec_model.model_validate(value)
+    return model.model_validate(value)
 
 
 if TYPE_CHECKING:
@@ -223,9 +224,11 @@ def _problems(exc: ValidationError) -> list[str]:
         if err["type"] == "extra_forbidden":
             msg = "unknown key"
         elif err["type"] == "value_error" and msg.startswith("Value error, "):
-            # cross-reference problems already carry their own key paths
+            # cross-reference problems already carry their own key paths; a table's own
+            # (an unknown gate kind) is placed by pydantic
+            where = f"{_loc(err['loc'])}: " if err["loc"] else ""
             for part in msg.removeprefix("Value error, ").split("; "):
-                lines.append(part)
+                lines.append(where + part)
             continue
         lines.append(f"{_loc(err['loc'])}: {msg}")
     return lines

@@ -20,7 +20,7 @@
 // once: nvcc converts them to fp32 right after the load, so each token paid one whole load
 // round trip; and its group loop, unrolled over kMaxGroup with a branch a head, runs one
 // head's reduction chain after the other. The same arithmetic in the same order: the same
-// bits. 4 tokens ahead was the fastest list at b1, b4 and b8 (2 and 8 slower; docs/perf.md);
+// bits. Of 2, 4 and 8 tokens ahead, 4 made the fastest list at b1, b4 and b8 (docs/perf.md);
 // other groups run the one-token-ahead loop (attention_split).
 
 namespace rowgate {

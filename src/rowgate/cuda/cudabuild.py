@@ -17,13 +17,13 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rowgate import sandbox
 from rowgate.cuda import cache, resources, toolchains
 from rowgate.cuda import kernels as kernels_toml
 from rowgate.cuda.kernels import KERNELS_DIR, KernelManifest
@@ -92,7 +92,7 @@ def build(repo: Path, manifest: KernelManifest, name: str, arch: str, toolchain:
             "source_digest": digest, "cache_key": key, "recipe": RECIPE,
             "toolchain": toolchain.describe(), "steps": [], "outputs": {}}
         for step in steps:
-            done = _run(step, work)
+            done = _run(step, work, repo.resolve(), toolchain)
             record["steps"].append(done)
             if done["returncode"] < 0:
                 # Killed by a signal (an interrupt reaching the compile, the OOM killer):
@@ -142,21 +142,23 @@ def _nvcc_steps(name: str, arch: str, tc: Toolchain, src: Path, includes: list[s
     return [{"tool": "nvcc", "argv": argv, "log": "nvcc.log", "mkdir": "keep"}]
 
 
-def _run(step: dict[str, Any], work: Path) -> dict[str, Any]:
+def _run(step: dict[str, Any], work: Path, subject: Path, toolchain: Toolchain) -> dict[str, Any]:
+    """One compile step: the subject's code compiled in the sandbox, its sources read-only
+    (an `#include` of anything outside them finds nothing), only `work` writable."""
     if "mkdir" in step:
         (work / step["mkdir"]).mkdir()
-    env = dict(os.environ)  # NVRTC's module is rowgate's own, importable as installed
-    try:
-        proc = subprocess.run(step["argv"], cwd=work, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, timeout=COMPILE_TIMEOUT_S, env=env,
-                              check=False)
-        rc, out = proc.returncode, proc.stdout
-    except subprocess.TimeoutExpired as exc:
-        rc, out = 124, (exc.stdout or b"") + f"\ntimed out after {COMPILE_TIMEOUT_S}s\n".encode()
-    except OSError as exc:
-        rc, out = 127, f"{step['argv'][0]}: cannot run: {exc.strerror}\n".encode()
+    done = sandbox.run(sandbox.Step(step["argv"], cwd=work, writable=[work],
+                                    read_only=[subject, *toolchain.roots()],
+                                    limits=sandbox.Limits(wall_s=COMPILE_TIMEOUT_S)),
+                       merged=True)
+    out = done.stdout
+    if done.limit:
+        out += f"\nstopped at its {done.limit} limit\n".encode()
+    if done.returncode == 127:
+        out += f"{step['argv'][0]}: cannot run: not found\n".encode()
     (work / step["log"]).write_bytes(out)
-    return {"tool": step["tool"], "argv": step["argv"], "returncode": rc, "log": step["log"]}
+    return {"tool": step["tool"], "argv": step["argv"], "returncode": done.returncode,
+            "log": step["log"]}
 
 
 def _collect(name: str, arch: str, work: Path, record: dict[str, Any]) -> None:

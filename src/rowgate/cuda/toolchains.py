@@ -94,6 +94,14 @@ class Toolchain:
     def short(self) -> str:
         return f"{self.name} {self.compiler.version}"
 
+    def roots(self) -> list[Path]:
+        """What a sandboxed compile must read besides the system and rowgate's Python:
+        each tool's install root (an nvcc given by path lives anywhere) and its headers."""
+        tools = (self.compiler, self.ptxas, self.cuobjdump, self.nvdisasm, self.host_compiler)
+        found = {Path(t.path).resolve().parent.parent for t in tools if t is not None and t.path}
+        found.update(Path(d).resolve() for d in self.include_dirs)
+        return sorted(p for p in found if p.exists() and p != Path("/"))
+
 
 def uses_nvrtc(arch: str) -> bool:
     return arch in NVRTC_ARCHES

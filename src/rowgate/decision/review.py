@@ -155,7 +155,7 @@ def _review(bundle_path: Path, repo: git.Repo, row_file: Path | None, verifier: 
     ev = Evaluation()
     if loaded.sha256 == m.row.sha256:  # criteria of another row text say nothing
         ev = evaluate(loaded.row, bundle)
-    rejects += ev.rejects
+    rejects += ev.rejects + unconfined(bundle, loaded.row.review.allow_unconfined)
     verdict, summary = verdict_of(rejects, ev.pendings)
     if present:
         summary += f" ({present})"
@@ -164,6 +164,17 @@ def _review(bundle_path: Path, repo: git.Repo, row_file: Path | None, verifier: 
                           stop_conditions=ev.stops, implementation=ev.admissions,
                           pending=ev.pending, **base)
     return _finish(record, signer, reviews_dir)
+
+
+def unconfined(bundle: Bundle, allowed: bool) -> list[str]:
+    """A reject for each gate whose subject steps ran outside the sandbox, unless the row
+    allows it (`review.allow_unconfined`): a subject's code could have written what that
+    gate measured."""
+    if allowed:
+        return []
+    return [f"{r.gate_id}: its subject steps ran unconfined (sandbox off: {r.sandbox.reason}); "
+            f"the row does not allow it (review.allow_unconfined)"
+            for r in bundle.results() if r.sandbox is not None and not r.sandbox.confined]
 
 
 def _unreadable(path: Path, exc: VerificationError, verifier: Verifier, signer: Signer,

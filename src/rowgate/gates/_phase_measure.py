@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+from rowgate import sandbox
 from rowgate.cuda import cudabuild, kernels, resources, toolchains
 from rowgate.errors import Error
 from rowgate.gates.build import build_kernel, seal_build
@@ -72,15 +72,16 @@ def collect_counters(ncu_path: str, metrics: list[str], cubin: Path, operator_ta
                                    "warmup": WARMUP, "launches": 1}, indent=1) + "\n")
     argv = ncu.command(ncu_path, metrics, entry, WARMUP, 1,
                        [sys.executable, "-m", "rowgate.ops.profile_launch", str(request)])
-    env = dict(os.environ)
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=NCU_TIMEOUT_S,
-                              env=env, cwd=out, check=False)
-        rc, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
-    except subprocess.TimeoutExpired as exc:
-        rc, stdout, stderr = 124, str(exc.stdout or ""), f"ncu timed out after {NCU_TIMEOUT_S}s"
-    except OSError as exc:
-        rc, stdout, stderr = 127, "", f"{ncu_path}: cannot run: {exc.strerror}"
+    # The subject's kernel runs here: in the sandbox with the GPU, reading its cubin and
+    # the request, writing nothing but ncu's own scratch in the private /tmp.
+    tool = Path(ncu_path).resolve().parent
+    done = sandbox.run(sandbox.Step(argv, cwd=out, read_only=[cubin, request, tool], gpu=True,
+                                    limits=sandbox.Limits(wall_s=NCU_TIMEOUT_S,
+                                                          memory_bytes=None)))
+    rc = done.returncode
+    stdout, stderr = done.stdout.decode(errors="replace"), done.stderr.decode(errors="replace")
+    if done.limit:
+        stderr += f"\nncu stopped at its {done.limit} limit"
     (out / f"ncu-{role}.csv").write_text(stdout)
     (out / f"ncu-{role}.log").write_text(stderr)
     return {"argv": argv, "returncode": rc, "csv": f"ncu-{role}.csv", "log": f"ncu-{role}.log",

@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +30,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
 
-from rowgate import compressed
+from rowgate import compressed, sandbox
 from rowgate.cuda import cudabuild, kernels, resources
 from rowgate.gates import _audit_ref
 from rowgate.gates._built import build_gate_id
@@ -92,17 +91,20 @@ def measure_audit(repo: Path, arches: list[str], names: list[str], options: dict
                                  "audited")
 
 
-def _tool(argv: list[str], log: Path, cwd: str | None = None, output: str | None = None) -> dict[str, Any]:
-    """Run one binutil, keep its output in `log` (gzipped when it is named `.gz`); the
-    record names it as `output`."""
-    try:
-        proc = subprocess.run(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              timeout=TOOL_TIMEOUT_S, check=False)
-        rc, text = proc.returncode, proc.stdout
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        rc, text = 127, f"{argv[0]}: {exc}\n".encode()
+def _tool(argv: list[str], log: Path, reads: Path, cwd: str | None = None,
+          output: str | None = None) -> dict[str, Any]:
+    """Run one binutil on a subject's binary (`reads`: the one file or directory it may
+    read) in the sandbox; keep its output in `log` (gzipped when it is named `.gz`); the
+    record names it as `output`. A binary is the subject's code's output: a crafted one
+    meets a binutil that sees nothing else."""
+    work = Path(cwd) if cwd else reads if reads.is_dir() else reads.parent
+    tool = Path(argv[0]).resolve().parent.parent
+    done = sandbox.run(sandbox.Step(argv, cwd=work, read_only=[reads, tool],
+                                    writable=[work] if cwd else [],
+                                    limits=sandbox.Limits(wall_s=TOOL_TIMEOUT_S)), merged=True)
+    text = done.stdout + (f"\nstopped at its {done.limit} limit\n".encode() if done.limit else b"")
     compressed.write_bytes(log, text)
-    return {"argv": argv, "returncode": rc, "output": output or log.name}
+    return {"argv": argv, "returncode": done.returncode, "output": output or log.name}
 
 
 def _inspect(b: Built, dest: Path, verify_embedded: bool,
@@ -124,13 +126,14 @@ def _inspect(b: Built, dest: Path, verify_embedded: bool,
         entry["sass_pending"] = tc.sass_missing
         return entry
     entry["commands"].append(_tool([tc.cuobjdump.path, "--dump-resource-usage",
-                                    str(b.dir / cubin)], dest / "resource-usage.txt"))
+                                    str(b.dir / cubin)], dest / "resource-usage.txt",
+                                   b.dir / cubin))
     entry["resource_usage"] = "resource-usage.txt"
     if tc.sass_missing:
         entry["sass_pending"] = tc.sass_missing
     else:
         entry["commands"].append(_tool([tc.cuobjdump.path, "-sass", str(b.dir / cubin)],
-                                       dest / SASS))
+                                       dest / SASS, b.dir / cubin))
         entry["sass"] = SASS
     if verify_embedded:
         sealed: dict[bytes, str] = {}  # one copy of each distinct image this kernel embeds
@@ -156,8 +159,8 @@ def _extract(cuobjdump: str, build_dir: Path, out_dir: Path, container: str,
         unpacked = Path(tmp_in) / container
         unpacked.write_bytes(compressed.read_bytes(sealed_output(build_dir, container)))
         argv = [cuobjdump, "-xelf", "all", str(unpacked)]
-        entry["commands"].append(_tool(argv, dest.parent / f"{container}.xelf.log", cwd=tmp,
-                                       output=f"embedded/{container}.xelf.log"))
+        entry["commands"].append(_tool(argv, dest.parent / f"{container}.xelf.log", unpacked,
+                                       cwd=tmp, output=f"embedded/{container}.xelf.log"))
         images = []
         for f in sorted(Path(tmp).iterdir()):
             data = f.read_bytes()
@@ -339,6 +342,7 @@ def _build_root(row: Row, spec: AuditGate, artifacts_root: Path) -> Path | None:
 class Audit(Gate[AuditGate]):
     kind = "audit"
     spec_model = AuditGate
+    subject_steps = True
     report_view = "per_arch"
     options = TOOLCHAIN_KEYS
 

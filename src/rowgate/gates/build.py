@@ -11,6 +11,7 @@ the PTX, cubin, fatbin and object (all but the cubin sealed gzipped: `NAME.ptx.g
 
 from __future__ import annotations
 
+import contextvars
 import json
 import os
 import shutil
@@ -130,8 +131,9 @@ def _compile_all(repo: Path, manifest: kernels.KernelManifest, plan: list[tuple[
     tools = ", ".join(sorted({chains[arch].short() for arch, _ in plan}))
     progress.update(f"build {len(plan)} kernel(s) with {tools}, {jobs} at a time")
     with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="build") as pool:
-        futures = {pool.submit(build_kernel, repo, manifest, name, arch, chains[arch]):
-                   (arch, name) for arch, name in plan}
+        # each compile in a copy of this context: the row's sandbox policy goes with it
+        futures = {pool.submit(contextvars.copy_context().run, build_kernel, repo, manifest,
+                               name, arch, chains[arch]): (arch, name) for arch, name in plan}
         try:
             for k, done in enumerate(as_completed(futures), 1):
                 arch, name = futures[done]
@@ -320,6 +322,7 @@ def _first(text: str | None) -> str:
 class Build(Gate[BuildGate]):
     kind = "build"
     spec_model = BuildGate
+    subject_steps = True
     report_view = "per_arch"
     options = TOOLCHAIN_KEYS
 

@@ -5,14 +5,13 @@ repo."""
 from __future__ import annotations
 
 import json
-import subprocess
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import git
 from pydantic import Field
 
+from rowgate import sandbox
 from rowgate.gates.artifacts import read_json
 from rowgate.gates.interface import Derived, Gate, GateContext, GateError
 from rowgate.records.status import MetricValue, Status
@@ -45,6 +44,7 @@ class HostGate(GateSpec):
 class Host(Gate[HostGate]):
     kind = "host"
     spec_model = HostGate
+    subject_steps = True
 
     def measure(self, row: Row, spec: HostGate, ctx: GateContext) -> None:
         out = ctx.artifact_dir
@@ -67,22 +67,24 @@ class Host(Gate[HostGate]):
         (out / "commands.json").write_text(json.dumps(records, indent=2) + "\n")
 
     def _run(self, i: int, argv: list[str], ctx: GateContext) -> dict[str, Any]:
+        """One of the row's commands, a subject step: in the sandbox, the subject's whole
+        repository read-only (its commands read git), a private /tmp and $HOME."""
         ctx.progress.update(f"host: {shown(argv)}")
         log = ctx.artifact_dir / f"command-{i}.log"
-        start = time.monotonic()
+        step = sandbox.Step(argv, cwd=ctx.repo, read_only=[Path(ctx.subject.repo)],
+                            limits=sandbox.Limits(wall_s=COMMAND_TIMEOUT_S))
         try:
-            proc = subprocess.run(argv, cwd=ctx.repo, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, timeout=COMMAND_TIMEOUT_S)
-            rc, output = proc.returncode, proc.stdout
-        except FileNotFoundError:
-            rc, output = 127, f"command not found: {argv[0][:SHOWN_ARGV]}\n".encode()
-        except subprocess.TimeoutExpired as exc:
-            rc, output = 124, (exc.stdout or b"") + f"\ntimed out after {COMMAND_TIMEOUT_S}s\n".encode()
+            done = ctx.run_step(step, merged=True)
         except OSError as exc:  # E2BIG (arguments beyond ARG_MAX), EACCES, ENOEXEC, …
-            rc, output = 126, f"cannot run {shown(argv)}: {exc.strerror}\n".encode()
+            done = sandbox.Result(126, f"cannot run {shown(argv)}: {exc.strerror}\n".encode(), b"")
+        output = done.stdout
+        if done.returncode == 127:
+            output += f"command not found: {argv[0][:SHOWN_ARGV]}\n".encode()
+        if done.limit:
+            output += f"\nstopped at its {done.limit} limit\n".encode()
         log.write_bytes(output)
-        return {"argv": argv, "returncode": rc, "log": log.name,
-                "duration_s": round(time.monotonic() - start, 3)}
+        return {"argv": argv, "returncode": done.returncode, "log": log.name,
+                "duration_s": round(done.duration_s, 3), "limit": done.limit}
 
     def derive(self, row: Row, spec: HostGate, artifact_dir: Path) -> Derived:
         try:

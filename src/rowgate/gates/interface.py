@@ -23,9 +23,12 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 from rowgate.confine import scan_artifacts
 from rowgate.errors import Error
-from rowgate.records.gate_result import GateResult
+from rowgate.records.gate_result import GateResult, SandboxRecord
 from rowgate.records.status import MetricValue, Status
-from rowgate.rows.spec import GateSpec
+from rowgate.rows.spec import GateSpec, SandboxPolicy
+from rowgate.sandbox import Result as StepResult
+from rowgate.sandbox import Step, describe, policy
+from rowgate.sandbox import run as run_sandboxed
 from rowgate.seal.device import GpuChoice, Inventory
 
 if TYPE_CHECKING:
@@ -122,6 +125,19 @@ class GateContext:
     """The results of the row's gates run before this one in this bundle, by gate id (a
     copy: the stage keeps its own). The abi and aot gates read their admitting gate's
     here; nothing on disk stands in for it (a gate's commands could write there)."""
+    sandbox: SandboxPolicy = field(default_factory=SandboxPolicy)
+    """How the row's subject steps run (`[sandbox]`): every one goes through `run_step`."""
+
+    def run_step(self, step: Step, *, merged: bool = False) -> StepResult:
+        """Run one subject step the way the row's sandbox policy says."""
+        return run_sandboxed(step, merged=merged)  # the policy `run_gate` set for the gate
+
+    def sandbox_record(self) -> SandboxRecord:
+        if not self.sandbox.confined:
+            return SandboxRecord(mode="off", reason=self.sandbox.reason)
+        facts = describe(gpu=self.gpu.gpu is not None)
+        return SandboxRecord(mode="bubblewrap", tool=facts["tool"], version=facts["version"],
+                             profile_sha256=facts["profile_sha256"])
 
 
 class GateError(Error):
@@ -156,6 +172,9 @@ class Gate(abc.ABC, Generic[S]):
     the row checks each names one (`Arms.named`)."""
     report_view: ClassVar[str] = ""
     options: ClassVar[tuple[str, ...]] = ()
+    subject_steps: ClassVar[bool] = False
+    """Runs or compiles the subject's code (through `ctx.run_step`): its result records
+    the sandbox it ran in."""
 
     def requirements(self, row: "Row", spec: S, ctx: GateContext) -> str | None:
         """Return why this gate cannot run here (-> PENDING), or None. Must not raise."""
@@ -218,13 +237,15 @@ def run_gate(gate: Gate[Any], row: "Row", spec: GateSpec, ctx: GateContext, bund
         return GateResult(gate_id=spec.id, kind=spec.kind, status=derived.status,
                           reason=derived.reason, metrics=derived.metrics, cells=derived.cells,
                           arch=arch, stand_in=stand_in, artifacts=artifacts,
-                          duration_s=round(time.monotonic() - start, 3))
+                          duration_s=round(time.monotonic() - start, 3),
+                          sandbox=ctx.sandbox_record() if gate.subject_steps else None)
 
     why_not = pending or gate.requirements(row, spec, ctx)
     if why_not is not None:
         return result(Derived(Status.PENDING, why_not))
     try:
-        gate.measure(row, spec, ctx)
+        with policy(ctx.sandbox.confined):  # every subject step of the gate obeys the row
+            gate.measure(row, spec, ctx)
         derived = gate.derive(row, spec, ctx.artifact_dir)
     except GateError as exc:
         derived = Derived(Status.ERROR, exc.diagnostics())

@@ -98,6 +98,7 @@ def check_entries(builds: dict[str, dict[str, Any]], entries: dict[str, str], sh
 class Phase(Gate[PhaseGate]):
     kind = "phase"
     spec_model = PhaseGate
+    subject_steps = True
     needs_device = True
     options = TOOLCHAIN_KEYS
 

@@ -2,12 +2,30 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rowgate.records.ids import ARTIFACT_PATH, GATE_ID
 from rowgate.records.status import MetricValue, Status
+
+
+class SandboxRecord(BaseModel):
+    """How a gate's subject steps ran: confined (the tool, its version, a digest of its
+    base profile) or, where the row turned the sandbox off, unconfined with its reason."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mode: Literal["bubblewrap", "off"]
+    tool: str = ""
+    version: str = ""
+    profile_sha256: str = ""
+    reason: str = ""
+    """The row's reason for `off`."""
+
+    @property
+    def confined(self) -> bool:
+        return self.mode != "off"
 
 
 class GateResult(BaseModel):
@@ -33,6 +51,9 @@ class GateResult(BaseModel):
     artifacts: list[Annotated[str, Field(pattern=ARTIFACT_PATH)]] = Field(default_factory=list)
     """Paths of the raw artifacts, relative to the bundle root, under `artifacts/GATE-ID/`."""
     duration_s: float = 0.0
+    sandbox: SandboxRecord | None = None
+    """How its subject steps ran; None for a gate that runs none (or sealed before
+    rowgate confined them)."""
 
     @model_validator(mode="after")
     def _artifacts_are_the_gates(self) -> GateResult:

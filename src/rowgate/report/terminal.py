@@ -98,6 +98,9 @@ def gate_table(results: list[GateResult], title: str,
         status = status_text(r.status)
         if r.gate_id in info:
             status.append("\ninformational", style="dim")
+        if r.sandbox is not None and not r.sandbox.confined:
+            status.append("\nUNCONFINED", style="bold red")
+            detail.append(f"\nsandbox off: {r.sandbox.reason}", style="red")
         table.add_row(Text(f"{r.gate_id}\n{r.kind} · {where(r.arch, r.stand_in)}"), status,
                       detail)
     return table
@@ -116,8 +119,15 @@ def inspect_view(bundle: Bundle) -> Group:
         _line("subject", f"{m.subject.repo} {m.subject.branch} {m.subject.commit[:12]} "
                          f"(base {m.subject.base[:12]}, dirty={m.subject.dirty})"),
         _line("signer", str(m.signer)),
-        _line("sealed", f"{m.created}   status ", status_text(m.status)),
+        _line("sealed", f"{m.created}   status ", status_text(m.status),
+              *unconfined_note(bundle.results())),
         gate_table(bundle.results(), "gates"))
+
+
+def unconfined_note(results: Iterable[GateResult]) -> list[Text]:
+    """`UNCONFINED` beside a bundle's status when any subject step ran outside the sandbox."""
+    off = [r.gate_id for r in results if r.sandbox is not None and not r.sandbox.confined]
+    return [Text(f"   UNCONFINED ({', '.join(off)})", style="bold red")] if off else []
 
 
 def print_inspect(bundle: Bundle, console: Console) -> None:
@@ -126,10 +136,12 @@ def print_inspect(bundle: Bundle, console: Console) -> None:
 
 def inspect_doc(bundle: Bundle) -> dict[str, Any]:
     m = bundle.manifest
+    results = bundle.results()
     return {"bundle": str(bundle.path), "id": bundle.id, "row": m.row.id,
             "subject": m.subject.model_dump(), "signer": m.signer.model_dump(),
             "status": m.status.value, "created": m.created,
-            "gates": [json.loads(r.model_dump_json()) for r in bundle.results()]}
+            "unconfined": [r.gate_id for r in results if r.sandbox and not r.sandbox.confined],
+            "gates": [json.loads(r.model_dump_json()) for r in results]}
 
 
 def inspect_json(bundle: Bundle) -> str:

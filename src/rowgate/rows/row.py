@@ -40,6 +40,7 @@ from rowgate.rows.spec import (
     Pending,
     Reference,
     ReviewPolicy,
+    SandboxPolicy,
     StopCondition,
     Target,
     Workload,
@@ -117,6 +118,7 @@ class Row(BaseModel):
     rules: list[str] = []
     history: list[HistoryEntry] = []
     review: ReviewPolicy = ReviewPolicy()
+    sandbox: SandboxPolicy = SandboxPolicy()
 
     @model_validator(mode="after")
     def _cross_references(self) -> "Row":

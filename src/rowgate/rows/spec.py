@@ -11,8 +11,9 @@ from __future__ import annotations
 from enum import Enum
 from typing import TYPE_CHECKING, Annotated, Literal, cast
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from rowgate import plugins
 from rowgate.records.criteria import Comparison, StopAction
 from rowgate.records.ids import GATE_ID
 from rowgate.rows.datasets import RANDOM as RANDOM_DATASET
@@ -80,6 +81,13 @@ class Arm(_Model):
     mode: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]*$")] = "default"
     """How the engine runs (each engine says which modes it has; reference: eager,
     graph, default)."""
+
+    @field_validator("engine")
+    @classmethod
+    def _installed(cls, engine: str) -> str:
+        if plugins.load(plugins.ENGINES, engine) is None:
+            raise ValueError(plugins.unknown(plugins.ENGINES, engine, "engine"))
+        return engine
     kernel_variant: str = ""
     dtype: str = "float32"
     note: str = ""
@@ -271,6 +279,28 @@ class ReviewPolicy(_Model):
     merge_into: str = "main"
     push_authorised: Literal[False] = False
     """rowgate never pushes; a row cannot say otherwise."""
+    allow_unconfined: bool = False
+    """Whether the review may approve a bundle whose subject steps ran unconfined
+    (`[sandbox] mode = "off"`)."""
+
+
+class SandboxPolicy(_Model):
+    """How the row's subject steps run: in bubblewrap (the default) or, with a written
+    reason, unconfined (the bundle then says UNCONFINED)."""
+
+    mode: Literal["bubblewrap", "off"] = "bubblewrap"
+    reason: str = ""
+    """Why the sandbox is off: required with `mode = "off"`."""
+
+    @model_validator(mode="after")
+    def _reason(self) -> "SandboxPolicy":
+        if self.mode == "off" and not self.reason.strip():
+            raise ValueError("sandbox.reason: turning the sandbox off needs a written reason")
+        return self
+
+    @property
+    def confined(self) -> bool:
+        return self.mode != "off"
 
 
 class HistoryEntry(_Model):

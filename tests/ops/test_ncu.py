@@ -1,5 +1,5 @@
 """The phase gate's ncu command and the parser of ncu's raw CSV page, on a CSV the
-H200 produced (benchmarks/results/h200-2026-11-29/final/ncu.csv)."""
+H200 produced (tests/data/phase-h200/ncu.csv, measured 2026-11-29)."""
 
 from __future__ import annotations
 

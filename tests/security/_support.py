@@ -254,6 +254,13 @@ def write_row(directory: Path, row_id: str, body: str) -> Path:
     return _write_row(directory, row_id, body)
 
 
+UNCONFINED = ('\n[sandbox]\nmode = "off"\nreason = "the test runs what a subject could do '
+              'were its code unconfined: the seal\'s own defences"\n')
+"""Row text that turns the sandbox off: the tests of what the seal refuses or survives
+on its own (planted entries, a full disk) need a command that can reach the staging
+area, which the sandbox (tests/security/test_sandbox.py) never lets one do."""
+
+
 def host_row(directory: Path, row_id: str, *commands: list[str], require_clean: bool = True,
              extra: str = "") -> Path:
     """A row whose one gate is `host` with `commands`."""

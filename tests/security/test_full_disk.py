@@ -15,6 +15,7 @@ import pytest
 
 from tests.review_support import World
 from tests.security._support import (
+    UNCONFINED,
     Run,
     assert_one_line,
     cli,
@@ -67,7 +68,8 @@ def test_a_seal_that_does_not_fit_is_one_line_and_leaves_nothing(tmp_path, capsy
     script.write_text(
         "import os, sys\nst = os.statvfs(sys.argv[1])\n"
         "free = st.f_bavail * st.f_frsize\nsys.stdout.write('x' * max(0, free - (6 << 10)))\n")
-    row = host_row(tmp_path / "rows", "TEST-FULL", [sys.executable, str(script), str(out)])
+    row = host_row(tmp_path / "rows", "TEST-FULL", [sys.executable, str(script), str(out)],
+                   extra=UNCONFINED)
     run = cli(capsys, "-q", "gate", row, "--repo", subject, "--out", out)
     assert_one_line(run, STORAGE, FULL)
     assert _files(out) == []

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.security._support import Run, host_row, make_subject, own_key, rowgate, tree_text
+from tests.security._support import UNCONFINED, Run, host_row, make_subject, own_key, rowgate, tree_text
 
 PLANT = r'''
 import json, os, socket, stat, sys
@@ -95,7 +95,8 @@ class Planted:
         script = tmp / "plant.py"
         script.write_text(PLANT)
         self.row = host_row(tmp / "rows", "TEST-PLANT",
-                            [sys.executable, str(script), str(self.out), mode, str(outside)])
+                            [sys.executable, str(script), str(self.out), mode, str(outside)],
+                            extra=UNCONFINED)
         self.run: Run = rowgate("-q", "gate", self.row, "--repo", self.subject, "--out", self.out,
                                 timeout=180)
         assert "Traceback" not in self.run.err, self.run.err

@@ -1,8 +1,8 @@
-"""The reference engine in mode graph-fused on a CPU: the fused step (q|k|v and gate|up
-projections, the split-KV cache layout) runs eagerly, records why (no CUDA: no graph,
-no torch.compile), and gives the reference engine's tokens: identical in float32,
-exact or a near-tie under the divergence rule in bfloat16. (On a GPU:
-benchmarks/megakernel.py's `baseline` section and tests/engines/test_reference_gpu.py.)"""
+"""The lab-graph-fused engine on a CPU: the fused step (q|k|v and gate|up projections,
+the split-KV cache layout) runs eagerly, records why (no CUDA: no graph, no
+torch.compile), and gives the reference engine's tokens: identical in float32, exact or
+a near-tie under the divergence rule in bfloat16. (On a GPU: lab/benchmarks/megakernel.py's
+`baseline` section and lab/tests/engines/test_fused_gpu.py.)"""
 
 from __future__ import annotations
 
@@ -17,9 +17,11 @@ from rowgate.engines.qwen3 import PAGE_SIZE, PagedKVCache, Qwen3Config, torch_pa
 from rowgate.rows.spec import Arm  # noqa: E402
 from rowgate_lab.engines.fused import FusedKVCache, FusedModel, torch_fused_attention  # noqa: E402
 
+ENGINE = {"eager": "reference", "graph-fused": "lab-graph-fused"}
+
 
 def _generate(tiny_model, passes, mode: str, dtype: str, options: dict | None = None):
-    arm = Arm(engine="reference", mode=mode, dtype=dtype)
+    arm = Arm(engine=ENGINE[mode], mode=mode, dtype=dtype)
     with engines.create(arm, tiny_model.path, device="cpu", options=options) as engine:
         return [engine.generate(p) for p in passes], engine.describe()
 
@@ -93,14 +95,14 @@ def test_fused_cache_layout_and_attention_equal_the_reference(tiny_model):
 
 
 def test_an_unknown_compile_mode_is_refused(tiny_model):
-    arm = Arm(engine="reference", mode="graph-fused", dtype="bfloat16")
+    arm = Arm(engine="lab-graph-fused", mode="graph-fused", dtype="bfloat16")
     with pytest.raises(EngineError, match="fused_compile 'fast' is not one of "
                                           "max-autotune-no-cudagraphs, "):
         engines.create(arm, tiny_model.path, options={"fused_compile": "fast"})
 
 
 def test_a_split_chunk_is_an_engine_option(tiny_model):
-    arm = Arm(engine="reference", mode="graph-fused", dtype="bfloat16")
+    arm = Arm(engine="lab-graph-fused", mode="graph-fused", dtype="bfloat16")
     eng = engines.create(arm, tiny_model.path, options={"fused_chunk": "64"})
     assert eng.chunk == 64
     assert engines.create(arm, tiny_model.path, options={}).chunk is None

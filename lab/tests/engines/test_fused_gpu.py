@@ -1,7 +1,7 @@
-"""The graph-fused engine on a GPU: a second process compiles nothing its cache already
-holds, and gives the same tokens (what benchmarks/megakernel_seal.sh relies on: a warm-up
-call's compile serves the sealing call), and the description says where the graphs came
-from.
+"""The lab-graph-fused engine on a GPU: a second process compiles nothing its cache
+already holds, and gives the same tokens (what lab/benchmarks/megakernel_seal.sh relies
+on: a warm-up call's compile serves the sealing call), and the description says where the
+graphs came from.
 
 Self-contained fixtures (no conftest): it runs on a GPU host with `--noconftest`.
 """

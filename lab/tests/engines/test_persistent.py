@@ -1,6 +1,6 @@
-"""The reference engine in mode persistent on a CPU: the persistent kernel cannot run,
-so every step takes the fallback route (no CUDA: eager), recorded with the reasons, and
-the tokens are the eager engine's. (On a GPU: tests/megakernel/test_persistent_gpu.py.)"""
+"""The lab-persistent engine on a CPU: the persistent kernel cannot run, so every step
+takes the fallback route (no CUDA: eager), recorded with the reasons, and the tokens are
+the reference engine's eager ones. (On a GPU: lab/tests/megakernel/test_persistent_gpu.py.)"""
 
 from __future__ import annotations
 
@@ -14,9 +14,11 @@ from rowgate import engines  # noqa: E402
 from rowgate.engines.interface import EngineError  # noqa: E402
 from rowgate.rows.spec import Arm
 
+ENGINE = {"eager": "reference", "persistent": "lab-persistent"}
+
 
 def _run(tiny_model, work, mode: str, options: dict | None = None):
-    arm = Arm(engine="reference", mode=mode, dtype="float32")
+    arm = Arm(engine=ENGINE[mode], mode=mode, dtype="float32")
     with engines.create(arm, tiny_model.path, device="cpu", options=options) as engine:
         out = engine.generate(work)
         return [o.token_ids for o in out.outputs], engine.describe()
@@ -39,6 +41,6 @@ def test_cpu_steps_fall_back_to_eager_and_record_why(tiny_model, demo_passes):
 
 
 def test_an_unknown_schedule_is_refused(tiny_model):
-    arm = Arm(engine="reference", mode="persistent", dtype="float32")
+    arm = Arm(engine="lab-persistent", mode="persistent", dtype="float32")
     with pytest.raises(EngineError, match="schedule 'round-robin' is not static-round-robin"):
         engines.create(arm, tiny_model.path, options={"persistent_schedule": "round-robin"})

@@ -20,8 +20,8 @@ from rowgate.rows.row import load_row
 from rowgate_lab.abi_gate import Abi
 from rowgate_lab.megakernel import abi, proof
 
-ROOT = Path(__file__).resolve().parents[2]
-ROW = load_row(ROOT / "rows" / "KERNEL-CUDA-DECODE-MEGAKERNEL.toml").row
+LAB = Path(__file__).resolve().parents[2]  # the subject
+ROW = load_row(LAB.parent / "rows" / "KERNEL-CUDA-DECODE-MEGAKERNEL.toml").row
 SPEC = next(g for g in ROW.gates if g.kind == "abi")
 
 
@@ -42,7 +42,7 @@ def _trace(status: Status, recoverable: float | None, verdict: str | None) -> Ga
 
 def _run(staged: tuple[Path, dict[str, GateResult]]) -> GateResult:
     root, earlier = staged
-    ctx = GateContext(repo=ROOT, artifact_dir=root / "artifacts" / "abi",
+    ctx = GateContext(repo=LAB, artifact_dir=root / "artifacts" / "abi",
                       subject=None, provenance=None,  # type: ignore[arg-type]  # unused by abi
                       earlier=earlier)
     return run_gate(Abi(), ROW, SPEC, ctx, root)

@@ -100,7 +100,8 @@ def _generate(tiny, mode: str, options: dict, work):
     from rowgate.rows.spec import Arm
     from rowgate_lab.megakernel.proof import Out
 
-    arm = Arm(engine="reference", mode=mode, dtype="bfloat16")
+    name = "lab-persistent" if mode == "persistent" else "reference"  # eager, graph
+    arm = Arm(engine=name, mode=mode, dtype="bfloat16")
     with engines.create(arm, tiny.path, device="cuda:0", options=options) as engine:
         result = engine.generate(work)
         return [Out.of(o) for o in result.outputs], engine.describe()

@@ -92,7 +92,7 @@ def test_deep_operator_launch_rules_and_shared_memory():
     """split_kv_deep: `_deep` against `_base` with the baseline's 256 threads, `_deepc` as
     one cluster of 8 splits when a call has at most 8; its shared memory (opt-in) never
     shrinks the chunk, which goes up to 1024 (split_kv's: 512), so a large call's plan is
-    its own and a small call's split_kv's. benchmarks/decode_attention.py's mirror of the
+    its own and a small call's split_kv's. lab/benchmarks/decode_attention.py's mirror of the
     kernel's DeepCfg gives kernels.toml's sizes."""
     bench = _benchmark()
     deep = op.SPLIT_KV_DEEP
@@ -130,42 +130,6 @@ def _benchmark(name: str = "decode_attention"):
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     return bench
-
-
-def test_the_waves_fit_splits_a_recorded_sweep_into_a_fixed_cost_and_a_streaming_rate(
-        tmp_path):
-    """deep_waves.py's fit on a recorded sweep's samples (batches 4-99 at 16K, H200,
-    2026-12-05): E5M2 and bf16 are affine in their bytes, and the fit is what the sweep
-    wrote; a file that cannot be read exits 2."""
-    import json
-    from pathlib import Path
-
-    waves = _benchmark("deep_waves")
-    sweep = Path(__file__).resolve().parents[2] / "benchmarks/results/h200-2026-12-05/run65"
-    f = waves.fit(json.loads((sweep / "results.json").read_text()))
-    recorded = json.loads((sweep / "fit.json").read_text())
-    for name in ("e5m2_deep", "bf16_deep"):
-        r = f["paths"][name]
-        assert r["r2"] > 0.9999 and 20 < r["intercept_us"] < 30, (name, r)
-        assert abs(r["intercept_us"] - recorded["paths"][name]["intercept_us"]) < 1e-9
-        assert 100 < r["steady_pct_of_copy"] < 110, (name, r)
-    assert waves.kv_bytes("bf16", 16) == 2 * waves.kv_bytes("e5m2", 16) == 1 << 30
-    assert waves.main(["--fit", str(tmp_path / "missing.json")]) == 2
-
-
-def test_the_trace_reads_ramp_drain_and_idle_slots_from_the_ctas_records():
-    """deep_trace.py's statistics on a launch whose answer is known: two slots, four
-    CTAs of 10 µs each (the second slot starting 2 µs late), then one of 5 µs alone."""
-    trace = _benchmark("deep_trace")
-    ns = 1_000_000  # a global timer's origin far from 0
-    us = [(0, 10), (2, 12), (10, 20), (12, 22), (22, 27)]
-    words = [[ns + 1000 * a, ns + 1000 * b, i % 2] for i, (a, b) in enumerate(us)]
-    s = trace.launch_stats(words)
-    assert (s["span_us"], s["slots"], s["ramp_us"]) == (27, 2, 2)
-    assert (s["last_start_us"], s["drain_us"]) == (22, 5)
-    # busy slot time 45 µs of 2 slots: 22.5 µs of the launch's 27 did work, 4.5 were idle
-    assert s["idle_us"] == 27 - 45 / 2
-    assert s["life_median_us"] == 10 and s["life_max_us"] == 10 and s["sms"] == 2
 
 
 def test_variant_names_pick_rowgates_operator():
@@ -375,7 +339,7 @@ def test_gpu_launcher_refuses_cpu_tensors():
 
 
 def test_the_benchmarks_operator_sections_are_expressible():
-    """benchmarks/decode_attention.py's operator sections as a device call runs them
+    """lab/benchmarks/decode_attention.py's operator sections as a device call runs them
     (`--candidate e5m2_bulk` or `e5m2_deep`: split_kv_bulk or split_kv_deep on
     e5m2, bf16 and bf16 GQA 2) and as they run by default (split_kv): every case declared
     by the operator picked."""
@@ -384,7 +348,7 @@ def test_the_benchmarks_operator_sections_are_expressible():
     from rowgate.ops import operator_ab
 
     bench = _benchmark()
-    row = Path(__file__).resolve().parents[2] / "rows" / "SM70-XQA-E5M2-DECODE.toml"
+    row = Path(__file__).resolve().parents[3] / "rows" / "SM70-XQA-E5M2-DECODE.toml"
     for cand, want in (("e5m2_bulk", "split_kv_bulk"), ("e5m2_deep", "split_kv_deep"),
                        ("", "split_kv")):
         c = {"candidate": cand} if cand else {}

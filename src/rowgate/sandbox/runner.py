@@ -171,6 +171,15 @@ def _gpu_args() -> list[str]:
     return args
 
 
+def _path(step: Step) -> tuple[str, ...]:
+    """PATH inside: the step's own directories, then rowgate's PATH entries the sandbox
+    shows (its venv's bin first, so `python` is the interpreter rowgate runs on)."""
+    shown = [Path(p) for p in SYSTEM_RO] + _python_dirs()
+    mine = [d for d in os.environ.get("PATH", "").split(os.pathsep)
+            if d and any(Path(d).resolve().is_relative_to(s) for s in shown)]
+    return (*step.path_dirs, str(Path(sys.executable).parent), *mine)
+
+
 def argv_for(step: Step) -> list[str]:
     """The bwrap command line of `step` (binds after /tmp: a subject under /tmp stays
     visible, and nothing else there is)."""
@@ -185,7 +194,7 @@ def argv_for(step: Step) -> list[str]:
         args += ["--ro-bind", str(p), str(p)]
     for p in step.writable:
         args += ["--bind", str(p), str(p)]
-    env = allowed_env(step.env, tuple(step.path_dirs))
+    env = allowed_env(step.env, _path(step))
     args += ["--clearenv"]
     for key, value in sorted(env.items()):
         args += ["--setenv", key, value]
@@ -221,7 +230,7 @@ def spawn(step: Step, *, confined: bool | None = None, stdin: int | None = None,
         return subprocess.Popen(argv_for(step), stdin=stdin, stdout=stdout, stderr=stderr,
                                 start_new_session=True, preexec_fn=_limiter(step.limits))
     return subprocess.Popen(list(step.argv), cwd=step.cwd, stdin=stdin, stdout=stdout,
-                            stderr=stderr, env=allowed_env(step.env, tuple(step.path_dirs)),
+                            stderr=stderr, env=allowed_env(step.env, _path(step)),
                             start_new_session=True, preexec_fn=_limiter(step.limits))
 
 

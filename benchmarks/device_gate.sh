@@ -7,7 +7,7 @@
 # benchmarks/device_site.sh, docs/operators.md):
 #   bash benchmarks/device_gate.sh KERNEL-CUDA-DECODE-MEGAKERNEL [ROW ...]
 # Environment: SKIP_TRACE=1 skips the trace capture set; MEGAKERNEL_BENCH="ARGS" runs
-# benchmarks/megakernel.py ARGS after the rows (results under megakernel/);
+# lab/benchmarks/megakernel.py ARGS after the rows (results under megakernel/);
 # GPU_TESTS=1 then runs the `gpu`-marked tests (log pytest-gpu.txt).
 set -uo pipefail
 R=/tmp/device-results  # everything but the evidence, tarred into $OUT at the end
@@ -38,17 +38,17 @@ else
 fi
 [ -n "${SKIP_TRACE:-}" ] || timeout 300 python3 benchmarks/trace_capture.py --device cuda --out "$R" 2>&1 | tee "$R/trace-log.txt"
 for row in "$@"; do
-  timeout "${GATE_TIMEOUT:-240}" python3 -m rowgate.cli.main gate "$row" --out /tmp/evidence \
+  timeout "${GATE_TIMEOUT:-240}" python3 -m rowgate.cli.main gate "$row" --repo lab --out /tmp/evidence \
     --option nvcc="$(command -v nvcc)" 2>&1 | tee "$R/gate-log-$row.txt"
 done
 if [ -n "${MEGAKERNEL_BENCH:-}" ]; then
   # shellcheck disable=SC2086  # the variable holds the benchmark's arguments
-  timeout "${MEGAKERNEL_TIMEOUT:-240}" python3 benchmarks/megakernel.py --out "$R/megakernel" \
+  timeout "${MEGAKERNEL_TIMEOUT:-240}" python3 lab/benchmarks/megakernel.py --out "$R/megakernel" \
     --nvcc "$(command -v nvcc)" $MEGAKERNEL_BENCH 2>&1 | tee "$R/megakernel-log.txt"
 fi
 if [ -n "${GPU_TESTS:-}" ]; then
   ROWGATE_NVCC="$(command -v nvcc)" timeout "${GPU_TESTS_TIMEOUT:-240}" python3 -m pytest -p no:cacheprovider -m gpu -q -rs \
-    tests 2>&1 | tee "$R/pytest-gpu.txt"
+    tests lab/tests 2>&1 | tee "$R/pytest-gpu.txt"
 fi
 cp "$XDG_CONFIG_HOME/rowgate/signing-key.pub.pem" "$R/device-key.pub.pem" 2>/dev/null
 tar czf "$OUT/results.tar.gz" -C "$R" .

@@ -50,7 +50,8 @@ from rowgate.ops import operator_ab, reference, timing
 from rowgate.ops.paged_inputs import Case, make_inputs
 from rowgate_lab.ops import split_kv as op
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[1]  # the lab
+ROWS = REPO.parent / "rows"  # the campaign's rows, at the checkout's root
 
 SOURCE = REPO / "kernels" / "decode_attention" / "split_kv.cu"
 PHASES = {0: "full", 1: "no_k_load", 2: "no_v_load", 3: "qk_x2", 4: "pv_x2",
@@ -626,7 +627,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, required=True,
                     help="results directory (outside the tree: raw results are never checked in)")
     ap.add_argument("--nvcc", default=shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc")
-    ap.add_argument("--row", type=Path, default=REPO / "rows" / "SM70-XQA-E5M2-DECODE.toml")
+    ap.add_argument("--row", type=Path, default=ROWS / "SM70-XQA-E5M2-DECODE.toml")
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--skip", action="append", default=[], help="section names to skip")
     ap.add_argument("--ncu-target", action="store_true", help=argparse.SUPPRESS)

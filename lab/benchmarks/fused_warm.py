@@ -9,18 +9,19 @@ different kernels: on the H200 the compiled step at batch 4 took 1,340-1,668 µs
 compiles (docs/perf.md). A baseline has to be the strongest the device runs, so
 with `--compiles N` each compile runs in its own process with its own fresh cache, every
 cell is timed on it, and the cache of the fastest compile (the least geometric mean of
-its cells' times over the best time of each cell) becomes `build/torchinductor`.
+its cells' times over the best time of each cell) becomes `torchinductor/` in rowgate's
+cache dir.
 
 That directory is where the engine keeps torch.compile's cache in the gate process as
-in an engine subprocess, so a later `rowgate gate ROW` on the same checkout compiles
+in an engine subprocess, so a later `rowgate gate ROW` on the same machine compiles
 from it: the trace and throughput gates run the chosen kernels, and spend no time on
 autotuning. On a device lent 10 minutes a call, one call runs this and the sealing call
-right after it on the same, still warm, machine (benchmarks/megakernel_seal.sh).
+right after it on the same, still warm, machine (lab/benchmarks/megakernel_seal.sh).
 
 Per cell and compile: the first pass (compile and capture included) and the fastest of
 `--passes` more passes of the same work, in seconds; the engine's describe().
 
-    python3 benchmarks/fused_warm.py KERNEL-CUDA-DECODE-MEGAKERNEL --compiles 3 --out DIR
+    python3 lab/benchmarks/fused_warm.py KERNEL-CUDA-DECODE-MEGAKERNEL --compiles 3 --out DIR
 """
 
 from __future__ import annotations

@@ -426,7 +426,7 @@ def row_tie_margin() -> float:
     """The megakernel row's abi gate tie_margin (its near-tie rule for persistent vs eager)."""
     import tomllib
 
-    row = tomllib.loads((REPO / "rows" / "KERNEL-CUDA-DECODE-MEGAKERNEL.toml").read_text())
+    row = tomllib.loads((REPO.parent / "rows" / "KERNEL-CUDA-DECODE-MEGAKERNEL.toml").read_text())
     return float(next(g for g in row["gates"] if g["kind"] == "abi").get("tie_margin", 0.0))
 
 

@@ -139,8 +139,8 @@ class FusedModel(Qwen3Model):
         """Set by the engine on CUDA: batch -> an attention callable (split_kv)."""
         if compile_mode != "none" and str(device).startswith("cuda"):
             # In this process as in an engine subprocess (`_process.engine_env`): the
-            # compile cache under build/, so a gate run after another on the same
-            # checkout (the trace gate's compile, then the throughput gate's; a warm-up
+            # compile cache in rowgate's cache dir, so a gate run after another on the same
+            # machine (the trace gate's compile, then the throughput gate's; a warm-up
             # call, then the sealing one) reuses max-autotune's choices instead of
             # re-benchmarking every GEMM shape (~6 s each), and runs the same kernels.
             os.environ.setdefault(INDUCTOR_CACHE_ENV, str(INDUCTOR_CACHE))

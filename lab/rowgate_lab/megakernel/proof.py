@@ -57,7 +57,7 @@ def run(model_dir: Path, passes: list[WorkloadPass], schedules: list[str], devic
     doc: dict[str, dict[str, Any]] = {p.cell: {} for p in passes}
     by_schedule: dict[str, list[list[Out]]] = {}
     for schedule in schedules:
-        got, described = outputs(Arm(engine="reference", mode="persistent", dtype=dtype),
+        got, described = outputs(Arm(engine="lab-persistent", mode="persistent", dtype=dtype),
                                  {**options, "persistent_schedule": schedule})
         by_schedule[schedule] = got
         routes = json.loads(described.get("persistent_routes", "{}"))

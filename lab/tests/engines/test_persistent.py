@@ -44,3 +44,19 @@ def test_an_unknown_schedule_is_refused(tiny_model):
     arm = Arm(engine="lab-persistent", mode="persistent", dtype="float32")
     with pytest.raises(EngineError, match="schedule 'round-robin' is not static-round-robin"):
         engines.create(arm, tiny_model.path, options={"persistent_schedule": "round-robin"})
+
+
+def test_the_abi_gates_proof_runs_the_lab_persistent_engine(tiny_model, demo_passes):
+    """proof.run, the abi gate's GPU part, on a CPU: each schedule runs on the
+    lab-persistent engine (every step falls back to eager here), so every request is exact
+    and the schedules agree."""
+    from rowgate_lab.megakernel import proof
+
+    work = [p for p in demo_passes if p.concurrency == 4][:1]
+    doc = proof.run(tiny_model.path, work, ["static-round-robin", "dynamic-queue"], "cpu",
+                    "float32", {}, 0.5)
+    cell = doc[work[0].cell]
+    assert cell["schedules_identical"] is True
+    for schedule in ("static-round-robin", "dynamic-queue"):
+        assert cell[schedule]["mismatched_requests"] == 0
+        assert cell[schedule]["routes"]["4"]["requested"] == "persistent"

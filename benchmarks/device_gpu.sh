@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# One device call: the GPU-marked tests (the core's, then the lab's) and the sandbox's
+# cost on GPU work, with rowgate installed from its wheel (benchmarks/device_env.sh).
+# Run from the repo root with `.site` carried (benchmarks/device_site.sh):
+#   bash benchmarks/device_gpu.sh [core|lab|overhead ...]      (default: all three)
+# Writes $OUT/env.txt, $OUT/pytest-gpu-core.txt, $OUT/pytest-gpu-lab.txt and
+# $OUT/sandbox-overhead.json; TESTS_TIMEOUT (default 240 s) bounds each test set.
+set -uo pipefail
+. benchmarks/device_env.sh || exit 1
+parts=("${@:-core lab overhead}")
+{ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,driver_version --format=csv
+  nvcc --version | tail -2; bwrap --version; python3 -c "import rowgate, rowgate_lab; print(rowgate.__file__, rowgate_lab.__file__)"
+} 2>&1 | tee "$OUT/env.txt"
+export ROWGATE_NVCC="$(command -v nvcc)" XDG_CONFIG_HOME=/tmp/rowgate-config ROWGATE_SIGNER=key
+for part in ${parts[*]}; do
+  case "$part" in
+    core) timeout "${TESTS_TIMEOUT:-240}" python3 -m pytest -p no:cacheprovider -m gpu -q -rs \
+            --durations=10 tests 2>&1 | tail -n 40 | tee "$OUT/pytest-gpu-core.txt" ;;
+    lab) timeout "${TESTS_TIMEOUT:-240}" python3 -m pytest -p no:cacheprovider -m gpu -q -rs \
+           --durations=10 lab/tests 2>&1 | tail -n 40 | tee "$OUT/pytest-gpu-lab.txt" ;;
+    overhead) timeout 240 python3 benchmarks/sandbox_overhead.py --out "$OUT" --rounds "${ROUNDS:-16}" ;;
+    *) echo "unknown part $part" >&2; exit 2 ;;
+  esac
+done

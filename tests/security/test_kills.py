@@ -17,6 +17,7 @@ import pytest
 
 from tests.security._support import (
     BUILD_GATE,
+    FIXTURE,
     cli,
     make_subject,
     own_key,
@@ -32,13 +33,14 @@ KILLS = 20
 SEED = 14
 
 
+WORK = "import sys, time\nsys.stdout.write('evidence ' * 600000)\ntime.sleep(0.3)\n"
+"""The subject's command: a few MB of output (hashing and signing take a while) and some
+time in the command."""
+
+
 def _row(tmp: Path) -> Path:
-    script = tmp / "work.py"
-    # a few MB of output (hashing and signing take a while) and some time in the command
-    script.write_text("import sys, time\nsys.stdout.write('evidence ' * 600000)\n"
-                      "time.sleep(0.3)\n")
     host = (f'\n[[gates]]\nid = "host"\nkind = "host"\n'
-            f'commands = [["{sys.executable}", "{script}"]]\n')
+            f'commands = [["{sys.executable}", "work.py"]]\n')
     return write_row(tmp / "rows", ROW, host + BUILD_GATE)
 
 
@@ -90,7 +92,8 @@ def _new_stage_after(out: Path, proc: subprocess.Popen, old: set[str]) -> float 
 
 
 def test_sigkill_at_twenty_random_points_loses_nothing(tmp_path, capsys, sentinel):
-    subject = make_subject(tmp_path / "subject")
+    subject = make_subject(tmp_path / "subject", {"kernels/clean.cu": FIXTURE,
+                                                  "kernels/include/.keep": "", "work.py": WORK})
     before = subject_state(subject)
     out = tmp_path / "evidence"
     row = _row(tmp_path)

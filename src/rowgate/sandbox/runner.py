@@ -267,9 +267,10 @@ def run(step: Step, *, stdin: bytes | None = None, confined: bool | None = None,
         proc = spawn(step, confined=confined,
                      stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
                      stderr=subprocess.STDOUT if merged else subprocess.PIPE)
-    except OSError as exc:  # unconfined only: the command itself cannot be run
+    except OSError as exc:  # E2BIG (arguments past ARG_MAX); unconfined: no such command
         rc = 127 if isinstance(exc, FileNotFoundError) else 126
-        return Result(rc, b"", f"{step.argv[0]}: {exc.strerror}\n".encode())
+        said = f"cannot run {step.argv[0][:120]}: {exc.strerror}\n".encode()
+        return Result(rc, said if merged else b"", b"" if merged else said)
     try:
         out, err = proc.communicate(stdin, timeout=step.limits.wall_s)
     except subprocess.TimeoutExpired:

@@ -83,7 +83,7 @@ def _embed(d: Path, answer: dict[str, Any], tc: toolchains.Toolchain) -> dict[st
     (d / "embedded").mkdir(exist_ok=True)
     for argv in ([tc.cuobjdump.path, "-xelf", "all", f"../{fatbin}"],
                  [tc.cuobjdump.path, "-lptx", f"../{fatbin}"]):
-        rc, out, err = _run(argv, d / "embedded")
+        rc, out, err = _run(argv, d / "embedded", reads=[d / fatbin])
         rec["commands"].append({"argv": argv, "returncode": rc, "output": out + err})
     rec["images"] = sorted(p.name for p in (d / "embedded").glob("*.cubin"))
     rec["ptx_listed"] = [ln.split(":", 1)[1].strip() for ln in

@@ -27,16 +27,13 @@ only for the q/k/v tiles of that head. GEMV tiles (about one per SM, times
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from rowgate.errors import UsageError
 from rowgate_lab.megakernel.abi import (
-    GRANULE,
     SCRATCH_BYTES,
     STAGE_BYTES,
     Flag,
@@ -46,6 +43,7 @@ from rowgate_lab.megakernel.abi import (
     Task,
     merge_floats,
 )
+from rowgate_lab.megakernel.step import Emitter, ModelDims, Region
 from rowgate_lab.megakernel.tiling import gemv_rows, up
 from rowgate_lab.megakernel.validate import Buffer
 from rowgate_lab.megakernel.waves import padded_to_waves
@@ -53,78 +51,6 @@ from rowgate_lab.megakernel.waves import padded_to_waves
 PAGE_SIZE = 16
 ALIGN = 256
 COLS_MIN = 256
-
-
-class ModelConfigError(UsageError):
-    """A model config the builder cannot read."""
-
-
-@dataclass(frozen=True)
-class ModelDims:
-    vocab: int
-    hidden: int
-    intermediate: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    rms_eps: float
-    max_position: int
-
-    @classmethod
-    def from_config(cls, c: dict[str, Any], where: str = "config") -> "ModelDims":
-        try:
-            return cls(vocab=c["vocab_size"], hidden=c["hidden_size"],
-                       intermediate=c["intermediate_size"], layers=c["num_hidden_layers"],
-                       heads=c["num_attention_heads"], kv_heads=c["num_key_value_heads"],
-                       head_dim=c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"],
-                       rms_eps=float(c["rms_norm_eps"]),
-                       max_position=c["max_position_embeddings"])
-        except KeyError as exc:
-            raise ModelConfigError(f"{where}: missing key {exc.args[0]!r}") from exc
-
-    @classmethod
-    def load(cls, model_dir: Path) -> "ModelDims":
-        path = Path(model_dir) / "config.json"
-        try:
-            return cls.from_config(json.loads(path.read_text()), str(path))
-        except (OSError, ValueError) as exc:
-            raise ModelConfigError(f"{path}: not a readable model config") from exc
-
-    def weight_shapes(self) -> dict[str, tuple[int, ...]]:
-        """Every tensor the step reads, by the reference engine's names."""
-        h, d, q, kv = self.hidden, self.head_dim, self.heads * self.head_dim, \
-            self.kv_heads * self.head_dim
-        out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (self.vocab, h)}
-        for i in range(self.layers):
-            p = f"model.layers.{i}."
-            out.update({p + "input_layernorm.weight": (h,),
-                        p + "self_attn.q_proj.weight": (q, h),
-                        p + "self_attn.k_proj.weight": (kv, h),
-                        p + "self_attn.v_proj.weight": (kv, h),
-                        p + "self_attn.q_norm.weight": (d,),
-                        p + "self_attn.k_norm.weight": (d,),
-                        p + "self_attn.o_proj.weight": (h, q),
-                        p + "post_attention_layernorm.weight": (h,),
-                        p + "mlp.gate_proj.weight": (self.intermediate, h),
-                        p + "mlp.up_proj.weight": (self.intermediate, h),
-                        p + "mlp.down_proj.weight": (h, self.intermediate)})
-        out["model.norm.weight"] = (h,)
-        out["lm_head.weight"] = (self.vocab, h)
-        out["rope.cos_sin"] = (self.max_position, d)  # cos | sin halves, bf16, per position
-        return out
-
-
-@dataclass(frozen=True)
-class Region:
-    slot: int
-    offset: int
-    """Bytes from the buffer base (a multiple of 256)."""
-    nbytes: int
-
-    @property
-    def operand(self) -> Operand:
-        return Operand(self.slot, self.offset // GRANULE)
 
 
 @dataclass
@@ -173,23 +99,6 @@ def attention_splits(batch: int, kv_heads: int, max_context: int, sm_count: int,
     splits = max(1, min(pages, math.ceil(sm_count / (batch * kv_heads))))
     chunk = max(1, pages // splits) * page_size  # round down: at least `splits` chunks
     return math.ceil(max_context / chunk), chunk
-
-
-class Emitter:
-    def __init__(self) -> None:
-        self.tasks: list[Task] = []
-        self.counters = 0
-
-    def counter(self) -> int:
-        self.counters += 1
-        return self.counters - 1
-
-    def stage(self, tasks: list[Task], waits: tuple[tuple[int, int], ...]) -> tuple[int, int]:
-        """Append `tasks`, all waiting on `waits` and signalling one new counter."""
-        c = self.counter()
-        for t in tasks:
-            self.tasks.append(Task(t.opcode, t.tile, t.operands, waits, c, t.flags, t.label))
-        return c, len(tasks)
 
 
 def fusion_blockers(dims: ModelDims, batch: int, splits: int,

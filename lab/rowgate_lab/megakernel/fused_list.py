@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 from rowgate_lab.megakernel.abi import GRANULE, UNUSED, Flag, Opcode, Operand, Task
 from rowgate_lab.megakernel.tiling import gemv_rows
 
-if TYPE_CHECKING:  # builder imports this module (lazily): no cycle at run time
-    from rowgate_lab.megakernel.builder import Emitter, ModelDims, Region
+if TYPE_CHECKING:
+    from rowgate_lab.megakernel.step import Emitter, ModelDims, Region
 
 Waits = tuple[tuple[int, int], ...]
 """A task's (counter, value) waits."""

@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 
 from rowgate.errors import UsageError
-from rowgate_lab.megakernel import builder, operands
+from rowgate_lab.megakernel import builder, operands, step
 from rowgate_lab.megakernel.abi import GRANULE, NO_COUNTER, OPTIONAL, Flag, Opcode
 from rowgate_lab.megakernel.validate import validate
 from rowgate_lab.megakernel.waves import levels, padded_to_waves
@@ -217,7 +217,7 @@ def test_dims_from_a_model_directory(tmp_path):
     assert builder.ModelDims.load(tmp_path) == TINY
     del cfg["intermediate_size"]
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(builder.ModelConfigError, match="missing key 'intermediate_size'"):
+    with pytest.raises(step.ModelConfigError, match="missing key 'intermediate_size'"):
         builder.ModelDims.load(tmp_path)
 
 

@@ -53,13 +53,17 @@ def test_placeholders_and_factory(tiny_model, tmp_path):
 
 def test_a_subject_server_runs_in_its_checkout_and_its_binary_is_hashed(tiny_model, tmp_path):
     # The subject's own server script, started by a relative path in its checkout: it
-    # writes where it runs, then exits (so start fails, after the record is made).
-    (tmp_path / "serve.sh").write_text("#!/bin/sh\npwd > started-in\nexit 4\n")
+    # says where it runs and tries to write there (the sandbox holds the subject
+    # read-only), then exits (so start fails, after the record is made).
+    (tmp_path / "serve.sh").write_text("#!/bin/sh\npwd\ntouch written 2>/dev/null || "
+                                       "echo subject-read-only\nexit 4\n")
     (tmp_path / "serve.sh").chmod(0o755)
     engine = OpenAIEngine(["./serve.sh", "{port}"], tiny_model.path, subject=tmp_path)
     with pytest.raises(EngineError, match="exited with 4"):
         engine.start()
-    assert (tmp_path / "started-in").read_text().strip() == str(tmp_path)
+    said = engine.log.read_text()
+    assert str(tmp_path) in said and "subject-read-only" in said
+    assert not (tmp_path / "written").exists()
     import hashlib
     info = engine.describe()
     assert info["binary"] == str(tmp_path / "serve.sh") and info["cwd"] == str(tmp_path)

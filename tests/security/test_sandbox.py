@@ -192,3 +192,52 @@ def test_a_host_without_bubblewrap_is_one_configuration_line(tmp_path):
         'install bubblewrap), or turn the sandbox off in the row with a reason ([sandbox] '
         'mode = "off")']
     assert not (tmp_path / "evidence").exists() or not list((tmp_path / "evidence").rglob("*.json"))
+
+
+SERVER = textwrap.dedent(f'''\
+    import http.server, json, os, subprocess, sys
+    print("key-env:", os.environ.get("ROWGATE_SIGNING_KEY", "none"), flush=True)
+    print("token:", os.environ.get("ACTIONS_ID_TOKEN_REQUEST_TOKEN", "none"), flush=True)
+    try:
+        print(open(sys.argv[2]).read(), flush=True)
+    except OSError as exc:
+        print("outside:", exc.strerror, flush=True)
+    subprocess.Popen(["setsid", "sleep", "{MARKER}"], stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL)
+
+    class Models(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps({{"data": [{{"id": "subject-model"}}]}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Models).serve_forever()
+''')
+
+
+def test_a_subject_server_is_reached_only_through_the_bridge_and_gets_no_attack(
+        tmp_path, monkeypatch):
+    from rowgate.engines.openai import OpenAIEngine
+    from rowgate.models.tiny import TinyModelSpec, build_tiny_model
+
+    tiny_model_dir = build_tiny_model(TinyModelSpec(), root=tmp_path / "models").path
+    subject = tmp_path / "subject"
+    subject.mkdir()
+    (subject / "serve.py").write_text(SERVER)
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "secret.txt").write_text(SECRET)
+    key = make_key(tmp_path / "operator-key.pem")
+    monkeypatch.setenv("ROWGATE_SIGNING_KEY", str(key))
+    monkeypatch.setenv("ACTIONS_ID_TOKEN_REQUEST_TOKEN", TOKEN)
+    engine = OpenAIEngine(["python", "serve.py", "{port}", str(tmp_path / "outside/secret.txt")],
+                          tiny_model_dir, subject=subject)
+    with engine:
+        assert engine.served_model == "subject-model"  # reached through the one socket
+        assert engine.describe()["sandbox"] == "bubblewrap"
+    said = engine.log.read_text()
+    assert "key-env: none" in said and "token: none" in said and TOKEN not in said
+    assert SECRET not in said and "outside: No such file or directory" in said
+    assert MARKER not in subprocess.run(["ps", "-eo", "args"], capture_output=True,
+                                        text=True).stdout

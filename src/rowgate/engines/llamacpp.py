@@ -83,6 +83,7 @@ class LlamaCppEngine(OpenAIEngine):
             "--port", "{port}", "--parallel", str(parallel), "--threads", str(threads),
             "--kv-dtype", "float32" if dtype == "float32" else "float16", "--seed", str(seed)])
         super().__init__(argv, model_dir, device=device, version=version, subject=subject)
+        self.confined_server = not self.own_server  # the wheel's own server is rowgate's
         self.settings = {"kv_cache_dtype": "float32" if dtype == "float32" else "float16",
                          "flash_attention": "off", "prompt_cache": "off",
                          "parallel": str(parallel), "threads": str(threads)}

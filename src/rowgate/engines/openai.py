@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import http.client
 import json
+import os
 import shutil
 import subprocess
 import threading
@@ -31,11 +32,15 @@ from pathlib import Path
 from typing import Any
 
 import rowgate.engines._process as _process
+from rowgate import sandbox
 from rowgate.engines.interface import Engine, EngineError, PassResult, Request, RequestOutput, WorkloadPass
 from rowgate.models.tiny import model_info
 
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 600.0
+SERVER_WALL_S = 6 * 3600.0
+"""A sandboxed server's wall-time limit: longer than any row keeps one up (it is
+stopped with its arm; the limit only bounds one that is never stopped)."""
 REQUEST_TIMEOUT_S = 600.0
 
 
@@ -65,6 +70,10 @@ class OpenAIEngine(Engine):
         self.log: Path | None = None
         self.served_model = ""
         self._digest = ""
+        self._binary: dict[str, str] = {}
+        self._served: sandbox.Served | None = None
+        self.confined_server = True
+        """A subject's server (the arm's command, run in the subject) runs in the sandbox."""
 
     @property
     def pid(self) -> int | None:
@@ -90,8 +99,14 @@ class OpenAIEngine(Engine):
         self.log = _process.log_path(self.name)
         argv = self.argv()
         self._binary = binary_record(argv[0], self.subject)
-        self.proc = _process.spawn(argv, _process.engine_env(self.device, self.extra_env),
-                                   self.log, cwd=self.subject)
+        if self.subject is not None and self.confined_server:
+            with self.log.open("ab") as log:  # the server's output, as _process.spawn keeps it
+                self._served = sandbox.serve(self._step(argv, self.subject), self.port,
+                                             stdout=log, stderr=log)
+            self.proc = self._served.proc
+        else:
+            self.proc = _process.spawn(argv, _process.engine_env(self.device, self.extra_env),
+                                       self.log, cwd=self.subject)
         try:
             self.served_model = self._wait_ready(self.proc, self.log)
         except BaseException:
@@ -116,13 +131,33 @@ class OpenAIEngine(Engine):
 
     def stop(self) -> None:
         _process.stop_pid(self.proc)
+        if self._served is not None:
+            self._served.close()
+            self._served = None
+
+    def _step(self, argv: list[str], subject: Path) -> sandbox.Step:
+        """The subject's server as a sandbox step: the subject and the model read-only, its
+        profiler's output directory (if traced) writable, its caches in its private /tmp,
+        the environment rowgate sets for engines (offline, the device) on the allowlist."""
+        env = {k: v for k, v in _process.engine_env(self.device, self.extra_env).items()
+               if os.environ.get(k) != v}
+        env.update({"VLLM_CACHE_ROOT": "/tmp/vllm-cache",
+                    _process.INDUCTOR_CACHE_ENV: "/tmp/torchinductor"})
+        writable = [Path(v) for v in self.extra_env.values() if Path(v).is_dir()]
+        program = Path(self._binary["binary"]).parent if "binary" in self._binary else None
+        reads = [subject, self.served_path(), *([program] if program else [])]
+        gpu = self.device.startswith("cuda")
+        return sandbox.Step(argv, cwd=subject, read_only=reads, writable=writable, env=env,
+                            gpu=gpu, limits=sandbox.Limits(wall_s=SERVER_WALL_S,
+                                                           memory_bytes=None))
 
     def describe(self) -> dict[str, str]:
         return {"engine": self.name, "version": self.version,
                 "command": " ".join(self.argv()), "endpoint": f"http://{HOST}:{self.port}/v1",
                 "served_model": self.served_model, "model_path": str(self.model_dir),
                 "model_digest": self._digest, "device": self.device,
-                "cwd": str(self.subject or Path.cwd()), **getattr(self, "_binary", {})}
+                "cwd": str(self.subject or Path.cwd()), **self._binary,
+                "sandbox": "bubblewrap" if self._served and self._served.forwarder else "none"}
 
     # -- the server's own profiler: vLLM's HTTP convention
 

@@ -18,14 +18,17 @@ from rowgate.sandbox.runner import (
     Result,
     SandboxError,
     SandboxUnavailable,
+    Served,
     Step,
     check_available,
     describe,
     policy,
     run,
+    serve,
     spawn,
     stop,
 )
 
-__all__ = ["Limits", "Result", "SandboxError", "SandboxUnavailable", "Step", "allowed_env",
-           "check_available", "describe", "policy", "run", "spawn", "stop"]
+__all__ = ["Limits", "Result", "SandboxError", "SandboxUnavailable", "Served", "Step",
+           "allowed_env", "check_available", "describe", "policy", "run", "serve", "spawn",
+           "stop"]

@@ -19,6 +19,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -286,3 +287,44 @@ def run(step: Step, *, stdin: bytes | None = None, confined: bool | None = None,
     if confined and rc - 128 in KILLED:  # bwrap reports its child's death as 128 + signal
         rc = -(rc - 128)
     return Result(rc, out, err, _which_limit(step, rc, said), time.monotonic() - start)
+
+
+@dataclass
+class Served:
+    """A subject's server running in the sandbox, and the forwarder that reaches it."""
+
+    proc: subprocess.Popen[bytes]
+    forwarder: Any
+    """`bridge.Forwarder`, or None for an unconfined server (the host's loopback)."""
+    scratch: Path | None
+
+    def close(self) -> None:
+        """Stop forwarding (the caller stops `proc`, whose pid namespace ends with it)."""
+        if self.forwarder is not None:
+            self.forwarder.close()
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def serve(step: Step, port: int, *, stdout: Any, stderr: Any,
+          confined: bool | None = None) -> Served:
+    """Start a server `step` that listens on 127.0.0.1:`port` inside its own network
+    namespace, reachable from rowgate's process at the host's 127.0.0.1:`port` through
+    one Unix socket (`rowgate.sandbox.bridge`) and from nowhere else."""
+    from rowgate.sandbox.bridge import Forwarder
+
+    if not (CONFINED.get() if confined is None else confined):
+        proc = spawn(step, confined=False, stdout=stdout, stderr=stderr)
+        return Served(proc, None, None)
+    scratch = Path(tempfile.mkdtemp(prefix="rowgate-serve-"))
+    sock = scratch / "server.sock"
+    wrapped = Step([sys.executable, "-m", "rowgate.sandbox.bridge", str(sock), str(port), "--",
+                    *step.argv], cwd=step.cwd, read_only=step.read_only,
+                   writable=[*step.writable, scratch], env=step.env, path_dirs=step.path_dirs,
+                   gpu=step.gpu, limits=step.limits)
+    try:
+        proc = spawn(wrapped, confined=True, stdout=stdout, stderr=stderr)
+        return Served(proc, Forwarder(port, sock), scratch)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise

@@ -1,0 +1,116 @@
+"""A subject's server in the sandbox, reachable by rowgate's client and nothing else.
+
+The server runs in its own network namespace, where only `lo` exists: it listens on
+127.0.0.1:PORT there and can reach nothing outside. One Unix socket, in a directory the
+sandbox shares with rowgate, crosses the boundary:
+
+* inside, `python -m rowgate.sandbox.bridge SOCKET PORT -- SERVER...` starts the server
+  as its child and forwards each connection on SOCKET to 127.0.0.1:PORT;
+* outside, `Forwarder` listens on the host's 127.0.0.1:PORT (the same number: rowgate's
+  client is unchanged) and forwards each connection to SOCKET.
+
+Bytes are copied as they are; the bridge ends with the server and exits with its code.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+CHUNK = 1 << 16
+CONNECT_S = 5.0
+
+
+def _pump(src: socket.socket, dst: socket.socket) -> None:
+    try:
+        while data := src.recv(CHUNK):
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+def splice(a: socket.socket, b: socket.socket) -> None:
+    """Copy both ways until either side closes (two threads), then close both."""
+    threads = [threading.Thread(target=_pump, args=pair, daemon=True)
+               for pair in ((a, b), (b, a))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    a.close()
+    b.close()
+
+
+class Forwarder:
+    """Outside: 127.0.0.1:`port` on the host → the Unix socket at `path`."""
+
+    def __init__(self, port: int, path: Path):
+        self.path = path
+        self.listener = socket.create_server(("127.0.0.1", port))
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return  # closed
+            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn: socket.socket) -> None:
+        inner = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            inner.connect(str(self.path))
+        except OSError:
+            conn.close()  # the server is not up (yet): the client sees a closed connection
+            inner.close()
+            return
+        splice(conn, inner)
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def _inside(sock_path: str, port: int, argv: list[str]) -> int:
+    server = subprocess.Popen(argv)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(sock_path)
+    listener.listen(64)
+    listener.settimeout(0.5)
+    while server.poll() is None:
+        try:
+            conn, _ = listener.accept()
+        except TimeoutError:
+            continue
+        try:
+            upstream = socket.create_connection(("127.0.0.1", port), timeout=CONNECT_S)
+            upstream.settimeout(None)
+        except OSError:
+            conn.close()
+            continue
+        threading.Thread(target=splice, args=(conn, upstream), daemon=True).start()
+    listener.close()
+    os.unlink(sock_path)
+    return server.returncode
+
+
+def main(args: list[str]) -> int:
+    sock_path, port, sep, *argv = args
+    if sep != "--" or not argv:
+        raise SystemExit("usage: python -m rowgate.sandbox.bridge SOCKET PORT -- SERVER...")
+    return _inside(sock_path, int(port), argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

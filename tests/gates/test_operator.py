@@ -156,6 +156,13 @@ def test_derive_passes_equal_variants_and_names_the_first_mismatch(tmp_path):
     assert derived.metrics["bitwise_mismatches"] == 1
     assert cases[2].name in derived.reason and "element 7" in derived.reason
 
+    # no metric hides NaN: one NaN output and the error is NaN, whatever the rest measured
+    nan = [_record(cases[0], spec)] + good[1:]
+    nan[0]["variants"]["candidate"]["nan"] = 3
+    with_nan = derive_records(nan, {"shapes": {}})
+    assert with_nan.status is Status.FAIL and with_nan.metrics["nan_outputs"] == 3
+    assert with_nan.metrics["max_abs_err"] == "NaN (3 non-finite outputs)"
+
     # derive is pure over the artifacts: the gate reads back what measure writes
     gate_dir = _bundle_layout(tmp_path)
     (gate_dir / "cases.json").write_text(json.dumps(bad))

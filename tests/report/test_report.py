@@ -321,6 +321,20 @@ def test_build_cells_per_arch_with_their_status(tmp_path):
     assert sm70.columns[sm70.status_column] == "status"
 
 
+def test_names_are_shown_exactly_in_html_and_markdown(tmp_path):
+    """A mangled C++ entry point ends in `_`: nothing of a name is trimmed anywhere."""
+    from rowgate.report import html, markdown
+    from rowgate.report.sections import section_for
+
+    name = "_Z20gelu_forward_kernel2P13__nv_bfloat16PKS_"
+    audit = GateResult(gate_id="audit", kind="audit", status=Status.PASS, reason="r",
+                       cells={f"k/{name}@sm_90": {"registers": 32, "arch": "sm_90"}})
+    (table,) = section_for(audit, tmp_path).tables
+    assert table.rows[0][0] == f"k/{name}"
+    for render in (html._table, markdown.table):
+        assert f"k/{name}" in render(table).replace("\\_", "_")
+
+
 def test_an_unknown_shape_degrades_to_the_generic_tables(tmp_path):
     from rowgate.report.sections import section_for
 

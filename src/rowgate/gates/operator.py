@@ -28,7 +28,7 @@ from rowgate.gates._built import build_gate_id, built_cubin, declarations, diges
 from rowgate.gates.artifacts import read_json
 from rowgate.gates.interface import Derived, Gate, GateContext, GateError, gate_arch
 from rowgate.ops import launch
-from rowgate.records.status import Status
+from rowgate.records.status import MetricValue, Status
 from rowgate.rows.options import TOOLCHAIN_KEYS
 from rowgate.rows.spec import GateSpec, Tolerance
 
@@ -147,6 +147,16 @@ class Operator(Gate[OperatorGate]):
         return derived
 
 
+def _max_abs_err(errs: list[float], records: list[dict[str, Any]]) -> MetricValue:
+    """The largest error against the reference; never a finite number over outputs that
+    were NaN or inf (those have no error to take a maximum of: said, with their count)."""
+    nonfinite = sum(rec["nan"] + rec.get("inf", 0) for r in records
+                    for rec in r["variants"].values())
+    if nonfinite:
+        return f"NaN ({nonfinite} non-finite outputs)"
+    return max(errs) if errs else None
+
+
 def _bad(rec: dict[str, Any]) -> bool:
     return bool(rec["failures"] or rec["unwritten"] or rec["nan"] or rec.get("guard_writes")
                 or rec.get("counters_nonzero"))
@@ -174,7 +184,7 @@ def derive_records(records: list[dict[str, Any]], timing: dict[str, Any]) -> Der
                             for rec in r["variants"].values()),
         "counters_left_set": sum(rec.get("counters_nonzero", 0) for r in records
                                  for rec in r["variants"].values()),
-        "max_abs_err": max(errs) if errs else None,
+        "max_abs_err": _max_abs_err(errs, records),
         "seeds": " ".join(str(s) for s in sorted({r["case"]["seed"] for r in records})),
     }
     metrics.update(_timing_metrics(timing))

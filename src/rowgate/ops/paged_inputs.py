@@ -212,9 +212,11 @@ def against_reference(out: torch.Tensor, ref: torch.Tensor, rtol: float, atol: f
     finite = err[torch.isfinite(err)]
     rel = finite / r.abs()[torch.isfinite(err)].clamp_min(1e-30)
     count = int(bad.sum())
-    rec: dict[str, Any] = {"max_abs_err": float(finite.max()) if finite.numel() else None,
+    whole = finite.numel() == err.numel()  # a NaN or inf output has no error to maximise
+    rec: dict[str, Any] = {"max_abs_err": float(finite.max()) if finite.numel() and whole else None,
            "max_rel_err": float(rel.max()) if rel.numel() else None,
-           "failures": count, "nan": int(torch.isnan(o).sum()), "first_index": None,
+           "failures": count, "nan": int(torch.isnan(o).sum()), "inf": int(torch.isinf(o).sum()),
+           "first_index": None,
            "out": None, "ref": None}
     if count:
         i = int(bad.nonzero()[0])

@@ -297,13 +297,24 @@ def _arch_of(cell: str, metrics: dict[str, MetricValue]) -> str:
     return found.group(0) if found else ""
 
 
+def _without_arch(cell: str, arch: str) -> str:
+    """`kernel@sm_90` -> `kernel`: only the arch and its one separator go; every other
+    character of a name is shown as it is (a mangled C++ name ends in `_`)."""
+    for sep in "@/:":
+        if cell.endswith(sep + arch):
+            return cell[: -len(sep + arch)] or cell
+        if cell.startswith(arch + sep):
+            return cell[len(arch + sep):] or cell
+    return cell
+
+
 def per_arch(result: GateResult, bundle_root: Path, spec: object | None) -> Extra:
     groups: dict[str, dict[str, dict[str, MetricValue]]] = {}
     for cell, metrics in result.cells.items():
         arch = _arch_of(cell, metrics)
         if not arch:
             return Extra()  # cells are not per arch: the generic table shows them
-        name = ARCH_IN_NAME.sub("", cell).strip("/:@._- ") or cell  # `kernel@sm_90`
+        name = _without_arch(cell, arch)
         groups.setdefault(arch, {})[name] = {k: v for k, v in metrics.items() if k != "arch"}
     tables = [cells_table(f"{arch}: {result.kind} per kernel", cells, first_column="kernel")
               for arch, cells in sorted(groups.items(), key=lambda kv: natural_key(kv[0]))]

@@ -25,8 +25,8 @@ from tests.support import write_row
 
 TOKEN = "planted-oidc-token-6f1e"
 SECRET = "outside-the-subject-9c2a"
-MARKER = "313.25"
-"""A daemon's `sleep` argument no other process has."""
+MARKER = f"313.{os.getpid():07d}"
+"""A daemon's `sleep` argument no other process has (not even another test run's)."""
 
 CHECK = textwrap.dedent(f'''\
     #!/bin/sh
@@ -171,6 +171,9 @@ def test_turning_the_sandbox_off_needs_a_reason_and_marks_the_bundle(tmp_path, c
                                  "reason": "the runner has no user namespaces"}
     shown = rowgate_cli("inspect", run.last)
     assert "UNCONFINED" in shown.out
+    page = tmp_path / "report.md"
+    assert rowgate_cli("report", run.last, "--markdown", page).code == 0
+    assert "UNCONFINED: host (sandbox off: the runner has no user namespaces)" in page.read_text()
 
 
 def test_a_host_without_bubblewrap_is_one_configuration_line(tmp_path):
@@ -241,3 +244,34 @@ def test_a_subject_server_is_reached_only_through_the_bridge_and_gets_no_attack(
     assert SECRET not in said and "outside: No such file or directory" in said
     assert MARKER not in subprocess.run(["ps", "-eo", "args"], capture_output=True,
                                         text=True).stdout
+
+
+@pytest.mark.parametrize("allowed", [False, True])
+def test_review_rejects_an_unconfined_bundle_unless_the_row_allows_it(tmp_path, allowed):
+    body = textwrap.dedent(f'''
+        [[gates]]
+        id = "host"
+        kind = "host"
+        commands = [["true"]]
+
+        [sandbox]
+        mode = "off"
+        reason = "the runner has no user namespaces"
+
+        [review]
+        require_operator_attestation = false
+        allow_unconfined = {str(allowed).lower()}
+    ''')
+    row = write_row(tmp_path / "rows", "TEST-OFF", body)
+    subject = make_subject(tmp_path / "subject", toml=None)
+    gate_key, review_key = make_key(tmp_path / "gate.pem"), make_key(tmp_path / "review.pem")
+    run = rowgate_cli("gate", row, "--repo", subject, "--out", tmp_path / "evidence",
+                      env=proc_env(ROWGATE_SIGNING_KEY=str(gate_key)))
+    assert run.code == 0, run.err
+    pub = tmp_path / "gate.pub.pem"
+    pub.write_bytes(signing.KeySigner(gate_key).public_pem)
+    review = rowgate_cli("review", run.last, "--key", pub, "--repo", subject, "--row", row,
+                         "--reviews", tmp_path / "reviews",
+                         env=proc_env(ROWGATE_SIGNING_KEY=str(review_key)))
+    said = review.out + review.err
+    assert (review.code, "ran unconfined" in said) == ((0, False) if allowed else (1, True)), said

@@ -166,7 +166,22 @@ def _facts(bundle: Bundle, verification: Verification) -> tuple[tuple[str, str],
         ("host", f"{host.hostname}: {host.os}, {host.cpu}, {host.cores} cores, "
                  f"Python {host.python}"),
         ("GPUs", gpus),
+        ("sandbox", _sandbox_fact(bundle.results())),
     )
+
+
+def _sandbox_fact(results: list[GateResult]) -> str:
+    """How the subject's steps ran: `UNCONFINED` first, naming the gates and the reason."""
+    off = [r for r in results if r.sandbox is not None and not r.sandbox.confined]
+    if off:
+        return "UNCONFINED: " + "; ".join(f"{r.gate_id} (sandbox off: {s.reason})"
+                                          for r in off if (s := r.sandbox) is not None)
+    on = [(r.gate_id, s) for r in results if (s := r.sandbox) is not None]
+    if not on:
+        return "no subject steps recorded"
+    first = on[0][1]
+    return (f"{first.tool} {first.version} (profile {first.profile_sha256[:12]}) for "
+            f"{', '.join(gate for gate, _ in on)}")
 
 
 def _pending(results: list[GateResult], row: Row | None,

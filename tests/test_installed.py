@@ -54,7 +54,7 @@ SUBJECT_TOML = '''
 
 def test_the_package_under_test_is_the_installed_wheel():
     """Not the checkout's source: the tests would otherwise prove nothing about what ships."""
-    assert "site-packages" in PACKAGE.parts and not PACKAGE.is_relative_to(REPO)
+    assert "site-packages" in PACKAGE.parts and not PACKAGE.is_relative_to(REPO / "src")
     assert ROWGATE.is_file()
     proc = subprocess.run([sys.executable, "-c", "import pipeline"], capture_output=True,
                           cwd=PACKAGE.parent.parent)

@@ -29,7 +29,17 @@ def subject(path: Path, base: str | None = None, into: str | None = None) -> Sub
     merge-base with `into` (the row's merge target) where that branch exists here,
     else with the main branch: the review recomputes it against the row's target."""
     with open_repo(path, inside=True) as repo:  # closing ends git's cat-file processes
+        root = Path(repo.working_dir).resolve()
+        if path.resolve() != root and _ignored(repo, path.resolve().relative_to(root)):
+            # a directory the enclosing repository ignores is none of its commits
+            raise RepoError(f"--repo {path}: not a git repository")
         return _subject(repo, path, base, into)
+
+
+def _ignored(repo: git.Repo, inside: Path) -> bool:
+    status, _, _ = repo.git.check_ignore("-q", inside.as_posix(), with_extended_output=True,
+                                         with_exceptions=False)
+    return bool(status == 0)
 
 
 def _subject(repo: git.Repo, path: Path, base: str | None, into: str | None) -> Subject:

@@ -139,10 +139,16 @@ def check_available() -> None:
 
 
 def _python_dirs() -> list[Path]:
-    """The interpreter and its site-packages (toolchain wheels, rowgate read-only)."""
-    dirs = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
-    dirs.add(Path(sys.executable).resolve().parent)
-    return sorted(dirs)
+    """The interpreter and its site-packages (toolchain wheels, rowgate read-only): each
+    prefix's `bin`, `lib*` and `pyvenv.cfg` only, never the whole prefix (a venv's
+    directory may hold other things: nox keeps its sessions' temporary files there)."""
+    found: set[Path] = {Path(sys.executable).resolve().parent}
+    for prefix in {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}:
+        found.update(p for name in ("bin", "lib", "lib64", "pyvenv.cfg")
+                     if (p := prefix / name).exists() and not (prefix / name).is_symlink())
+        if (prefix / "lib64").is_symlink():  # a venv's lib64 -> lib: the same link inside
+            found.add(prefix / "lib")
+    return sorted(found)
 
 
 def _base_args() -> list[str]:

@@ -151,7 +151,8 @@ def files_under(directory: Path, root: Path, where: str, key: str,
 def scan_artifacts(directory: Path, prefix: str) -> tuple[list[str], list[str]]:
     """(regular files as `prefix/REL`, problems) under a gate's artifact directory, links
     never followed. A problem is one line: a symbolic link, FIFO, socket or device, or a
-    name that is not UTF-8 — none of which is sealed."""
+    name that is not UTF-8 or holds a control character (a newline) — none of which is
+    sealed."""
     files: list[str] = []
     problems: list[str] = []
     for dirpath, dirnames, filenames in os.walk(directory):  # never follows links
@@ -159,8 +160,9 @@ def scan_artifacts(directory: Path, prefix: str) -> tuple[list[str], list[str]]:
             path = Path(dirpath) / entry
             rel = f"{prefix}/{path.relative_to(directory).as_posix()}"
             mode = path.lstat().st_mode
-            if not is_utf8(entry):
-                problems.append(f"{shown(rel)}: file name is not UTF-8 (not sealed)")
+            if not is_utf8(entry) or not entry.isprintable():
+                why = "is not UTF-8" if not is_utf8(entry) else "holds a control character"
+                problems.append(f"{shown(rel)}: file name {why} (not sealed)")
                 if entry in dirnames:
                     dirnames.remove(entry)
             elif stat.S_ISREG(mode):

@@ -389,3 +389,47 @@ def test_a_change_already_in_main_is_reported_by_the_review(world):
     assert record.verdict is Verdict.APPROVE
     assert record.freshness.already_present.startswith("already present in main: a three-way")
     assert "(already present in main" in record.summary
+
+
+def test_a_master_repository_is_reviewed_against_master_as_it_was_gated(tmp_path, monkeypatch,
+                                                                       capsys):
+    """The row's `merge_into` defaults to main; gate, review and merge all fall back to the
+    repository's own main branch (`master` here) by one rule, with no row edit."""
+    import textwrap
+
+    import git
+
+    from rowgate.cli import main as cli
+    from rowgate.seal import signing
+    from tests.review_support import HOST_ROW, commit_file, make_key
+    from tests.support import write_row
+
+    repo = git.Repo.init(tmp_path / "subject", initial_branch="master")
+    with repo.config_writer() as cw:
+        cw.set_value("user", "name", "Test Author")
+        cw.set_value("user", "email", "author@example.com")
+    commit_file(repo, "README.md", "subject\n", "initial")
+    repo.git.checkout("-b", "feature")
+    commit_file(repo, "src/kernel.txt", "v2\n", "kernel v2")
+    row = write_row(tmp_path / "rows", "TEST-MASTER", textwrap.dedent(HOST_ROW) +
+                    "\n[review]\nrequire_operator_attestation = false\n")
+    monkeypatch.setenv("ROWGATE_SIGNING_KEY", str(make_key(tmp_path / "gate.pem")))
+
+    def run(*args: object) -> tuple[int, str, str]:
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exc:
+            cli.main([str(a) for a in args])
+        out, err = capsys.readouterr()
+        return int(exc.value.code), out, err
+
+    code, out, err = run("-q", "gate", row, "--repo", repo.working_dir,
+                         "--out", tmp_path / "evidence")
+    assert code == 0, out + err
+    bundle = out.strip().splitlines()[-1]
+    pub = tmp_path / "gate.pub.pem"
+    pub.write_bytes(signing.KeySigner(tmp_path / "gate.pem").public_pem)
+    monkeypatch.setenv("ROWGATE_SIGNING_KEY", str(make_key(tmp_path / "review.pem")))
+    code, out, err = run("review", bundle, "--key", pub, "--repo", repo.working_dir,
+                         "--row", row, "--reviews", tmp_path / "reviews")
+    assert code == 0 and "no local branch" not in out + err, out + err
+    repo.close()

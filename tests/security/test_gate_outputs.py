@@ -60,6 +60,8 @@ for d in artifact_dirs():
     planted += 1
     if mode == "non-utf8":
         open(os.fsencode(d) + b"/bad-\xff.log", "wb").write(b"x\n")
+    elif mode == "newline":
+        open(os.path.join(d, "two\nlines"), "w").write("x\n")
     elif mode == "non-utf8-dir":
         os.mkdir(os.fsencode(d) + b"/dir-\xfe")
         open(os.fsencode(d) + b"/dir-\xfe/inner.txt", "wb").write(b"x\n")
@@ -147,6 +149,7 @@ def test_git_paths_and_a_forged_result_planted_in_staging_are_never_sealed(tmp_p
 @pytest.mark.parametrize(("mode", "name", "what"), [
     ("non-utf8", r"bad-\\xff\.log", "file name is not UTF-8"),
     ("non-utf8-dir", r"dir-\\xfe", "file name is not UTF-8"),
+    ("newline", r"two\\nlines", "file name holds a control character"),
     ("symlink", "link.txt", "symbolic link"),
     ("symlink-dir", "linkdir", "symbolic link"),
     ("dangling", "dangling", "symbolic link"),

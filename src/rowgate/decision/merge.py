@@ -29,7 +29,7 @@ from rowgate.records.review import ReviewRecord, Verdict
 from rowgate.records.status import Status
 from rowgate.rows.row import LoadedRow
 from rowgate.seal.bundle import Bundle
-from rowgate.seal.gitrepo import SIGNED_OFF, local_branch, merge_tree, open_repo
+from rowgate.seal.gitrepo import SIGNED_OFF, local_branch, merge_tree, open_repo, target_branch
 from rowgate.seal.signing import Signer
 
 
@@ -262,7 +262,7 @@ def merge(loaded: LoadedRow, repo_path: Path, into: str | None, reviews_dir: Pat
 
 def _merge(loaded: LoadedRow, repo: git.Repo, into: str | None, reviews_dir: Path,
            signer: Signer) -> MergeResult:
-    into = local_branch(repo, into or loaded.row.review.merge_into)
+    into = local_branch(repo, into) if into else target_branch(repo, loaded.row.review.merge_into)
     if repo.head.is_detached:
         raise UsageError(f"{repo.working_dir}: HEAD is detached; check out the branch to merge")
     branch = repo.active_branch.name

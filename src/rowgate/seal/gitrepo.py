@@ -34,6 +34,17 @@ def main_branch(repo: git.Repo) -> str:
     raise RepoError(f"{repo.working_dir}: no branch {' or '.join(MAIN_BRANCHES)}")
 
 
+def target_branch(repo: git.Repo, into: str | None) -> str:
+    """The branch a change is gated, reviewed and merged against: the row's `merge_into`
+    where this repository has it, else its main branch (`main`, else `master`). Gate,
+    review and merge use this one rule, so a `master` repository needs no row edit."""
+    if into and into in repo.heads:
+        return into
+    names = {h.name for h in repo.heads}
+    found = next((name for name in MAIN_BRANCHES if name in names), None)
+    return found or local_branch(repo, into or MAIN_BRANCHES[0])  # raises, with a hint
+
+
 def local_branch(repo: git.Repo, name: str) -> str:
     """`name` if it is a local branch; rowgate never fetches, so a branch that exists
     only as a remote-tracking ref is the user's to create."""

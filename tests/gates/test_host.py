@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import git
+
 from rowgate.gates.host import Host
 from rowgate.gates.interface import GateContext, run_gate
 from rowgate.records.status import Status
@@ -76,3 +78,38 @@ def test_a_head_with_its_base_tree_is_no_change_to_gate(git_repo, host_row, tmp_
     assert result.status is Status.FAIL and result.metrics["changed"] == 0
     assert result.reason.startswith("no change to gate: head ")
     assert "has the tree of its base" in result.reason
+
+
+def test_a_subject_directory_inside_a_repository_is_gated_there(tmp_path, capsys):
+    """`--repo` names a monorepo's project: git is read at the repository's root, the
+    commands run in the project directory, and the bundle records it as `subject.path`."""
+    import json
+
+    import pytest
+
+    from rowgate.cli import main as cli
+
+    repo = git.Repo.init(tmp_path / "mono", initial_branch="main")
+    with repo.config_writer() as cw:
+        cw.set_value("user", "name", "Test Author")
+        cw.set_value("user", "email", "author@example.com")
+    commit_file(repo, "README.md", "mono\n", "initial")
+    repo.git.checkout("-b", "feature")
+    commit_file(repo, "proj/marker.txt", "here\n", "the project")
+    row = write_row(tmp_path / "rows", "TEST-MONO", '''
+        [[gates]]
+        id = "host"
+        kind = "host"
+        commands = [["cat", "marker.txt"]]
+    ''')
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["-q", "gate", str(row), "--repo", str(tmp_path / "mono" / "proj"),
+                  "--out", str(tmp_path / "evidence")])
+    out = capsys.readouterr().out
+    assert exc.value.code == 0, out
+    bundle = Path(out.strip().splitlines()[-1])
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert manifest["subject"]["path"] == "proj"
+    assert manifest["subject"]["repo"] == str((tmp_path / "mono").resolve())
+    assert (bundle / "artifacts/host/command-0.log").read_text() == "here\n"
+    repo.close()

@@ -108,7 +108,7 @@ def test_rowgates_own_kernels_go_through_the_same_path(tmp_path):
     from tests.subjects import snapshot_of
 
     row = _small_row(tmp_path, "SUBJECT-ROWGATE-SM90.toml")
-    subject = snapshot_of(ROOT, tmp_path / "rowgate")
+    subject = snapshot_of(ROOT, tmp_path / "rowgate") / "lab"  # rowgate's kernels: the lab
     results = _gate(row, subject, tmp_path / "out")
     for gate_id in ("operator", "operator-bulk", "operator-deep"):  # split_kv, _bulk, _deep
         op = results[gate_id]

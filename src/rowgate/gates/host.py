@@ -50,7 +50,8 @@ class Host(Gate[HostGate]):
         out = ctx.artifact_dir
         subject = ctx.subject
         try:
-            with git.Repo(ctx.repo) as repo:  # closing ends git's cat-file processes
+            # the repository the subject directory is in (a monorepo's project: its root)
+            with git.Repo(subject.repo) as repo:  # closing ends git's cat-file processes
                 status = repo.git.status("--porcelain", "--untracked-files=all")
                 commits = [{"sha": c.hexsha, "subject": c.summary, "message": c.message}
                            for c in repo.iter_commits(f"{subject.base}..{subject.commit}")]

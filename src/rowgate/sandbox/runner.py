@@ -138,11 +138,18 @@ def check_available() -> None:
     _bwrap()
 
 
+def _import_path() -> list[Path]:
+    """`PYTHONPATH` directories rowgate itself was started with (an install into a
+    target directory): read-only inside, so a step's Python imports what rowgate does."""
+    return [Path(p).resolve() for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+            if p and Path(p).is_dir()]
+
+
 def _python_dirs() -> list[Path]:
     """The interpreter and its site-packages (toolchain wheels, rowgate read-only): each
     prefix's `bin`, `lib*` and `pyvenv.cfg` only, never the whole prefix (a venv's
     directory may hold other things: nox keeps its sessions' temporary files there)."""
-    found: set[Path] = {Path(sys.executable).resolve().parent}
+    found: set[Path] = {Path(sys.executable).resolve().parent, *_import_path()}
     for prefix in {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}:
         found.update(p for name in ("bin", "lib", "lib64", "pyvenv.cfg")
                      if (p := prefix / name).exists() and not (prefix / name).is_symlink())
@@ -202,6 +209,8 @@ def argv_for(step: Step) -> list[str]:
     for p in step.writable:
         args += ["--bind", str(p), str(p)]
     env = allowed_env(step.env, _path(step))
+    if _import_path():
+        env.setdefault("PYTHONPATH", os.pathsep.join(str(p) for p in _import_path()))
     args += ["--clearenv"]
     for key, value in sorted(env.items()):
         args += ["--setenv", key, value]

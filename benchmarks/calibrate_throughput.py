@@ -512,7 +512,7 @@ BUDGET_S = 520.0
 """Fits one 600 s device call: the loads (~25 s) count in it; leave `timeout 575` around
 the script and ~20 s for the wheel install and the tarball."""
 RUN_S_PRIOR = {TINY: 12.0, PROBE: 22.0}
-"""Seconds one gate run is expected to take before any has run (H200 run 1, one pass per
+"""Seconds one gate run is expected to take before any has run (the H200's first calibration, one pass per
 sample: tiny A/A 2.4-11.7 s, probe 15-20 s; at min_sample_s 0.1 the tiny model's 22 /
 34 / 64 ms passes (c1/c4/c8) take k = 5 / 3 / 2, the probe's 82 ms c1 pass k = 2, its
 170 / 250 ms c4/c8 passes k = 1): a run starts only when it fits the budget by this or

@@ -5,8 +5,8 @@ over while the host is watched, under four conditions taken in turn.
     python benchmarks/host_noise.py cpu --seconds 20 --out DIR        (smoke)
 
 The throughput gate's tiny-model A/A on the H200 had stretches minutes long in which
-the per-round spread of the paired ratio rose from ~1 % to 4-8 % (docs/perf.md, issue
-17, run 2): whole ITL distributions shifted by ~40 %, one arm's sample at a time. This
+the per-round spread of the paired ratio rose from ~1 % to 4-8 % (docs/perf.md): whole
+ITL distributions shifted by ~40 %, one arm's sample at a time. This
 tells the candidate causes apart, per pass:
 
 * CPU contention (another task on our core): involuntary context switches (`ru_nivcsw`);

@@ -1,7 +1,7 @@
-"""Issue 15 on a GPU, in one call: `rowgate gate` on an external subject (pagedmini, the
+"""On a GPU, in one call: `rowgate gate` on an external subject (pagedmini, the
 fixture of tests/fixtures/subjects/paged_decode, made a real repository here), on the same
 subject with a planted last-page bug in its candidate, and on rowgate's own tree (its
-split_kv, split_kv_bulk and split_kv_deep operators, issue 19's candidates): the same rows,
+split_kv, split_kv_bulk and split_kv_deep operators, the kept candidates): the same rows,
 the same
 gates, the same path. Then what each run must show is checked.
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 15 in one device call: `rowgate gate` on an external subject (pagedmini) and on the
+# One device call: `rowgate gate` on an external subject (pagedmini) and on the
 # same subject with a planted last-page bug, and on rowgate's own tree, with the same rows
 # and gates (benchmarks/subject_gates.py); then, with GPU_TESTS=1, the gpu-marked tests of
 # the contract (tests/ops/test_decode_attention_gpu.py, tests/gates/test_operator_gpu.py,

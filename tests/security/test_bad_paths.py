@@ -1,4 +1,4 @@
-"""Issue 14, case 15: every path argument is checked before work starts, one line each.
+"""Every path argument is checked before work starts, one line each.
 
 Files where directories are expected and the reverse, FIFOs and devices (refused, never
 opened: a FIFO would block), paths under /proc, names that are not UTF-8, a 50 MB

@@ -1,4 +1,4 @@
-"""Issue 14, case 14: the defaults keep the subject clean.
+"""The defaults keep the subject clean.
 
 `cd SUBJECT && rowgate gate ROW` twice, with every default: bundles go to the user's state
 dir (`$XDG_STATE_HOME/rowgate/evidence`), builds to the user's cache dir, so the second run

@@ -1,4 +1,4 @@
-"""Issue 14, cases 7-8: bundles and records that are validly signed and still lie.
+"""Bundles and records that are validly signed and still lie.
 
 Each forgery is re-signed with the very key that sealed the original (the worst case: a
 compromised gate machine, or a careless one), so the signature and every digest check

@@ -1,4 +1,4 @@
-"""Issue 14, case 13: a full disk is one line, exit 4, and nothing half-written.
+"""A full disk is one line, exit 4, and nothing half-written.
 
 The disk is a real tmpfs of a few hundred KiB or MiB mounted for the test (the kernel's
 own ENOSPC, no mock), under --out, --reviews, the merge record, a report page and the

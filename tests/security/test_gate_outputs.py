@@ -1,4 +1,4 @@
-"""Issue 14, cases 4-6: what a gate's commands write never breaks (or leaks into) the seal.
+"""What a gate's commands write never breaks (or leaks into) the seal.
 
 A row's host command is the subject's code. Here it is hostile: while its gate runs it
 finds rowgate's staging area under --out (it is the same user) and plants git paths at

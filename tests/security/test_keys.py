@@ -1,4 +1,4 @@
-"""Issue 14, cases 9-11: a key argument is parsed as the key it must be.
+"""A key argument is parsed as the key it must be.
 
 Real keys of every kind (P-256, P-384, RSA, encrypted, public where private is expected and
 the reverse, CRLF, no final newline, empty, garbage, a directory, a FIFO, a missing file),
@@ -204,7 +204,7 @@ def test_a_bad_signing_key_is_a_configuration_error_everywhere(world, keys, tmp_
 
 def test_verify_names_its_signer_and_never_reads_the_signing_key(world, keys, tmp_path,
                                                                  monkeypatch, capsys):
-    """Case 11 for verify: it signs nothing, and since issue 18 it checks against the signer
+    """Case 11 for verify: it signs nothing, and it checks against the signer
     its caller names, never a default; so a bad ROWGATE_SIGNING_KEY changes nothing, and
     without --key (or --identity/--issuer) it is a usage error, exit 2, one line."""
     bundle = Commands(world, keys, tmp_path).bundle

@@ -1,4 +1,4 @@
-"""Issue 14, case 12: staging under concurrency, stale stages and other PID namespaces.
+"""Staging under concurrency, stale stages and other PID namespaces.
 
 Real `rowgate gate` processes (python -m rowgate.cli.main) against one --out: runs killed with
 SIGKILL leave stale stages; eight gates then start at once and sweep them; a gate started

@@ -1,4 +1,4 @@
-"""Issue 14, cases 1-3: what a subject's kernels/kernels.toml names stays inside the subject.
+"""What a subject's kernels/kernels.toml names stays inside the subject.
 
 Every attack is a real subject repository (symlinks committed as git stores them), driven
 through `rowgate build` (exit 2, one line naming the file and the key) and, for the ones

@@ -1,4 +1,4 @@
-"""Third parties still accept what rowgate signs, after every hardening of issue 14:
+"""Third parties still accept what rowgate signs, after every hardening:
 model-signing's own CLI (the command docs/reviewers.md gives), and sigstore-js
 (@sigstore/verify, a second implementation in another language) on the same bundle.
 A CRLF copy of the public key works for both, as it does for rowgate."""

@@ -236,7 +236,7 @@ def test_graph_route_refused_when_one_step_ran_eagerly():
 
 
 def test_a_gpu_trace_without_hta_installed_says_so_in_the_reviewer_file(monkeypatch):
-    # a GPU image without the `trace` extra (the lent H100's: run 82) traced a GPU run and
+    # a GPU image without the `trace` extra (the lent H100's) traced a GPU run and
     # crashed writing the reviewer files; HTA is a second opinion, so it is recorded absent
     monkeypatch.setitem(sys.modules, "hta.trace_analysis", None)  # import raises ImportError
     ks = [gs.Kernel("gemv", 10.0), gs.Kernel("norm", 2.0, gap_before=20.0)]

@@ -1,4 +1,4 @@
-"""kernels.toml format version 2: the `[operators.*]` and `[triton.*]` tables.
+"""Kernels.toml format version 2: the `[operators.*]` and `[triton.*]` tables.
 
 Validating models for what a subject declares beyond its kernels (docs/contracts.md):
 the operators its entry points implement (contract, roles, shapes, launch-geometry
@@ -18,7 +18,7 @@ from rowgate.ops import contract as pda  # the class field `contract` shadows th
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
 """Names that become path components (build and artifact directories): no dots,
-no separators. (Issue 14's confinement helper owns the rule once it lands.)"""
+no separators. (`rowgate.confine` owns the rule.)"""
 IDENTIFIER = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 PLACEHOLDERS = {"kv_dtype", "head_dim", "group"}
 HARNESS = "harness/1"

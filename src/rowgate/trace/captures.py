@@ -31,7 +31,7 @@ ANALYSIS_FILE = "analysis.json.gz"
 KERNELS_FILE = "kernels.csv.gz"
 """Reviewer files, sealed gzipped (src/rowgate/compressed.py): on the probe model an eager
 capture's analysis is 24 MB and its per-kernel table 27 MB of text, 0.6 / 2.6 MB gzipped
-(issue 18's evidence budget). Nothing derives from them: derive reads the trace itself."""
+(the evidence budget). Nothing derives from them: derive reads the trace itself."""
 TIMELINE_FILE = "timeline.png"
 HTA_FILE = "hta.json"
 IDLE_FILE = "idle-breakdown.png"

@@ -99,7 +99,7 @@ class ThroughputGate(GateSpec):
     sample is the mean of its k passes' speeds) or blocked, k of one arm then k of the
     other (the sample: the metric over its k passes pooled). Interleaved is the default:
     on the H200's host it cut the per-round spread of a host-bound A/A from 4 % to
-    1.5 % (docs/perf.md, issue 17); blocked is how bundles before it were sealed."""
+    1.5 % (docs/perf.md); blocked is how bundles before it were sealed."""
     slo_ttft_ms: Annotated[float, Field(gt=0)] | None = None
     """Goodput SLOs (vLLM's `--goodput ttft:… tpot:… e2el:…`, ms): with any set, each arm
     reports `request_goodput`."""

@@ -143,7 +143,7 @@ def derive_cells(plans: Mapping[str, _timed.Plan], meta: Mapping[str, Any], pass
 
 @dataclass(frozen=True)
 class Window:
-    """The timed passes' tokens against the correctness pass (issue 16's matched window)."""
+    """The timed passes' tokens against the correctness pass (the matched window)."""
 
     compared: int
     problems: tuple[str, ...]

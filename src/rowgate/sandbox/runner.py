@@ -139,10 +139,15 @@ def check_available() -> None:
 
 
 def _import_path() -> list[Path]:
-    """`PYTHONPATH` directories rowgate itself was started with (an install into a
-    target directory): read-only inside, so a step's Python imports what rowgate does."""
-    return [Path(p).resolve() for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
-            if p and Path(p).is_dir()]
+    """Where rowgate itself was imported from when that is no Python prefix's `lib` (an
+    install into a target directory on `PYTHONPATH`): that one directory, read-only
+    inside, so a step's Python imports what rowgate does. Never the rest of
+    `PYTHONPATH`: a checkout on it would show the step everything below it."""
+    site = Path(__file__).resolve().parents[2]
+    prefixes = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    if any(site.is_relative_to(prefix / "lib") for prefix in prefixes):
+        return []
+    return [site]
 
 
 def _python_dirs() -> list[Path]:

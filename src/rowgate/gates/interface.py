@@ -146,8 +146,8 @@ class GateError(Error):
 
 class Gate(abc.ABC, Generic[S]):
     """Base of every gate kind: one module per kind defines its spec model and its Gate
-    subclass, and registers the class where it is defined (`@registry.register`). What
-    else in rowgate needs to know about a kind reads these class facts:
+    subclass, and its distribution names the class in the `rowgate.gates` entry points
+    (`registry`). What else in rowgate needs to know about a kind reads these class facts:
 
     * `kind`: the `kind = "…"` of the row's [[gates]] tables (the spec's `kind` literal);
     * `spec_model`: the pydantic model a row's table of this kind validates as;

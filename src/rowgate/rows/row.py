@@ -68,12 +68,12 @@ def rows_dirs(explicit: Path | None = None) -> list[Path]:
 def _gate_table(value: Any, handler: ValidatorFunctionWrapHandler) -> GateSpec:
     """One [[gates]] table, validated by the spec model its kind registered.
 
-    Through the registry when the row is validated, not a union fixed when this module
-    was imported: a kind registered later (a gate module a test defines, or one outside
-    rowgate's gates/) validates like rowgate's own, with no edit here. What the registry
-    does not know goes to the union of the builtin kinds: it explains a table that is
-    not one or names no kind, and an unknown kind (naming the expected ones) in
-    pydantic's own words. The JSON schema (schemas/row.schema.json) is that union."""
+    Through the plugins (entry points, or a kind registered in code) when the row is
+    validated, not a union fixed when this module was imported: a plugin's kind
+    validates like rowgate's own, with no edit here. A kind nothing installed provides
+    is one line naming the installed ones; a table that names no kind goes to the base
+    spec, which says what is missing. The JSON schema (`rowgate schemas`) is the union
+    of rowgate's own kinds."""
     kind = value.get("kind") if isinstance(value, dict) else getattr(value, "kind", None)
     gate = plugins.load(plugins.GATES, kind) if isinstance(kind, str) else None
     if gate is None:

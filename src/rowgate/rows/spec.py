@@ -194,7 +194,7 @@ def cell_prefix(model_id: str, models: list[str] | tuple[str, ...]) -> str:
 
 class GateSpec(_Model):
     """What every [[gates]] table has; each kind's spec model (beside its gate, in
-    `pipeline/gates/KIND.py`) adds its own keys and a `kind` literal."""
+    `rowgate/gates/KIND.py` or a plugin's module) adds its own keys and a `kind` literal."""
 
     if TYPE_CHECKING:
         # Each kind's model declares its own `kind` field (a Literal); declared here for

@@ -95,7 +95,7 @@ def compare(candidate: Sequence[float], oracle: Sequence[float], *, confidence: 
 class ParityBound:
     """A row's parity threshold on one ratio metric, e.g. `ratio_ci_low >= 0.95`.
 
-    Built from a `rowspec.Criterion`; kept as a plain value here so this module
+    Built from a `rows.spec.Criterion`; kept as a plain value here so this module
     stays free of row parsing.
     """
 

@@ -2,9 +2,12 @@
 # One device call: the GPU-marked tests (the core's, then the lab's) and the sandbox's
 # cost on GPU work, with rowgate installed from its wheel (benchmarks/device_env.sh).
 # Run from the repo root with `.site` carried (benchmarks/device_site.sh):
-#   bash benchmarks/device_gpu.sh [core|lab|overhead ...]      (default: all three)
-# Writes $OUT/env.txt, $OUT/pytest-gpu-core.txt, $OUT/pytest-gpu-lab.txt and
-# $OUT/sandbox-overhead.json; TESTS_TIMEOUT (default 240 s) bounds each test set.
+#   bash benchmarks/device_gpu.sh [core|lab|overhead|operator-overhead ...]
+#   (default: core lab overhead)
+# Writes $OUT/env.txt, $OUT/pytest-gpu-core.txt, $OUT/pytest-gpu-lab.txt,
+# $OUT/sandbox-overhead.json and, for operator-overhead, sandbox-overhead-operator.json,
+# the two gates' logs and their sealed bundles (overhead-operator-evidence.tar.gz);
+# TESTS_TIMEOUT (default 240 s) bounds each test set.
 set -uo pipefail
 . benchmarks/device_env.sh || exit 1
 parts=("${@:-core lab overhead}")
@@ -19,6 +22,11 @@ for part in ${parts[*]}; do
     lab) timeout "${TESTS_TIMEOUT:-240}" python3 -m pytest -p no:cacheprovider -m gpu -q -rs \
            --durations=10 lab/tests 2>&1 | tail -n 40 | tee "$OUT/pytest-gpu-lab.txt" ;;
     overhead) timeout 240 python3 benchmarks/sandbox_overhead.py --out "$OUT" --rounds "${ROUNDS:-16}" ;;
+    operator-overhead)
+      PYTHONPATH=".:$PYTHONPATH" timeout 420 python3 benchmarks/sandbox_overhead.py \
+        --workload operator --out /tmp/overhead-operator --rounds "${ROUNDS:-16}" --nvcc "$ROWGATE_NVCC"
+      cp /tmp/overhead-operator/sandbox-overhead-operator.json /tmp/overhead-operator/gate-log-* "$OUT/"
+      tar czf "$OUT/overhead-operator-evidence.tar.gz" -C /tmp/overhead-operator evidence ;;
     *) echo "unknown part $part" >&2; exit 2 ;;
   esac
 done

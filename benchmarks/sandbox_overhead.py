@@ -1,22 +1,34 @@
-"""The sandbox's cost on GPU work: one CUDA workload timed inside bubblewrap (rowgate's
+"""The sandbox's cost on GPU work: a CUDA workload timed inside bubblewrap (rowgate's
 subject-step profile with the GPU nodes bound) and outside it, in alternating rounds.
 
     python3 benchmarks/sandbox_overhead.py --out DIR [--rounds 20] [--size 8192]
+    PYTHONPATH=. python3 benchmarks/sandbox_overhead.py --workload operator --out DIR \
+        [--rounds 16] [--nvcc PATH]
 
-Each round starts a fresh process (as a sandboxed step does) that times `--iters`
-bf16 matmuls with CUDA events after a warm-up; the figure is the paired ratio
-inside / outside per round, its median and a 95 % bootstrap interval (scipy). Writes
-DIR/sandbox-overhead.json; docs/perf.md cites it with the device and the commit.
+`matmul`: each round starts a fresh process (as a sandboxed step does) that times
+`--iters` bf16 matmuls with CUDA events after a warm-up.
+`operator`: the operator gate's own timing path. An external subject (pagedmini) is
+gated twice with the operator-only row, once as is and once with `[sandbox] mode =
+"off"` (both bundles sealed under DIR/evidence, their timing metrics compared); then
+each round starts a kernel child (`rowgate.ops.sandboxed.KernelChild`) confined and
+one unconfined, in alternating order, and times the built cubin's baseline and
+candidate on the gate's B16 x 16384 shape as the gate does (9 interleaved samples,
+L2 flushed); the round's figure is the ratio of medians.
+The figure is the paired ratio inside / outside per round, its median and a 95 %
+bootstrap interval (scipy). Writes DIR/sandbox-overhead[-operator].json; docs/perf.md
+cites it with the device, the commit and the bundles.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from scipy import stats
@@ -51,14 +63,97 @@ def _time(script: Path, confined: bool, size: int, iters: int) -> float:
     return float(done.stdout.decode().strip().splitlines()[-1])
 
 
+MATRIX = {"batches": "[16]", "layouts": '["uniform"]', "contexts": '["1024", "16384"]',
+          "page_sizes": "[64]", "kv_dtypes": '["e5m2"]', "heads": "[[32, 8]]",
+          "head_dims": "[128]", "timing_repeats": "25"}
+"""The operator gate's matrix in the benchmark's rows (the row's own runs 576 cases)."""
+
+
+def _summary(ratios: list[float]) -> dict[str, Any]:
+    arr = np.array(ratios)
+    ci = stats.bootstrap((arr,), np.median, confidence_level=0.95, random_state=0,
+                         method="percentile").confidence_interval
+    return {"ratio_median": float(np.median(arr)), "ratio_ci95": [ci.low, ci.high]}
+
+
+def _pagedmini(out: Path, nvcc: str | None) -> tuple[dict[str, Any], Path, Path]:
+    """Gate pagedmini's operator with the sandbox on and off; (the runs, the built
+    cubin, the subject's kernels.toml)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from subject_gates import PAGEDMINI_ROW, gate, operator_only
+
+    from tests.subjects import paged_decode_subject
+
+    subject = Path(paged_decode_subject(out / "subjects" / "pagedmini").working_dir)
+    on = operator_only(PAGEDMINI_ROW, out)
+    text = on.read_text()
+    for key, value in MATRIX.items():  # the timed shape and two cases: the gate's path, fast
+        text = re.sub(rf"^{key} = .*$", f"{key} = {value}", text, count=1, flags=re.M)
+    on.write_text(text)
+    off = on.with_name(on.name.replace(".toml", "-UNCONFINED.toml"))
+    off.write_text(on.read_text().replace(f'id = "{on.stem}"', f'id = "{off.stem}"', 1)
+                   + '\n[sandbox]\nmode = "off"\nreason = "the sandbox overhead benchmark\'s '
+                   'unconfined twin"\n')
+    runs = {name: gate(name, row, subject, out, nvcc) for name, row in
+            (("sandbox-on", on), ("sandbox-off", off))}
+    bundle = runs["sandbox-on"]["bundle"]
+    if bundle is None:
+        raise SystemExit(f"the sandboxed gate sealed no bundle: see {out}/gate-log-sandbox-on.txt")
+    cubin = next(Path(bundle).glob("artifacts/build/**/sm_90/**/*.cubin"), None) or next(
+        Path(bundle).glob("artifacts/build/**/*.cubin"))
+    return runs, cubin, subject / "kernels" / "kernels.toml"
+
+
+def _operator(ns: argparse.Namespace) -> dict[str, Any]:
+    import tomllib
+
+    from rowgate.ops import operator_ab
+    from rowgate.ops.contract import Operator
+    from rowgate.ops.paged_inputs import Case
+    from rowgate.ops.sandboxed import KernelChild
+
+    runs, cubin, manifest = _pagedmini(ns.out, ns.nvcc)
+    table = tomllib.loads(manifest.read_text())["operators"]["pm_paged_decode"]
+    op = Operator.from_table("pm_paged_decode", table)
+    case = Case(0, 16, "uniform", "16384", 64, "e5m2", 32, 8, 128, [16384] * 16)
+    entries = op.entries(case.kv, case.dim, case.hq // case.hkv)
+    pairs: list[dict[str, dict[str, float]]] = []
+    for r in range(ns.rounds):
+        medians: dict[str, dict[str, float]] = {}
+        for confined in ((True, False) if r % 2 == 0 else (False, True)):
+            with KernelChild(confined=confined) as child:
+                rec = operator_ab.time_case(case, {"": cubin}, entries, op, 9, child=child)
+            medians["inside" if confined else "outside"] = {
+                role: statistics.median(s) for role, s in rec["samples_us"].items()}
+        pairs.append(medians)
+        print(f"round {r}: {json.dumps(medians)}", flush=True)
+    doc: dict[str, Any] = {
+        "workload": f"operator gate timing: pagedmini {case.name}, baseline and candidate, "
+                    f"9 interleaved samples each, L2 flushed, a fresh kernel child per side",
+        "rounds": ns.rounds, "sandbox": sandbox.describe(gpu=True), "cubin": str(cubin),
+        "pairs_us": pairs,
+        "gates": {name: {"bundle": run["bundle"], "returncode": run["returncode"],
+                         "operator": run["gates"].get("operator")} for name, run in runs.items()}}
+    for role in entries if len(pairs) > 1 else ():
+        doc[role] = _summary([p["inside"][role] / p["outside"][role] for p in pairs])
+    return doc
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--workload", choices=("matmul", "operator"), default="matmul")
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--size", type=int, default=8192)
     ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--nvcc", default=None)
     ns = ap.parse_args()
     ns.out.mkdir(parents=True, exist_ok=True)
+    if ns.workload == "operator":
+        doc = _operator(ns)
+        (ns.out / "sandbox-overhead-operator.json").write_text(json.dumps(doc, indent=1) + "\n")
+        print(json.dumps({k: v for k, v in doc.items() if k != "pairs_us"}, indent=1))
+        return
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "workload.py"
         script.write_text(WORKLOAD)

@@ -21,6 +21,16 @@ LAST_PAGE_BUG = ("  return len - ((n_pages - 1) << page_shift);\n",
 "simplification" that is 0 instead of a whole page when the length is a multiple
 of the page size (an off-by-one in the last page: boundary contexts catch it)."""
 BUG_BRANCH = "last-page"
+HOSTILE_WRITE = (
+    "    decode<T, D, G, PF>(a);" + " " * 65 + "\\\n",
+    "    decode<T, D, G, PF>(a);" + " " * 65 + "\\\n"
+    "    if (PF && threadIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) {" + " " * 20 + "\\\n"
+    "      const_cast<pm::u8*>(k_cache)[0] ^= 0x5a;" + " " * 47 + "\\\n"
+    "      out[-1] = 0x1234;" + " " * 70 + "\\\n"
+    "    }" + " " * 85 + "\\\n")
+"""The candidate's entry point after its work, then a hostile one: it also flips a byte
+of the K cache (an input) and writes the element before its output (the guard band)."""
+HOSTILE_BRANCH = "scratch"
 SIGNOFF_DEVICE = "\n\nSigned-off-by: rowgate-device <device@rowgate.dev>\n"
 
 
@@ -32,13 +42,15 @@ def _commit(repo: git.Repo, message: str) -> git.Commit:
 KERNELS_BRANCH = "paged-decode"
 
 
-def paged_decode_subject(root: Path, *, planted_bug: bool = False) -> git.Repo:
+def paged_decode_subject(root: Path, *, planted_bug: bool = False,
+                         hostile: bool = False) -> git.Repo:
     """pagedmini as its own repository at `root` (which must not exist), shaped like a
     pull request: `main` holds the project's README, and branch `paged-decode` adds
     its kernels in one signed-off commit and is checked out (the change under gate;
     main is its base: a head with its base's tree is no change to gate). With
-    `planted_bug`, the kernels are on `main` instead and branch `last-page` adds one
-    signed-off commit planting the last-page bug in the candidate."""
+    `planted_bug` (or `hostile`), the kernels are on `main` instead and branch
+    `last-page` (`scratch`) adds one signed-off commit planting the last-page bug
+    (the hostile writes) in the candidate."""
     shutil.copytree(PAGED_DECODE, root)
     repo = git.Repo.init(root, initial_branch="main")
     with repo.config_writer() as cw:
@@ -46,17 +58,20 @@ def paged_decode_subject(root: Path, *, planted_bug: bool = False) -> git.Repo:
         cw.set_value("user", "email", AUTHOR[1])
     repo.index.add(["README.md"])
     repo.index.commit("pagedmini: the project" + SIGNOFF)
-    if not planted_bug:
+    patch = LAST_PAGE_BUG if planted_bug else HOSTILE_WRITE if hostile else None
+    if patch is None:
         repo.git.checkout("-b", KERNELS_BRANCH)
     _commit(repo, "pagedmini: paged decode attention kernels, operator and RMSNorm")
-    if planted_bug:
-        repo.git.checkout("-b", BUG_BRANCH)
+    if patch is not None:
+        repo.git.checkout("-b", BUG_BRANCH if planted_bug else HOSTILE_BRANCH)
         source = root / CANDIDATE_SOURCE
         text = source.read_text()
-        if text.count(LAST_PAGE_BUG[0]) != 1:
-            raise AssertionError(f"{CANDIDATE_SOURCE}: the line the bug replaces is not there once")
-        source.write_text(text.replace(*LAST_PAGE_BUG))
-        _commit(repo, "pf: count the last page's rows with a mask")
+        if text.count(patch[0]) != 1:
+            raise AssertionError(f"{CANDIDATE_SOURCE}: the line the change replaces is not "
+                                 f"there once")
+        source.write_text(text.replace(*patch))
+        _commit(repo, "pf: count the last page's rows with a mask" if planted_bug
+                else "pf: scratch state for the next step")
     return repo
 
 

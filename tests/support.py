@@ -31,8 +31,9 @@ def commit_file(repo: git.Repo, name: str, content: str, message: str, signoff: 
 
 
 def write_row(directory: Path, row_id: str, body: str, *, arch: str = "cpu", kind: str = "demo",
-              target_extra: str = "") -> Path:
-    """A row file `directory/ROW_ID.toml` with a standard header and the given body."""
+              target_extra: str = "", engines: bool = True) -> Path:
+    """A row file `directory/ROW_ID.toml` with a standard header and the given body
+    (`engines=False`: no [arms] and no [workload], a kernel-only row)."""
     header = f'''
         id = "{row_id}"
         title = "test row"
@@ -41,7 +42,7 @@ def write_row(directory: Path, row_id: str, body: str, *, arch: str = "cpu", kin
         [target]
         arch = "{arch}"
         {target_extra}
-
+    ''' + ('''
         [arms.oracle]
         engine = "vllm"
         version = "0.32.0"
@@ -53,7 +54,7 @@ def write_row(directory: Path, row_id: str, body: str, *, arch: str = "cpu", kin
         input_lens = [16]
         concurrency = [1]
         output_len = 4
-    '''
+    ''' if engines else "")
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{row_id}.toml"
     path.write_text(textwrap.dedent(header) + textwrap.dedent(body))

@@ -131,3 +131,16 @@ def test_model_signing_misses_an_added_github_dir_and_rowgate_does_not(sealed):
     assert _verify_key(bundle, signer.public_key_file()).returncode == 0
     with pytest.raises(VerificationError, match=r"\.github/extra: file added after sealing"):
         Bundle.open(bundle).verify(signer.verifier())
+
+
+def test_the_kernel_only_row_in_the_contract_doc_loads(tmp_path):
+    from rowgate.rows.row import load_row
+
+    text = (ROOT / "docs" / "contracts.md").read_text()
+    section = text[text.index("## A complete kernel-only row"):]
+    block = section.split("```toml\n", 1)[1].split("```", 1)[0]
+    path = tmp_path / "MY-DECODE-SM90.toml"
+    path.write_text(block)
+    row = load_row(path).row
+    assert row.arms_declared is None and row.workload_declared is None
+    assert [g.kind for g in row.gates] == ["host", "build", "audit", "operator"]

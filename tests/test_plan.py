@@ -112,3 +112,80 @@ def test_the_cli_plans_with_stood_in_gpus_and_maps_the_outcome(capsys, monkeypat
     assert out.startswith("row SM70-XQA-E5M2-DECODE: plan PENDING")
     assert "needs arm accepted: openai" in out and "endpoint [throughput]: PENDING" in out
     assert not (tmp_path / "evidence").exists()
+
+
+SUBJECT_ROW = '''
+    [[gates]]
+    id = "build"
+    kind = "build"
+
+    [[gates]]
+    id = "operator"
+    kind = "operator"
+    operator = "{operator}"
+    batches = [4]
+    contexts = ["page"]
+    page_sizes = [16]
+    kv_dtypes = ["e5m2"]
+    heads = [[32, 8]]
+    head_dims = {dims}
+'''
+
+
+@pytest.mark.parametrize("operator,dims,said", [
+    ("pm_paged_decodx", [128], "operator 'pm_paged_decodx': not in kernels.toml "
+                               "(operators: pm_paged_decode)"),
+    ("pm_paged_decode", [96], "head dim 96"),
+], ids=["misspelled-operator", "undeclared-head-dim"])
+def test_what_the_subject_does_not_declare_is_a_plan_error(tmp_path, capsys, operator, dims,
+                                                            said):
+    """The plan resolves every declaration a gate will read against the subject: what
+    would fail only on the GPU is a configuration error here (exit 2, one line)."""
+    from tests.subjects import paged_decode_subject
+    from tests.support import write_row
+
+    subject = paged_decode_subject(tmp_path / "subject")
+    row = write_row(tmp_path / "rows", "PLAN-DECLARED", SUBJECT_ROW.format(
+        operator=operator, dims=dims), arch="sm_90", kind="kernel-pr", engines=False)
+    with pytest.raises(SystemExit) as exc:
+        main(["gate", str(row), "--repo", subject.working_dir, "--plan",
+              "--plan-gpu", "sm_90:NVIDIA H100"])
+    subject.close()
+    assert exc.value.code == 2
+    out, err = capsys.readouterr()
+    assert "operator [operator]: ERROR" in out
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("rowgate: PLAN-DECLARED gate operator: ")
+    assert said in lines[0], lines[0]
+
+
+def test_the_plan_uses_the_nvcc_option_as_the_gate_does(tmp_path, capsys):
+    """`--option nvcc=PATH`: the plan reports that toolchain, and a path that is not there
+    is the build gate's ERROR in the plan (what the gate itself would say)."""
+    from rowgate.cuda import toolchains
+    from tests.subjects import paged_decode_subject
+    from tests.support import write_row
+
+    try:
+        nvcc = toolchains.for_arch("sm_90").compiler.path
+    except toolchains.ToolchainError as exc:
+        pytest.skip(f"no CUDA 13 toolchain installed here: {exc}")
+    given = tmp_path / "cuda" / "bin" / "nvcc"
+    given.parent.mkdir(parents=True)
+    given.symlink_to(nvcc)
+    subject = paged_decode_subject(tmp_path / "subject")
+    row = write_row(tmp_path / "rows", "PLAN-NVCC", SUBJECT_ROW.format(
+        operator="pm_paged_decode", dims=[128]), arch="sm_90", kind="kernel-pr", engines=False)
+    argv = ["gate", str(row), "--repo", subject.working_dir, "--plan", "--plan-gpu", "sm_90"]
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, "--option", f"nvcc={given}"])
+    out = capsys.readouterr().out
+    assert exc.value.code == 3, out  # the operator gate: PENDING on this GPU-less host
+    assert f"sm_90: kernels pm_decode; toolchain cuda-13-nvcc ({given})" in out
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, "--option", f"nvcc={tmp_path / 'nowhere' / 'nvcc'}"])
+    subject.close()
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"gate build: sm_90: no toolchain (option nvcc={tmp_path / 'nowhere' / 'nvcc'}: " \
+           f"no such file)" in err

@@ -141,3 +141,34 @@ def test_rows_lists_gates_and_availability(capsys):
     assert exc.value.code == 0
     out = capsys.readouterr().out
     assert "PERF-THOR-DECODE-PARITY" in out and "PENDING" in out
+
+
+KERNEL_GATES = HOST_GATE + '''
+    [[gates]]
+    id = "build"
+    kind = "build"
+
+    [[gates]]
+    id = "audit"
+    kind = "audit"
+'''
+
+
+def test_a_kernel_only_row_needs_no_arms_and_no_workload(tmp_path):
+    row = load_row(write_row(tmp_path, "KERNELS-ONLY", KERNEL_GATES, arch="sm_90",
+                             kind="kernel-pr", engines=False)).row
+    assert row.arms_declared is None and row.workload_declared is None and row.cells() == []
+
+
+def test_a_gate_that_drives_engines_needs_both_sections(tmp_path, capsys):
+    path = write_row(tmp_path, "NO-ARMS", KERNEL_GATES + '''
+        [[gates]]
+        id = "tokens"
+        kind = "tokens"
+    ''', arch="sm_90", kind="kernel-pr", engines=False)
+    with pytest.raises(SystemExit) as exc:
+        main(["gate", str(path), "--plan"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("gates[3] (tokens): a tokens gate drives the row's engines on its "
+                        "workload, and the row declares no [arms] and no [workload]"), err

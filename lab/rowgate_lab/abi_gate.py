@@ -79,6 +79,7 @@ def batch_dir(batch: int) -> str:
 
 class Abi(Gate[AbiGate]):
     kind = "abi"
+    drives_arms = True
     spec_model = AbiGate
     options = ENGINE_KEYS
 

@@ -57,3 +57,13 @@ def test_build_failure_exits_1_with_the_violation(tmp_path, capsys):
 def test_bad_arch_is_a_usage_error(tmp_path, capsys):
     code, _, err = _run(["build", "--arch", "sm70", "--repo", str(tmp_path)], capsys)
     assert code == 2 and "--arch 'sm70'" in err
+
+
+def test_an_arch_without_a_toolchain_is_one_configuration_line(tmp_path, capsys):
+    shutil.copytree(LAB / "kernels", tmp_path / "kernels")
+    missing = tmp_path / "nowhere" / "nvcc"
+    code, out, err = _run(["build", "--arch", "sm_110", "--repo", str(tmp_path),
+                           "--option", f"nvcc={missing}"], capsys)
+    assert code == 2 and out == ""
+    assert err.strip() == (f"rowgate build --arch sm_110: no toolchain: option "
+                           f"nvcc={missing}: no such file"), err

@@ -67,3 +67,35 @@ def test_header_wheels_are_pinned_and_part_of_the_cache_identity():
     old = toolchains.for_arch("sm_70")
     assert old.headers == {"nvidia-cuda-runtime-cu12": "12.8.90", "nvidia-cuda-cccl-cu12": "12.8.90"}
     assert len(old.include_dirs) == 2  # NVRTC gets the 12.8 cudart and CCCL headers
+
+
+def test_an_explicit_nvcc_without_binutils_builds_and_the_audit_says_where_it_looked(
+        tmp_path, monkeypatch):
+    """`--option nvcc=PATH` whose directory has no cuobjdump, and no cuobjdump wheel: the
+    toolchain still builds (a build needs no binutils); the audit refuses in one line
+    naming both places it looked."""
+    from importlib import metadata
+
+    from rowgate.gates.audit import measure_audit
+    from rowgate.gates.interface import GateError
+
+    nvcc = tmp_path / "cuda" / "bin" / "nvcc"
+    nvcc.parent.mkdir(parents=True)
+    nvcc.symlink_to(toolchains.for_arch("sm_90").compiler.path)
+    real = metadata.distribution
+
+    def without_binutils(name: str):
+        if name in ("nvidia-cuda-cuobjdump", "nvidia-cuda-nvdisasm"):
+            raise metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(metadata, "distribution", without_binutils)
+    tc = toolchains.for_arch("sm_90", nvcc=str(nvcc))
+    assert tc.compiler.path == str(nvcc) and tc.cuobjdump is None
+    said = (f"no cuobjdump beside option nvcc={nvcc} ({nvcc.parent / 'cuobjdump'}), and "
+            f"nvidia-cuda-cuobjdump is not installed: ")
+    assert tc.binutils_missing.startswith(said)
+    with pytest.raises(GateError, match=r"^audit gate: sm_90: no cuobjdump beside option"):
+        measure_audit(tmp_path, ["sm_90"], [], {"nvcc": str(nvcc)}, tmp_path / "out",
+                      progress=None)  # type: ignore[arg-type]  # refused before any progress
+    assert not (tmp_path / "out").exists()

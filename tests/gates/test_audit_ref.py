@@ -236,3 +236,17 @@ def test_an_arch_no_gate_can_build_here_still_audits_the_rest_by_reference(tmp_p
     path, _, _ = sealed
     theirs = [e for e in _entries(path / "artifacts") if e["arch"] == "sm_90"]
     assert entries[0]["build_ref"]["files"] == theirs[0]["build_ref"]["files"]
+
+
+def test_a_failed_build_is_named_once_on_one_line():
+    from rowgate.cuda.resources import Violation
+    from rowgate.gates.audit import _violations_reason
+
+    log = "k.cu(3): error: identifier \"x\" is undefined\nk.cu(9): error: ...\n2 errors"
+    reason = _violations_reason([Violation("k", "*", "sm_90", "build", log, "a clean build"),
+                                 Violation("k", "*", "sm_110", "build", log, "a clean build"),
+                                 Violation("j", "e", "sm_90", "registers", 200, 128)])
+    assert reason == ('3 violation(s): 2 kernel build(s) not clean (first k sm_90: '
+                      'k.cu(3): error: identifier "x" is undefined); j/e sm_90: registers '
+                      '200 exceeds budget 128')
+    assert "\n" not in reason

@@ -106,6 +106,47 @@ def _artifacts(gated) -> Path:
     return gated["runs"][0].bundle / "artifacts"
 
 
+KERNEL_ONLY = '''
+    [[gates]]
+    id = "host"
+    kind = "host"
+    commands = [["git", "fsck", "--no-progress", "--no-dangling"]]
+
+    [[gates]]
+    id = "build"
+    kind = "build"
+
+    [[gates]]
+    id = "audit"
+    kind = "audit"
+
+    [[gates]]
+    id = "operator"
+    kind = "operator"
+    operator = "pm_paged_decode"
+    batches = [4]
+    contexts = ["page"]
+    page_sizes = [16]
+    kv_dtypes = ["e5m2"]
+    heads = [[32, 8]]
+    head_dims = [128]
+'''
+
+
+def test_a_kernel_only_row_without_arms_or_workload_runs(gated, tmp_path):
+    row = write_row(tmp_path, "KERNELS-ONLY", KERNEL_ONLY, arch="sm_90", kind="kernel-pr",
+                    engines=False)
+    signer = signing.default_signer(announce=lambda msg: None)
+    run = runner.run_row(rows.load_row(row), gated["root"], tmp_path / "evidence", signer, QUIET)
+    got = {r.gate_id: r.status.value for r in run.results}
+    assert got == {"host": "PASS", "build": "PASS", "audit": "PASS", "operator": "PENDING"}, \
+        [(r.gate_id, r.reason) for r in run.results]
+    assert run.status.value == "PENDING"
+    # a PENDING reason names everything missing: the device, and what launching needs
+    reason = run.results[-1].reason
+    assert "needs an sm_90 device" in reason and "torch" in reason, reason
+
+
 def test_shapes_the_operator_does_not_declare_are_refused_in_one_line(gated):
     row = rows.load_row(ROW).row
     spec = row.gate("operator").model_copy(update={"head_dims": [128, 96]})

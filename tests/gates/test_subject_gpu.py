@@ -1,6 +1,7 @@
 """The kernel gates on a GPU (marker gpu; the H200 through the device tool), through
 `rowgate gate` exactly as any subject goes: an external subject's operator (pagedmini)
-bitwise and against fp64, its planted last-page bug caught with the case named, its
+bitwise and against fp64, its planted last-page bug caught with the case named, a hostile
+candidate's writes outside its output caught from the sandboxed kernel child, its
 phase gate collecting counters with ncu, and rowgate's own split-KV kernels through the
 same path. Small matrices here; benchmarks/subject_gates.py runs the rows' full ones.
 The device's own nvcc builds (`ROWGATE_NVCC`, else the one on PATH)."""
@@ -66,8 +67,9 @@ def pagedmini(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("pagedmini-gpu")
     row = _small_row(tmp, "SUBJECT-PAGEDMINI-SM90.toml")
     out = {}
-    for name, bug in (("clean", False), ("bug", True)):
-        repo = paged_decode_subject(tmp / name, planted_bug=bug)
+    for name in ("clean", "bug", "hostile"):
+        repo = paged_decode_subject(tmp / name, planted_bug=name == "bug",
+                                    hostile=name == "hostile")
         out[name] = _gate(row, tmp / name, tmp / f"{name}-out")
         repo.close()
     return out
@@ -88,6 +90,19 @@ def test_the_planted_last_page_bug_is_caught_with_the_case_named(pagedmini):
     assert "first e5m2-h32x8-d128-p16-B4-uniform-page-s0 " in op.reason
     assert op.metrics["bitwise_mismatches"] > 0 and op.metrics["reference_failures"] > 0
     assert op.cells["B4-uniform-1"]["bitwise_mismatches"] == 0  # 1 token: no multiple
+
+
+def test_a_kernel_writing_outside_its_output_fails_the_gate_and_nothing_else(pagedmini):
+    """The hostile candidate flips a byte of the K cache and writes before its output,
+    from the sandboxed kernel child: the gate FAILs naming both, the baseline's records
+    stay clean (inputs drawn again after the write), and the bundle still seals."""
+    op = pagedmini["hostile"]["operator"]
+    assert op.status.value == "FAIL", op.reason
+    assert "guard 1," in op.reason and "inputs written yes" in op.reason
+    cases = op.metrics["cases"]
+    assert op.metrics["inputs_written"] == cases and op.metrics["guard_writes"] == cases
+    assert op.metrics["reference_failures"] == cases  # the candidate's record, every case
+    assert op.sandbox is not None and op.sandbox.mode == "bubblewrap"
 
 
 def test_the_phase_gate_collects_the_rows_counters(pagedmini):

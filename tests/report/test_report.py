@@ -172,7 +172,7 @@ def rich(tmp_path, git_repo, make_key) -> tuple[Path, Path]:
 def test_model_from_a_real_host_bundle(sealed, tmp_path):
     bundle, signer = sealed
     page = report.report_for(bundle, reviews_dir=tmp_path / "reviews")
-    assert page.verification.verified
+    assert page.verification.implicit and not page.verification.verified  # no key named
     assert signer.identity.id in page.verification.detail
     assert (page.row_id, page.row_title, page.verdict) == ("TEST-HOST", "test row", "PASS")
     assert page.review is None and page.pending == ()
@@ -551,17 +551,26 @@ def test_headless_chromium_loads_the_page_with_tables_and_images(rich, tmp_path)
         shutil.copyfile(shot, keep)
 
 
-def test_the_page_says_which_key_it_trusted_when_none_was_named(sealed, tmp_path):
+def test_the_page_says_what_it_checked_against_and_an_implicit_key_is_no_verification(
+        sealed, tmp_path):
+    from rowgate.report import html
     from rowgate.seal.signing import local_public_key
 
     bundle, _ = sealed
     page = report.report_for(bundle, reviews_dir=tmp_path)
-    assert page.verification.verified
+    # `rowgate verify` refuses implicit keys: the page never calls this verified
+    assert not page.verification.verified and page.verification.implicit
     # the implicit key is the operator's own (ROWGATE_SIGNING_KEY's public half when set,
     # else the local key): the page names the file it checked against
     detail = page.verification.detail
-    assert "checked against the implicit key " in detail
-    named_file = detail.split("checked against the implicit key ", 1)[1].split(",", 1)[0]
+    assert "checked against the implicit local key " in detail
+    named_file = detail.split("checked against the implicit local key ", 1)[1].split(" ", 1)[0]
     assert Path(named_file).is_file()
+    text = html.render(page)
+    assert 'class="verdict implicit" id="signature">signature matches an implicit key only' in text
+    assert "signature verified" not in text
+    assert "**matches an implicit key only** (not verified)" in markdown.render(page)
     named = report.report_for(bundle, key=local_public_key(), reviews_dir=tmp_path)
-    assert "implicit" not in named.verification.detail
+    assert named.verification.verified and not named.verification.implicit
+    assert "checked against the key " in named.verification.detail
+    assert 'class="verdict verified" id="signature">signature verified' in html.render(named)

@@ -33,13 +33,14 @@ def _check(case, cubin, operator_name):
     import torch
 
     from rowgate.ops import operator_ab
+    from rowgate.ops.sandboxed import InProcess
     from rowgate_lab.ops import split_kv as op
 
     operator = {"split_kv": op.SPLIT_KV, "split_kv_bulk": op.SPLIT_KV_BULK,
                 "split_kv_deep": op.SPLIT_KV_DEEP}[operator_name]
     spec = SimpleNamespace(tolerance=SimpleNamespace(rtol=0.02, atol=0.02))
     rec = operator_ab.run_case(case, spec, cubin, torch.device("cuda:0"), order_flip=False,
-                               operator=operator)
+                               operator=operator, child=InProcess())
     assert rec["bitwise"]["mismatches"] == 0, rec["bitwise"]
     for role, v in rec["variants"].items():
         assert v["unwritten"] == 0 and v["nan"] == 0 and v["failures"] == 0, (role, v)

@@ -36,12 +36,13 @@ def test_pipelined_e5m2_launches_with_exactly_48_kib_of_dynamic_shared_memory(
 
     from rowgate.ops import operator_ab
     from rowgate.ops.paged_inputs import Case, seq_lengths
+    from rowgate.ops.sandboxed import InProcess
     from rowgate_lab.ops.split_kv import SPLIT_KV
 
     case = Case(3, 4, "ragged", "page+1", page, "e5m2", hq, hkv, dim,
                 seq_lengths("ragged", page + 1, 4, 3))
     rec = operator_ab.run_case(case, SPEC, cubin, torch.device("cuda:0"), order_flip=False,
-                               operator=SPLIT_KV)
+                               operator=SPLIT_KV, child=InProcess())
     cand = rec["variants"]["candidate"]
     assert cand["entry"].endswith("_pipe") and cand["chunk"] == page and cand["splits"] == 2
     assert rec["bitwise"]["mismatches"] == 0, rec["bitwise"]

@@ -95,10 +95,10 @@ def _gate(ns: argparse.Namespace) -> ExitCode:
 
     out = storage.out_dir(ns.out or storage.default_evidence(), "--out")
     loaded = rows.resolve_row(ns.row, ns.rows)
-    if ns.plan or ns.plan_gpu:
-        return _plan(ns, loaded)
     opts = _options(ns.option)
     options.check_row(opts, loaded.row)
+    if ns.plan or ns.plan_gpu:
+        return _plan(ns, loaded, opts)
     signer = signing.default_signer()
     with progress.progress(len(loaded.row.gates), f"row {loaded.row.id}", ns.quiet) as prog:
         run = runner.run_row(loaded, ns.repo.resolve(), out, signer, prog,
@@ -115,15 +115,20 @@ def _gate(ns: argparse.Namespace) -> ExitCode:
     return STATUS_EXIT[run.status]
 
 
-def _plan(ns: argparse.Namespace, loaded: LoadedRow) -> ExitCode:
+def _plan(ns: argparse.Namespace, loaded: LoadedRow, opts: dict[str, str]) -> ExitCode:
+    """The plan on stdout; a gate it finds would ERROR (a problem that is not missing
+    hardware) is a configuration error: one line each on stderr, exit 2."""
     from rowgate.run import plan
     from rowgate.seal import device
 
     devices = plan.stand_in_gpus(ns.plan_gpu) if ns.plan_gpu else device.inventory()
-    result = plan.plan_row(loaded, ns.repo.resolve(), devices)
+    result = plan.plan_row(loaded, ns.repo.resolve(), devices, opts)
     print("\n".join(plan.render(result)))
+    for g in result.gates:
+        if g.status == plan.ERROR:
+            print(f"rowgate: {loaded.row.id} gate {g.gate_id}: {g.errors[0]}", file=sys.stderr)
     return {plan.RUNS: ExitCode.OK, plan.PENDING: ExitCode.PENDING}.get(result.status,
-                                                                      ExitCode.FAILED)
+                                                                      ExitCode.USAGE)
 
 
 def _build(ns: argparse.Namespace) -> ExitCode:

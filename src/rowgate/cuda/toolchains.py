@@ -79,6 +79,9 @@ class Toolchain:
     its own through nvcc.profile."""
     sass_missing: str = ""
     """Why the SASS tools cannot disassemble this toolchain's arches (empty: they can)."""
+    binutils_missing: str = ""
+    """Why cuobjdump/nvdisasm are not here (where they were looked for): a build needs
+    neither, the audit refuses to run without them. Not part of the cache identity."""
 
     def describe(self) -> dict[str, Any]:
         return asdict(self)
@@ -88,7 +91,7 @@ class Toolchain:
         so two environments with the same pins share a cache)."""
         def strip(d: dict[str, Any]) -> dict[str, Any]:
             return {k: strip(v) if isinstance(v, dict) else v for k, v in d.items()
-                    if k not in ("path", "include_dirs")}
+                    if k not in ("path", "include_dirs", "binutils_missing")}
         return hashlib.sha256(json.dumps(strip(self.describe()), sort_keys=True).encode()).hexdigest()
 
     def short(self) -> str:
@@ -203,13 +206,21 @@ def _cuda13(nvcc: str | None) -> Toolchain:
     if not compiler.version.startswith("13."):
         raise ToolchainError(f"{compiler.path} is CUDA {compiler.version}; sm_110 and this "
                              f"build need CUDA 13: {CUDA13_INSTALL}")
-    cuobjdump = _sibling_or_wheel(compiler, "cuobjdump", "nvidia-cuda-cuobjdump")
-    nvdisasm = _sibling_or_wheel(compiler, "nvdisasm", "nvidia-cuda-nvdisasm")
+    # only the audit reads binaries: a build does not need these, so their absence is
+    # said (where each was looked for) and left to the audit to refuse
+    cuobjdump: Tool | None = None
+    nvdisasm: Tool | None = None
+    missing = []
+    try:
+        cuobjdump = _sibling_or_wheel(compiler, "cuobjdump", "nvidia-cuda-cuobjdump")
+        nvdisasm = _sibling_or_wheel(compiler, "nvdisasm", "nvidia-cuda-nvdisasm")
+    except ToolchainError as exc:
+        missing.append(exc.diagnostics())
     headers = {} if compiler.package == EXPLICIT else _versions(
         "nvidia-cuda-cccl", "nvidia-cuda-crt", "nvidia-cuda-runtime", "nvidia-nvvm")
     return Toolchain(name="cuda-13-nvcc", kind="nvcc", compiler=compiler, ptxas=None,
                      cuobjdump=cuobjdump, nvdisasm=nvdisasm, host_compiler=_host_compiler(),
-                     headers=headers)
+                     headers=headers, binutils_missing="; ".join(missing))
 
 
 def _versions(*dists: str) -> dict[str, str]:
@@ -232,11 +243,18 @@ def _host_compiler() -> Tool:
 
 
 def _sibling_or_wheel(compiler: Tool, name: str, dist: str) -> Tool:
-    """An explicit nvcc's own cuobjdump/nvdisasm first: one toolkit, one version."""
+    """An explicit nvcc's own cuobjdump/nvdisasm first: one toolkit, one version.
+    ToolchainError naming every place it looked."""
     sibling = Path(compiler.path).parent / name
     if compiler.package == EXPLICIT and sibling.is_file():
         return Tool(str(sibling), binary_version(str(sibling)), EXPLICIT, "")
-    return _tool(dist, f"nvidia/cu13/bin/{name}", CUDA13_INSTALL)
+    try:
+        return _tool(dist, f"nvidia/cu13/bin/{name}", CUDA13_INSTALL)
+    except ToolchainError as exc:
+        if compiler.package != EXPLICIT:
+            raise
+        raise ToolchainError(f"no {name} beside option nvcc={compiler.path} ({sibling}), and "
+                             f"{exc.diagnostics()}") from None
 
 
 def installed() -> dict[str, str]:

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -66,18 +68,23 @@ def collect_counters(ncu_path: str, metrics: list[str], cubin: Path, operator_ta
     """ncu on one launch of `entry` (after WARMUP unprofiled ones): raw CSV and log."""
     from rowgate.ops import ncu
 
-    request = out / f"ncu-{role}.request.json"
-    request.write_text(json.dumps({"cubin": str(cubin), "operator": operator,
-                                   "table": operator_table, "entry": entry, "case": case,
-                                   "warmup": WARMUP, "launches": 1}, indent=1) + "\n")
-    argv = ncu.command(ncu_path, metrics, entry, WARMUP, 1,
-                       [sys.executable, "-m", "rowgate.ops.profile_launch", str(request)])
-    # The subject's kernel runs here: in the sandbox with the GPU, reading its cubin and
-    # the request, writing nothing but ncu's own scratch in the private /tmp.
-    tool = Path(ncu_path).resolve().parent
-    done = sandbox.run(sandbox.Step(argv, cwd=out, read_only=[cubin, request, tool], gpu=True,
-                                    limits=sandbox.Limits(wall_s=NCU_TIMEOUT_S,
-                                                          memory_bytes=None)))
+    # The subject's kernel runs here: in the sandbox with the GPU, reading copies of its
+    # cubin and the request in a scratch directory (never the gate's staging area),
+    # writing nothing but ncu's own scratch in the private /tmp.
+    with tempfile.TemporaryDirectory(prefix="rowgate-ncu-") as tmp:
+        scratch = Path(tmp)
+        shutil.copyfile(cubin, scratch / cubin.name)
+        request = scratch / f"ncu-{role}.request.json"
+        request.write_text(json.dumps({"cubin": str(scratch / cubin.name), "operator": operator,
+                                       "table": operator_table, "entry": entry, "case": case,
+                                       "warmup": WARMUP, "launches": 1}, indent=1) + "\n")
+        shutil.copyfile(request, out / request.name)
+        argv = ncu.command(ncu_path, metrics, entry, WARMUP, 1,
+                           [sys.executable, "-m", "rowgate.ops.profile_launch", str(request)])
+        tool = Path(ncu_path).resolve().parent
+        done = sandbox.run(sandbox.Step(argv, cwd=scratch, read_only=[scratch, tool], gpu=True,
+                                        limits=sandbox.Limits(wall_s=NCU_TIMEOUT_S,
+                                                              memory_bytes=None)))
     rc = done.returncode
     stdout, stderr = done.stdout.decode(errors="replace"), done.stderr.decode(errors="replace")
     if done.limit:

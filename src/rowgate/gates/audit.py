@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import Field
 
 from rowgate import compressed, sandbox
-from rowgate.cuda import cudabuild, kernels, resources
+from rowgate.cuda import cudabuild, kernels, resources, toolchains
+from rowgate.errors import Error
 from rowgate.gates import _audit_ref
 from rowgate.gates._built import build_gate_id
 from rowgate.gates.artifacts import derive_known_layout, read_json
@@ -73,6 +74,13 @@ def measure_audit(repo: Path, arches: list[str], names: list[str], options: dict
     """Audit each build. With `build_root` (the row's build gate's artifacts, sealed
     earlier in this run) holding every build the audit covers, inspect those by
     reference (`_audit_ref`); otherwise build (the same cache) and seal a copy."""
+    for arch in arches:  # before anything is built: the audit cannot read binaries
+        try:
+            missing = toolchains.for_arch(arch, options.get("nvcc")).binutils_missing
+        except Error:
+            continue  # no toolchain at all: the build step says so for the arch
+        if missing:
+            raise GateError(f"audit gate: {arch}: {missing}")
     ref = _audit_ref.find(build_root, arches, names, options)
     out.mkdir(parents=True, exist_ok=True)
     if ref is None:
@@ -182,6 +190,27 @@ class AuditFindings:
     images_verified: int = 0
 
 
+SHOWN = 6
+"""Violations a reason names (the rest are counted; all are in the cells)."""
+
+
+def _violations_reason(violations: list[resources.Violation]) -> str:
+    """One line: builds that failed counted and the first named once (the build gate
+    reports each), then the first budget or SASS violations."""
+    failed = [v for v in violations if v.what == "build"]
+    others = [v for v in violations if v.what != "build"]
+    parts = []
+    if failed:
+        first = failed[0]
+        line = str(first.measured).strip().splitlines()[0] if str(first.measured).strip() else ""
+        parts.append(f"{len(failed)} kernel build(s) not clean (first {first.kernel} "
+                     f"{first.arch}: {line})")
+    if others:
+        more = f" (+{len(others) - SHOWN} more)" if len(others) > SHOWN else ""
+        parts.append("; ".join(str(v).splitlines()[0] for v in others[:SHOWN]) + more)
+    return f"{len(violations)} violation(s): " + "; ".join(parts)
+
+
 def derive_audit(artifact_dir: Path, build_gates: frozenset[str] = frozenset()) -> Derived:
     """`build_gates`: the row's build gate ids, the only gates an entry may reference
     (an entry with `build_ref` reads its build from `artifacts/GATE-ID/` beside this)."""
@@ -201,10 +230,7 @@ def derive_audit(artifact_dir: Path, build_gates: frozenset[str] = frozenset()) 
                                        "embedded_images_verified": found.images_verified,
                                        "sass_pending": len(found.pending)}
     if found.violations:
-        shown = "; ".join(str(v) for v in found.violations[:6])
-        more = f" (+{len(found.violations) - 6} more)" if len(found.violations) > 6 else ""
-        return Derived(Status.FAIL, f"{len(found.violations)} violation(s): {shown}{more}",
-                       metrics, found.cells)
+        return Derived(Status.FAIL, _violations_reason(found.violations), metrics, found.cells)
     if found.pending:
         return Derived(Status.PENDING, "budgets hold; SASS not checked: " + found.pending[0],
                        metrics, found.cells)
@@ -343,6 +369,7 @@ class Audit(Gate[AuditGate]):
     kind = "audit"
     spec_model = AuditGate
     subject_steps = True
+    reads_kernels = True
     report_view = "per_arch"
     options = TOOLCHAIN_KEYS
 
@@ -358,4 +385,4 @@ class Audit(Gate[AuditGate]):
         return derive_known_layout(lambda d: derive_audit(d, build_gates), artifact_dir, "audit")
 
     def arch(self, row: Row, spec: AuditGate, ctx: GateContext) -> tuple[str, bool]:
-        return row.target.arch, False
+        return ", ".join(gate_arches(row, spec.arches)), False  # every arch it audits

@@ -129,7 +129,8 @@ def _compile_all(repo: Path, manifest: kernels.KernelManifest, plan: list[tuple[
     arches take the time of the slowest few, not of all of them in a row."""
     jobs = build_jobs(len(plan))
     tools = ", ".join(sorted({chains[arch].short() for arch, _ in plan}))
-    progress.update(f"build {len(plan)} kernel(s) with {tools}, {jobs} at a time")
+    if plan:  # nothing to build (no arch has a toolchain): the gate's ERROR says why
+        progress.update(f"build {len(plan)} kernel(s) with {tools}, {jobs} at a time")
     with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="build") as pool:
         # each compile in a copy of this context: the row's sandbox policy goes with it
         futures = {pool.submit(contextvars.copy_context().run, build_kernel, repo, manifest,
@@ -323,6 +324,7 @@ class Build(Gate[BuildGate]):
     kind = "build"
     spec_model = BuildGate
     subject_steps = True
+    reads_kernels = True
     report_view = "per_arch"
     options = TOOLCHAIN_KEYS
 
@@ -336,4 +338,4 @@ class Build(Gate[BuildGate]):
         return derive_known_layout(derive_builds, artifact_dir, "build")
 
     def arch(self, row: Row, spec: BuildGate, ctx: GateContext) -> tuple[str, bool]:
-        return row.target.arch, False
+        return ", ".join(gate_arches(row, spec.arches)), False  # every arch it builds

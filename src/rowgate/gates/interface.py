@@ -32,6 +32,7 @@ from rowgate.sandbox import run as run_sandboxed
 from rowgate.seal.device import GpuChoice, Inventory
 
 if TYPE_CHECKING:
+    from rowgate.cuda.kernels import KernelManifest
     from rowgate.records.provenance import Provenance, Subject
     from rowgate.rows.row import Row
     from rowgate.seal.oracle import OracleRecord
@@ -167,6 +168,9 @@ class Gate(abc.ABC, Generic[S]):
     spec_model: ClassVar[type[GateSpec]]
     needs_device: ClassVar[bool] = False
     workload_matrix: ClassVar[bool] = False
+    drives_arms: ClassVar[bool] = False
+    """It starts the row's arms (engines): a row with such a gate must declare [arms]
+    and [workload]."""
     arm_fields: ClassVar[tuple[str, ...]] = ()
     """Spec keys that name arms of the row (a throughput `baseline`, a trace's `arms`):
     the row checks each names one (`Arms.named`)."""
@@ -199,6 +203,15 @@ class Gate(abc.ABC, Generic[S]):
     def arch(self, row: "Row", spec: S, ctx: GateContext) -> tuple[str, bool]:
         """(arch measured on, is it a stand-in). Host-only gates measure no arch."""
         return "", False
+
+    reads_kernels: ClassVar[bool] = False
+    """Whether the gate reads the subject's kernels.toml (`--plan` then parses it)."""
+
+    def check_declarations(self, row: "Row", spec: S, manifest: "KernelManifest") -> list[str]:
+        """Resolve and check everything this gate will read of the subject's kernels.toml
+        (`rowgate gate --plan`): GateError (one line) for a declaration that does not
+        hold; else what it resolved, one line each. Default: nothing to check."""
+        return []
 
 
 def gate_device(row: "Row", spec: GateSpec, devices: Inventory) -> GpuChoice:
@@ -240,9 +253,10 @@ def run_gate(gate: Gate[Any], row: "Row", spec: GateSpec, ctx: GateContext, bund
                           duration_s=round(time.monotonic() - start, 3),
                           sandbox=ctx.sandbox_record() if gate.subject_steps else None)
 
-    why_not = pending or gate.requirements(row, spec, ctx)
-    if why_not is not None:
-        return result(Derived(Status.PENDING, why_not))
+    # a PENDING reason names everything missing: the device and what the gate itself needs
+    missing = list(dict.fromkeys(r for r in (pending, gate.requirements(row, spec, ctx)) if r))
+    if missing:
+        return result(Derived(Status.PENDING, "; ".join(missing)))
     try:
         with policy(ctx.sandbox.confined):  # every subject step of the gate obeys the row
             gate.measure(row, spec, ctx)

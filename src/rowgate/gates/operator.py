@@ -6,8 +6,10 @@ kernel, the baseline and candidate entry points, the shapes); the gate takes the
 the row's build gate produced from the gated commit for the device's arch (its digest
 recorded and checked, never a rebuild) and drives its entry points through the
 contract. measure: refuse, in one line, shapes the operator does not declare and entry
-points the build lacks; run every case of the spec (seeds recorded, outputs poisoned
-and guarded, workspace poisoned, roles alternating per case); write `cubin.json`, the
+points the build lacks; run every case of the spec in a sandboxed kernel child (seeds
+recorded, outputs poisoned and guarded, workspace poisoned, inputs checked after each
+launch, roles alternating per case; the reference and the comparison in rowgate's own
+process); write `cubin.json`, the
 per-case records (`cases.json.gz`, `cases.csv.gz`) and the interleaved timing samples
 (`timing.json`). derive: pure arithmetic over those files, the cubin re-hashed where
 the bundle holds it.
@@ -33,6 +35,7 @@ from rowgate.rows.options import TOOLCHAIN_KEYS
 from rowgate.rows.spec import GateSpec, Tolerance
 
 if TYPE_CHECKING:
+    from rowgate.cuda.kernels import KernelManifest
     from rowgate.gates._built import BuiltKernel
     from rowgate.ops.contract import Operator as ContractOperator
     from rowgate.rows.row import Row
@@ -66,15 +69,13 @@ class OperatorGate(GateSpec):
     timing_repeats: Annotated[int, Field(ge=9)] = 9
 
 
-def resolve(row: Row, spec: OperatorGate, artifacts_root: Path, arch: str
-            ) -> tuple[ContractOperator, BuiltKernel, str]:
-    """(contract Operator, BuiltKernel, the build gate's id) for this gate on `arch`, with
-    every case expressible and every entry point built. Raises GateError (one line)."""
+def declared(manifest: KernelManifest, spec: OperatorGate
+             ) -> tuple[ContractOperator, str, set[str]]:
+    """(contract Operator, its kernel, the entry points the cases launch) from a
+    kernels.toml: the operator declared, every case of the spec expressible by it.
+    Raises GateError (one line). What `--plan` checks against the subject."""
     from rowgate.ops import operator_ab
 
-    build_id = build_gate_id(row, spec, spec.build)
-    build_dir = artifacts_root / build_id
-    manifest = declarations(build_dir)
     try:
         name, decl = manifest.operator(spec.operator)
         op = decl.to_contract(name)
@@ -86,8 +87,18 @@ def resolve(row: Row, spec: OperatorGate, artifacts_root: Path, arch: str
     except (Error, ValueError) as exc:
         text = exc.diagnostics() if isinstance(exc, Error) else str(exc)
         raise GateError(f"operator gate: {text}") from exc
-    built = built_cubin(build_dir, decl.kernel, arch)
-    missing_entries(built, wanted, f"operator {name}")
+    return op, decl.kernel, wanted
+
+
+def resolve(row: Row, spec: OperatorGate, artifacts_root: Path, arch: str
+            ) -> tuple[ContractOperator, BuiltKernel, str]:
+    """(contract Operator, BuiltKernel, the build gate's id) for this gate on `arch`, with
+    every case expressible and every entry point built. Raises GateError (one line)."""
+    build_id = build_gate_id(row, spec, spec.build)
+    build_dir = artifacts_root / build_id
+    op, kernel, wanted = declared(declarations(build_dir), spec)
+    built = built_cubin(build_dir, kernel, arch)
+    missing_entries(built, wanted, f"operator {op.name}")
     return op, built, build_id
 
 
@@ -95,6 +106,8 @@ class Operator(Gate[OperatorGate]):
     kind = "operator"
     spec_model = OperatorGate
     needs_device = True
+    subject_steps = True
+    reads_kernels = True
     options = TOOLCHAIN_KEYS
 
     def requirements(self, row: Row, spec: OperatorGate, ctx: GateContext) -> str | None:
@@ -103,12 +116,19 @@ class Operator(Gate[OperatorGate]):
     def arch(self, row: Row, spec: OperatorGate, ctx: GateContext) -> tuple[str, bool]:
         return gate_arch(row, ctx.gpu)
 
+    def check_declarations(self, row: Row, spec: OperatorGate,
+                           manifest: KernelManifest) -> list[str]:
+        op, kernel, wanted = declared(manifest, spec)
+        return [f"operator {op.name} ({op.contract}) of kernel {kernel}: "
+                f"{len(wanted)} entry point(s) for {spec.id}'s cases"]
+
     # ------------------------------------------------------------------ measure
 
     def measure(self, row: Row, spec: OperatorGate, ctx: GateContext) -> None:
         import torch
 
         from rowgate.ops import operator_ab as run
+        from rowgate.ops.sandboxed import ChildError, KernelChild
 
         gpu, _, why_not = ctx.gpu
         if gpu is None:
@@ -122,13 +142,20 @@ class Operator(Gate[OperatorGate]):
         dev = torch.device(f"cuda:{gpu.index}")
         records = []
         all_cases = run.cases(spec)
-        for i, case in enumerate(all_cases):
-            ctx.progress.update(f"operator: case {i + 1}/{len(all_cases)} {case.name}")
-            records.append(run.run_case(case, spec, built.cubin, dev, order_flip=bool(i % 2),
-                                        operator=op, candidate=spec.candidate))
-        ctx.progress.update("operator: interleaved timing")
-        run.write_records(ctx.artifact_dir, records,
-                          run.time_variants(spec, built.cubin, dev, op, spec.candidate))
+        # The subject's kernels run in a sandboxed child; the inputs, the fp64 reference
+        # and every comparison stay in this process, out of their reach.
+        try:
+            with KernelChild() as child:
+                for i, case in enumerate(all_cases):
+                    ctx.progress.update(f"operator: case {i + 1}/{len(all_cases)} {case.name}")
+                    records.append(run.run_case(case, spec, built.cubin, dev,
+                                                order_flip=bool(i % 2), operator=op,
+                                                candidate=spec.candidate, child=child))
+                ctx.progress.update("operator: interleaved timing")
+                timing = run.time_variants(spec, built.cubin, op, spec.candidate, child=child)
+        except ChildError as exc:
+            raise GateError(f"operator gate: {exc}") from exc
+        run.write_records(ctx.artifact_dir, records, timing)
 
     # ------------------------------------------------------------------- derive
 
@@ -159,7 +186,7 @@ def _max_abs_err(errs: list[float], records: list[dict[str, Any]]) -> MetricValu
 
 def _bad(rec: dict[str, Any]) -> bool:
     return bool(rec["failures"] or rec["unwritten"] or rec["nan"] or rec.get("guard_writes")
-                or rec.get("counters_nonzero"))
+                or rec.get("counters_nonzero") or rec.get("inputs_written"))
 
 
 def _cell(case: dict[str, Any]) -> str:
@@ -187,6 +214,10 @@ def derive_records(records: list[dict[str, Any]], timing: dict[str, Any]) -> Der
         "max_abs_err": _max_abs_err(errs, records),
         "seeds": " ".join(str(s) for s in sorted({r["case"]["seed"] for r in records})),
     }
+    if any("inputs_written" in rec for r in records for rec in r["variants"].values()):
+        # recorded since kernels run in the sandboxed child; older bundles re-derive as sealed
+        metrics["inputs_written"] = sum(1 for r in records for rec in r["variants"].values()
+                                        if rec.get("inputs_written"))
     metrics.update(_timing_metrics(timing))
     cells: dict[str, dict[str, Any]] = {}
     for r in records:
@@ -211,7 +242,9 @@ def derive_records(records: list[dict[str, Any]], timing: dict[str, Any]) -> Der
                         f"writing outside the output; first {r['case']['name']} {v}: failures "
                         f"{rec['failures']}, unwritten {rec['unwritten']}, NaN {rec['nan']}, "
                         f"guard {rec.get('guard_writes', 0)}, counters left set "
-                        f"{rec.get('counters_nonzero', 0)}, first index {rec['first_index']}")
+                        f"{rec.get('counters_nonzero', 0)}, inputs written "
+                        f"{'yes' if rec.get('inputs_written') else 'no'}, first index "
+                        f"{rec['first_index']}")
     if problems:
         return Derived(Status.FAIL, "; ".join(problems), metrics, cells)
     return Derived(Status.PASS, f"{len(records)} randomized-page case(s): candidate bitwise equal "

@@ -30,6 +30,7 @@ from rowgate.rows.options import TOOLCHAIN_KEYS
 from rowgate.rows.spec import GateSpec
 
 if TYPE_CHECKING:
+    from rowgate.cuda.kernels import KernelManifest
     from rowgate.cuda.operators import OperatorDecl
     from rowgate.ops.contract import Operator
     from rowgate.ops.paged_inputs import Case
@@ -68,9 +69,14 @@ def resolve(row: Row, spec: PhaseGate, artifacts_root: Path
     """(operator name, its declaration, the contract Operator, the case, {variant:
     defines}, {role: entry}) from the build gate's kernels.toml. GateError (one line)
     for an undeclared operator, phase or shape."""
+    return declared(declarations(artifacts_root / build_gate_id(row, spec, spec.build)), spec)
+
+
+def declared(manifest: KernelManifest, spec: PhaseGate
+             ) -> tuple[str, OperatorDecl, Operator, Case, dict[str, list[str]], dict[str, str]]:
+    """`resolve` from a kernels.toml (what `--plan` checks against the subject)."""
     from rowgate.ops import phase
 
-    manifest = declarations(artifacts_root / build_gate_id(row, spec, spec.build))
     try:
         name, decl = manifest.operator(spec.operator)
         op = decl.to_contract(name)
@@ -99,6 +105,7 @@ class Phase(Gate[PhaseGate]):
     kind = "phase"
     spec_model = PhaseGate
     subject_steps = True
+    reads_kernels = True
     needs_device = True
     options = TOOLCHAIN_KEYS
 
@@ -116,10 +123,14 @@ class Phase(Gate[PhaseGate]):
     def arch(self, row: Row, spec: PhaseGate, ctx: GateContext) -> tuple[str, bool]:
         return gate_arch(row, ctx.gpu)
 
-    def measure(self, row: Row, spec: PhaseGate, ctx: GateContext) -> None:
-        import torch
+    def check_declarations(self, row: Row, spec: PhaseGate,
+                           manifest: KernelManifest) -> list[str]:
+        name, _, _, case, variants, _ = declared(manifest, spec)
+        return [f"operator {name}: {len(variants)} phase variant(s) on {case.name}"]
 
+    def measure(self, row: Row, spec: PhaseGate, ctx: GateContext) -> None:
         from rowgate.ops import ncu, phase
+        from rowgate.ops.sandboxed import ChildError, KernelChild
 
         gpu, _, why_not = ctx.gpu
         if gpu is None:
@@ -136,8 +147,12 @@ class Phase(Gate[PhaseGate]):
             check_entries(builds, entries, spec.shape)
             cubins = {v: str(ctx.artifact_dir / b["dir"] / b["cubin"]) for v, b in builds.items()}
             ctx.progress.update(f"phase: timing {len(cubins)} variant(s) on {spec.shape}")
-            record.update(phase.time_variants(case, cubins, entries, op,
-                                              torch.device(f"cuda:{gpu.index}"), REPEATS))
+            try:  # the subject's kernels run in a sandboxed child
+                with KernelChild() as child:
+                    record.update(phase.time_variants(case, cubins, entries, op, REPEATS,
+                                                      child=child))
+            except ChildError as exc:
+                raise GateError(f"phase gate: {exc}") from exc
             if spec.counters:
                 table = decl.model_dump(exclude={"phase_build", "phases"})
                 record["counters"] = {role: collect_counters(

@@ -65,6 +65,7 @@ class TokensGate(GateSpec):
 
 class Tokens(Gate[TokensGate]):
     kind = "tokens"
+    drives_arms = True
     spec_model = TokensGate
     needs_device = True
     workload_matrix = True

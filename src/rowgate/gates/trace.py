@@ -109,6 +109,7 @@ def traced_cell(row: Row, spec: TraceGate, prefix: str = "") -> str:
 
 class Trace(Gate[TraceGate]):
     kind = "trace"
+    drives_arms = True
     spec_model = TraceGate
     needs_device = True
     workload_matrix = True

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 CONTRACT = "paged-decode-attention/1"
@@ -181,6 +181,14 @@ class Operator:
         if problem:
             raise ContractError(f"operators.{name}: {problem}")
         return op
+
+    def to_table(self) -> dict[str, Any]:
+        """The table `from_table` reads back to this operator (JSON-able: what the kernel
+        child is sent)."""
+        table = asdict(self)
+        del table["name"]
+        table["groups_by_kv_dtype"] = {kv: list(gs) for kv, gs in self.groups_by_kv_dtype}
+        return table
 
     def problem(self) -> str | None:
         """Why this declaration is outside the contract, or None."""

@@ -13,19 +13,21 @@ from typing import Any
 
 
 def why_unavailable() -> str | None:
-    """Why no op can launch on this machine (the operator and phase gates are PENDING
-    saying so), or None."""
+    """Why no op can launch on this machine, naming everything missing (the operator
+    and phase gates are PENDING saying so), or None."""
+    missing = []
     try:
         import torch
     except ImportError:
-        return "torch is not installed (pip install 'rowgate[ops]')"
-    if not torch.cuda.is_available():
-        return "torch sees no CUDA device (a CPU-only torch build, or no driver)"
+        missing.append("torch is not installed (pip install 'rowgate[ops]')")
+    else:
+        if not torch.cuda.is_available():
+            missing.append("torch sees no CUDA device (a CPU-only torch build, or no driver)")
     try:
         cuda_core()
     except ImportError:
-        return "cuda-core is not installed (pip install 'rowgate[ops-gpu]')"
-    return None
+        missing.append("cuda-core is not installed (pip install 'rowgate[ops-gpu]')")
+    return "; ".join(missing) or None
 
 
 def cuda_core() -> Any:

@@ -1,5 +1,6 @@
-"""The operator A/B on a device, shared by the operator gate and the benchmark:
-launch an operator's baseline and candidate on one case and compare; time both
+"""The operator A/B on a device, shared by the operator and phase gates and the lab's
+benchmark: a kernel child (`rowgate.ops.sandboxed`) launches an operator's baseline and
+candidate on one case, this process compares what they wrote; the child times them
 interleaved. Any `paged-decode-attention/1` operator (src/rowgate/ops/contract.py).
 Needs torch with CUDA and cuda-core (no pydantic: it runs on bare device images).
 """
@@ -7,29 +8,28 @@ Needs torch with CUDA and cuda-core (no pydantic: it runs on bare device images)
 from __future__ import annotations
 
 import csv
-import functools
 import io
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from rowgate import compressed
-from rowgate.ops import decode_attention as op
-from rowgate.ops import timing
 from rowgate.ops.contract import ContractError, Operator
 from rowgate.ops.paged_inputs import (
-    UNWRITTEN_BF16,
+    GUARD,
     Case,
     against_reference,
     bitwise,
     cases,
+    fingerprint,
+    guard_writes,
     make_inputs,
     unwritten,
 )
 from rowgate.ops.reference import decode_attention_fp64
+from rowgate.ops.sandboxed import ChildError, Launcher
 
 __all__ = ["CASES", "TIMING", "cases", "check_expressible", "run_case", "time_variants",
            "write_records"]
@@ -38,8 +38,6 @@ CASES = "cases.json.gz"
 """Sealed gzipped (`rowgate.compressed`): one record per case, ~1 KB each as JSON."""
 CASES_CSV = "cases.csv.gz"
 TIMING = "timing.json"
-GUARD = 256
-"""Sentinel elements before and after the output: a write there is out of bounds."""
 
 
 def check_expressible(operator: Operator, case_list: list[Case]) -> None:
@@ -53,47 +51,41 @@ def check_expressible(operator: Operator, case_list: list[Case]) -> None:
             raise ContractError(f"case {case.name}: {why}")
 
 
-def _guarded(like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(buffer, out): out is the middle of a sentinel-filled buffer with GUARD
-    elements on each side."""
-    n = like.numel()
-    buf = torch.full((n + 2 * GUARD,), UNWRITTEN_BF16, dtype=torch.int16, device=like.device)
-    out = buf[GUARD:GUARD + n].view(torch.bfloat16).view(like.shape)
-    return buf, out
-
-
-def _guard_writes(buf: torch.Tensor) -> int:
-    edges = torch.cat([buf[:GUARD], buf[-GUARD:]])
-    return int((edges != UNWRITTEN_BF16).sum())
+def _blob(data: bytes, dtype: torch.dtype, dev: torch.device) -> torch.Tensor:
+    return torch.frombuffer(bytearray(data), dtype=dtype).to(dev)
 
 
 def run_case(case: Case, spec: Any, cubin: Path, dev: torch.device, order_flip: bool,
-             operator: Operator, candidate: str = "") -> dict[str, Any]:
-    """Both roles on one case (order alternating between cases), against each other
-    bit for bit and against the fp64 reference; outputs and workspace poisoned
-    before each launch, writes outside the output and counters left non-zero counted."""
+             operator: Operator, candidate: str = "", *, child: Launcher) -> dict[str, Any]:
+    """Both roles on one case (order alternating between cases), launched by `child`
+    (the sandboxed kernel process), judged here: against each other bit for bit and
+    against the fp64 reference this process computed from its own copy of the inputs;
+    writes outside the output, inputs written and counters left non-zero counted."""
     inp = make_inputs(case, dev)
     ref = decode_attention_fp64(inp.q, inp.k_cache, inp.v_cache, inp.block_table, inp.seq_lens,
                                 k_scale=inp.k_scale, v_scale=inp.v_scale)
-    group = case.hq // case.hkv
-    entries = operator.entries(case.kv, case.dim, group, candidate)
+    entries = operator.entries(case.kv, case.dim, case.hq // case.hkv, candidate)
     order = ["candidate", "baseline"] if order_flip else ["baseline", "candidate"]
-    args = (inp.q, inp.k_cache, inp.v_cache, inp.block_table, inp.seq_lens)
+    header, blobs = child.request({
+        "op": "case", "cubin": child.stage(cubin), "operator": operator.name,
+        "table": operator.to_table(), "case": case.as_dict(), "entries": entries,
+        "order": order})
+    mine = [fingerprint(inp), inp.k_scale, inp.v_scale]
+    if [header["inputs"], header["k_scale"], header["v_scale"]] != mine:
+        raise ChildError(f"case {case.name}: the kernel child drew other inputs than rowgate "
+                         f"(fingerprint {header['inputs']} against {mine[0]})")
     outs, variants = {}, {}
-    for role in order:
-        planned = op.DecodeAttention(*args, max_seq_len=max(case.lens), cubin=cubin,
-                                     k_scale=inp.k_scale, v_scale=inp.v_scale,
-                                     operator=operator, entry=entries[role])
-        planned.poison_workspace()
-        buf, out = _guarded(inp.q)
-        planned.run(*args, out=out)
-        torch.cuda.synchronize(dev)
+    for i, role in enumerate(order):
+        got = header["roles"][role]
+        buf = _blob(blobs[2 * i], torch.int16, dev)
+        counters = _blob(blobs[2 * i + 1], torch.int32, dev)
+        out = buf[GUARD:-GUARD].view(torch.bfloat16).view(got["shape"])
         rec = against_reference(out, ref, spec.tolerance.rtol, spec.tolerance.atol)
-        rec.update(entry=entries[role], launched=planned.kernel, threads=planned.launcher.block,
-                   grid_x=planned.launcher.grid[0], unwritten=unwritten(out),
-                   guard_writes=_guard_writes(buf),
-                   counters_nonzero=int((planned.counters != 0).sum()),
-                   chunk=planned.plan.chunk, splits=planned.plan.splits)
+        rec.update(entry=entries[role], launched=got["launched"], threads=got["threads"],
+                   grid_x=got["grid_x"], unwritten=unwritten(out), guard_writes=guard_writes(buf),
+                   counters_nonzero=int((counters != 0).sum()),
+                   inputs_written=bool(got["inputs_written"]), chunk=got["chunk"],
+                   splits=got["splits"])
         variants[role] = rec
         outs[role] = out
     return {"case": case.as_dict(), "order": order, "k_scale": inp.k_scale,
@@ -119,33 +111,28 @@ def timing_cases(spec: Any, operator: Operator) -> list[Case]:
             for batch, ctx in ((max(spec.batches), 16384), (1, 1024))]
 
 
-def _time_case(case: Case, spec: Any, cubin: Path, dev: torch.device, operator: Operator,
-               candidate: str) -> dict[str, Any]:
-    inp = make_inputs(case, dev)
-    out = torch.empty_like(inp.q)
-    args = (inp.q, inp.k_cache, inp.v_cache, inp.block_table, inp.seq_lens)
-    entries = operator.entries(case.kv, case.dim, case.hq // case.hkv, candidate)
-    fns: dict[str, Callable[[], object]] = {}
-    for role, entry in entries.items():
-        planned = op.DecodeAttention(*args, max_seq_len=max(case.lens), cubin=cubin,
-                                     k_scale=inp.k_scale, v_scale=inp.v_scale,
-                                     operator=operator, entry=entry)
-        fns[role] = functools.partial(planned.run, *args, out=out)
-    samples = timing.interleaved(fns, repeats=spec.timing_repeats, device=dev)
-    return {"case": case.as_dict(), "entries": entries, "samples_us": samples["samples_us"],
-            "order": samples["order"]}
+def time_case(case: Case, cubins: dict[str, Path], entries: dict[str, str], operator: Operator,
+              repeats: int, *, child: Launcher) -> dict[str, Any]:
+    """Every role of every cubin on `case`, timed by `child` (interleaved in rotated
+    order, L2 flushed): samples keyed `role:variant`, or `role` for the variant ""."""
+    header, _ = child.request({
+        "op": "time", "cubins": {v: child.stage(p) for v, p in cubins.items()},
+        "entries": entries, "operator": operator.name, "table": operator.to_table(),
+        "case": case.as_dict(), "repeats": repeats})
+    return {"case": case.as_dict(), "entries": entries, "samples_us": header["samples_us"],
+            "order": header["order"]}
 
 
-def time_variants(spec: Any, cubin: Path, dev: torch.device, operator: Operator,
-                  candidate: str = "") -> dict[str, Any]:
+def time_variants(spec: Any, cubin: Path, operator: Operator, candidate: str = "", *,
+                  child: Launcher) -> dict[str, Any]:
     """Baseline and candidate interleaved in alternating order, L2 flushed
     before every timed launch, `timing_repeats` samples each."""
     result = {"repeats": spec.timing_repeats, "order": "alternating", "l2_flush": True,
               "shapes": {}}
     for case in timing_cases(spec, operator):
-        result["shapes"][f"B{case.batch}x{case.lens[0]}"] = _time_case(
-            case, spec, cubin, dev, operator, candidate)
-        torch.cuda.empty_cache()
+        entries = operator.entries(case.kv, case.dim, case.hq // case.hkv, candidate)
+        result["shapes"][f"B{case.batch}x{case.lens[0]}"] = time_case(
+            case, {"": cubin}, entries, operator, spec.timing_repeats, child=child)
     return result
 
 
@@ -157,7 +144,8 @@ def write_records(out: Path, records: list[dict[str, Any]], timing_record: dict[
     rows = [{"case": r["case"]["name"], "variant": v, "seed": r["case"]["seed"],
              "lens": " ".join(map(str, r["case"]["lens"])),
              **{k: r["variants"][v].get(k) for k in (
-                 "entry", "launched", "unwritten", "guard_writes", "counters_nonzero", "nan", "failures",
+                 "entry", "launched", "unwritten", "guard_writes", "counters_nonzero", "inputs_written",
+                 "nan", "failures",
                  "max_abs_err", "max_rel_err", "first_index")},
              "bitwise_mismatches": r["bitwise"]["mismatches"],
              "bitwise_first_index": r["bitwise"]["first_index"]}

@@ -166,6 +166,15 @@ def make_inputs(case: Case, device: torch.device | str = "cpu") -> Inputs:
                   float(scales[0]), float(scales[1]), used, spare)
 
 
+def fingerprint(inp: Inputs) -> list[int]:
+    """Per input tensor, the sum of its bytes read as int32 (int64 accumulation, on the
+    tensor's device): cheap on gigabytes, and any difference in how they were drawn
+    changes it. An agreement check between two copies of rowgate's own inputs, not a
+    defence (nothing hostile computes it)."""
+    tensors = (inp.q, inp.k_cache, inp.v_cache, inp.block_table, inp.seq_lens)
+    return [int(t.contiguous().view(torch.int32).sum(dtype=torch.int64)) for t in tensors]
+
+
 def hash_seed(case: Case) -> int:
     """A stable 63-bit seed from the case (Python's hash() is salted per process)."""
     text = case.name.encode()
@@ -179,6 +188,25 @@ def poisoned_output(like: torch.Tensor) -> torch.Tensor:
     """An output buffer whose every element is the unwritten sentinel."""
     return torch.full(like.shape, UNWRITTEN_BF16, dtype=torch.int16,
                       device=like.device).view(torch.bfloat16)
+
+
+GUARD = 256
+"""Sentinel elements before and after an output: a write there is out of bounds."""
+
+
+def guarded(like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(buffer, out): out is the middle of a sentinel-filled int16 buffer with GUARD
+    elements on each side."""
+    n = like.numel()
+    buf = torch.full((n + 2 * GUARD,), UNWRITTEN_BF16, dtype=torch.int16, device=like.device)
+    out = buf[GUARD:GUARD + n].view(torch.bfloat16).view(like.shape)
+    return buf, out
+
+
+def guard_writes(buf: torch.Tensor) -> int:
+    """Guard elements of a `guarded` buffer no longer holding the sentinel."""
+    edges = torch.cat([buf[:GUARD], buf[-GUARD:]])
+    return int((edges != UNWRITTEN_BF16).sum())
 
 
 def unwritten(out: torch.Tensor) -> int:

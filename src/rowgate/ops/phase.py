@@ -7,12 +7,14 @@ runs rowgate's own variants the same way."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rowgate.ops.contract import Operator
 from rowgate.ops.paged_inputs import Case, context_tokens, seq_lengths
+
+if TYPE_CHECKING:
+    from rowgate.ops.sandboxed import Launcher
 
 FULL = "full"
 _SHAPE = re.compile(r"^B(?P<batch>\d+)-(?P<layout>uniform|ragged)-(?P<context>[0-9.]+K?|page[+-]1|page)"
@@ -49,32 +51,18 @@ def variants(common: list[str], phases: dict[str, Any], wanted: list[str]) -> di
 
 
 def time_variants(case: Case, cubins: dict[str, str], entries: dict[str, str], operator: Operator,
-                  device: Any, repeats: int) -> dict[str, Any]:
-    """Every variant of every role on `case`, interleaved in rotated order, L2 flushed:
-    raw samples and medians per `role:variant`."""
-    import functools
+                  repeats: int, *, child: Launcher) -> dict[str, Any]:
+    """Every variant of every role on `case`, launched by `child` (the sandboxed kernel
+    process), interleaved in rotated order, L2 flushed: raw samples and medians per
+    `role:variant`."""
     import statistics
 
-    import torch
+    from rowgate.ops.operator_ab import time_case
 
-    from rowgate.ops import decode_attention as op
-    from rowgate.ops import timing
-    from rowgate.ops.paged_inputs import make_inputs
-
-    inp = make_inputs(case, device)
-    out = torch.empty_like(inp.q)
-    args = (inp.q, inp.k_cache, inp.v_cache, inp.block_table, inp.seq_lens)
-    fns: dict[str, Callable[[], object]] = {}
-    for variant, path in cubins.items():
-        for role, entry in entries.items():
-            planned = op.DecodeAttention(*args, max_seq_len=max(case.lens), cubin=Path(path),
-                                         k_scale=inp.k_scale, v_scale=inp.v_scale,
-                                         operator=operator, entry=entry)
-            fns[f"{role}:{variant}"] = functools.partial(planned.run, *args, out=out)
-    samples = timing.interleaved(fns, repeats=repeats, device=device, flush=True)
-    return {"case": case.as_dict(), "entries": entries, "samples_us": samples["samples_us"],
-            "order": samples["order"],
-            "medians_us": {k: statistics.median(v) for k, v in samples["samples_us"].items()}}
+    record = time_case(case, {v: Path(p) for v, p in cubins.items()}, entries, operator,
+                       repeats, child=child)
+    samples = record["samples_us"]
+    return {**record, "medians_us": {k: statistics.median(v) for k, v in samples.items()}}
 
 
 def attribute(medians: dict[str, float], effects: dict[str, str],

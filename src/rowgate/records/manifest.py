@@ -32,6 +32,9 @@ class GateSummary(Model):
     reason: str
     file: str = Field(pattern=GATE_FILE)
     """Always `gates/GATE-ID.json`."""
+    required: bool = True
+    """False for an informational gate (`required = false` in the row): shown as such
+    everywhere, and its status does not count in the bundle's."""
 
     @model_validator(mode="after")
     def _file_is_the_gates(self) -> GateSummary:
@@ -73,3 +76,13 @@ class Manifest(Model):
         if twice:
             raise ValueError(f"gates: gate {twice[0]} is listed more than once")
         return self
+
+    def informational(self) -> list[str]:
+        """The gates whose status does not count: as sealed (`required`); a manifest
+        sealed before it said so names none, so there a FAIL or ERROR the bundle's status
+        did not count is informational (only required gates make a bundle FAIL)."""
+        counted_fail = self.status in (Status.FAIL, Status.ERROR)
+        return [g.gate_id for g in self.gates
+                if ("required" in g.model_fields_set and not g.required)
+                or ("required" not in g.model_fields_set and not counted_fail
+                    and g.status in (Status.FAIL, Status.ERROR))]

@@ -21,7 +21,7 @@ from rowgate.records.status import Status
 from rowgate.report.model import PendingItem, Report, ReviewSummary, Table, Verification
 from rowgate.report.sections import section_for
 from rowgate.report.tables import fmt, gates_table, metric_columns, table
-from rowgate.rows.row import Row, load_row, recorded_places
+from rowgate.rows.row import Row, load_row, recorded_places, rows_dirs
 from rowgate.seal import signing
 from rowgate.seal.bundle import Bundle
 
@@ -34,22 +34,29 @@ def verify(bundle: Bundle, key: Path | None = None, identity: str | None = None,
     unusable (an unreadable --key, --identity without --issuer).
     """
     explicit = key is not None or identity is not None or issuer is not None
-    implicit = ""
+    against = ""
     try:
         verifier = signing.verifier_for(key, identity, issuer,
                                         bundle.path / signing.SIGNATURE_FILE)
-        if not explicit and isinstance(verifier, signing.KeyVerifier):
-            # the page says whose key it trusted when nobody named one
-            implicit = (f" (checked against the implicit key {verifier.public_key}, no --key "
-                        f"given: pass the signer's key to check against it)")
+        if isinstance(verifier, signing.KeyVerifier):
+            against = f"the key {verifier.public_key}"
+        else:
+            against = f"the identity {identity} issued by {issuer}"
+        if not explicit:
+            # `rowgate verify` refuses this: nobody named whom to trust. The page says
+            # what matched, and never that the signature is verified.
+            against = (f"the implicit local key {getattr(verifier, 'public_key', '?')} (no "
+                       f"--key given: pass the signer's key or identity to verify)")
         who = bundle.verify(verifier)
     except VerificationError as exc:
-        return Verification(False, exc.diagnostics() + implicit)
+        return Verification(False, f"{exc.diagnostics()} (checked against {against})"
+                            if against else exc.diagnostics())
     except UsageError as exc:
         if explicit:
             raise
         return Verification(False, f"not checked: {exc.diagnostics()}")
-    return Verification(True, f"signed by {who}{implicit}")
+    return Verification(explicit, f"signed by {who}, checked against {against}",
+                        implicit=not explicit)
 
 
 def review_path(reviews_dir: Path, bundle: Bundle) -> Path:
@@ -133,10 +140,14 @@ def find_row(bundle: Bundle, checkout: Path | None = None) -> tuple[Row | None, 
     the same bytes."""
     ref = bundle.manifest.row
     path = recorded_places(ref.file, checkout or Path.cwd())[0]
+    if not path.is_file():  # not where it was gated from: where rows are looked up by id
+        path = next((d / f"{ref.id}.toml" for d in rows_dirs(None)
+                     if (d / f"{ref.id}.toml").is_file()), path)
     try:
         data = path.read_bytes()
     except OSError:
-        return None, f"row file {ref.file} is not in this checkout"
+        return None, f"row file {ref.file} is not in this checkout, nor row {ref.id} where " \
+                     f"rows are looked up"
     if hashlib.sha256(data).hexdigest() != ref.sha256:
         return None, f"row file {ref.file} here differs from the one gated (sha256 mismatch)"
     try:
@@ -160,8 +171,9 @@ def _facts(bundle: Bundle, verification: Verification) -> tuple[tuple[str, str],
         ("subject", f"{s.repo} @ {s.branch} {s.commit}"),
         ("tree / base", f"{s.tree} / {s.base} ({s.base_branch}){' DIRTY' if s.dirty else ''}"),
         ("signer", str(m.signer)),
-        ("signature", ("verified, " if verification.verified else "NOT VERIFIED: ")
-         + verification.detail),
+        ("signature", ("verified: " if verification.verified else
+                       "matches an implicit key only: " if verification.implicit else
+                       "NOT VERIFIED: ") + verification.detail),
         ("sealed", f"{m.created} by rowgate {m.rowgate_version}"),
         ("host", f"{host.hostname}: {host.os}, {host.cpu}, {host.cores} cores, "
                  f"Python {host.python}"),
@@ -208,14 +220,18 @@ def build(bundle: Bundle, verification: Verification, review: ReviewSummary | No
     """The page for one bundle. Reads the bundle's files; computes no verdict."""
     m = bundle.manifest
     results = _results(bundle)
+    info = set(m.informational())
+    required = {g.gate_id: g.gate_id not in info for g in m.gates}
     return Report(
         bundle_id=bundle.id, bundle_path=str(bundle.path), row_id=m.row.id,
         row_title=row.title if row else "", row_file=m.row.file, row_sha256=m.row.sha256,
         row_note=row_note, created=m.created, rowgate_version=m.rowgate_version,
         status=m.status, signer=str(m.signer), verification=verification, review=review,
         facts=_facts(bundle, verification),
-        gates=gates_table(results, {g.id: g.required for g in row.gates} if row else None),
-        sections=tuple(section_for(r, bundle.path, _spec(row, r.gate_id)) for r in results),
+        gates=gates_table(results, required),
+        sections=tuple(section_for(r, bundle.path, _spec(row, r.gate_id),
+                                   required.get(r.gate_id, True))
+                       for r in results),
         pending=_pending(results, row, review))
 
 

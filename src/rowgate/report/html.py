@@ -13,7 +13,7 @@ from html import escape
 
 from rowgate.report import plots
 from rowgate.report.model import Figure, PendingItem, Report, ReviewSummary, Section, Table
-from rowgate.report.tables import is_wide
+from rowgate.report.tables import INFORMATIONAL, is_wide, status_cell
 
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
 
@@ -32,11 +32,13 @@ table.facts th { width: 9em; } table.facts td { word-break: break-all; }
 .PASS, .APPROVE, .PARITY, .BETTER { background: #d9f2d9; color: #14521b; }
 .FAIL, .ERROR, .REJECT, .UNREADABLE, .WORSE, .unverified { background: #f9d6d5; color: #7a1512; }
 .PENDING, .INCONCLUSIVE { background: #fff2cc; color: #6b4e00; }
+.INFORMATIONAL { background: #eceff3; color: #3d4653; font-weight: 400; }
 div.scroll { overflow: auto; max-width: 100%; max-height: 32em; }
 details.table > summary { cursor: pointer; font-weight: 600; margin: 1.2em 0 .4em; }
 .missing { color: #b00020; font-weight: 600; }
 thead th { position: sticky; top: 0; }
 .verified { background: #d9f2d9; color: #14521b; }
+.implicit { background: #fff2cc; color: #6b4e00; }
 td.status { font-weight: 600; }
 section.gate { border-top: 2px solid #ddd; }
 figure { margin: .6em 0 1.2em; } figure img { max-width: 100%; border: 1px solid #eee; }
@@ -47,6 +49,8 @@ footer { margin-top: 3em; color: #777; font-size: 12px; }
 
 
 def _status_class(value: str) -> str:
+    if value.endswith(INFORMATIONAL):  # does not count: never an alarm colour
+        return "INFORMATIONAL"
     return value.upper() if value.upper().isalpha() else "UNKNOWN"
 
 
@@ -76,11 +80,19 @@ def _figure(f: Figure) -> str:
             f"<figcaption>{escape(f.title)}</figcaption></figure>")
 
 
+def _verdict(s: Section) -> str:
+    """A gate's status badge; an informational gate's in grey, saying so."""
+    if s.required:
+        return f'<span class="verdict {s.status.value}">{s.status.value}</span>'
+    text = status_cell(s.status.value, False)
+    return f'<span class="verdict INFORMATIONAL">{escape(text)}</span>'
+
+
 def _section(s: Section) -> str:
     where = f" on {s.arch}" + (" (stand-in)" if s.stand_in else "") if s.arch else ""
     parts = [f'<section class="gate" id="gate-{escape(s.gate_id)}">',
              f"<h2>{escape(s.gate_id)} <span class=\"sub\">({escape(s.kind)}{escape(where)})"
-             f'</span> <span class="verdict {s.status.value}">{s.status.value}</span></h2>',
+             f'</span> {_verdict(s)}</h2>',
              f"<p>{escape(s.reason)}</p>"]
     parts += [f'<p class="missing">missing: {escape(m)}</p>' for m in s.missing]
     parts += [f'<p class="note">{escape(n)}</p>' for n in s.notes]
@@ -116,8 +128,10 @@ def _review(rv: ReviewSummary) -> str:
 def render(report: Report) -> str:
     r = report
     facts = "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in r.facts)
-    sig_class = "verified" if r.verification.verified else "unverified"
-    sig_text = "signature verified" if r.verification.verified else "signature NOT verified"
+    sig_class, sig_text = (("verified", "signature verified") if r.verification.verified else
+                           ("implicit", "signature matches an implicit key only")
+                           if r.verification.implicit else
+                           ("unverified", "signature NOT verified"))
     review = _review(r.review) if r.review is not None else ""
     title = f"{r.row_id}: {r.row_title}" if r.row_title else r.row_id
     return f"""<!DOCTYPE html>

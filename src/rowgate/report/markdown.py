@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from rowgate.report.model import Report, Section, Table
-from rowgate.report.tables import is_wide
+from rowgate.report.tables import INFORMATIONAL, is_wide, status_cell
 
 STEP_SUMMARY_ENV = "GITHUB_STEP_SUMMARY"
 STEP_SUMMARY_LIMIT = 1 << 20
@@ -24,6 +24,8 @@ def _cell(text: str) -> str:
 
 
 def _status(text: str) -> str:
+    if text.endswith(INFORMATIONAL):  # does not count: no alarm icon
+        return f"ℹ️ {text}"
     return f"{ICON[text]} {text}" if text in ICON else text
 
 
@@ -49,7 +51,8 @@ def _html(text: str) -> str:
 
 def _section(s: Section) -> str:
     where = f" on {s.arch}" + (" (stand-in)" if s.stand_in else "") if s.arch else ""
-    out = [f"### {s.gate_id} ({s.kind}{where}): {_status(s.status.value)}", "", s.reason, ""]
+    out = [f"### {s.gate_id} ({s.kind}{where}): {_status(status_cell(s.status.value, s.required))}",
+           "", s.reason, ""]
     out += [f"> [!CAUTION]\n> missing: {_cell(m)}\n" for m in s.missing]
     out += [f"_{n}_\n" for n in s.notes]
     if s.figures:
@@ -61,7 +64,9 @@ def _section(s: Section) -> str:
 
 def render(report: Report) -> str:
     r = report
-    sig = ("verified" if r.verification.verified else "**NOT verified**")
+    sig = ("verified" if r.verification.verified else
+           "**matches an implicit key only** (not verified)" if r.verification.implicit else
+           "**NOT verified**")
     out = [f"## rowgate report: {r.row_id}" + (f" — {r.row_title}" if r.row_title else ""), "",
            f"**Verdict: {_status(r.verdict)}** ({r.verdict_source}); signature {sig}", "",
            f"Bundle `{r.bundle_id}` (`{r.bundle_path}`)", ""]

@@ -39,6 +39,9 @@ class IntervalFigure:
     """A horizontal line (parity for ratios)."""
     band: tuple[float, float] | None = None
     """A shaded band (e.g. the row's minimum effect around parity)."""
+    better: str = "higher"
+    """Which way is better for the candidate ("higher" / "lower"): written on the plot
+    (a speed ratio and a latency ratio point opposite ways)."""
 
 
 BACKGROUND = "(whole step)"
@@ -130,6 +133,8 @@ class Section:
     missing: tuple[str, ...] = ()
     """What the section could not show because an artifact it needs is not sealed
     (or does not parse): renderers put these first, in red."""
+    required: bool = True
+    """False: an informational gate, shown as such (its status does not count)."""
 
 
 @dataclass(frozen=True)
@@ -137,8 +142,12 @@ class Verification:
     """Did the bundle verify (signature, every digest, schemas) for this report?"""
 
     verified: bool
+    """Verified against a key or identity the reader named."""
     detail: str
-    """Signer identity when verified, else the first problem found."""
+    """Who signed and what it was checked against, else the first problem found."""
+    implicit: bool = False
+    """The signature matched the implicit local key, which nobody named: not verified
+    (`rowgate verify` refuses implicit keys), and the page says so."""
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,16 @@ def _new(height_in: float) -> MplFigure:
     return fig
 
 
+TITLE_CHARS = int(WIDTH_IN * 12)
+"""Characters of a 10 pt title that fit the figure's width: longer ones wrap, never cut."""
+
+
+def _wrap(title: str) -> str:
+    import textwrap
+
+    return "\n".join(textwrap.wrap(title, TITLE_CHARS)) or title
+
+
 def _png(fig: MplFigure) -> bytes:
     buf = io.BytesIO()
     # No timestamps/software tag: the same report model gives the same bytes.
@@ -72,7 +82,14 @@ def _interval(figure: IntervalFigure) -> bytes:
                 ecolor="#1f4e79", capsize=4, label="median ratio, CI")
     ax.set_xticks(list(x), figure.labels, rotation=30 if len(figure.labels) > 6 else 0)
     ax.set_ylabel(figure.ylabel)
-    ax.set_title(figure.title, fontsize=10)
+    # which way is better, on the plot itself: ratios of speeds and of latencies point
+    # opposite ways
+    up, down = (("candidate better ↑", "candidate worse ↓") if figure.better == "higher"
+                else ("candidate worse ↑", "candidate better ↓"))
+    for y, text, va in ((0.98, up, "top"), (0.02, down, "bottom")):
+        ax.text(0.005, y, text, transform=ax.transAxes, fontsize=8, va=va, ha="left",
+                color="#14521b" if "better" in text else "#7a1512")
+    ax.set_title(_wrap(figure.title), fontsize=10)
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     return _png(fig)
@@ -87,7 +104,7 @@ def _bar(figure: BarFigure) -> bytes:
     ax.set_yticks(list(y), figure.labels)
     ax.invert_yaxis()
     ax.set_xlabel(figure.unit)
-    ax.set_title(figure.title, fontsize=10)
+    ax.set_title(_wrap(figure.title), fontsize=10)
     for i, v in enumerate(figure.values):
         ax.annotate(f"{v:.3g}", (v, i), xytext=(3, 0), textcoords="offset points",
                     va="center", fontsize=8)
@@ -117,7 +134,7 @@ def _timeline(figure: TimelineFigure) -> bytes:
                            for i, n in enumerate(names)], fontsize=7, loc="upper left",
                   bbox_to_anchor=(1.0, 1.0))  # beside the lanes, never over them
     ax.set_xlabel(f"time ({figure.unit})")
-    ax.set_title(figure.title, fontsize=10)
+    ax.set_title(_wrap(figure.title), fontsize=10)
     ax.grid(axis="x", alpha=0.3)
     return _png(fig)
 
@@ -134,7 +151,7 @@ def _series(figure: SeriesFigure) -> bytes:
     ax.set_xticks(x, figure.xlabels, rotation=30 if len(x) > 4 else 0, ha="right"
                   if len(x) > 4 else "center", fontsize=8)
     ax.set_ylabel(figure.ylabel)
-    ax.set_title(figure.title, fontsize=10)
+    ax.set_title(_wrap(figure.title), fontsize=10)
     ax.grid(alpha=0.3)
     if len(figure.series) > 1:
         ax.legend(fontsize=8, loc="best")
@@ -184,7 +201,7 @@ def _distribution(figure: DistributionFigure) -> bytes:
         if k % cols == 0:
             ax.set_ylabel("fraction ≤ x", fontsize=8)
         ax.legend(fontsize=7, loc="lower right")
-    fig.suptitle(f"{figure.title} (dashed: medians)", fontsize=10)
+    fig.suptitle(_wrap(f"{figure.title} (dashed: medians)"), fontsize=10)
     return _png(fig)
 
 

@@ -91,9 +91,11 @@ class Extra:
     were drawn from: those PNGs are then only listed, not shown twice."""
 
 
-def section_for(result: GateResult, bundle_root: Path, spec: object | None = None) -> Section:
+def section_for(result: GateResult, bundle_root: Path, spec: object | None = None,
+                required: bool = True) -> Section:
     """`spec` is the row's gate spec when the row file is at hand (it may add the
-    row's thresholds to a plot); the section is complete without it."""
+    row's thresholds to a plot); the section is complete without it. `required`: False
+    for an informational gate (the manifest says)."""
     ordered = dict(sorted(result.cells.items(), key=lambda kv: natural_key(kv[0])))
     result = result.model_copy(update={"cells": ordered})
     special = VIEWS.get(_view_of(result.kind))
@@ -109,7 +111,8 @@ def section_for(result: GateResult, bundle_root: Path, spec: object | None = Non
     return Section(gate_id=result.gate_id, kind=result.kind, status=result.status,
                    reason=result.reason, arch=result.arch, stand_in=result.stand_in,
                    tables=tuple(tables), figures=tuple(extra.figures), notes=tuple(extra.notes),
-                   artifacts=tuple(result.artifacts), missing=tuple(extra.missing))
+                   artifacts=tuple(result.artifacts), missing=tuple(extra.missing),
+                   required=required)
 
 
 def _inside(bundle_root: Path, rel: str) -> Path | None:
@@ -178,7 +181,8 @@ def throughput(result: GateResult, bundle_root: Path, spec: object | None) -> Ex
             labels=tuple(c for c, _ in rows),
             values=tuple(_number(m[p + "ratio_median"]) or 0.0 for _, m in rows),
             lows=tuple(_number(m[p + "ratio_ci_low"]) or 0.0 for _, m in rows),
-            highs=tuple(_number(m[p + "ratio_ci_high"]) or 0.0 for _, m in rows), band=band))
+            highs=tuple(_number(m[p + "ratio_ci_high"]) or 0.0 for _, m in rows), band=band,
+            better="lower" if lower else "higher"))
         wanted = _ab_columns(p, [q for q in prefixes if q != p and q.startswith(p)],
                              metric_columns(m for _, m in rows))
         verdict = next((i + 1 for i, k in enumerate(wanted) if k.endswith("verdict")), None)

@@ -74,17 +74,24 @@ def cells_table(title: str, cells: dict[str, dict[str, MetricValue]],
                  status)
 
 
-def gates_table(results: Sequence[GateResult], required: dict[str, bool] | None = None) -> Table:
-    """One row per gate; `required` (from the row, when this checkout has it) says which
-    gates count in the overall status (`no (informational)` for the others)."""
+INFORMATIONAL = " (informational)"
+"""Suffix of an informational gate's status cell: renderers style it as no alarm."""
+
+
+def status_cell(status: str, required: bool) -> str:
+    return status if required else status + INFORMATIONAL
+
+
+def gates_table(results: Sequence[GateResult], required: dict[str, bool]) -> Table:
+    """One row per gate; `required` (sealed in the manifest) says which gates count in
+    the overall status: the others' status reads `FAIL (informational)`."""
     def where(r: GateResult) -> str:
         return f"{r.arch} (stand-in)" if r.stand_in else r.arch
 
-    def counts(r: GateResult) -> str:
-        if required is None or r.gate_id not in required:
-            return "—"
-        return "yes" if required[r.gate_id] else "no (informational)"
+    def counts(r: GateResult) -> bool:
+        return required.get(r.gate_id, True)
 
     return table("gates", ("gate", "kind", "arch", "status", "required", "reason"),
-                 ((r.gate_id, r.kind, where(r), r.status.value, counts(r), r.reason)
+                 ((r.gate_id, r.kind, where(r), status_cell(r.status.value, counts(r)),
+                   "yes" if counts(r) else "no", r.reason)
                   for r in results), status_column=3)

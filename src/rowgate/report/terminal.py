@@ -95,9 +95,10 @@ def gate_table(results: list[GateResult], title: str,
         metrics = key_metrics(r.metrics)
         if metrics:
             detail.append("\n" + metrics, style="dim")
-        status = status_text(r.status)
+        # an informational gate's status does not count: never an alarm colour
+        status = Text(r.status.value, style="dim") if r.gate_id in info else status_text(r.status)
         if r.gate_id in info:
-            status.append("\ninformational", style="dim")
+            status.append("\ninformational", style="dim italic")
         if r.sandbox is not None and not r.sandbox.confined:
             status.append("\nUNCONFINED", style="bold red")
             detail.append(f"\nsandbox off: {r.sandbox.reason}", style="red")
@@ -121,7 +122,12 @@ def inspect_view(bundle: Bundle) -> Group:
         _line("signer", str(m.signer)),
         _line("sealed", f"{m.created}   status ", status_text(m.status),
               *unconfined_note(bundle.results())),
-        gate_table(bundle.results(), "gates"))
+        gate_table(bundle.results(), "gates", informational_ids(bundle)))
+
+
+def informational_ids(bundle: Bundle) -> list[str]:
+    """The gates the bundle's row does not require (sealed in its manifest)."""
+    return bundle.manifest.informational()
 
 
 def unconfined_note(results: Iterable[GateResult]) -> list[Text]:
@@ -141,6 +147,7 @@ def inspect_doc(bundle: Bundle) -> dict[str, Any]:
             "subject": m.subject.model_dump(), "signer": m.signer.model_dump(),
             "status": m.status.value, "created": m.created,
             "unconfined": [r.gate_id for r in results if r.sandbox and not r.sandbox.confined],
+            "informational": informational_ids(bundle),
             "gates": [json.loads(r.model_dump_json()) for r in results]}
 
 

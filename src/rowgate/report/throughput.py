@@ -48,9 +48,15 @@ def _figure(result: GateResult, prefix: str, band: tuple[float, float] | None
     if not rows:
         return None
     metric = next((str(m.get("metric")) for _, m in rows), "")
-    what = (f"candidate / baseline speed ({metric}), repeated CI" if not prefix else
-            f"candidate / baseline {prefix.rstrip('_')} (informational), CI at the same level")
+    name = prefix.rstrip("_")
+    # the decision's ratio is of speeds (1 / latency for a latency metric): higher is
+    # better; an informational ratio of a latency is lower-is-better
+    better = "higher" if not prefix or name == "output_throughput" else "lower"
+    what = (f"candidate / baseline speed ({metric}; higher is better), repeated CI"
+            if not prefix else f"candidate / baseline {name} (informational; {better} is "
+                               f"better), CI at the same level")
     return IntervalFigure(title=f"{result.gate_id}: {what}", ylabel="candidate / baseline",
+                          better=better,
                           labels=tuple(c for c, _ in rows),
                           values=tuple(_f(m, prefix + "ratio") for _, m in rows),
                           lows=tuple(_f(m, prefix + "ratio_ci_low") for _, m in rows),

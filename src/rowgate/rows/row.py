@@ -100,7 +100,7 @@ def _matrix_kind(kind: str) -> bool:
 
 
 class Row(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     id: Annotated[str, Field(pattern=ROW_ID)]
     title: str
@@ -108,8 +108,11 @@ class Row(BaseModel):
     summary: str = ""
     target: Target
     models: list[ModelRef] = []
-    arms: Arms
-    workload: Workload
+    arms_declared: Arms | None = Field(default=None, alias="arms")
+    """`[arms]`: required when a gate drives engines (tokens, throughput, trace,
+    accuracy and the like: `Gate.drives_arms`); a kernel-only row leaves it out."""
+    workload_declared: Workload | None = Field(default=None, alias="workload")
+    """`[workload]`: required with `[arms]`, optional otherwise."""
     gates: list[GateTable]
     criteria: list[Criterion] = []
     stop_conditions: list[StopCondition] = []
@@ -129,6 +132,7 @@ class Row(BaseModel):
         kinds = {g.id: g.kind for g in self.gates}
         matrix = set(self.cells())
         model_ids = [m.id for m in self.models]
+        problems += self._engine_sections()
         problems += self._arm_references()
         tables: tuple[tuple[str, Sequence[Criterion | StopCondition | Pending]], ...] = (
             ("criteria", self.criteria), ("stop_conditions", self.stop_conditions),
@@ -153,10 +157,43 @@ class Row(BaseModel):
             raise ValueError("; ".join(problems))
         return self
 
+    def _engine_sections(self) -> list[str]:
+        """A gate that drives the row's engines needs `[arms]` and `[workload]`; a row
+        whose gates only build, audit and launch kernels needs neither."""
+        missing = [name for name, value in (("[arms]", self.arms_declared),
+                                            ("[workload]", self.workload_declared))
+                   if value is None]
+        if not missing:
+            return []
+        out = []
+        for i, g in enumerate(self.gates):
+            gate = plugins.load(plugins.GATES, g.kind)
+            if gate is not None and (gate.drives_arms or gate.workload_matrix):
+                out.append(f"gates[{i}] ({g.id}): a {g.kind} gate drives the row's engines "
+                           f"on its workload, and the row declares no {' and no '.join(missing)}")
+        return out
+
+    @property
+    def arms(self) -> Arms:
+        """The row's arms (a row whose gates drive engines has them: checked on load)."""
+        if self.arms_declared is None:
+            raise RowError(self.id, ["arms: the row declares no [arms], and something read "
+                                     "them (a gate that drives engines needs [arms.oracle] "
+                                     "and [arms.candidate])"])
+        return self.arms_declared
+
+    @property
+    def workload(self) -> Workload:
+        """The row's workload (a row whose gates drive engines has one: checked on load)."""
+        if self.workload_declared is None:
+            raise RowError(self.id, ["workload: the row declares no [workload], and something "
+                                     "read it (a gate that drives engines needs one)"])
+        return self.workload_declared
+
     def _arm_references(self) -> list[str]:
         """Gates name arms (a trace gate's `arms`, a throughput gate's `baseline`): each
         must be an arm of the row (`Arms.named`)."""
-        names = self.arms.named()
+        names = self.arms_declared.named() if self.arms_declared else {}
         out = []
         for i, g in enumerate(self.gates):
             gate = plugins.load(plugins.GATES, g.kind)
@@ -172,8 +209,10 @@ class Row(BaseModel):
 
     def cells(self) -> list[str]:
         """The workload matrix's cell names: models x input lengths x concurrency (a
-        model's cells start `<model id>/` when the row has several)."""
-        return self.workload.cells([m.id for m in self.models])
+        model's cells start `<model id>/` when the row has several; none without one)."""
+        if self.workload_declared is None:
+            return []
+        return self.workload_declared.cells([m.id for m in self.models])
 
     def gate(self, gate_id: str) -> GateSpec:
         for g in self.gates:
@@ -268,10 +307,10 @@ def _with_row_dir(row: Row, row_dir: Path) -> Row:
     datasets and oracle records relative to itself, and the gates that read them do not
     know where the row file was."""
     update: dict[str, Any] = {}
-    ds = row.workload.dataset
+    ds = row.workload_declared.dataset if row.workload_declared else None
     if isinstance(ds, DatasetRef) and not Path(ds.path).is_absolute():
         dataset = ds.model_copy(update={"path": str(row_dir / ds.path)})
-        update["workload"] = row.workload.model_copy(update={"dataset": dataset})
+        update["workload_declared"] = row.workload.model_copy(update={"dataset": dataset})
     gates = [g.model_copy(update={k: _relative_to(row_dir, getattr(g, k))
                                   for k in ROW_RELATIVE if isinstance(getattr(g, k, None), str)})
              for g in row.gates]

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rowgate import storage
-from rowgate.cuda import cache, kernels
+from rowgate.cuda import cache, kernels, toolchains
+from rowgate.errors import Error, UsageError
 from rowgate.gates.audit import derive_audit, measure_audit
 from rowgate.gates.build import derive_builds, measure_aot
 from rowgate.gates.interface import Derived, Progress
@@ -30,11 +31,23 @@ class LocalBuild:
         return overall_status((self.build.status, self.audit.status))
 
 
+def _toolchains(arches: list[str], options: dict[str, str]) -> None:
+    """Every arch's toolchain, or UsageError (exit 2): a toolchain not installed is this
+    machine's configuration to fix (the message says how), not a result to report."""
+    for arch in arches:
+        try:
+            toolchains.for_arch(arch, options.get("nvcc"))
+        except Error as exc:
+            raise UsageError(f"rowgate build --arch {arch}: no toolchain: "
+                             f"{exc.diagnostics()}") from exc
+
+
 def local_build(repo: Path, arches: list[str], names: list[str], options: dict[str, str],
                 progress: Progress, aot: bool = False) -> LocalBuild:
     """Build and audit outside a bundle into the cache's reports/SUBJECT/ARCHES/
     (replaced each run; the build cache makes an unchanged re-run instant), never into
     the subject. Raises GateError."""
+    _toolchains(arches, options)
     out = cache.reports(repo, arches)
     try:
         with storage.writing("the build was not written", out):

@@ -45,6 +45,8 @@ class GatePlan:
     reasons: list[str] = field(default_factory=list)
     needs: list[str] = field(default_factory=list)
     """What it would use, one line each (arms, commands, models, datasets, kernels)."""
+    errors: list[str] = field(default_factory=list)
+    """The reasons that make it ERROR (each also in `reasons`)."""
 
     def flag(self, status: str, reason: str) -> None:
         """Record a problem; ERROR outranks PENDING outranks runs."""
@@ -52,6 +54,8 @@ class GatePlan:
         if order[status] > order[self.status]:
             self.status = status
         self.reasons.append(reason)
+        if status == ERROR:
+            self.errors.append(reason)
 
 
 @dataclass
@@ -79,12 +83,15 @@ def stand_in_gpus(specs: list[str]) -> Inventory:
     return Inventory(tuple(gpus), "" if gpus else "no GPU stood in")
 
 
-def plan_row(loaded: LoadedRow, repo: Path, devices: Inventory) -> RowPlan:
+def plan_row(loaded: LoadedRow, repo: Path, devices: Inventory,
+             options: dict[str, str] | None = None) -> RowPlan:
+    """`options`: the `--option` settings the gates would get (a toolchain's nvcc):
+    the plan honours each as the gate would."""
     row = loaded.row
     shown = [f"gpu{g.index} {g.name} {g.arch}" for g in devices.gpus] or \
         [f"no GPU ({devices.why_none})"]
-    return RowPlan(row.id, shown, [_gate(row, spec, repo, devices) for spec in row.gates],
-                   list(row.target.launcher))
+    return RowPlan(row.id, shown, [_gate(row, spec, repo, devices, dict(options or {}))
+                                   for spec in row.gates], list(row.target.launcher))
 
 
 _SUBJECT = Subject(repo="", branch="(plan)", commit="", tree="", base="", base_branch="",
@@ -92,7 +99,8 @@ _SUBJECT = Subject(repo="", branch="(plan)", commit="", tree="", base="", base_b
 _PROVENANCE = Provenance(host=Host(hostname="(plan)", os="", cpu="", cores=0, python=""))
 
 
-def _gate(row: Row, spec: Any, repo: Path, devices: Inventory) -> GatePlan:
+def _gate(row: Row, spec: Any, repo: Path, devices: Inventory,
+          options: dict[str, str]) -> GatePlan:
     """`spec`: one of the row's gate specs (each kind's model adds `kind` and its keys)."""
     choice = gate_device(row, spec, devices)
     gpu, stand_in, _ = choice
@@ -112,7 +120,8 @@ def _gate(row: Row, spec: Any, repo: Path, devices: Inventory) -> GatePlan:
     # artifact is written (the directory is never created) and nothing is collected.
     ctx = GateContext(repo=repo, artifact_dir=repo / ".rowgate-plan-unused",
                       subject=_SUBJECT.model_copy(update={"repo": str(repo)}),
-                      provenance=_PROVENANCE, gpu=choice, devices=devices)
+                      provenance=_PROVENANCE, gpu=choice, devices=devices,
+                      options={k: v for k, v in options.items() if k in gate.options})
     try:
         pending = gate().requirements(row, spec, ctx)
     except Error as exc:
@@ -132,14 +141,29 @@ def _gate(row: Row, spec: Any, repo: Path, devices: Inventory) -> GatePlan:
                              f"relative to the row file)")
         else:
             plan.needs.append(f"oracle record {spec.oracle_record} (in place of the oracle arm)")
+    if gate.reads_kernels:
+        _declarations(plan, gate(), row, spec, repo)
     if spec.kind in ("build", "audit"):
-        _kernels(plan, row, spec, repo)
+        _kernels(plan, row, spec, repo, ctx.options)
     return plan
+
+
+def _declarations(plan: GatePlan, gate: Any, row: Row, spec: Any, repo: Path) -> None:
+    """What the gate reads of the subject's kernels.toml, resolved and checked: a
+    declaration that does not hold is the gate's ERROR here, not on the device."""
+    from rowgate.cuda import kernels
+
+    try:
+        plan.needs += gate.check_declarations(row, spec, kernels.load(repo))
+    except Error as exc:
+        plan.flag(ERROR, exc.diagnostics())
 
 
 def _arms_of(row: Row, spec: Any) -> dict[str, Arm]:
     """The arms an engine gate would start, by name."""
-    named = row.arms.named()
+    if row.arms_declared is None:
+        return {}
+    named = row.arms_declared.named()
     if spec.kind == "tokens":
         wanted = ["candidate"] if spec.oracle_record else ["oracle", "candidate"]
     elif spec.kind == "throughput":
@@ -213,7 +237,7 @@ def _models(plan: GatePlan, row: Row) -> None:
         how = (f"weights {ref.weights}" if ref.weights else "built here from a fixed seed"
                if ref.name == TINY_MODEL or ref.synthetic else "no weights named")
         plan.needs.append(f"model {ref.id} ({ref.name}, {ref.dtype}): {why or how}")
-    ds = row.workload.dataset
+    ds = row.workload_declared.dataset if row.workload_declared else None
     if isinstance(ds, datasets.DatasetRef):
         missing = datasets.why_unavailable(ds, Path.cwd())
         if missing is None:
@@ -229,14 +253,15 @@ def _models(plan: GatePlan, row: Row) -> None:
         plan.needs.append("prompts: random token ids")
 
 
-def _kernels(plan: GatePlan, row: Row, spec: Any, repo: Path) -> None:
+def _kernels(plan: GatePlan, row: Row, spec: Any, repo: Path, options: dict[str, str]) -> None:
+    """Each arch's kernels and the toolchain the gate would use (the `nvcc` option's, as
+    the gate does); an arch without one is the gate's ERROR (a toolchain is no hardware)."""
     from rowgate.cuda import kernels, toolchains
 
     try:
         manifest = kernels.load(repo)
-    except Error as exc:
-        plan.flag(ERROR, exc.diagnostics())
-        return
+    except Error:
+        return  # said once, by _declarations
     for arch in spec.arches or row.build_arches():
         try:
             names = manifest.select(list(spec.kernels), arch)
@@ -244,11 +269,12 @@ def _kernels(plan: GatePlan, row: Row, spec: Any, repo: Path) -> None:
             plan.flag(ERROR, exc.diagnostics())
             continue
         try:
-            chain = toolchains.for_arch(arch)
-            tool = f"{chain.name} ({chain.compiler.path})"
+            chain = toolchains.for_arch(arch, options.get("nvcc"))
         except Error as exc:
-            tool = f"no toolchain here ({exc.diagnostics()})"
-        plan.needs.append(f"{arch}: kernels {', '.join(names) or '(none)'}; toolchain {tool}")
+            plan.flag(ERROR, f"{arch}: no toolchain ({exc.diagnostics()})")
+            continue
+        plan.needs.append(f"{arch}: kernels {', '.join(names) or '(none)'}; toolchain "
+                          f"{chain.name} ({chain.compiler.path})")
 
 
 def render(plan: RowPlan) -> list[str]:

@@ -139,7 +139,8 @@ class Stage:
             subject=subject, provenance=provenance, signer=signer.identity,
             status=overall_status([r.status for r in results if r.gate_id in counted]),
             gates=[GateSummary(gate_id=r.gate_id, kind=r.kind, status=r.status, reason=r.reason,
-                               file=f"gates/{r.gate_id}.json") for r in results],
+                               file=f"gates/{r.gate_id}.json", required=r.gate_id in counted)
+                   for r in results],
             files=digest_tree(bundle, exclude={MANIFEST_FILE, SIGNATURE_FILE}))
         data = canonical_json(json.loads(manifest.model_dump_json()))
         schema.validate("manifest", json.loads(data), MANIFEST_FILE)

@@ -131,7 +131,21 @@ class Aot(Gate[AotGate]):
     kind = "aot"
     spec_model = AotGate
     subject_steps = True
+    reads_kernels = True
     options = TOOLCHAIN_KEYS
+
+    def check_declarations(self, row: Row, spec: AotGate,
+                           manifest: kernels.KernelManifest) -> list[str]:
+        unknown = [n for n in spec.kernels if n not in manifest.triton]
+        if unknown:
+            raise GateError(f"aot gate: {', '.join(unknown)} not in kernels.toml's [triton.*] "
+                            f"(declared: {', '.join(sorted(manifest.triton)) or 'none'})")
+        names = spec.kernels or sorted(manifest.triton)
+        said = [f"Triton kernels: {', '.join(names) or 'none declared'}"]
+        if spec.enable and not names:
+            said.append(f"enable {', '.join(spec.enable)}: the subject declares no Triton "
+                        f"kernel, so the gate can only refuse it once its admission is decided")
+        return said
 
     def measure(self, row: Row, spec: AotGate, ctx: GateContext) -> None:
         manifest = declarations(ctx.artifact_dir.parent /

@@ -92,10 +92,11 @@ def derive_aot(index: dict[str, Any], admission: dict[str, Any], spec: AotGate,
     refused, pending = [], []
     for arch in spec.enable:
         ok = reach.get(arch, False) and arch not in broken
-        if not index["kernels"]:
+        if verdict == "pending":  # undecided until the admitting gate runs, kernels or not
+            pending.append(f"{arch}: {why}" + ("" if index["kernels"] else
+                                               " (and the subject declares no Triton kernel)"))
+        elif not index["kernels"]:
             refused.append(f"{arch}: the subject declares no Triton kernel")
-        elif verdict == "pending":
-            pending.append(f"{arch}: {why}")
         elif verdict == "not material" or not ok:
             refused.append(f"{arch}: {why if verdict == 'not material' else 'not reachable or not verified'}")
         metrics[f"aot_enabled_{arch}"] = int(ok and verdict in ("material", "none")

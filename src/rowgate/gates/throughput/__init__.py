@@ -162,6 +162,7 @@ def plan(row: Row, spec: ThroughputGate, cell: str) -> _timed.Plan:
 
 class Throughput(Gate[ThroughputGate]):
     kind = "throughput"
+    drives_arms = True
     spec_model = ThroughputGate
     needs_device = True
     workload_matrix = True

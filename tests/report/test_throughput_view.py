@@ -35,7 +35,8 @@ def test_the_view_shows_power_ci_rounds_and_bench_metrics(tmp_path):
     assert {"median_itl_ms", "p99_tpot_ms", "output_throughput"} <= set(bench.columns)
     assert [r[1] for r in bench.rows] == ["baseline", "candidate"] * 2
     main = next(f for f in section.figures if isinstance(f, IntervalFigure))
-    assert "speed (itl), repeated CI" in main.title and main.band == (0.98, 1.02)
+    assert "speed (itl; higher is better), repeated CI" in main.title
+    assert main.band == (0.98, 1.02) and main.better == "higher"
     assert any(n.startswith("timed window: matched (8 requests") for n in section.notes)
     assert any("not compared: baseline" in n for n in section.notes)
     assert "metrics" in titles

@@ -26,15 +26,17 @@ from typing import Any
 from rowgate import sandbox
 from rowgate.cuda import cache, resources, toolchains
 from rowgate.cuda import kernels as kernels_toml
-from rowgate.cuda.kernels import KERNELS_DIR, KernelManifest
+from rowgate.cuda.kernels import KERNELS_DIR, Kernel, KernelManifest
 from rowgate.cuda.toolchains import Toolchain
 from rowgate.errors import Error
 
 BUILD_RECORD = "build.json"
 COMPILE_TIMEOUT_S = 600
 PTXAS_FLAGS = ["-Werror", "-warn-spills", "-warn-lmem-usage", "-v"]
-NVCC_WARNING_FLAGS = ["-Werror", "all-warnings", "-Xptxas", "-v,-warn-spills,-warn-lmem-usage",
-                      "-Xcompiler", "-Wall,-Wextra,-Werror"]
+DEVICE_WARNING_FLAGS = ["-Werror", "all-warnings", "-Xptxas", "-v,-warn-spills,-warn-lmem-usage"]
+HOST_WARNING_FLAGS = ["-Wall", "-Wextra", "-Werror"]
+"""Passed to the host compiler with -Xcompiler unless the kernel says `host_warnings =
+"off"`."""
 CXX_STD = "c++17"
 RECIPE = 3
 """Bump when the command lines below change: part of every cache key. 3: the NVRTC
@@ -85,8 +87,10 @@ def build(repo: Path, manifest: KernelManifest, name: str, arch: str, toolchain:
         src = root / kernel.source
         includes = [str(root / inc) for inc in manifest.include_dirs]
         defines = [f"-D{d}" for d in kernel.defines]
-        steps = (_nvrtc_steps if toolchain.kind == "nvrtc" else _nvcc_steps)(
-            name, arch, toolchain, src, includes, defines)
+        if toolchain.kind == "nvrtc":
+            steps = _nvrtc_steps(name, arch, toolchain, src, includes, defines)
+        else:
+            steps = _nvcc_steps(name, arch, toolchain, src, includes, defines, kernel)
         record: dict[str, Any] = {
             "kernel": name, "arch": arch, "source": f"{KERNELS_DIR}/{kernel.source}",
             "source_digest": digest, "cache_key": key, "recipe": RECIPE,
@@ -131,14 +135,18 @@ def _nvrtc_steps(name: str, arch: str, tc: Toolchain, src: Path, includes: list[
 
 
 def _nvcc_steps(name: str, arch: str, tc: Toolchain, src: Path, includes: list[str],
-                defines: list[str]) -> list[dict[str, Any]]:
+                defines: list[str], kernel: Kernel) -> list[dict[str, Any]]:
     sm = sm_number(arch)
     # SASS for the arch plus its PTX (the portable JIT fallback) in one fatbin;
-    # --keep leaves the exact cubin and fatbin nvcc embedded in the object.
+    # --keep leaves the exact cubin and fatbin nvcc embedded in the object. The
+    # kernel's own options come before rowgate's warning flags, which come last.
+    host = [*(HOST_WARNING_FLAGS if kernel.host_warnings == "errors" else []),
+            *kernel.host_flags]
     argv = [tc.compiler.path, "-c", str(src), "-o", f"{name}.o", f"-std={CXX_STD}",
-            *[f"-I{i}" for i in includes], *defines,
+            *[f"-I{i}" for i in includes], *defines, *kernel.nvcc_flags,
             "-gencode", f"arch=compute_{sm},code=[sm_{sm},compute_{sm}]",
-            *NVCC_WARNING_FLAGS, "--keep", "--keep-dir", "keep"]
+            *DEVICE_WARNING_FLAGS, *(["-Xcompiler", ",".join(host)] if host else []),
+            "--keep", "--keep-dir", "keep"]
     return [{"tool": "nvcc", "argv": argv, "log": "nvcc.log", "mkdir": "keep"}]
 
 

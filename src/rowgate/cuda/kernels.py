@@ -75,25 +75,66 @@ class SassRule(_Model):
     require: list[str] = []
     """Opcode families that must appear at least once."""
 
-    def applies(self, entry: str, arch: str) -> bool:
+    def applies(self, entry: str, arch: str, shown: str = "") -> bool:
+        """`entry`: the symbol; `shown`: its demangled name (a pattern may name either)."""
         return (not self.arches or arch in self.arches) and any(
-            fnmatch.fnmatchcase(entry, p) for p in self.entry_points)
+            fnmatch.fnmatchcase(name, p) for p in self.entry_points
+            for name in (entry, shown or entry))
+
+
+RECIPE_OWNED = ("-o", "-c", "-cubin", "-ptx", "-fatbin", "-gencode", "--generate-code",
+                "-arch", "--gpu-architecture", "-code", "--gpu-code", "--keep", "-std",
+                "--std", "-Xptxas", "--ptxas-options", "-Xcompiler", "--compiler-options",
+                "-ccbin", "--compiler-bindir")
+"""nvcc options rowgate's recipe sets itself (outputs, arches, the C++ standard, the
+ptxas and host-compiler channels): a kernel's `nvcc_flags` may not set them."""
+WEAKENING = ("-w", "--disable-warnings", "-Wno", "--Wno", "-diag-suppress",
+             "--diag-suppress", "--diag_suppress", "-Werror=no", "-Wno-error")
+"""Options that would silence warnings: the warning policy is declared, never flagged
+away (`host_warnings` relaxes the host compiler's, and the build record says so)."""
+
+
+def _flag_problem(flag: str, where: str) -> str | None:
+    head = flag.split("=", 1)[0]
+    if head in RECIPE_OWNED and where == "nvcc_flags":
+        return f"{where}: {flag!r} is set by rowgate's recipe"
+    if flag == "-w" or any(flag.startswith(w) for w in WEAKENING if w != "-w"):
+        return f"{where}: {flag!r} would silence warnings (warnings are errors; see host_warnings)"
+    if not flag.startswith("-") or any(c in flag for c in "\0\n"):
+        return f"{where}: {flag!r} is not an option"
+    return None
 
 
 class Kernel(_Model):
     source: str
     """The .cu file, relative to kernels/."""
     entry_points: Annotated[list[str], Field(min_length=1)]
+    """`extern "C"` or mangled symbols, or C++ patterns over demangled names
+    (`gelu_forward_kernel2<*>`): `rowgate.cuda.symbols`."""
     arches: Annotated[list[Arch], Field(min_length=1)]
     defines: list[Annotated[str, Field(pattern=DEFINE)]] = []
     budgets: dict[Literal["all"] | Arch, BudgetOverride] = {}
     sass: list[SassRule] = []
+    nvcc_flags: list[str] = []
+    """Extra nvcc options for this kernel (`-lineinfo`, `--use_fast_math`,
+    `--expt-relaxed-constexpr`), placed before rowgate's own."""
+    host_flags: list[str] = []
+    """Options for the host compiler (nvcc passes them with `-Xcompiler`)."""
+    host_warnings: Literal["errors", "off"] = "errors"
+    """`errors`: host code compiles with `-Wall -Wextra -Werror`, as device code does;
+    `off`: the host compiler's defaults (device and ptxas warnings stay errors). The
+    build record and the bundle say which."""
 
     @model_validator(mode="after")
     def _budget_arches_are_built(self) -> "Kernel":
         stray = [a for a in self.budgets if a != "all" and a not in self.arches]
         if stray:
             raise ValueError(f"budgets for {', '.join(stray)}: not in arches {self.arches}")
+        problems = [p for where, flags in (("nvcc_flags", self.nvcc_flags),
+                                           ("host_flags", self.host_flags))
+                    for f in flags if (p := _flag_problem(f, where))]
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
     def budget(self, arch: str) -> Budget:
@@ -103,8 +144,8 @@ class Kernel(_Model):
                 merged.update(self.budgets[key].model_dump(exclude_none=True))
         return Budget(**merged)
 
-    def rules(self, entry: str, arch: str) -> list[SassRule]:
-        return [r for r in self.sass if r.applies(entry, arch)]
+    def rules(self, entry: str, arch: str, shown: str = "") -> list[SassRule]:
+        return [r for r in self.sass if r.applies(entry, arch, shown)]
 
 
 class KernelManifest(_Model):

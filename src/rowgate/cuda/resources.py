@@ -181,19 +181,21 @@ def check_budget(kernel_name: str, entry: str, arch: str, budget: Budget,
 
 
 def check_sass(kernel_name: str, kernel: Kernel, entry: str, arch: str,
-               opcodes: Counter[str] | None) -> list[Violation]:
+               opcodes: Counter[str] | None, shown: str = "") -> list[Violation]:
+    """`entry`: the symbol; `shown`: its demangled name (a rule may name either)."""
+    shown = shown or entry
     if opcodes is None:
-        return [Violation(kernel_name, entry, arch, "SASS", "function missing from the dump",
+        return [Violation(kernel_name, shown, arch, "SASS", "function missing from the dump",
                           "every entry point is disassembled")]
     out = []
-    for rule in kernel.rules(entry, arch):
+    for rule in kernel.rules(entry, arch, shown):
         for family in rule.forbid:
             if opcodes.get(family):
-                out.append(Violation(kernel_name, entry, arch, f"SASS forbids {family}",
+                out.append(Violation(kernel_name, shown, arch, f"SASS forbids {family}",
                                      f"{opcodes[family]} {family} instruction(s)",
                                      f"forbid {family}"))
         for family in rule.require:
             if not opcodes.get(family):
-                out.append(Violation(kernel_name, entry, arch, f"SASS requires {family}",
+                out.append(Violation(kernel_name, shown, arch, f"SASS requires {family}",
                                      f"no {family} instruction", f"require {family}"))
     return out

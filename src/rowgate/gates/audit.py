@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import Field
 
 from rowgate import compressed, sandbox
-from rowgate.cuda import cudabuild, kernels, resources, toolchains
+from rowgate.cuda import cudabuild, kernels, resources, symbols, toolchains
 from rowgate.errors import Error
 from rowgate.gates import _audit_ref
 from rowgate.gates._built import build_gate_id
@@ -298,13 +298,37 @@ def _judge(root: Path, build_root: Path, manifest: kernels.KernelManifest, entry
         found.violations.append(resources.Violation(name, "*", arch, "SASS arch",
                                                     ", ".join(sass.arches), arch))
     budget = kernel.budget(arch)
-    for ep in kernel.entry_points:
-        fn = report.get(ep)
-        found.violations += resources.check_budget(name, ep, arch, budget, fn, usage.get(ep))
+    for ep in _entries(name, arch, kernel, report, found):
+        fn = report.get(ep.symbol)
+        found.violations += resources.check_budget(name, ep.shown, arch, budget, fn,
+                                                   usage.get(ep.symbol))
         if sass is not None:
-            found.violations += resources.check_sass(name, kernel, ep, arch, sass.opcodes.get(ep))
-        found.cells[f"{name}/{ep}@{arch}"] = _cell(fn, usage.get(ep, {}), budget, sass, ep)
+            found.violations += resources.check_sass(name, kernel, ep.symbol, arch,
+                                                     sass.opcodes.get(ep.symbol), ep.shown)
+        cell = _cell(fn, usage.get(ep.symbol, {}), budget, sass, ep.symbol)
+        if ep.symbol != ep.shown:
+            cell["symbol"] = ep.symbol  # the mangled name the build has
+        found.cells[f"{name}/{ep.shown}@{arch}"] = cell
     _check_images(root, entry, record, found)
+
+
+def _entries(name: str, arch: str, kernel: kernels.Kernel,
+             report: dict[str, resources.PtxasFunction],
+             found: AuditFindings) -> list[symbols.Entry]:
+    """The declared entry points resolved against what the build compiled (C++ patterns
+    by demangled name); each declaration nothing matches is a violation naming what the
+    build does have."""
+    patterns = any(symbols.is_pattern(d) for d in kernel.entry_points)
+    mangled = any(s.startswith("_Z") for s in report)
+    demangled = symbols.demangle(report) if patterns or mangled else {}
+    entries, missing = symbols.resolve(kernel.entry_points, report, demangled)
+    for decl in missing:
+        why = symbols.demangler_missing() if symbols.is_pattern(decl) else None
+        found.violations.append(resources.Violation(
+            name, decl, arch, "entry point", f"missing: the build has "
+            f"{symbols.what_it_has(report, demangled)}" + (f" ({why})" if why else ""),
+            "every declared entry point is compiled"))
+    return entries
 
 
 def _cell(fn: resources.PtxasFunction | None, usage: dict[str, int], budget: kernels.Budget,

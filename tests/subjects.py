@@ -75,6 +75,39 @@ def paged_decode_subject(root: Path, *, planted_bug: bool = False,
     return repo
 
 
+VLLM_PAGED = FIXTURES / "vllm_paged"
+VLLM_SOURCE = "kernels/attention/paged_attention_v1.cu"
+VLLM_PREFETCH_BUG = ("    if (PF && t + 1 < len) {\n",
+                     "    if (PF && t + 2 < len + (len % block_size != 0)) {\n")
+"""The prefetching candidate's bound, then a planted bug: when the length is a multiple
+of the block size the last token is never prefetched (it reuses the one before)."""
+
+
+def vllm_paged_subject(root: Path, *, planted_bug: bool = False) -> git.Repo:
+    """pagedv (a kernel in vLLM's cache layout, gated through harness/1) as its own
+    repository at `root`: `main` holds the project, branch `pagedv` the kernels (or, with
+    `planted_bug`, branch `prefetch` the candidate's bug)."""
+    shutil.copytree(VLLM_PAGED, root)
+    repo = git.Repo.init(root, initial_branch="main")
+    with repo.config_writer() as cw:
+        cw.set_value("user", "name", AUTHOR[0])
+        cw.set_value("user", "email", AUTHOR[1])
+    repo.index.add(["README.md"])
+    repo.index.commit("pagedv: the project" + SIGNOFF)
+    if not planted_bug:
+        repo.git.checkout("-b", "pagedv")
+    _commit(repo, "pagedv: paged attention in vLLM's layout, and its rowgate harness")
+    if planted_bug:
+        repo.git.checkout("-b", "prefetch")
+        source = root / VLLM_SOURCE
+        text = source.read_text()
+        if text.count(VLLM_PREFETCH_BUG[0]) != 1:
+            raise AssertionError(f"{VLLM_SOURCE}: the line the bug replaces is not there once")
+        source.write_text(text.replace(*VLLM_PREFETCH_BUG))
+        _commit(repo, "pa: prefetch only what the block holds")
+    return repo
+
+
 SKIPPED = {".git", ".nox", ".whl", "build", "evidence", "__pycache__", ".pytest_cache",
            ".ruff_cache", ".mypy_cache"}
 

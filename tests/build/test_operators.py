@@ -64,8 +64,9 @@ def test_an_entry_point_the_kernel_lacks_is_named():
     ({"launch": [{"cluster_entry": "{entry}c", "cluster_splits": 12}]},
      "launch.cluster_splits: expected 0..8 (a portable cluster), got 12"),
     ({"contract": "harness/1", "harness": "tools/h.py:run"},
-     "contract harness/1: the harness rule is documented (docs/contracts.md) but this rowgate "
-     "does not run harnesses yet"),
+     "contract harness/1: baseline, candidates, phases belong to the fixed contract"),
+    ({"contract": "harness/1", "harness": "tools/h.py", "baseline": "", "candidates": [],
+      "phases": {}}, "harness\n  String should match pattern"),
 ])
 def test_declarations_outside_the_format_are_refused(changes, message):
     with pytest.raises(ValidationError, match=re.escape(message)):
@@ -78,7 +79,7 @@ def test_rowgates_own_operators_parse_alike_and_name_what_their_kernels_build():
     points of their kernels, which split_kv (built for sm_70 too) does not list."""
     from rowgate.cuda import kernels
 
-    manifest = kernels.load(ROOT)
+    manifest = kernels.load(LAB)
     own = contract.operators_in((LAB / "kernels" / "kernels.toml").read_text(), "kernels.toml")
     assert {n: d.to_contract(n) for n, d in manifest.operators.items()} == own
     assert set(own) == {"split_kv", "split_kv_bulk", "split_kv_deep"}

@@ -129,3 +129,34 @@ def test_rowgates_own_kernels_go_through_the_same_path(tmp_path):
         op = results[gate_id]
         assert op.status.value == "PASS", (gate_id, op.reason)
         assert op.metrics["bitwise_mismatches"] == 0 and op.metrics["counters_left_set"] == 0
+
+
+@pytest.fixture(scope="module")
+def pagedv(tmp_path_factory) -> dict:
+    """A kernel in vLLM's own cache layout and launch parameters, gated through its
+    harness (harness/1), clean and with a planted prefetch bug."""
+    from tests.subjects import vllm_paged_subject
+
+    tmp = tmp_path_factory.mktemp("pagedv-gpu")
+    out = {}
+    for name, bug in (("clean", False), ("bug", True)):
+        repo = vllm_paged_subject(tmp / name, planted_bug=bug)
+        out[name] = _gate(ROWS / "SUBJECT-PAGEDV-SM90.toml", tmp / name, tmp / f"{name}-out")
+        repo.close()
+    return out
+
+
+def test_a_kernel_in_its_own_layout_is_gated_through_its_harness(pagedv):
+    op = pagedv["clean"]["operator"]
+    assert op.status.value == "PASS", op.reason
+    assert op.metrics["cases"] > 0 and op.metrics["bitwise_mismatches"] == 0
+    assert op.metrics["reference_failures"] == 0 and op.metrics["guard_writes"] == 0
+    assert op.metrics["time_us_B4x16384_baseline"] > 0
+
+
+def test_the_harness_catches_the_planted_prefetch_bug_with_the_case_named(pagedv):
+    op = pagedv["bug"]["operator"]
+    assert op.status.value == "FAIL", op.reason
+    # a length that is a multiple of the block size reuses the token before: the first
+    assert "first bf16-h32x8-d128-p16-B1-uniform-page-s0 " in op.reason
+    assert op.cells["B1-uniform-1"]["bitwise_mismatches"] == 0  # 1 token: no multiple

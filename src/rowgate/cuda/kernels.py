@@ -241,7 +241,29 @@ def load(repo: Path) -> KernelManifest:
         kernel_files(repo, manifest, name)
     for name in manifest.triton:
         triton_source(repo, manifest, name)
+    for name, decl in manifest.operators.items():
+        if decl.harness:
+            harness_file(repo, manifest, name)
     return manifest
+
+
+def harness_file(repo: Path, manifest: KernelManifest, name: str) -> Path:
+    """The confined real path of operator `name`'s harness file (relative to the subject's
+    root), which must define its function at top level: read as text (its syntax tree),
+    never imported here; it runs only in the kernel child."""
+    import ast
+
+    where = str(repo / KERNELS_DIR / MANIFEST)
+    rel, function = manifest.operators[name].harness_file()
+    key = f"operators.{name}.harness"
+    path = confine.inside(repo, rel, where, key)
+    try:
+        tree = ast.parse(read_regular(path, where), filename=rel)
+    except (SyntaxError, ValueError) as exc:
+        raise KernelsError(f"{where}: {key}: {rel} does not parse ({exc})") from exc
+    if not any(isinstance(n, ast.FunctionDef) and n.name == function for n in tree.body):
+        raise KernelsError(f"{where}: {key}: {rel} defines no top-level function {function!r}")
+    return path
 
 
 def triton_source(repo: Path, manifest: KernelManifest, name: str) -> Path:

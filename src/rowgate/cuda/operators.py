@@ -21,7 +21,8 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
 no separators. (`rowgate.confine` owns the rule.)"""
 IDENTIFIER = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 PLACEHOLDERS = {"kv_dtype", "head_dim", "group"}
-HARNESS = "harness/1"
+HARNESS = pda.HARNESS
+HARNESS_REF = r"^[A-Za-z0-9_][A-Za-z0-9_./-]{0,255}\.py:[A-Za-z_][A-Za-z0-9_]{0,127}$"
 DEFINE = r"^[A-Za-z_][A-Za-z0-9_]*(=[A-Za-z0-9_.+-]*)?$"
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 Identifier = Annotated[str, Field(pattern=IDENTIFIER)]
@@ -78,8 +79,13 @@ def _placeholders(pattern: str) -> set[str]:
 class OperatorDecl(_Model):
     contract: str
     kernel: Name
-    baseline: str
-    candidates: Annotated[list[str], Field(min_length=1)]
+    baseline: str = ""
+    """`paged-decode-attention/1`: the baseline's entry-point pattern."""
+    candidates: list[str] = []
+    """`paged-decode-attention/1`: the candidates' entry-point patterns."""
+    harness: Annotated[str, Field(pattern=HARNESS_REF)] | None = None
+    """`harness/1`: `FILE.py:FUNCTION` (the file relative to the subject's root), called
+    as `FUNCTION(role, inputs, out, cubins)` in the kernel child."""
     kv_dtypes: Annotated[list[Literal["bf16", "e5m2"]], Field(min_length=1)]
     head_dims: Annotated[list[int], Field(min_length=1)]
     groups: Annotated[list[int], Field(min_length=1)]
@@ -95,16 +101,15 @@ class OperatorDecl(_Model):
     phase_build: PhaseBuild = PhaseBuild()
     phases: dict[Identifier, PhaseVariant] = {}
 
-    @model_validator(mode="before")
-    @classmethod
-    def _a_contract_this_rowgate_runs(cls, data: object) -> object:
-        if isinstance(data, dict) and data.get("contract") == HARNESS:
-            raise ValueError(f"contract {HARNESS}: the harness rule is documented "
-                             f"(docs/contracts.md) but this rowgate does not run harnesses yet")
-        return data
-
     @model_validator(mode="after")
     def _within_the_contract(self) -> "OperatorDecl":
+        if self.contract == HARNESS:
+            return self._a_harness()
+        if not self.baseline or not self.candidates:
+            raise ValueError(f"contract {self.contract}: baseline and candidates (entry-point "
+                             f"patterns) are required")
+        if self.harness is not None:
+            raise ValueError(f"harness: only for contract {HARNESS}")
         for pattern in (self.baseline, *self.candidates):
             stray = _placeholders(pattern) - PLACEHOLDERS
             if stray:
@@ -117,9 +122,31 @@ class OperatorDecl(_Model):
         self.to_contract("operator")  # the contract's own checks (ranges, threads, chunks)
         return self
 
+    def _a_harness(self) -> "OperatorDecl":
+        """A harness names its function and nothing the fixed contract launches by."""
+        if self.harness is None:
+            raise ValueError(f"contract {HARNESS}: harness = \"FILE.py:FUNCTION\" is required")
+        stray = [k for k in ("baseline", "candidates", "shared_memory", "launch", "phases")
+                 if k in self.model_fields_set]
+        if stray:
+            raise ValueError(f"contract {HARNESS}: {', '.join(stray)} belong to the fixed "
+                             f"contract (the harness launches its own kernels)")
+        self.to_contract("operator")
+        return self
+
+    def harness_file(self) -> tuple[str, str]:
+        """(file relative to the subject's root, function) of a harness."""
+        file, _, function = (self.harness or "").rpartition(":")
+        return file, function
+
     def to_contract(self, name: str) -> pda.Operator:
-        """The ops layer's view. Raises ContractError (a ValueError) outside the contract."""
+        """The ops layer's view. Raises ContractError (a ValueError) outside the contract.
+        A harness's roles are its entry points: `baseline` and `candidate`."""
         data = self.model_dump(exclude={"phase_build", "phases"})
+        if self.contract == HARNESS:
+            data.update(baseline="baseline", candidates=["candidate"])
+        else:
+            data.pop("harness")
         try:
             return pda.Operator.from_table(name, data)
         except pda.ContractError as exc:

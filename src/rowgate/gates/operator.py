@@ -102,6 +102,28 @@ def resolve(row: Row, spec: OperatorGate, artifacts_root: Path, arch: str
     return op, built, build_id
 
 
+HARNESS_COPY = "harness.py"
+
+
+def _seal_harness(ctx: GateContext, op: ContractOperator, record: dict[str, Any]) -> Path | None:
+    """A harness operator's file (confined in the subject, as kernels.toml named it),
+    copied into the gate's artifacts and its digest recorded; its path in the subject."""
+    if not op.is_harness:
+        return None
+    from rowgate.cuda import kernels
+
+    try:
+        manifest = kernels.load(ctx.repo)
+        path = kernels.harness_file(ctx.repo, manifest, op.name)
+    except Error as exc:
+        raise GateError(f"operator gate: {exc.diagnostics()}") from exc
+    data = path.read_bytes()
+    (ctx.artifact_dir / HARNESS_COPY).write_bytes(data)
+    record.update(harness=op.harness, harness_sha256=hashlib.sha256(data).hexdigest(),
+                  harness_copy=HARNESS_COPY)
+    return path
+
+
 class Operator(Gate[OperatorGate]):
     kind = "operator"
     spec_model = OperatorGate
@@ -119,8 +141,9 @@ class Operator(Gate[OperatorGate]):
     def check_declarations(self, row: Row, spec: OperatorGate,
                            manifest: KernelManifest) -> list[str]:
         op, kernel, wanted = declared(manifest, spec)
-        return [f"operator {op.name} ({op.contract}) of kernel {kernel}: "
-                f"{len(wanted)} entry point(s) for {spec.id}'s cases"]
+        how = (f"its harness {op.harness} launches the build's cubin" if op.is_harness else
+               f"{len(wanted)} entry point(s) for {spec.id}'s cases")
+        return [f"operator {op.name} ({op.contract}) of kernel {kernel}: {how}"]
 
     # ------------------------------------------------------------------ measure
 
@@ -135,24 +158,31 @@ class Operator(Gate[OperatorGate]):
             raise GateError(f"operator gate: {why_not}")
         op, built, build_id = resolve(row, spec, ctx.artifact_dir.parent, gpu.arch)
         used = hashlib.sha256(built.cubin.read_bytes()).hexdigest()
-        (ctx.artifact_dir / CUBIN).write_text(json.dumps({
-            "build_gate": build_id, "kernel": built.kernel, "arch": built.arch,
-            "cubin": built.rel, "sha256_recorded": built.sha256, "sha256_used": used,
-            "operator": op.name, "contract": op.contract}, indent=1) + "\n")
+        record = {"build_gate": build_id, "kernel": built.kernel, "arch": built.arch,
+                  "cubin": built.rel, "sha256_recorded": built.sha256, "sha256_used": used,
+                  "operator": op.name, "contract": op.contract}
+        harness_path = _seal_harness(ctx, op, record)
+        (ctx.artifact_dir / CUBIN).write_text(json.dumps(record, indent=1) + "\n")
         dev = torch.device(f"cuda:{gpu.index}")
         records = []
         all_cases = run.cases(spec)
-        # The subject's kernels run in a sandboxed child; the inputs, the fp64 reference
-        # and every comparison stay in this process, out of their reach.
+        # The subject's kernels (and a harness) run in a sandboxed child; the inputs, the
+        # fp64 reference and every comparison stay in this process, out of their reach.
         try:
-            with KernelChild() as child:
+            with KernelChild(read_only=(ctx.repo,) if harness_path else ()) as child:
+                harness = None if harness_path is None else {
+                    "root": str(ctx.repo), "file": str(harness_path),
+                    "function": op.harness.rpartition(":")[2],
+                    "cubins": {built.kernel: child.stage(built.cubin)}}
                 for i, case in enumerate(all_cases):
                     ctx.progress.update(f"operator: case {i + 1}/{len(all_cases)} {case.name}")
                     records.append(run.run_case(case, spec, built.cubin, dev,
                                                 order_flip=bool(i % 2), operator=op,
-                                                candidate=spec.candidate, child=child))
+                                                candidate=spec.candidate, child=child,
+                                                harness=harness))
                 ctx.progress.update("operator: interleaved timing")
-                timing = run.time_variants(spec, built.cubin, op, spec.candidate, child=child)
+                timing = run.time_variants(spec, built.cubin, op, spec.candidate, child=child,
+                                           harness=harness)
         except ChildError as exc:
             raise GateError(f"operator gate: {exc}") from exc
         run.write_records(ctx.artifact_dir, records, timing)
@@ -168,10 +198,24 @@ class Operator(Gate[OperatorGate]):
         except GateError as exc:
             raise GateError(f"operator gate artifacts unreadable in {artifact_dir}: {exc}") from exc
         derived = derive_records(records, timing)
-        problem = digest_problem(artifact_dir.parent, cubin)
+        problem = digest_problem(artifact_dir.parent, cubin) or _harness_problem(artifact_dir,
+                                                                                  cubin)
         if problem:
             return Derived(Status.FAIL, problem, derived.metrics, derived.cells)
         return derived
+
+
+def _harness_problem(artifact_dir: Path, cubin: dict[str, Any]) -> str | None:
+    """A harness gate's sealed copy of its harness, hashed again."""
+    if "harness_sha256" not in cubin:
+        return None
+    try:
+        got = hashlib.sha256((artifact_dir / cubin["harness_copy"]).read_bytes()).hexdigest()
+    except OSError as exc:
+        return f"harness {cubin['harness']}: its sealed copy cannot be read ({exc.strerror})"
+    if got != cubin["harness_sha256"]:
+        return f"harness {cubin['harness']}: the sealed copy is not the one that ran"
+    return None
 
 
 def _max_abs_err(errs: list[float], records: list[dict[str, Any]]) -> MetricValue:

@@ -80,6 +80,9 @@ def declared(manifest: KernelManifest, spec: PhaseGate
     try:
         name, decl = manifest.operator(spec.operator)
         op = decl.to_contract(name)
+        if op.is_harness:
+            raise ValueError(f"operator {name} is a {op.contract} operator: phase variants "
+                             f"are timed through the fixed contract's entry points")
         case = phase.parse_shape(spec.shape)
         why = op.unsupported(case.kv, case.dim, case.hq // case.hkv, case.page)
         if why:

@@ -17,6 +17,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 CONTRACT = "paged-decode-attention/1"
+HARNESS = "harness/1"
+"""The harness rule (docs/contracts.md): the subject's harness function launches its own
+kernels in their own signature and layout; rowgate makes the inputs and judges the output."""
 KV_DTYPES = ("bf16", "e5m2")
 KV_BYTES = {"bf16": 2, "e5m2": 1}
 HEAD_DIM_RANGE = (16, 256)
@@ -156,6 +159,12 @@ class Operator:
     """First matching rule wins; an entry point no rule matches launches with
     `threads` and no cluster."""
     contract: str = CONTRACT
+    harness: str = ""
+    """`harness/1`: `FILE.py:FUNCTION`, the file relative to the subject's root."""
+
+    @property
+    def is_harness(self) -> bool:
+        return self.contract == HARNESS
 
     @classmethod
     def from_table(cls, name: str, table: dict[str, Any]) -> "Operator":
@@ -192,8 +201,11 @@ class Operator:
 
     def problem(self) -> str | None:
         """Why this declaration is outside the contract, or None."""
-        if self.contract != CONTRACT:
-            return f"contract {self.contract!r}: this rowgate implements {CONTRACT!r}"
+        if self.contract not in (CONTRACT, HARNESS):
+            return (f"contract {self.contract!r}: this rowgate implements {CONTRACT!r} and "
+                    f"{HARNESS!r}")
+        if self.is_harness and not self.harness:
+            return f"harness: {HARNESS} needs `harness = \"FILE.py:FUNCTION\"`"
         if not self.candidates:
             return "candidates: at least one candidate entry point"
         bad = [k for k in self.kv_dtypes if k not in KV_DTYPES]
@@ -265,7 +277,10 @@ class Operator:
         return out
 
     def launchable(self, entry: str) -> list[str]:
-        """A role's entry point and, where its launch rule has one, its cluster entry point."""
+        """A role's entry point and, where its launch rule has one, its cluster entry point
+        (none for a harness: its function chooses what it launches)."""
+        if self.is_harness:
+            return []
         rule = self.launch_rule(entry)
         if rule and rule.cluster_splits:
             return [entry, rule.cluster_entry.format(entry=entry)]

@@ -25,13 +25,14 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 import torch
 
 from rowgate.ops.contract import Operator
-from rowgate.ops.paged_inputs import Case, fingerprint, guarded, make_inputs
+from rowgate.ops.paged_inputs import Case, Inputs, fingerprint, guarded, make_inputs
 
 Reply = tuple[dict[str, Any], list[bytes]]
 
@@ -50,13 +51,71 @@ def _device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device())
 
 
-def run_roles(req: dict[str, Any]) -> Reply:
-    """Each role of one case once, in the requested order, output and workspace poisoned
-    before its launch; inputs drawn again after a launch that changed them (the next role
-    gets clean ones, the record says which role wrote)."""
+@dataclass(frozen=True)
+class RoleLaunch:
+    run: Callable[[torch.Tensor], dict[str, Any]]
+    """Launches one role into `out`; returns what the record says of the launch."""
+    poison: Callable[[], None] = lambda: None
+    """Fills the role's workspace with NaN (correctness runs only: timing launches do
+    not pay for it)."""
+HarnessFn = Callable[[str, dict[str, Any], torch.Tensor, dict[str, str]], object]
+_HARNESSES: dict[str, HarnessFn] = {}
+
+
+def harness_function(spec: dict[str, Any]) -> HarnessFn:
+    """The subject's harness function (`harness/1`), loaded once per file: its root on
+    sys.path (a harness imports its own project's modules), the file run as a module."""
+    import importlib.util
+
+    key = f"{spec['file']}:{spec['function']}"
+    if key not in _HARNESSES:
+        if spec["root"] not in sys.path:
+            sys.path.insert(0, spec["root"])
+        loader = importlib.util.spec_from_file_location("rowgate_subject_harness", spec["file"])
+        if loader is None or loader.loader is None:
+            raise ImportError(f"cannot load {spec['file']}")
+        module = importlib.util.module_from_spec(loader)
+        loader.loader.exec_module(module)
+        _HARNESSES[key] = getattr(module, spec["function"])
+    return _HARNESSES[key]
+
+
+def _launches(req: dict[str, Any], case: Case, inp: Inputs, role: str) -> RoleLaunch:
+    """How one role launches: the fixed contract's planned launch, or the harness
+    function given rowgate's inputs and the build's cubins."""
     from rowgate.ops import decode_attention as op
 
-    operator, case = request_case(req)
+    args = (inp.q, inp.k_cache, inp.v_cache, inp.block_table, inp.seq_lens)
+    if req.get("harness"):
+        fn = harness_function(req["harness"])
+        inputs = {"q": inp.q, "k_cache": inp.k_cache, "v_cache": inp.v_cache,
+                  "block_table": inp.block_table, "seq_lens": inp.seq_lens,
+                  "k_scale": inp.k_scale, "v_scale": inp.v_scale,
+                  "softmax_scale": case.dim ** -0.5, "max_seq_len": max(case.lens),
+                  "kv_dtype": case.kv}
+
+        def harness(out: torch.Tensor) -> dict[str, Any]:
+            fn(role, inputs, out, req["harness"]["cubins"])
+            return {"launched": f"{req['harness']['function']}({role!r})"}
+        return RoleLaunch(harness)
+    operator, _ = request_case(req)
+    planned = op.DecodeAttention(*args, max_seq_len=max(case.lens), cubin=Path(req["cubin"]),
+                                 k_scale=inp.k_scale, v_scale=inp.v_scale, operator=operator,
+                                 entry=req["entries"][role])
+
+    def fixed(out: torch.Tensor) -> dict[str, Any]:
+        planned.run(*args, out=out)
+        return {"launched": planned.kernel, "threads": planned.launcher.block,
+                "grid_x": planned.launcher.grid[0], "chunk": planned.plan.chunk,
+                "splits": planned.plan.splits, "counters": planned.counters}
+    return RoleLaunch(fixed, planned.poison_workspace)
+
+
+def run_roles(req: dict[str, Any]) -> Reply:
+    """Each role of one case once, in the requested order, output (and a fixed-contract
+    workspace) poisoned before its launch; inputs drawn again after a launch that
+    changed them (the next role gets clean ones, the record says which role wrote)."""
+    case = case_of(req["case"])
     dev = _device()
     inp = make_inputs(case, dev)
     clean = fingerprint(inp)
@@ -65,21 +124,18 @@ def run_roles(req: dict[str, Any]) -> Reply:
                               "roles": {}}
     blobs: list[bytes] = []
     for role in req["order"]:
-        args = (inp.q, inp.k_cache, inp.v_cache, inp.block_table, inp.seq_lens)
-        planned = op.DecodeAttention(*args, max_seq_len=max(case.lens), cubin=Path(req["cubin"]),
-                                     k_scale=inp.k_scale, v_scale=inp.v_scale, operator=operator,
-                                     entry=req["entries"][role])
-        planned.poison_workspace()
+        launch = _launches(req, case, inp, role)
         buf, out = guarded(inp.q)
-        planned.run(*args, out=out)
+        launch.poison()
+        said = launch.run(out)
         torch.cuda.synchronize(dev)
         changed = fingerprint(inp) != clean
-        header["roles"][role] = {
-            "launched": planned.kernel, "threads": planned.launcher.block,
-            "grid_x": planned.launcher.grid[0], "chunk": planned.plan.chunk,
-            "splits": planned.plan.splits, "inputs_written": changed,
-            "shape": list(out.shape)}
-        blobs += [buf.cpu().numpy().tobytes(), planned.counters.cpu().numpy().tobytes()]
+        counters = said.pop("counters", None)
+        header["roles"][role] = {"threads": None, "grid_x": None, "chunk": None,
+                                 "splits": None, **said, "inputs_written": changed,
+                                 "shape": list(out.shape)}
+        blobs += [buf.cpu().numpy().tobytes(),
+                  counters.cpu().numpy().tobytes() if counters is not None else b""]
         if changed:
             inp = make_inputs(case, dev)
     return header, blobs
@@ -88,23 +144,19 @@ def run_roles(req: dict[str, Any]) -> Reply:
 def time_roles(req: dict[str, Any]) -> Reply:
     """Every variant (cubin) of every role on one case, interleaved in rotated order,
     L2 flushed: the raw samples, keyed `role:variant` (`role` for the variant "")."""
-    from rowgate.ops import decode_attention as op
     from rowgate.ops import timing
 
-    operator, case = request_case(req)
+    case = case_of(req["case"])
     dev = _device()
     inp = make_inputs(case, dev)
     out = torch.empty_like(inp.q)
-    args = (inp.q, inp.k_cache, inp.v_cache, inp.block_table, inp.seq_lens)
     cubins: dict[str, str] = req["cubins"]
     fns: dict[str, Callable[[], object]] = {}
     for variant, path in cubins.items():
-        for role, entry in req["entries"].items():
-            planned = op.DecodeAttention(*args, max_seq_len=max(case.lens), cubin=Path(path),
-                                         k_scale=inp.k_scale, v_scale=inp.v_scale,
-                                         operator=operator, entry=entry)
+        for role in req["entries"]:
+            launch = _launches({**req, "cubin": path}, case, inp, role)
             key = f"{role}:{variant}" if variant else role
-            fns[key] = functools.partial(planned.run, *args, out=out)
+            fns[key] = functools.partial(launch.run, out)
     samples = timing.interleaved(fns, repeats=req["repeats"], device=dev,
                                  flush=req.get("flush", True))
     del fns, inp, out

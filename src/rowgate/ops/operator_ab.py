@@ -52,11 +52,14 @@ def check_expressible(operator: Operator, case_list: list[Case]) -> None:
 
 
 def _blob(data: bytes, dtype: torch.dtype, dev: torch.device) -> torch.Tensor:
+    if not data:  # a harness has no split counters
+        return torch.empty(0, dtype=dtype, device=dev)
     return torch.frombuffer(bytearray(data), dtype=dtype).to(dev)
 
 
 def run_case(case: Case, spec: Any, cubin: Path, dev: torch.device, order_flip: bool,
-             operator: Operator, candidate: str = "", *, child: Launcher) -> dict[str, Any]:
+             operator: Operator, candidate: str = "", *, child: Launcher,
+             harness: dict[str, Any] | None = None) -> dict[str, Any]:
     """Both roles on one case (order alternating between cases), launched by `child`
     (the sandboxed kernel process), judged here: against each other bit for bit and
     against the fp64 reference this process computed from its own copy of the inputs;
@@ -69,7 +72,7 @@ def run_case(case: Case, spec: Any, cubin: Path, dev: torch.device, order_flip: 
     header, blobs = child.request({
         "op": "case", "cubin": child.stage(cubin), "operator": operator.name,
         "table": operator.to_table(), "case": case.as_dict(), "entries": entries,
-        "order": order})
+        "order": order, "harness": harness})
     mine = [fingerprint(inp), inp.k_scale, inp.v_scale]
     if [header["inputs"], header["k_scale"], header["v_scale"]] != mine:
         raise ChildError(f"case {case.name}: the kernel child drew other inputs than rowgate "
@@ -112,19 +115,20 @@ def timing_cases(spec: Any, operator: Operator) -> list[Case]:
 
 
 def time_case(case: Case, cubins: dict[str, Path], entries: dict[str, str], operator: Operator,
-              repeats: int, *, child: Launcher) -> dict[str, Any]:
+              repeats: int, *, child: Launcher, harness: dict[str, Any] | None = None
+              ) -> dict[str, Any]:
     """Every role of every cubin on `case`, timed by `child` (interleaved in rotated
     order, L2 flushed): samples keyed `role:variant`, or `role` for the variant ""."""
     header, _ = child.request({
         "op": "time", "cubins": {v: child.stage(p) for v, p in cubins.items()},
         "entries": entries, "operator": operator.name, "table": operator.to_table(),
-        "case": case.as_dict(), "repeats": repeats})
+        "case": case.as_dict(), "repeats": repeats, "harness": harness})
     return {"case": case.as_dict(), "entries": entries, "samples_us": header["samples_us"],
             "order": header["order"]}
 
 
 def time_variants(spec: Any, cubin: Path, operator: Operator, candidate: str = "", *,
-                  child: Launcher) -> dict[str, Any]:
+                  child: Launcher, harness: dict[str, Any] | None = None) -> dict[str, Any]:
     """Baseline and candidate interleaved in alternating order, L2 flushed
     before every timed launch, `timing_repeats` samples each."""
     result = {"repeats": spec.timing_repeats, "order": "alternating", "l2_flush": True,
@@ -132,7 +136,8 @@ def time_variants(spec: Any, cubin: Path, operator: Operator, candidate: str = "
     for case in timing_cases(spec, operator):
         entries = operator.entries(case.kv, case.dim, case.hq // case.hkv, candidate)
         result["shapes"][f"B{case.batch}x{case.lens[0]}"] = time_case(
-            case, {"": cubin}, entries, operator, spec.timing_repeats, child=child)
+            case, {"": cubin}, entries, operator, spec.timing_repeats, child=child,
+            harness=harness)
     return result
 
 

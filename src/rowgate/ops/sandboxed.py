@@ -57,8 +57,10 @@ class InProcess:
 class KernelChild:
     """`with KernelChild() as child:` a sandboxed child for one gate's launches."""
 
-    def __init__(self, timeout_s: float = REQUEST_TIMEOUT_S, confined: bool | None = None):
-        self.timeout_s, self.confined = timeout_s, confined
+    def __init__(self, timeout_s: float = REQUEST_TIMEOUT_S, confined: bool | None = None,
+                 read_only: tuple[Path, ...] = ()):
+        """`read_only`: what else the child may read (a harness's subject, read-only)."""
+        self.timeout_s, self.confined, self.read_only = timeout_s, confined, read_only
         self.scratch = Path(tempfile.mkdtemp(prefix="rowgate-kernels-"))
         self.inbox = self.scratch / "in"
         self.inbox.mkdir()
@@ -68,7 +70,7 @@ class KernelChild:
 
     def __enter__(self) -> KernelChild:
         step = sandbox.Step([sys.executable, "-m", "rowgate.ops.launch_child"], cwd=self.inbox,
-                            read_only=[self.inbox], gpu=True,
+                            read_only=[self.inbox, *self.read_only], gpu=True,
                             limits=sandbox.Limits(wall_s=self.timeout_s, memory_bytes=None))
         try:
             with self.log_path.open("wb") as log:

@@ -238,3 +238,26 @@ def test_review_json_is_the_record_and_its_path(tmp_path, monkeypatch, capsys):
     doc = json.loads("\n".join(out))
     assert code == 0 and doc["record"]["verdict"] == "APPROVE"
     assert Path(doc["path"]).is_file() and json.loads(Path(doc["path"]).read_text()) == doc["record"]
+
+
+def test_where_the_time_went_is_sealed_shown_and_planned_from(git_repo, host_row, tmp_path,
+                                                              capsys):
+    """Each gate's wall time split into phases is sealed in its result (they add up to
+    its duration); inspect and the report show it; the next plan estimates from it."""
+    code, bundle, _ = _gate(host_row, git_repo, tmp_path, capsys)
+    assert code == 0
+    _, out, _ = _run(["inspect", str(bundle), "--json"], capsys)
+    host = json.loads(out)["gates"][0]
+    assert {"commands", "derive"} <= set(host["phases"]), host["phases"]
+    assert abs(sum(host["phases"].values()) - host["duration_s"]) < 0.01 + 0.05 * host["duration_s"]
+    _, out, _ = _run(["inspect", str(bundle)], capsys)
+    assert re.search(r"time.*\n(.*\n)*.*host.*commands [0-9.]+ s \(\d+ %\)", out), out
+    html = tmp_path / "r.html"
+    _run(["report", str(bundle), "--key", _own_key(), "--html", str(html)], capsys)
+    page = html.read_text()
+    assert '<section id="time"><h2>Time</h2><figure><img src="data:image/png;base64,' in page
+    assert "<td>all gates</td>" in page
+    _, out, _ = _run(["gate", str(host_row), "--repo", git_repo.working_dir, "--plan",
+                      "--out", str(tmp_path / "evidence")], capsys)
+    assert f"time: {host['duration_s']:.0f} s in the row's last sealed bundle ({bundle.name}: " \
+           f"commands" in out, out

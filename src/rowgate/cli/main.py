@@ -118,11 +118,13 @@ def _gate(ns: argparse.Namespace) -> ExitCode:
 def _plan(ns: argparse.Namespace, loaded: LoadedRow, opts: dict[str, str]) -> ExitCode:
     """The plan on stdout; a gate it finds would ERROR (a problem that is not missing
     hardware) is a configuration error: one line each on stderr, exit 2."""
+    from rowgate import storage
     from rowgate.run import plan
     from rowgate.seal import device
 
     devices = plan.stand_in_gpus(ns.plan_gpu) if ns.plan_gpu else device.inventory()
-    result = plan.plan_row(loaded, ns.repo.resolve(), devices, opts)
+    result = plan.plan_row(loaded, ns.repo.resolve(), devices, opts,
+                           evidence=ns.out or storage.default_evidence())
     print("\n".join(plan.render(result)))
     for g in result.gates:
         if g.status == plan.ERROR:

@@ -170,7 +170,9 @@ class Accuracy(Gate[AccuracyGate]):
         with _arms.started({"candidate": (row.arms.candidate, model)}, row,
                            ctx) as engines:
             ctx.progress.update(f"accuracy: {len(questions)} questions, candidate arm")
-            result = cast(PassResult, _arms.generate(engines["candidate"], "candidate", work))
+            with ctx.phase("generate"):
+                result = cast(PassResult, _arms.generate(engines["candidate"], "candidate",
+                                                         work))
             engine = engines["candidate"].describe()
         with open(ctx.artifact_dir / OUTPUTS, "w") as f:
             for q, req, out in zip(questions, work.requests, result.outputs):

@@ -208,9 +208,10 @@ def started(arms: dict[str, tuple[Arm, ModelInfo]], row: Row, ctx: GateContext,
         for role, (arm, model) in arms.items():
             ctx.progress.update(f"starting {role} ({arm.engine}) on {dev}")
             try:
-                engine = engines.create(arm, model.path, device=dev, options=opts,
-                                        subject=ctx.repo)
-                stack.enter_context(engine)
+                with ctx.phase("engine start"):
+                    engine = engines.create(arm, model.path, device=dev, options=opts,
+                                            subject=ctx.repo)
+                    stack.enter_context(engine)
             except Error as exc:
                 raise GateError(f"{role} arm ({arm.engine}) did not start: "
                                 f"{exc.diagnostics()}") from exc

@@ -46,6 +46,7 @@ from rowgate.gates.build import (
     read_index,
     sealed_output,
 )
+from rowgate.gates.clock import Phases
 from rowgate.gates.interface import Derived, Gate, GateContext, GateError, Progress
 from rowgate.records.status import MetricValue, Status
 from rowgate.rows.options import TOOLCHAIN_KEYS
@@ -70,7 +71,7 @@ class AuditGate(GateSpec):
 
 def measure_audit(repo: Path, arches: list[str], names: list[str], options: dict[str, str],
                   out: Path, progress: Progress, verify_embedded: bool = True,
-                  build_root: Path | None = None) -> None:
+                  build_root: Path | None = None, phase: Phases | None = None) -> None:
     """Audit each build. With `build_root` (the row's build gate's artifacts, sealed
     earlier in this run) holding every build the audit covers, inspect those by
     reference (`_audit_ref`); otherwise build (the same cache) and seal a copy."""
@@ -83,16 +84,19 @@ def measure_audit(repo: Path, arches: list[str], names: list[str], options: dict
             raise GateError(f"audit gate: {arch}: {missing}")
     ref = _audit_ref.find(build_root, arches, names, options)
     out.mkdir(parents=True, exist_ok=True)
+    phase = phase or Phases()
     if ref is None:
-        built = build_into(repo, arches, names, options, out, progress)  # copies kernels.toml
+        with phase("compile"):
+            built = build_into(repo, arches, names, options, out, progress)  # + kernels.toml
     else:
         shutil.copyfile(ref.root / MANIFEST_COPY, out / BUDGETS)  # the declarations built
         built = list(ref.builds.values())
     entries = []
-    for b in built:
-        progress.update(f"audit {b.kernel} for {b.arch}")
-        dest = b.dir if ref is None else out / b.arch / b.kernel
-        entries.append(_inspect(b, dest, verify_embedded, ref))
+    with phase("binutils"):
+        for b in built:
+            progress.update(f"audit {b.kernel} for {b.arch}")
+            dest = b.dir if ref is None else out / b.arch / b.kernel
+            entries.append(_inspect(b, dest, verify_embedded, ref))
     (out / AUDIT_INDEX).write_text(json.dumps(entries, indent=2) + "\n")
     if ref is not None and ref.missing:
         raise missing_toolchains(ref.missing, list(dict.fromkeys(b.arch for b in built)),
@@ -400,7 +404,7 @@ class Audit(Gate[AuditGate]):
     def measure(self, row: Row, spec: AuditGate, ctx: GateContext) -> None:
         measure_audit(ctx.repo, gate_arches(row, spec.arches), spec.kernels, ctx.options,
                       ctx.artifact_dir, ctx.progress, spec.verify_embedded_images,
-                      _build_root(row, spec, ctx.artifact_dir.parent))
+                      _build_root(row, spec, ctx.artifact_dir.parent), ctx.phase)
 
     def derive(self, row: Row, spec: AuditGate, artifact_dir: Path) -> Derived:
         # Without a row (a bare artifact directory) no reference is honoured.

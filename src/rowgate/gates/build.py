@@ -330,9 +330,12 @@ class Build(Gate[BuildGate]):
 
     def measure(self, row: Row, spec: BuildGate, ctx: GateContext) -> None:
         arches = gate_arches(row, spec.arches)
-        build_into(ctx.repo, arches, spec.kernels, ctx.options, ctx.artifact_dir, ctx.progress)
+        with ctx.phase("compile"):
+            build_into(ctx.repo, arches, spec.kernels, ctx.options, ctx.artifact_dir,
+                       ctx.progress)
         if spec.aot_reachability:
-            measure_aot(spec.aot_arches or arches, ctx.artifact_dir, ctx.progress)
+            with ctx.phase("AOT reachability"):
+                measure_aot(spec.aot_arches or arches, ctx.artifact_dir, ctx.progress)
 
     def derive(self, row: Row, spec: BuildGate, artifact_dir: Path) -> Derived:
         return derive_known_layout(derive_builds, artifact_dir, "build")

@@ -64,7 +64,8 @@ class Host(Gate[HostGate]):
         (out / "status.txt").write_text(status + ("\n" if status else ""))
         (out / "commits.json").write_text(json.dumps(commits, indent=2) + "\n")
         (out / TREES).write_text(json.dumps(trees, indent=2) + "\n")
-        records = [self._run(i, cmd, ctx) for i, cmd in enumerate(spec.commands)]
+        with ctx.phase("commands"):
+            records = [self._run(i, cmd, ctx) for i, cmd in enumerate(spec.commands)]
         (out / "commands.json").write_text(json.dumps(records, indent=2) + "\n")
 
     def _run(self, i: int, argv: list[str], ctx: GateContext) -> dict[str, Any]:

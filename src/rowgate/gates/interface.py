@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 from rowgate.confine import scan_artifacts
 from rowgate.errors import Error
+from rowgate.gates.clock import OTHER, Phases
 from rowgate.records.gate_result import GateResult, SandboxRecord
 from rowgate.records.status import MetricValue, Status
 from rowgate.rows.spec import GateSpec, SandboxPolicy
@@ -128,6 +129,8 @@ class GateContext:
     here; nothing on disk stands in for it (a gate's commands could write there)."""
     sandbox: SandboxPolicy = field(default_factory=SandboxPolicy)
     """How the row's subject steps run (`[sandbox]`): every one goes through `run_step`."""
+    phase: Phases = field(default_factory=Phases)
+    """`with ctx.phase("compile"):` — where the gate's wall time goes (sealed)."""
 
     def run_step(self, step: Step, *, merged: bool = False) -> StepResult:
         """Run one subject step the way the row's sandbox policy says."""
@@ -251,6 +254,7 @@ def run_gate(gate: Gate[Any], row: "Row", spec: GateSpec, ctx: GateContext, bund
                           reason=derived.reason, metrics=derived.metrics, cells=derived.cells,
                           arch=arch, stand_in=stand_in, artifacts=artifacts,
                           duration_s=round(time.monotonic() - start, 3),
+                          phases=ctx.phase.rounded(),
                           sandbox=ctx.sandbox_record() if gate.subject_steps else None)
 
     # a PENDING reason names everything missing: the device and what the gate itself needs
@@ -258,9 +262,16 @@ def run_gate(gate: Gate[Any], row: "Row", spec: GateSpec, ctx: GateContext, bund
     if missing:
         return result(Derived(Status.PENDING, "; ".join(missing)))
     try:
-        with policy(ctx.sandbox.confined):  # every subject step of the gate obeys the row
-            gate.measure(row, spec, ctx)
-        derived = gate.derive(row, spec, ctx.artifact_dir)
+        measuring = time.monotonic()
+        try:
+            with policy(ctx.sandbox.confined):  # every subject step of the gate obeys the row
+                gate.measure(row, spec, ctx)
+        finally:
+            other = time.monotonic() - measuring - ctx.phase.named()
+            if other > 0:
+                ctx.phase.seconds[OTHER] = ctx.phase.seconds.get(OTHER, 0.0) + other
+        with ctx.phase("derive"):
+            derived = gate.derive(row, spec, ctx.artifact_dir)
     except GateError as exc:
         derived = Derived(Status.ERROR, exc.diagnostics())
     return result(derived)

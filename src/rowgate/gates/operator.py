@@ -174,15 +174,18 @@ class Operator(Gate[OperatorGate]):
                     "root": str(ctx.repo), "file": str(harness_path),
                     "function": op.harness.rpartition(":")[2],
                     "cubins": {built.kernel: child.stage(built.cubin)}}
-                for i, case in enumerate(all_cases):
-                    ctx.progress.update(f"operator: case {i + 1}/{len(all_cases)} {case.name}")
-                    records.append(run.run_case(case, spec, built.cubin, dev,
-                                                order_flip=bool(i % 2), operator=op,
-                                                candidate=spec.candidate, child=child,
-                                                harness=harness))
+                with ctx.phase("cases"):
+                    for i, case in enumerate(all_cases):
+                        ctx.progress.update(f"operator: case {i + 1}/{len(all_cases)} "
+                                            f"{case.name}")
+                        records.append(run.run_case(case, spec, built.cubin, dev,
+                                                    order_flip=bool(i % 2), operator=op,
+                                                    candidate=spec.candidate, child=child,
+                                                    harness=harness))
                 ctx.progress.update("operator: interleaved timing")
-                timing = run.time_variants(spec, built.cubin, op, spec.candidate, child=child,
-                                           harness=harness)
+                with ctx.phase("timing"):
+                    timing = run.time_variants(spec, built.cubin, op, spec.candidate,
+                                               child=child, harness=harness)
         except ChildError as exc:
             raise GateError(f"operator gate: {exc}") from exc
         run.write_records(ctx.artifact_dir, records, timing)

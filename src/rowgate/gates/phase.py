@@ -139,9 +139,9 @@ class Phase(Gate[PhaseGate]):
         if gpu is None:
             raise GateError(f"phase gate: {why_not}")
         name, decl, op, case, variants, entries = resolve(row, spec, ctx.artifact_dir.parent)
-        builds = build_variants(ctx.repo, decl.kernel, gpu.arch, variants,
-                                               ctx.options.get("nvcc"), ctx.artifact_dir,
-                                               ctx.progress)
+        with ctx.phase("compile"):
+            builds = build_variants(ctx.repo, decl.kernel, gpu.arch, variants,
+                                    ctx.options.get("nvcc"), ctx.artifact_dir, ctx.progress)
         record: dict[str, Any] = {"shape": spec.shape, "arch": gpu.arch, "operator": name,
                         "entries": entries, "builds": builds,
                         "effects": {p: decl.phases[p].effect for p in spec.phases}}
@@ -151,17 +151,18 @@ class Phase(Gate[PhaseGate]):
             cubins = {v: str(ctx.artifact_dir / b["dir"] / b["cubin"]) for v, b in builds.items()}
             ctx.progress.update(f"phase: timing {len(cubins)} variant(s) on {spec.shape}")
             try:  # the subject's kernels run in a sandboxed child
-                with KernelChild() as child:
+                with KernelChild() as child, ctx.phase("timing"):
                     record.update(phase.time_variants(case, cubins, entries, op, REPEATS,
                                                       child=child))
             except ChildError as exc:
                 raise GateError(f"phase gate: {exc}") from exc
             if spec.counters:
                 table = decl.model_dump(exclude={"phase_build", "phases"})
-                record["counters"] = {role: collect_counters(
-                    ncu.find() or "ncu", spec.counters, Path(cubins[phase.FULL]), table, name,
-                    entry, case.as_dict(), role, ctx.artifact_dir)
-                    for role, entry in entries.items()}
+                with ctx.phase("counters (ncu)"):
+                    record["counters"] = {role: collect_counters(
+                        ncu.find() or "ncu", spec.counters, Path(cubins[phase.FULL]), table,
+                        name, entry, case.as_dict(), role, ctx.artifact_dir)
+                        for role, entry in entries.items()}
         (ctx.artifact_dir / PHASE).write_text(json.dumps(record, indent=1) + "\n")
 
     def derive(self, row: Row, spec: PhaseGate, artifact_dir: Path) -> Derived:

@@ -163,7 +163,8 @@ def _run_side(role: str, engine: Engine, passes: list[WorkloadPass], ctx: GateCo
     outputs: list[dict[str, Any]] = []
     for work in passes:
         ctx.progress.update(f"tokens: {role} cell {work.cell} ({len(work.requests)} requests)")
-        result = cast(PassResult, _arms.generate(engine, role, work))
+        with ctx.phase("generate"):
+            result = cast(PassResult, _arms.generate(engine, role, work))
         outputs += [{"id": o.id, "cell": work.cell, "token_ids": list(o.token_ids),
                      "logprobs": list(o.logprobs), "alternatives": o.alternatives}
                     for o in result.outputs]

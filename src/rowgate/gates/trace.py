@@ -147,8 +147,9 @@ class Trace(Gate[TraceGate]):
                 self._capture(row, ctx, prefix + name, arm, run.info, plan, prompts, sources)
         ctx.progress.update("trace: analysis and reviewer files")
         try:
-            results = captures.analyse(judging(spec), ctx.artifact_dir, captured(row, spec))
-            captures.write_reviewer_files(results, ctx.artifact_dir, row.id)
+            with ctx.phase("analysis"):
+                results = captures.analyse(judging(spec), ctx.artifact_dir, captured(row, spec))
+                captures.write_reviewer_files(results, ctx.artifact_dir, row.id)
         except Error as exc:
             raise GateError(f"trace: {exc.diagnostics()}") from exc
 
@@ -162,13 +163,15 @@ class Trace(Gate[TraceGate]):
         out = ctx.artifact_dir / f"{label}-{arm.mode}"
         ctx.progress.update(f"trace: {label} {arm.mode} ({arm.engine}) on {device}")
         try:
-            engine = engines.create(arm, model.path, device=device, options=dict(ctx.options),
-                                    subject=ctx.repo)
+            with ctx.phase("engine start"):
+                engine = engines.create(arm, model.path, device=device,
+                                        options=dict(ctx.options), subject=ctx.repo)
             if engines.plugin(arm.engine).in_process:  # stepped in this process
-                with engine:
+                with engine, ctx.phase("capture"):
                     capture(engine, prompts, plan, out, device, gpu, sources)
             else:  # traced by its own profiler, which writes the trace
-                capture_engine(engine, prompts, plan, out, device, gpu, sources)
+                with ctx.phase("capture"):
+                    capture_engine(engine, prompts, plan, out, device, gpu, sources)
         except Error as exc:
             raise GateError(f"trace: {label} {arm.mode}: {exc.diagnostics()}") from exc
 

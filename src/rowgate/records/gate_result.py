@@ -51,6 +51,10 @@ class GateResult(BaseModel):
     artifacts: list[Annotated[str, Field(pattern=ARTIFACT_PATH)]] = Field(default_factory=list)
     """Paths of the raw artifacts, relative to the bundle root, under `artifacts/GATE-ID/`."""
     duration_s: float = 0.0
+    phases: dict[str, float] = Field(default_factory=dict)
+    """Where `duration_s` went, seconds per phase (`compile`, `engine start`, `warm-up`,
+    `measurement`, `derive`, `measure (other)`…; `rowgate.gates.clock`); empty in results
+    sealed before rowgate recorded them."""
     sandbox: SandboxRecord | None = None
     """How its subject steps ran; None for a gate that runs none (or sealed before
     rowgate confined them)."""

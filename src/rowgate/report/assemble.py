@@ -21,6 +21,7 @@ from rowgate.records.status import Status
 from rowgate.report.model import PendingItem, Report, ReviewSummary, Table, Verification
 from rowgate.report.sections import section_for
 from rowgate.report.tables import fmt, gates_table, metric_columns, table
+from rowgate.report.timing import time_figure, time_table
 from rowgate.rows.row import Row, load_row, recorded_places, rows_dirs
 from rowgate.seal import signing
 from rowgate.seal.bundle import Bundle
@@ -229,6 +230,7 @@ def build(bundle: Bundle, verification: Verification, review: ReviewSummary | No
         status=m.status, signer=str(m.signer), verification=verification, review=review,
         facts=_facts(bundle, verification),
         gates=gates_table(results, required),
+        time=time_table(results), time_figure=time_figure(results),
         sections=tuple(section_for(r, bundle.path, _spec(row, r.gate_id),
                                    required.get(r.gate_id, True))
                        for r in results),

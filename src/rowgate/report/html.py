@@ -106,6 +106,13 @@ def _section(s: Section) -> str:
     return "\n".join(parts)
 
 
+def _time(r: Report) -> str:
+    if r.time is None:
+        return ""
+    figure = _figure(r.time_figure) if r.time_figure is not None else ""
+    return f'<section id="time"><h2>Time</h2>{figure}{_table(r.time)}</section>'
+
+
 def _pending(items: tuple[PendingItem, ...]) -> str:
     if not items:
         return '<section id="pending"><h2>Pending</h2><p>Nothing is pending.</p></section>'
@@ -157,6 +164,7 @@ def render(report: Report) -> str:
 {review}
 {_pending(r.pending)}
 <section id="gates"><h2>Gates</h2>{_table(r.gates)}</section>
+{_time(r)}
 {"".join(_section(s) for s in r.sections)}
 <footer>rowgate report · sealed {escape(r.created)} by rowgate {escape(r.rowgate_version)}
 </footer>

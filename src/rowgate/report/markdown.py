@@ -87,6 +87,8 @@ def render(report: Report) -> str:
     else:
         out.append("Nothing is pending.")
     out += ["", table(r.gates)]
+    if r.time is not None:
+        out += ["", table(r.time)]
     out += [_section(s) for s in r.sections]
     return "\n".join(out) + "\n"
 

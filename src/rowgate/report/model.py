@@ -196,6 +196,9 @@ class Report:
     """Header lines: subject, host, devices."""
     gates: Table
     sections: tuple[Section, ...] = ()
+    time: Table | None = None
+    """Where the wall time went, per gate and phase (`rowgate.report.timing`)."""
+    time_figure: BarFigure | None = None
     pending: tuple[PendingItem, ...] = field(default_factory=tuple)
 
     @property

@@ -25,6 +25,8 @@ from rowgate.records.gate_result import GateResult
 from rowgate.records.identity import SignerIdentity
 from rowgate.records.review import Outcome, ReviewRecord
 from rowgate.records.status import MetricValue, Status
+from rowgate.report.model import Table as ModelTable
+from rowgate.report.timing import time_table
 from rowgate.report.units import metric
 from rowgate.seal.bundle import Bundle
 
@@ -69,6 +71,15 @@ def key_metrics(metrics: dict[str, MetricValue], limit: int = KEY_METRICS) -> st
     """The first `limit` metrics that have a value, one `name=value` per line."""
     shown = [(k, v) for k, v in metrics.items() if v is not None][:limit]
     return "\n".join(f"{k}: {metric(k, v)}" for k, v in shown)  # wraps after the colon
+
+
+def _rich(t: ModelTable) -> Table:
+    """A report table (`rowgate.report.model.Table`) for the terminal; its last column
+    wraps."""
+    table = _table(t.title, [(c, i == len(t.columns) - 1) for i, c in enumerate(t.columns)])
+    for row in t.rows:
+        table.add_row(*(Text(str(v)) for v in row))
+    return table
 
 
 def _table(title: str, columns: Iterable[tuple[str, bool]]) -> Table:
@@ -122,7 +133,8 @@ def inspect_view(bundle: Bundle) -> Group:
         _line("signer", str(m.signer)),
         _line("sealed", f"{m.created}   status ", status_text(m.status),
               *unconfined_note(bundle.results())),
-        gate_table(bundle.results(), "gates", informational_ids(bundle)))
+        gate_table(bundle.results(), "gates", informational_ids(bundle)),
+        _rich(time_table(bundle.results())))
 
 
 def informational_ids(bundle: Bundle) -> list[str]:

@@ -47,6 +47,8 @@ class GatePlan:
     """What it would use, one line each (arms, commands, models, datasets, kernels)."""
     errors: list[str] = field(default_factory=list)
     """The reasons that make it ERROR (each also in `reasons`)."""
+    time: list[str] = field(default_factory=list)
+    """What its wall time will be: the row's bound, the last sealed bundle's figure."""
 
     def flag(self, status: str, reason: str) -> None:
         """Record a problem; ERROR outranks PENDING outranks runs."""
@@ -84,14 +86,63 @@ def stand_in_gpus(specs: list[str]) -> Inventory:
 
 
 def plan_row(loaded: LoadedRow, repo: Path, devices: Inventory,
-             options: dict[str, str] | None = None) -> RowPlan:
+             options: dict[str, str] | None = None, evidence: Path | None = None) -> RowPlan:
     """`options`: the `--option` settings the gates would get (a toolchain's nvcc):
-    the plan honours each as the gate would."""
+    the plan honours each as the gate would. `evidence`: where the row's bundles are
+    (each gate's time in the newest one is its estimate)."""
     row = loaded.row
     shown = [f"gpu{g.index} {g.name} {g.arch}" for g in devices.gpus] or \
         [f"no GPU ({devices.why_none})"]
-    return RowPlan(row.id, shown, [_gate(row, spec, repo, devices, dict(options or {}))
-                                   for spec in row.gates], list(row.target.launcher))
+    gates = [_gate(row, spec, repo, devices, dict(options or {})) for spec in row.gates]
+    last = _last_times(evidence / row.id) if evidence is not None else {}
+    for g, spec in zip(gates, row.gates):
+        g.time = _estimate(spec, row, last.get(g.gate_id))
+    return RowPlan(row.id, shown, gates, list(row.target.launcher))
+
+
+def _last_times(row_dir: Path) -> dict[str, tuple[str, float, dict[str, float]]]:
+    """{gate id: (bundle id, seconds, phases)} from the row's newest sealed bundle there
+    (by its manifest's time); {} when none. An estimate only: nothing here is verified."""
+    import json
+
+    newest: tuple[str, Path] | None = None
+    for manifest in row_dir.glob("*/manifest.json"):
+        try:
+            created = str(json.loads(manifest.read_text())["created"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if newest is None or created > newest[0]:
+            newest = (created, manifest.parent)
+    if newest is None:
+        return {}
+    out = {}
+    for path in (newest[1] / "gates").glob("*.json"):
+        try:
+            doc = json.loads(path.read_text())
+            out[doc["gate_id"]] = (newest[1].name, float(doc.get("duration_s", 0.0)),
+                                   {k: float(v) for k, v in doc.get("phases", {}).items()})
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+    return out
+
+
+def _estimate(spec: Any, row: Row, last: tuple[str, float, dict[str, float]] | None
+              ) -> list[str]:
+    """What the gate's time will be: its bound from the row (a throughput gate's time
+    budget per cell) and its time in the row's last sealed bundle."""
+    out = []
+    budget = getattr(spec, "max_seconds", None)
+    if spec.kind == "throughput" and budget is not None:
+        cells = len(spec.cells or row.cells()) or 1
+        out.append(f"time: at most {cells} cell(s) x {budget:g} s budget = {cells * budget:g} s "
+                   f"of rounds (the budget per cell, warm-up included)")
+    if last is not None:
+        bundle, seconds, phases = last
+        top = ", ".join(f"{k} {v:.0f} s" for k, v in
+                        sorted(phases.items(), key=lambda kv: -kv[1])[:3])
+        out.append(f"time: {seconds:.0f} s in the row's last sealed bundle ({bundle}"
+                   f"{': ' + top if top else ''})")
+    return out
 
 
 _SUBJECT = Subject(repo="", branch="(plan)", commit="", tree="", base="", base_branch="",
@@ -288,4 +339,5 @@ def render(plan: RowPlan) -> list[str]:
         out.append(f"{g.gate_id} [{g.kind}]{req}: {g.status} on {g.device}")
         out += [f"    {r}" for r in g.reasons]
         out += [f"    needs {n}" for n in g.needs]
+        out += [f"    {t}" for t in g.time]
     return out

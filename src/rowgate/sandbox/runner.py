@@ -213,13 +213,20 @@ def argv_for(step: Step) -> list[str]:
         args += ["--ro-bind", str(p), str(p)]
     for p in step.writable:
         args += ["--bind", str(p), str(p)]
-    env = allowed_env(step.env, _path(step))
-    if _import_path():
-        env.setdefault("PYTHONPATH", os.pathsep.join(str(p) for p in _import_path()))
+    env = _step_env(step)
     args += ["--clearenv"]
     for key, value in sorted(env.items()):
         args += ["--setenv", key, value]
     return [*args, "--chdir", str(step.cwd), "--", *step.argv]
+
+
+def _step_env(step: Step) -> dict[str, str]:
+    """The allowlisted environment, and where rowgate was imported from when that is on
+    `PYTHONPATH` (a step's Python imports what rowgate does, confined or not)."""
+    env = allowed_env(step.env, _path(step))
+    if _import_path():
+        env.setdefault("PYTHONPATH", os.pathsep.join(str(p) for p in _import_path()))
+    return env
 
 
 def describe(gpu: bool = False) -> dict[str, Any]:
@@ -251,7 +258,7 @@ def spawn(step: Step, *, confined: bool | None = None, stdin: int | None = None,
         return subprocess.Popen(argv_for(step), stdin=stdin, stdout=stdout, stderr=stderr,
                                 start_new_session=True, preexec_fn=_limiter(step.limits))
     return subprocess.Popen(list(step.argv), cwd=step.cwd, stdin=stdin, stdout=stdout,
-                            stderr=stderr, env=allowed_env(step.env, _path(step)),
+                            stderr=stderr, env=_step_env(step),
                             start_new_session=True, preexec_fn=_limiter(step.limits))
 
 

@@ -162,8 +162,9 @@ class Aot(Gate[AotGate]):
             subject = kernels.load(ctx.repo)  # the sources themselves, confined
             sources = {n: kernels.triton_source(ctx.repo, subject, n) for n in names}
             tc = toolchains.for_arch("sm_90", ctx.options.get("nvcc"))  # fatbinary, cuobjdump
-            index = measure_aot(sources, gate_arches(row, spec.arches), manifest.triton,
-                                ctx.artifact_dir, tc, ctx.progress)
+            with ctx.phase("compile"):
+                index = measure_aot(sources, gate_arches(row, spec.arches), manifest.triton,
+                                    ctx.artifact_dir, tc, ctx.progress)
         except Error as exc:
             raise GateError(f"aot gate: {exc.diagnostics()}") from exc
         index["toolchain"] = tc.short()

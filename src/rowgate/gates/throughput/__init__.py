@@ -24,6 +24,7 @@ statistics they were sealed under (`_throughput_v1`).
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import json
 import time
@@ -160,6 +161,23 @@ def plan(row: Row, spec: ThroughputGate, cell: str) -> _timed.Plan:
                        schedule=spec.schedule)
 
 
+ROUNDS = "rounds"
+
+
+def _split_rounds(ctx: GateContext) -> None:
+    """The rounds' wall time split by what passes.csv says each pass was: `warm-up` and
+    `measurement` (the passes themselves), `rounds (between passes)` the rest (clock
+    samples, request bookkeeping, the arms taking turns)."""
+    spent = ctx.phase.seconds.pop(ROUNDS, 0.0)
+    by_phase: dict[str, float] = {}
+    with open(ctx.artifact_dir / art.PASSES, newline="") as f:
+        for rec in csv.DictReader(f):
+            by_phase[rec["phase"]] = by_phase.get(rec["phase"], 0.0) + float(rec["wall_s"])
+    warm, timed = by_phase.get("warmup", 0.0), by_phase.get("timed", 0.0)
+    ctx.phase.seconds.update({"warm-up": warm, "measurement": timed,
+                              "rounds (between passes)": max(spent - warm - timed, 0.0)})
+
+
 class Throughput(Gate[ThroughputGate]):
     kind = "throughput"
     drives_arms = True
@@ -196,10 +214,12 @@ class Throughput(Gate[ThroughputGate]):
                 arms = {"baseline": (base, run.info),
                         "candidate": (row.arms.candidate, _arms.candidate_model(run.info, ctx))}
                 with _arms.started(arms, row, ctx, endpoint) as engines:
-                    records.update(art.measure_cells(engines, run.passes, plans, sink,
-                                                     ctx.progress, clocks))
+                    with ctx.phase(ROUNDS):
+                        records.update(art.measure_cells(engines, run.passes, plans, sink,
+                                                         ctx.progress, clocks))
                     for role in ROLES:
                         engines_seen.setdefault(role, engines[role].describe())
+        _split_rounds(ctx)
         self._meta(spec, ctx, row, records, plans, passes, engines_seen, clocks is not None, {
             "model_digest": runs[0].info.digest,
             "models": {run.ref.id: run.info.digest for run in runs}})

@@ -258,7 +258,9 @@ def run_gate(gate: Gate[Any], row: "Row", spec: GateSpec, ctx: GateContext, bund
                           sandbox=ctx.sandbox_record() if gate.subject_steps else None)
 
     # a PENDING reason names everything missing: the device and what the gate itself needs
-    missing = list(dict.fromkeys(r for r in (pending, gate.requirements(row, spec, ctx)) if r))
+    with ctx.phase("requirements"):  # imports, engine and model checks: not free
+        needs = gate.requirements(row, spec, ctx)
+    missing = list(dict.fromkeys(r for r in (pending, needs) if r))
     if missing:
         return result(Derived(Status.PENDING, "; ".join(missing)))
     try:

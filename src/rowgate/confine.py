@@ -115,7 +115,7 @@ def inside(root: Path, rel: str, where: str, key: str, *, base: Path | None = No
 
 
 def files_under(directory: Path, root: Path, where: str, key: str,
-                suffixes: tuple[str, ...] = ()) -> list[Path]:
+                suffixes: tuple[str, ...] = (), skip: tuple[str, ...] = ()) -> list[Path]:
     """Every file a compiler may read through `directory` (an include dir; with
     `suffixes`, only the headers directly in it): each must have a UTF-8 name, resolve
     inside `root` and be a regular file. Symbolic links that stay inside are followed
@@ -123,6 +123,7 @@ def files_under(directory: Path, root: Path, where: str, key: str,
     found: list[Path] = []
     seen: set[str] = set()
     for dirpath, dirnames, filenames in os.walk(directory, followlinks=True):
+        dirnames[:] = [d for d in dirnames if d not in skip]  # `skip`: e.g. `.git`
         real = os.path.realpath(dirpath)
         if real in seen:
             dirnames[:] = []

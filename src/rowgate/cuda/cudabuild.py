@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rowgate import sandbox
-from rowgate.cuda import cache, resources, toolchains
+from rowgate.cuda import cache, project_build, resources, toolchains
 from rowgate.cuda import kernels as kernels_toml
 from rowgate.cuda.kernels import KERNELS_DIR, Kernel, KernelManifest
 from rowgate.cuda.toolchains import Toolchain
@@ -87,12 +87,15 @@ def build(repo: Path, manifest: KernelManifest, name: str, arch: str, toolchain:
         src = root / kernel.source
         includes = [str(root / inc) for inc in manifest.include_dirs]
         defines = [f"-D{d}" for d in kernel.defines]
-        if toolchain.kind == "nvrtc":
+        if kernel.build is not None:
+            steps = _project_steps(repo, arch, toolchain, kernel, work)
+        elif toolchain.kind == "nvrtc":
             steps = _nvrtc_steps(name, arch, toolchain, src, includes, defines)
         else:
             steps = _nvcc_steps(name, arch, toolchain, src, includes, defines, kernel)
         record: dict[str, Any] = {
-            "kernel": name, "arch": arch, "source": f"{KERNELS_DIR}/{kernel.source}",
+            "kernel": name, "arch": arch,
+            "source": f"{KERNELS_DIR}/{kernel.source}" if kernel.source else "(its own build)",
             "source_digest": digest, "cache_key": key, "recipe": RECIPE,
             "toolchain": toolchain.describe(), "steps": [], "outputs": {}}
         for step in steps:
@@ -108,7 +111,11 @@ def build(repo: Path, manifest: KernelManifest, name: str, arch: str, toolchain:
                                        f"was cached, build again")
             if done["returncode"] != 0:
                 break
-        _collect(name, arch, work, record)
+        if kernel.build is not None:
+            record["steps"].append(project_build.compiler_step(work))
+            _collect_project(name, arch, work, record, kernel, toolchain)
+        else:
+            _collect(name, arch, work, record)
         (work / BUILD_RECORD).write_text(json.dumps(record, indent=2) + "\n")
         if final.exists():  # a concurrent build got there first: identical inputs
             shutil.rmtree(work)
@@ -150,13 +157,33 @@ def _nvcc_steps(name: str, arch: str, tc: Toolchain, src: Path, includes: list[s
     return [{"tool": "nvcc", "argv": argv, "log": "nvcc.log", "mkdir": "keep"}]
 
 
+def _project_steps(repo: Path, arch: str, tc: Toolchain, kernel: Kernel,
+                   work: Path) -> list[dict[str, Any]]:
+    """The project's own build, in a copy of the subject, through rowgate's nvcc wrapper
+    (`rowgate.cuda.project_build`), with the flags rowgate's recipe would use."""
+    if tc.kind != "nvcc":
+        raise toolchains.ToolchainError(f"{tc.name}: a project's own build needs nvcc "
+                                        f"({arch} builds through NVRTC here)")
+    sm = sm_number(arch)
+    host = [*(HOST_WARNING_FLAGS if kernel.host_warnings == "errors" else []),
+            *kernel.host_flags]
+    flags = [*kernel.nvcc_flags, "-gencode", f"arch=compute_{sm},code=[sm_{sm},compute_{sm}]",
+             *DEVICE_WARNING_FLAGS, *(["-Xcompiler", ",".join(host)] if host else [])]
+    src = project_build.copy_subject(repo, work)
+    wrapper = project_build.write_wrapper(work, tc, flags)
+    return project_build.steps(kernel, arch, wrapper, src)
+
+
 def _run(step: dict[str, Any], work: Path, subject: Path, toolchain: Toolchain) -> dict[str, Any]:
     """One compile step: the subject's code compiled in the sandbox, its sources read-only
-    (an `#include` of anything outside them finds nothing), only `work` writable."""
+    (an `#include` of anything outside them finds nothing), only `work` writable (a
+    project's own build runs in its copy there, `cwd`, with rowgate's nvcc wrapper)."""
     if "mkdir" in step:
         (work / step["mkdir"]).mkdir()
-    done = sandbox.run(sandbox.Step(step["argv"], cwd=work, writable=[work],
-                                    read_only=[subject, *toolchain.roots()],
+    done = sandbox.run(sandbox.Step(step["argv"], cwd=Path(step.get("cwd", work)),
+                                    writable=[work], read_only=[subject, *toolchain.roots()],
+                                    env=step.get("env", {}),
+                                    path_dirs=step.get("path_dirs", ()),
                                     limits=sandbox.Limits(wall_s=COMPILE_TIMEOUT_S)),
                        merged=True)
     out = done.stdout
@@ -187,19 +214,82 @@ def _collect(name: str, arch: str, work: Path, record: dict[str, Any]) -> None:
     record["object"] = f"{name}.o" if f"{name}.o" in record["outputs"] else None
 
 
+def _collect_project(name: str, arch: str, work: Path, record: dict[str, Any], kernel: Kernel,
+                     tc: Toolchain) -> None:
+    """The arch's device code from the project build's outputs (cuobjdump -xelf, in the
+    sandbox): exactly one cubin is the kernel's; what was found is recorded either way."""
+    assert kernel.build is not None
+    sm = sm_number(arch)
+    found: list[Path] = []
+    missing: list[str] = []
+    for i, rel in enumerate(kernel.build.outputs):
+        output = work / project_build.SOURCE_COPY / rel
+        if not output.is_file():
+            missing.append(rel)
+            continue
+        if output.suffix == ".cubin":
+            found.append(output)
+            continue
+        dest = work / "extract" / str(i)
+        dest.mkdir(parents=True)
+        if tc.cuobjdump is not None:
+            sandbox.run(sandbox.Step([tc.cuobjdump.path, "-xelf", "all", str(output)],
+                                     cwd=dest, writable=[dest], read_only=[output, *tc.roots()],
+                                     limits=sandbox.Limits(wall_s=COMPILE_TIMEOUT_S)),
+                        merged=True)
+        found += sorted(dest.glob(f"*.sm_{sm}.cubin"))
+    record["project"] = {"outputs": list(kernel.build.outputs), "missing": missing,
+                         "cubins": [p.relative_to(work).as_posix() for p in found],
+                         "nvcc_calls": len(project_build.calls(work)),
+                         "binutils": tc.binutils_missing}
+    if len(found) == 1:
+        shutil.copyfile(found[0], work / f"{name}.{arch}.cubin")
+    for out in (f"{name}.{arch}.cubin", project_build.CALLS):
+        if (work / out).is_file():
+            record["outputs"][out] = hashlib.sha256((work / out).read_bytes()).hexdigest()
+    shutil.rmtree(work / project_build.SOURCE_COPY, ignore_errors=True)  # the copy, built
+    shutil.rmtree(work / "extract", ignore_errors=True)
+    record["cubin"] = f"{name}.{arch}.cubin" if f"{name}.{arch}.cubin" in record["outputs"] else None
+    record["fatbin"] = record["object"] = None
+
+
+def _project_problems(record: dict[str, Any]) -> list[str]:
+    """What a project build's outputs lack: device code through rowgate's wrapper, one
+    cubin for the arch."""
+    p = record.get("project")
+    if not p:
+        return []
+    who = f"{record['kernel']} {record['arch']}"
+    if p["missing"]:
+        return [f"{who}: the build left no {', '.join(p['missing'])}"]
+    if not p["nvcc_calls"]:
+        return [f"{who}: the build ran no nvcc through rowgate's wrapper (an nvcc called by "
+                f"path gets neither the arch nor the warning flags): use nvcc, $NVCC, "
+                f"$CUDACXX or {{nvcc}}"]
+    if len(p["cubins"]) != 1:
+        return [f"{who}: {len(p['cubins'])} {record['arch']} cubins in the outputs "
+                f"({', '.join(p['cubins']) or 'none'}"
+                f"{'; ' + p['binutils'] if p['binutils'] else ''}): declare the output that "
+                f"holds this kernel's translation unit"]
+    return []
+
+
 def problems(build_dir: Path, record: dict[str, Any]) -> list[str]:
     """Why a build failed (return codes, warning/error lines quoted), or [] when clean.
     Reads the logs in `build_dir`; raises OSError when one is missing."""
     out = []
     for step in record["steps"]:
         log = (build_dir / step["log"]).read_text(errors="replace")
-        diags = resources.diagnostics(log, step["tool"])
+        # a project's own build tool prints what it likes; its compilers' output is the
+        # `nvcc` step's log (every call through rowgate's wrapper), judged line by line
+        diags = [] if step["tool"] == "project" else resources.diagnostics(log, step["tool"])
         if step["returncode"] != 0 or diags:
             # The warning/error lines themselves, not the "In function …" context.
             said = [d.strip() for d in diags if _SAYS.search(d)] or diags[:1] or ["(no output)"]
             text = " | ".join(said[:3]) + (f" (+{len(said) - 3} more)" if len(said) > 3 else "")
             out.append(f"{record['kernel']} {record['arch']}: {step['tool']} exited "
                        f"{step['returncode']}: {text}")
+    out += _project_problems(record) if not out else []
     if not out and not record.get("cubin"):
         out.append(f"{record['kernel']} {record['arch']}: no cubin was produced")
     return out

@@ -19,7 +19,14 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
 from rowgate import confine
 from rowgate.cuda.operators import DEFINE, NAME_PATTERN, OperatorDecl, TritonDecl, check_operators
@@ -105,9 +112,35 @@ def _flag_problem(flag: str, where: str) -> str | None:
     return None
 
 
+def _relative(path: str) -> str:
+    if ".." in path.split("/"):
+        raise ValueError(f"{path!r}: no '..' (a path relative to the subject's root)")
+    return path
+
+
+RelPath = Annotated[str, Field(pattern=r"^[^/\x00-\x1f][^\x00-\x1f]{0,511}$"),
+                    AfterValidator(_relative)]
+"""A path relative to the subject's root that stays inside it."""
+
+
+class ProjectBuild(_Model):
+    """The project's own build (`rowgate.cuda.project_build`): its commands, run in order
+    in a private writable copy of the subject (its root), every nvcc the build runs being
+    rowgate's wrapper; and the files the build leaves holding the kernel's device code."""
+
+    commands: Annotated[list[Annotated[list[str], Field(min_length=1)]], Field(min_length=1)]
+    """argv lists; `{nvcc}`, `{arch}` (sm_NN) and `{sm}` (NN) are filled in. Make:
+    `["make", "NVCC={nvcc}", "TARGET"]`; CMake: configure and build (`CUDACXX` and
+    `CUDAARCHS` already name the wrapper and the arch)."""
+    outputs: Annotated[list[RelPath], Field(min_length=1)]
+    """Object files, shared libraries, fatbins or cubins, relative to the subject root."""
+
+
 class Kernel(_Model):
-    source: str
-    """The .cu file, relative to kernels/."""
+    source: str = ""
+    """The .cu file, relative to kernels/ (rowgate's recipe builds it); or `build`."""
+    build: ProjectBuild | None = None
+    """The project builds it itself (instead of `source`)."""
     entry_points: Annotated[list[str], Field(min_length=1)]
     """`extern "C"` or mangled symbols, or C++ patterns over demangled names
     (`gelu_forward_kernel2<*>`): `rowgate.cuda.symbols`."""
@@ -130,6 +163,9 @@ class Kernel(_Model):
         stray = [a for a in self.budgets if a != "all" and a not in self.arches]
         if stray:
             raise ValueError(f"budgets for {', '.join(stray)}: not in arches {self.arches}")
+        if bool(self.source) == (self.build is not None):
+            raise ValueError("source or build: exactly one (rowgate's recipe builds a source; "
+                             "a build is the project's own)")
         problems = [p for where, flags in (("nvcc_flags", self.nvcc_flags),
                                            ("host_flags", self.host_flags))
                     for f in flags if (p := _flag_problem(f, where))]
@@ -279,6 +315,8 @@ def kernel_files(repo: Path, manifest: KernelManifest, name: str) -> list[Path]:
     (paths as named, under kernels/). Raises SubjectError naming the key that brought it in."""
     where = str(repo / KERNELS_DIR / MANIFEST)
     root = repo / KERNELS_DIR
+    if manifest.kernels[name].build is not None:  # the project's build reads its whole tree
+        return confine.files_under(repo, repo, where, f"kernels.{name}.build", skip=(".git",))
     source = manifest.kernels[name].source
     key = f"kernels.{name}.source"
     confine.inside(repo, source, where, key, base=root)

@@ -69,16 +69,26 @@ def _holding(comparison: Comparison, threshold: float, values: dict[str, MetricV
     return holds, fails, ""
 
 
+def _on_a_device(kind: str) -> bool:
+    """Whether a kind measures on the row's device (an unknown kind: assumed so)."""
+    from rowgate.gates import registry
+
+    gate = registry.lookup(kind)
+    return gate is None or bool(gate.needs_device)
+
+
 def _arch_problem(c: Criterion, row: Row, result: GateResult) -> str:
     """Why a result cannot satisfy a criterion bound to an arch ("" if it can).
 
     The binding is the criterion's `arch`, else the row's target arch. A result
-    that recorded no arch (host checks) is bound only by an explicit `arch`."""
+    that recorded no arch (host checks) is bound only by an explicit `arch`; so is one
+    of a gate that runs on the host (a build or audit records every arch it built,
+    comma-separated, and a criterion without `arch` holds for all of them)."""
     arch = c.arch or row.target.arch
     if result.stand_in:
         return f"measured on stand-in {result.arch or '?'}; criterion is bound to {arch}"
-    # a build or audit records every arch it built, comma-separated
-    if result.arch and arch not in result.arch.split(", "):
+    bound = bool(c.arch) or _on_a_device(result.kind)
+    if bound and result.arch and arch not in result.arch.split(", "):
         return f"measured on {result.arch}; criterion is bound to {arch}"
     if c.arch and not result.arch:
         return f"gate {result.gate_id} recorded no arch; criterion is bound to {arch}"

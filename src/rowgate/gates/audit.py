@@ -130,6 +130,8 @@ def _inspect(b: Built, dest: Path, verify_embedded: bool,
                              "embedded": [], "embedded_checked": verify_embedded}
     if ref is not None:
         entry[_audit_ref.KEY] = _audit_ref.record(ref, b, record)
+    if record.get("project"):  # its device code came out of the project's own outputs
+        entry["project_build"] = True
     cubin = record.get("cubin")
     tc = b.toolchain
     if not cubin:  # the build failed: derive reports that first
@@ -238,10 +240,15 @@ def derive_audit(artifact_dir: Path, build_gates: frozenset[str] = frozenset()) 
     if found.pending:
         return Derived(Status.PENDING, "budgets hold; SASS not checked: " + found.pending[0],
                        metrics, found.cells)
-    bare = sum(1 for e in entries if e["embedded_checked"] and not e["embedded"])
+    project = sum(1 for e in entries if e.get("project_build"))
+    bare = sum(1 for e in entries if e["embedded_checked"] and not e["embedded"]
+               and not e.get("project_build"))
     images = f"{found.images_verified} embedded image(s) match the build"
     if bare:
         images += f", {bare} NVRTC build(s) are bare cubins (no fatbin to unpack)"
+    if project:
+        images += (f", {project} build(s) by the project's own build (the device code "
+                   f"extracted from its outputs)")
     return Derived(Status.PASS, f"{len(found.cells)} entry point(s) within budget, SASS rules "
                                 f"hold, {images}", metrics, found.cells)
 

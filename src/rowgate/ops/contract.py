@@ -173,6 +173,7 @@ class Operator:
         data = dict(table)
         data.pop("phases", None)
         data.pop("phase_build", None)
+        data["harness"] = data.get("harness") or ""  # a fixed-contract table says None
         for key in ("candidates", "kv_dtypes", "head_dims", "groups", "page_sizes"):
             if key in data:
                 data[key] = tuple(data[key])

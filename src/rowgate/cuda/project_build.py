@@ -1,0 +1,123 @@
+"""A kernel built by the project's own build (Make, CMake, a script) with rowgate's arch
+and warning policy injected, its device code taken from what the build left.
+
+kernels.toml says how the project builds itself (`[kernels.NAME.build]`: `commands`, run
+in order in a private writable copy of the subject, and `outputs`, the files holding the
+kernel's device code). Every nvcc the build runs is rowgate's **nvcc wrapper**: first on
+`PATH`, and in `NVCC` / `CUDACXX` (Make's and CMake's variables) and `{nvcc}` in a
+command. The wrapper drops the project's own arch options, adds rowgate's (`-gencode`
+for the arch being built, SASS plus PTX), its warnings-as-errors flags and the kernel's
+`nvcc_flags`, runs the real nvcc, and records the exact command line and what it printed.
+Afterwards cuobjdump extracts the arch's cubin from the outputs, and the audit judges it
+like any other build. A build whose device code did not come through the wrapper (it
+called an nvcc by path) is refused: nothing was recorded for it.
+
+Everything runs in the sandbox (commands and cuobjdump alike), the subject's copy the
+only writable place.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from rowgate.cuda.kernels import Kernel
+from rowgate.cuda.toolchains import Toolchain
+
+WRAPPER_DIR = "nvcc-wrapper"
+CALLS = "nvcc-calls.jsonl"
+COMPILER_LOG = "nvcc.log"
+SOURCE_COPY = "src"
+DROPPED = ("-gencode", "--generate-code", "-arch", "--gpu-architecture", "-code", "--gpu-code")
+"""nvcc options that choose arches: the project's are dropped, rowgate's arch is built."""
+
+_WRAPPER = '''#!{python}
+"""rowgate's nvcc wrapper for one project build (written by rowgate.cuda.project_build)."""
+import json
+import subprocess
+import sys
+
+REAL, CALLS, LOG = {real!r}, {calls!r}, {log!r}
+FLAGS = {flags!r}
+DROPPED = {dropped!r}
+args, skip = [], False
+for arg in sys.argv[1:]:
+    if skip:
+        skip = False
+        continue
+    head = arg.split("=", 1)[0]
+    if head in DROPPED:
+        skip = "=" not in arg
+        continue
+    if arg.startswith("-arch") and arg[5:6] in ("s", "c"):  # -archsm_80 style
+        continue
+    args.append(arg)
+argv = [REAL, *args, *FLAGS]
+done = subprocess.run(argv, capture_output=True)
+sys.stdout.buffer.write(done.stdout)
+sys.stderr.buffer.write(done.stderr)
+with open(LOG, "ab") as f:
+    f.write(done.stdout + done.stderr)
+with open(CALLS, "a") as f:
+    f.write(json.dumps({{"argv": argv, "returncode": done.returncode}}) + "\\n")
+sys.exit(done.returncode)
+'''
+
+
+def copy_subject(repo: Path, work: Path) -> Path:
+    """The subject's files (not its .git) in `work/src`: the build writes there only."""
+    dest = work / SOURCE_COPY
+    shutil.copytree(repo, dest, symlinks=True, ignore=shutil.ignore_patterns(".git"))
+    return dest
+
+
+def write_wrapper(work: Path, tc: Toolchain, flags: list[str]) -> Path:
+    """The wrapper script `work/nvcc-wrapper/nvcc`, its flags and paths written in (a
+    step's environment carries nothing of rowgate's)."""
+    wrapper = work / WRAPPER_DIR / "nvcc"
+    wrapper.parent.mkdir()
+    wrapper.write_text(_WRAPPER.format(python=sys.executable, real=tc.compiler.path,
+                                       calls=str(work / CALLS), log=str(work / COMPILER_LOG),
+                                       flags=flags, dropped=DROPPED))
+    wrapper.chmod(0o755)
+    (work / COMPILER_LOG).write_bytes(b"")
+    (work / CALLS).write_text("")
+    return wrapper
+
+
+def steps(kernel: Kernel, arch: str, wrapper: Path, src: Path) -> list[dict[str, Any]]:
+    """The project's commands, `{nvcc}`, `{arch}` (sm_NN) and `{sm}` (NN) filled in, each
+    with the wrapper first on PATH and in NVCC / CUDACXX, CMake's CUDAARCHS the arch."""
+    assert kernel.build is not None
+    sm = arch.removeprefix("sm_")
+    env = {"NVCC": str(wrapper), "CUDACXX": str(wrapper), "CUDAARCHS": sm}
+    fill = {"{nvcc}": str(wrapper), "{arch}": arch, "{sm}": sm}
+    out = []
+    for i, command in enumerate(kernel.build.commands):
+        argv = []
+        for arg in command:
+            for key, value in fill.items():
+                arg = arg.replace(key, value)
+            argv.append(arg)
+        out.append({"tool": "project", "argv": argv, "log": f"project-{i}.log",
+                    "cwd": str(src), "env": env, "path_dirs": [str(wrapper.parent)]})
+    return out
+
+
+def calls(work: Path) -> list[dict[str, Any]]:
+    """The nvcc command lines the build ran through the wrapper, in order."""
+    text = (work / CALLS).read_text() if (work / CALLS).is_file() else ""
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def compiler_step(work: Path) -> dict[str, Any]:
+    """The record of every nvcc call as one step: its command lines (`nvcc-calls.jsonl`),
+    the worst return code, and everything they printed (`nvcc.log`: the ptxas -v reports
+    the audit reads, and any warning, which fails the build)."""
+    ran = calls(work)
+    worst = max((c["returncode"] for c in ran), key=abs, default=0)
+    return {"tool": "nvcc", "argv": [c["argv"] for c in ran], "returncode": worst,
+            "log": COMPILER_LOG, "calls": CALLS}

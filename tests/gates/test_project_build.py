@@ -1,0 +1,78 @@
+"""A project built by its own Makefile (tests/fixtures/subjects/makeproj, shaped like
+llm.c's dev/cuda: `$(NVCC) ... -arch=sm_80 -c gelu.cu -o build/gelu.o`): rowgate runs the
+Makefile in a private copy with its nvcc wrapper, which builds the arch under gate with
+warnings as errors whatever the Makefile says, records every nvcc command line, and the
+audit judges the device code extracted from the object by demangled name. No edit to the
+project beyond its kernels.toml."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from rowgate import compressed
+from rowgate.cli.progress import PlainProgress
+from rowgate.cuda import toolchains
+from rowgate.gates import audit, build
+from rowgate.records.status import Status
+
+pytestmark = pytest.mark.slow
+
+MAKEPROJ = Path(__file__).resolve().parents[1] / "fixtures" / "subjects" / "makeproj"
+QUIET = PlainProgress(quiet=True)
+
+
+def _subject(root: Path, edits: tuple[tuple[str, str, str], ...] = ()) -> Path:
+    shutil.copytree(MAKEPROJ, root)
+    for rel, old, new in edits:
+        path = root / rel
+        assert old in path.read_text()
+        path.write_text(path.read_text().replace(old, new))
+    return root
+
+
+@pytest.fixture(scope="module")
+def audited(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("makeproj")
+    subject = _subject(tmp / "subject")
+    audit.measure_audit(subject, ["sm_90", "sm_110"], [], {}, tmp / "out", QUIET)
+    assert not (subject / "build").exists()  # built in a copy, never in the subject
+    return tmp / "out"
+
+
+def test_the_makefile_builds_every_arch_through_the_wrapper_and_audits(audited):
+    assert build.derive_builds(audited).status is Status.PASS
+    derived = audit.derive_audit(audited)
+    assert derived.status is Status.PASS, derived.reason
+    assert "2 build(s) by the project's own build" in derived.reason
+    for arch, sm in (("sm_90", "90"), ("sm_110", "110")):
+        assert derived.cells[f"gelu/gelu_forward_kernel2<float>@{arch}"]["registers"] > 0
+        record = json.loads((audited / arch / "gelu" / "build.json").read_text())
+        calls = compressed.read_text(compressed.either(audited / arch / "gelu" /
+                                                       "nvcc-calls.jsonl"))
+        call = json.loads(calls.splitlines()[0])["argv"]
+        assert "-arch=sm_80" not in call and f"arch=compute_{sm},code=[sm_{sm},compute_{sm}]" in call
+        assert ["-Werror", "all-warnings"] == call[call.index("-Werror"):call.index("-Werror") + 2]
+        assert "-O3" in call and "-Wall,-Wextra,-Werror" in call
+        assert record["project"]["nvcc_calls"] == 1 and record["steps"][0]["tool"] == "project"
+
+
+def test_a_build_that_calls_nvcc_by_path_is_refused(tmp_path):
+    real = toolchains.for_arch("sm_90").compiler.path
+    subject = _subject(tmp_path / "subject", (("kernels/kernels.toml", 'NVCC={nvcc}',
+                                               f'NVCC={real}'),))
+    build.build_into(subject, ["sm_90"], [], {}, tmp_path / "out", QUIET)
+    derived = build.derive_builds(tmp_path / "out")
+    assert derived.status is Status.FAIL
+    assert "gelu sm_90: the build ran no nvcc through rowgate's wrapper" in derived.reason
+
+
+def test_a_host_warning_in_the_projects_code_fails_under_the_injected_flags(tmp_path):
+    subject = _subject(tmp_path / "subject", (("dev/cuda/gelu.cu", "  const int block = 256;",
+                                               "  const int block = 256;\n  int unused = 0;"),))
+    build.build_into(subject, ["sm_90"], [], {}, tmp_path / "out", QUIET)
+    derived = build.derive_builds(tmp_path / "out")
+    assert derived.status is Status.FAIL and "unused" in derived.reason, derived.reason

@@ -331,11 +331,13 @@ def test_headless_chromium_draws_the_demo_trace_and_format2_pages(traced, tp2, t
 
     bundle, key = traced
     format2 = report.report_for(tp2[0], key=tp2[1], reviews_dir=tmp_path)
-    pages = {"demo": html.render(_demo_page()),
-             "trace": html.render(report.report_for(bundle, key=key, reviews_dir=tmp_path)),
+    trace = report.report_for(bundle, key=key, reviews_dir=tmp_path)
+    pages = {"demo": html.render(_demo_page()), "trace": html.render(trace),
              "format2": html.render(format2)}
-    images = {"demo": 9, "trace": 4,  # demo: 4 ratios + 5 distributions
-              "format2": sum(len(s.figures) for s in format2.sections)}
+    # demo: 4 ratios + 5 distributions; each real bundle's page adds its time chart
+    images = {"demo": 9, "trace": 4 + (trace.time_figure is not None),
+              "format2": sum(len(s.figures) for s in format2.sections)
+              + (format2.time_figure is not None)}
     assert images["format2"] >= 7  # at least the decision ratio + 6 distributions
     for name, text in pages.items():
         page = tmp_path / f"{name}.html"

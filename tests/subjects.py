@@ -42,37 +42,48 @@ def _commit(repo: git.Repo, message: str) -> git.Commit:
 KERNELS_BRANCH = "paged-decode"
 
 
-def paged_decode_subject(root: Path, *, planted_bug: bool = False,
-                         hostile: bool = False) -> git.Repo:
-    """pagedmini as its own repository at `root` (which must not exist), shaped like a
-    pull request: `main` holds the project's README, and branch `paged-decode` adds
-    its kernels in one signed-off commit and is checked out (the change under gate;
-    main is its base: a head with its base's tree is no change to gate). With
-    `planted_bug` (or `hostile`), the kernels are on `main` instead and branch
-    `last-page` (`scratch`) adds one signed-off commit planting the last-page bug
-    (the hostile writes) in the candidate."""
-    shutil.copytree(PAGED_DECODE, root)
+def _project(fixture: Path, root: Path, name: str, work: str, *, branch: str,
+             change: tuple[str, tuple[str, str], str, str] | None = None) -> git.Repo:
+    """`fixture` as its own repository at `root` (which must not exist), shaped like a
+    pull request: `main` holds the project's README; without `change`, branch `branch`
+    adds the rest in one signed-off commit (`work`) and is checked out (main is its base:
+    a head with its base's tree is no change to gate). With `change` (source file, (old,
+    new) line, branch, message), the rest is on `main` and that branch adds one
+    signed-off commit replacing the line."""
+    shutil.copytree(fixture, root)
     repo = git.Repo.init(root, initial_branch="main")
     with repo.config_writer() as cw:
         cw.set_value("user", "name", AUTHOR[0])
         cw.set_value("user", "email", AUTHOR[1])
     repo.index.add(["README.md"])
-    repo.index.commit("pagedmini: the project" + SIGNOFF)
-    patch = LAST_PAGE_BUG if planted_bug else HOSTILE_WRITE if hostile else None
-    if patch is None:
-        repo.git.checkout("-b", KERNELS_BRANCH)
-    _commit(repo, "pagedmini: paged decode attention kernels, operator and RMSNorm")
-    if patch is not None:
-        repo.git.checkout("-b", BUG_BRANCH if planted_bug else HOSTILE_BRANCH)
-        source = root / CANDIDATE_SOURCE
+    repo.index.commit(f"{name}: the project" + SIGNOFF)
+    if change is None:
+        repo.git.checkout("-b", branch)
+    _commit(repo, work)
+    if change is not None:
+        rel, (old, new), change_branch, message = change
+        repo.git.checkout("-b", change_branch)
+        source = root / rel
         text = source.read_text()
-        if text.count(patch[0]) != 1:
-            raise AssertionError(f"{CANDIDATE_SOURCE}: the line the change replaces is not "
-                                 f"there once")
-        source.write_text(text.replace(*patch))
-        _commit(repo, "pf: count the last page's rows with a mask" if planted_bug
-                else "pf: scratch state for the next step")
+        if text.count(old) != 1:
+            raise AssertionError(f"{rel}: the line the change replaces is not there once")
+        source.write_text(text.replace(old, new))
+        _commit(repo, message)
     return repo
+
+
+def paged_decode_subject(root: Path, *, planted_bug: bool = False,
+                         hostile: bool = False) -> git.Repo:
+    """pagedmini (`_project`): branch `paged-decode` adds its kernels; with
+    `planted_bug` (`hostile`), branch `last-page` (`scratch`) plants the last-page bug
+    (the hostile writes) in the candidate."""
+    change = ((CANDIDATE_SOURCE, LAST_PAGE_BUG, BUG_BRANCH,
+               "pf: count the last page's rows with a mask") if planted_bug else
+              (CANDIDATE_SOURCE, HOSTILE_WRITE, HOSTILE_BRANCH,
+               "pf: scratch state for the next step") if hostile else None)
+    return _project(PAGED_DECODE, root, "pagedmini",
+                    "pagedmini: paged decode attention kernels, operator and RMSNorm",
+                    branch=KERNELS_BRANCH, change=change)
 
 
 VLLM_PAGED = FIXTURES / "vllm_paged"
@@ -84,28 +95,14 @@ of the block size the last token is never prefetched (it reuses the one before).
 
 
 def vllm_paged_subject(root: Path, *, planted_bug: bool = False) -> git.Repo:
-    """pagedv (a kernel in vLLM's cache layout, gated through harness/1) as its own
-    repository at `root`: `main` holds the project, branch `pagedv` the kernels (or, with
-    `planted_bug`, branch `prefetch` the candidate's bug)."""
-    shutil.copytree(VLLM_PAGED, root)
-    repo = git.Repo.init(root, initial_branch="main")
-    with repo.config_writer() as cw:
-        cw.set_value("user", "name", AUTHOR[0])
-        cw.set_value("user", "email", AUTHOR[1])
-    repo.index.add(["README.md"])
-    repo.index.commit("pagedv: the project" + SIGNOFF)
-    if not planted_bug:
-        repo.git.checkout("-b", "pagedv")
-    _commit(repo, "pagedv: paged attention in vLLM's layout, and its rowgate harness")
-    if planted_bug:
-        repo.git.checkout("-b", "prefetch")
-        source = root / VLLM_SOURCE
-        text = source.read_text()
-        if text.count(VLLM_PREFETCH_BUG[0]) != 1:
-            raise AssertionError(f"{VLLM_SOURCE}: the line the bug replaces is not there once")
-        source.write_text(text.replace(*VLLM_PREFETCH_BUG))
-        _commit(repo, "pa: prefetch only what the block holds")
-    return repo
+    """pagedv (a kernel in vLLM's cache layout, gated through harness/1; `_project`):
+    branch `pagedv` adds the kernels, or with `planted_bug` branch `prefetch` the
+    candidate's bug."""
+    change = ((VLLM_SOURCE, VLLM_PREFETCH_BUG, "prefetch",
+               "pa: prefetch only what the block holds") if planted_bug else None)
+    return _project(VLLM_PAGED, root, "pagedv",
+                    "pagedv: paged attention in vLLM's layout, and its rowgate harness",
+                    branch="pagedv", change=change)
 
 
 SKIPPED = {".git", ".nox", ".whl", "build", "evidence", "__pycache__", ".pytest_cache",

@@ -61,6 +61,16 @@ def write_row(directory: Path, row_id: str, body: str, *, arch: str = "cpu", kin
     return path
 
 
+BUILD_AUDIT_GATES = '''
+    [[gates]]
+    id = "build"
+    kind = "build"
+
+    [[gates]]
+    id = "audit"
+    kind = "audit"
+'''
+"""A build gate and an audit gate of the row's build arches."""
 HOST_GATE = '''
     [[gates]]
     id = "host"

@@ -9,7 +9,7 @@ import pytest
 from rowgate.cli.main import main
 from rowgate.records.criteria import Comparison
 from rowgate.rows.row import load_row
-from tests.support import DEMOS, HOST_GATE, ROWS, write_row
+from tests.support import BUILD_AUDIT_GATES, DEMOS, HOST_GATE, ROWS, write_row
 
 SHIPPED = sorted([*ROWS.glob("*.toml"), *DEMOS.glob("*.toml")])
 
@@ -143,15 +143,7 @@ def test_rows_lists_gates_and_availability(capsys):
     assert "PERF-THOR-DECODE-PARITY" in out and "PENDING" in out
 
 
-KERNEL_GATES = HOST_GATE + '''
-    [[gates]]
-    id = "build"
-    kind = "build"
-
-    [[gates]]
-    id = "audit"
-    kind = "audit"
-'''
+KERNEL_GATES = HOST_GATE + BUILD_AUDIT_GATES
 
 
 def test_a_kernel_only_row_needs_no_arms_and_no_workload(tmp_path):

@@ -21,12 +21,17 @@ from rowgate.records.status import Status
 
 pytestmark = pytest.mark.slow
 
-MAKEPROJ = Path(__file__).resolve().parents[1] / "fixtures" / "subjects" / "makeproj"
+SUBJECTS = Path(__file__).resolve().parents[1] / "fixtures" / "subjects"
+MAKEPROJ = SUBJECTS / "makeproj"
+GELU = SUBJECTS / "templated" / "kernels" / "gelu.cu"
+"""The kernel source: the templated fixture's, where this project's layout puts it."""
 QUIET = PlainProgress(quiet=True)
 
 
 def _subject(root: Path, edits: tuple[tuple[str, str, str], ...] = ()) -> Path:
     shutil.copytree(MAKEPROJ, root)
+    (root / "dev" / "cuda").mkdir(parents=True)
+    shutil.copyfile(GELU, root / "dev" / "cuda" / "gelu.cu")
     for rel, old, new in edits:
         path = root / rel
         assert old in path.read_text()

@@ -24,7 +24,7 @@ from rowgate.run import runner
 from rowgate.seal import signing
 from tests.review_support import World
 from tests.subjects import CANDIDATE_SOURCE, SIGNOFF, paged_decode_subject
-from tests.support import killed_nvcc, write_row
+from tests.support import BUILD_AUDIT_GATES, killed_nvcc, write_row
 
 pytestmark = pytest.mark.slow
 
@@ -111,15 +111,7 @@ KERNEL_ONLY = '''
     id = "host"
     kind = "host"
     commands = [["git", "fsck", "--no-progress", "--no-dangling"]]
-
-    [[gates]]
-    id = "build"
-    kind = "build"
-
-    [[gates]]
-    id = "audit"
-    kind = "audit"
-
+''' + BUILD_AUDIT_GATES + '''
     [[gates]]
     id = "operator"
     kind = "operator"

@@ -290,7 +290,7 @@ def harness_file(repo: Path, manifest: KernelManifest, name: str) -> Path:
     import ast
 
     where = str(repo / KERNELS_DIR / MANIFEST)
-    rel, function = manifest.operators[name].harness_file()
+    rel, function = manifest.operators[name].to_contract(name).harness_file()
     key = f"operators.{name}.harness"
     path = confine.inside(repo, rel, where, key)
     try:

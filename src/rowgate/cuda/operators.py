@@ -134,11 +134,6 @@ class OperatorDecl(_Model):
         self.to_contract("operator")
         return self
 
-    def harness_file(self) -> tuple[str, str]:
-        """(file relative to the subject's root, function) of a harness."""
-        file, _, function = (self.harness or "").rpartition(":")
-        return file, function
-
     def to_contract(self, name: str) -> pda.Operator:
         """The ops layer's view. Raises ContractError (a ValueError) outside the contract.
         A harness's roles are its entry points: `baseline` and `candidate`."""

@@ -172,7 +172,7 @@ class Operator(Gate[OperatorGate]):
             with KernelChild(read_only=(ctx.repo,) if harness_path else ()) as child:
                 harness = None if harness_path is None else {
                     "root": str(ctx.repo), "file": str(harness_path),
-                    "function": op.harness.rpartition(":")[2],
+                    "function": op.harness_file()[1],
                     "cubins": {built.kernel: child.stage(built.cubin)}}
                 with ctx.phase("cases"):
                     for i, case in enumerate(all_cases):

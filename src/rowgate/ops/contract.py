@@ -166,6 +166,11 @@ class Operator:
     def is_harness(self) -> bool:
         return self.contract == HARNESS
 
+    def harness_file(self) -> tuple[str, str]:
+        """(file relative to the subject's root, function) of a harness."""
+        file, _, function = self.harness.rpartition(":")
+        return file, function
+
     @classmethod
     def from_table(cls, name: str, table: dict[str, Any]) -> "Operator":
         """From the raw TOML table. Checks types and ranges only as far as the

@@ -102,28 +102,22 @@ def plan_row(loaded: LoadedRow, repo: Path, devices: Inventory,
 
 def _last_times(row_dir: Path) -> dict[str, tuple[str, float, dict[str, float]]]:
     """{gate id: (bundle id, seconds, phases)} from the row's newest sealed bundle there
-    (by its manifest's time); {} when none. An estimate only: nothing here is verified."""
-    import json
+    (by its manifest's time); {} when none. An estimate only: nothing is verified here."""
+    from rowgate.seal.bundle import Bundle
 
-    newest: tuple[str, Path] | None = None
-    for manifest in row_dir.glob("*/manifest.json"):
+    bundles = []
+    for path in row_dir.glob("*/manifest.json"):
         try:
-            created = str(json.loads(manifest.read_text())["created"])
-        except (OSError, ValueError, KeyError, TypeError):
+            bundles.append(Bundle.open(path.parent))
+        except (Error, OSError):
             continue
-        if newest is None or created > newest[0]:
-            newest = (created, manifest.parent)
-    if newest is None:
+    if not bundles:
         return {}
-    out = {}
-    for path in (newest[1] / "gates").glob("*.json"):
-        try:
-            doc = json.loads(path.read_text())
-            out[doc["gate_id"]] = (newest[1].name, float(doc.get("duration_s", 0.0)),
-                                   {k: float(v) for k, v in doc.get("phases", {}).items()})
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            continue
-    return out
+    newest = max(bundles, key=lambda b: b.manifest.created)
+    try:
+        return {r.gate_id: (newest.id, r.duration_s, dict(r.phases)) for r in newest.results()}
+    except (Error, OSError):
+        return {}
 
 
 def _estimate(spec: Any, row: Row, last: tuple[str, float, dict[str, float]] | None

@@ -24,7 +24,6 @@ statistics they were sealed under (`_throughput_v1`).
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import json
 import time
@@ -170,9 +169,8 @@ def _split_rounds(ctx: GateContext) -> None:
     samples, request bookkeeping, the arms taking turns)."""
     spent = ctx.phase.seconds.pop(ROUNDS, 0.0)
     by_phase: dict[str, float] = {}
-    with open(ctx.artifact_dir / art.PASSES, newline="") as f:
-        for rec in csv.DictReader(f):
-            by_phase[rec["phase"]] = by_phase.get(rec["phase"], 0.0) + float(rec["wall_s"])
+    for rec in art.read_csv(ctx.artifact_dir / art.PASSES):
+        by_phase[rec["phase"]] = by_phase.get(rec["phase"], 0.0) + float(rec["wall_s"])
     warm, timed = by_phase.get("warmup", 0.0), by_phase.get("timed", 0.0)
     ctx.phase.seconds.update({"warm-up": warm, "measurement": timed,
                               "rounds (between passes)": max(spent - warm - timed, 0.0)})

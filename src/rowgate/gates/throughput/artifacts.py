@@ -83,7 +83,7 @@ def write_meta(out: Path, records: Mapping[str, Mapping[str, Any]],
                             "clocks_sampled": clocks})
 
 
-def _csv(path: Path) -> list[dict[str, Any]]:
+def read_csv(path: Path) -> list[dict[str, Any]]:
     try:
         with open(path, newline="") as f:
             return list(csv.DictReader(f))
@@ -96,9 +96,9 @@ Rows = list[dict[str, Any]]
 
 def read_raw(artifact_dir: Path) -> tuple[dict[str, Any], Rows, Rows, Rows]:
     meta = read_json(artifact_dir / META)
-    clocks = _csv(artifact_dir / CLOCKS) if meta.get("clocks_sampled") else []
+    clocks = read_csv(artifact_dir / CLOCKS) if meta.get("clocks_sampled") else []
     requests = read_jsonl(compressed.either(artifact_dir / REQUESTS))
-    return meta, _csv(artifact_dir / PASSES), requests, clocks
+    return meta, read_csv(artifact_dir / PASSES), requests, clocks
 
 
 def derive_cells(plans: Mapping[str, _timed.Plan], meta: Mapping[str, Any], passes: list[dict[str, Any]],

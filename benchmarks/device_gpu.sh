@@ -2,11 +2,12 @@
 # One device call: the GPU-marked tests (the core's, then the lab's) and the sandbox's
 # cost on GPU work, with rowgate installed from its wheel (benchmarks/device_env.sh).
 # Run from the repo root with `.site` carried (benchmarks/device_site.sh):
-#   bash benchmarks/device_gpu.sh [core|lab|overhead|operator-overhead ...]
+#   bash benchmarks/device_gpu.sh [core|lab|overhead|operator-overhead|throughput-overhead ...]
 #   (default: core lab overhead)
 # Writes $OUT/env.txt, $OUT/pytest-gpu-core.txt, $OUT/pytest-gpu-lab.txt,
 # $OUT/sandbox-overhead.json and, for operator-overhead, sandbox-overhead-operator.json,
-# the two gates' logs and their sealed bundles (overhead-operator-evidence.tar.gz);
+# the two gates' logs and their sealed bundles (overhead-operator-evidence.tar.gz), for
+# throughput-overhead sandbox-overhead-throughput.json and the two servers' logs;
 # TESTS_TIMEOUT (default 240 s) bounds each test set.
 set -uo pipefail
 . benchmarks/device_env.sh || exit 1
@@ -27,6 +28,10 @@ for part in ${parts[*]}; do
         --workload operator --out /tmp/overhead-operator --rounds "${ROUNDS:-16}" --nvcc "$ROWGATE_NVCC"
       cp /tmp/overhead-operator/sandbox-overhead-operator.json /tmp/overhead-operator/gate-log-* "$OUT/"
       tar czf "$OUT/overhead-operator-evidence.tar.gz" -C /tmp/overhead-operator evidence ;;
+    throughput-overhead)
+      PYTHONPATH=".:$PYTHONPATH" timeout 300 python3 benchmarks/sandbox_overhead.py \
+        --workload throughput --out /tmp/overhead-throughput --rounds "${ROUNDS:-16}"
+      cp /tmp/overhead-throughput/sandbox-overhead-throughput.json "$OUT/" ;;
     *) echo "unknown part $part" >&2; exit 2 ;;
   esac
 done

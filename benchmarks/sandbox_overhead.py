@@ -4,6 +4,8 @@ subject-step profile with the GPU nodes bound) and outside it, in alternating ro
     python3 benchmarks/sandbox_overhead.py --out DIR [--rounds 20] [--size 8192]
     PYTHONPATH=. python3 benchmarks/sandbox_overhead.py --workload operator --out DIR \
         [--rounds 16] [--nvcc PATH]
+    PYTHONPATH=. python3 benchmarks/sandbox_overhead.py --workload throughput --out DIR \
+        [--rounds 16] [--device cuda]
 
 `matmul`: each round starts a fresh process (as a sandboxed step does) that times
 `--iters` bf16 matmuls with CUDA events after a warm-up.
@@ -14,8 +16,15 @@ each round starts a kernel child (`rowgate.ops.sandboxed.KernelChild`) confined 
 one unconfined, in alternating order, and times the built cubin's baseline and
 candidate on the gate's B16 x 16384 shape as the gate does (9 interleaved samples,
 L2 flushed); the round's figure is the ratio of medians.
+`throughput`: a throughput A/A through a served engine. The OpenAI fixture server
+(tests/fixtures/openai_server.py, its own torch model code, not rowgate's) on the tiny
+model is started twice on the same device as a subject's server is: once confined (the
+arm's command in bubblewrap, only loopback, rowgate's client through the Unix-socket
+bridge) and once unconfined (the host's loopback); each round sends both the same pass
+(`--concurrency` streams of `--output-len` tokens), in alternating order, and the round's
+figure is output tokens per second inside / outside.
 The figure is the paired ratio inside / outside per round, its median and a 95 %
-bootstrap interval (scipy). Writes DIR/sandbox-overhead[-operator].json; docs/perf.md
+bootstrap interval (scipy). Writes DIR/sandbox-overhead[-operator|-throughput].json; docs/perf.md
 cites it with the device, the commit and the bundles.
 """
 
@@ -139,16 +148,77 @@ def _operator(ns: argparse.Namespace) -> dict[str, Any]:
     return doc
 
 
+def _throughput(ns: argparse.Namespace) -> dict[str, Any]:
+    import shutil
+
+    from rowgate.engines.openai import OpenAIEngine
+    from rowgate.models.tiny import build_tiny_model
+    from rowgate.rows.requests import Request, WorkloadPass
+
+    model = build_tiny_model(root=ns.out / "models")
+    subject = ns.out / "server-subject"
+    subject.mkdir(exist_ok=True)
+    server = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "openai_server.py"
+    shutil.copy2(server, subject / server.name)
+    command = [sys.executable, server.name, "--model", "{model}", "--port", "{port}",
+               "--device", ns.device, "--max-num-seqs", str(ns.concurrency)]
+    engines = {side: OpenAIEngine(command, model.path, device=ns.device, subject=subject)
+               for side in ("inside", "outside")}
+    engines["outside"].confined_server = False
+    rng = np.random.default_rng(0)
+    prompts = [tuple(int(t) for t in rng.integers(16, model.vocab_size - 16, ns.input_len))
+               for _ in range(ns.concurrency)]
+    work = WorkloadPass(cell="aa", concurrency=ns.concurrency, requests=tuple(
+        Request(id=f"aa-r{i}", cell="aa", prompt_ids=p, max_tokens=ns.output_len, seed=0)
+        for i, p in enumerate(prompts)))
+    tokens = ns.concurrency * ns.output_len
+    pairs: list[dict[str, float]] = []
+    try:
+        for engine in engines.values():
+            engine.start()
+            engine.generate(work)  # warm-up: allocator, kernels, the bridge's first bytes
+        described = {side: e.describe() for side, e in engines.items()}  # while serving
+        for r in range(ns.rounds):
+            order = ("inside", "outside") if r % 2 == 0 else ("outside", "inside")
+            rate = {side: tokens / engines[side].generate(work).wall_s for side in order}
+            pairs.append(rate)
+            print(f"round {r}: {json.dumps(rate)}", flush=True)
+    finally:
+        for engine in engines.values():
+            engine.stop()
+    doc: dict[str, Any] = {
+        "workload": f"OpenAI fixture server (tests/fixtures/openai_server.py) on the tiny "
+                    f"model, {ns.device}: {ns.concurrency} streams x {ns.output_len} output "
+                    f"tokens after {ns.input_len}-token prompts; output tokens/s",
+        "rounds": ns.rounds, "sandbox": sandbox.describe(gpu=ns.device.startswith("cuda")),
+        "engines": described,
+        "inside_tok_s_median": statistics.median(p["inside"] for p in pairs),
+        "outside_tok_s_median": statistics.median(p["outside"] for p in pairs),
+        "pairs_tok_s": pairs}
+    if len(pairs) > 1:
+        doc.update(_summary([p["inside"] / p["outside"] for p in pairs]))
+    return doc
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--workload", choices=("matmul", "operator"), default="matmul")
+    ap.add_argument("--workload", choices=("matmul", "operator", "throughput"), default="matmul")
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--size", type=int, default=8192)
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--nvcc", default=None)
+    ap.add_argument("--device", default="cuda", help="throughput: the servers' device")
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--input-len", type=int, default=32)
+    ap.add_argument("--output-len", type=int, default=64)
     ns = ap.parse_args()
     ns.out.mkdir(parents=True, exist_ok=True)
+    if ns.workload == "throughput":
+        doc = _throughput(ns)
+        (ns.out / "sandbox-overhead-throughput.json").write_text(json.dumps(doc, indent=1) + "\n")
+        print(json.dumps({k: v for k, v in doc.items() if k != "pairs_tok_s"}, indent=1))
+        return
     if ns.workload == "operator":
         doc = _operator(ns)
         (ns.out / "sandbox-overhead-operator.json").write_text(json.dumps(doc, indent=1) + "\n")

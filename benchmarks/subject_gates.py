@@ -1,9 +1,10 @@
 """On a GPU, in one call: `rowgate gate` on an external subject (pagedmini, the
 fixture of tests/fixtures/subjects/paged_decode, made a real repository here), on the same
 subject with a planted last-page bug in its candidate, and on rowgate's own tree (its
-split_kv, split_kv_bulk and split_kv_deep operators, the kept candidates): the same rows,
-the same
-gates, the same path. Then what each run must show is checked.
+split_kv, split_kv_bulk and split_kv_deep operators, the kept candidates), and on pagedv
+(tests/fixtures/subjects/vllm_paged: a kernel in vLLM's own cache layout gated through its
+harness, harness/1) clean and with a planted prefetch bug: the same rows, the same gates,
+the same path. Then what each run must show is checked.
 
     PYTHONPATH=. python3 benchmarks/subject_gates.py --out DIR [--nvcc PATH] [--smoke] \
         [--only NAME ...]
@@ -14,7 +15,8 @@ The planted-bug run uses the row without its phase and AOT gates (the operator g
 what must catch it).
 `--smoke` runs the same on a machine without a GPU: every execution gate must then be
 PENDING with its reason (a CPU check of this script). `--only pagedmini` runs one of
-the three (pagedmini, pagedmini-bug, rowgate), e.g. to re-seal the checked-in bundle.
+them (pagedmini, pagedmini-bug, rowgate, pagedv, pagedv-bug), e.g. to re-seal a checked-in
+bundle.
 Exit 0 when every expectation holds.
 """
 
@@ -35,10 +37,13 @@ REPO = Path(__file__).resolve().parents[1]
 ROWS = REPO / "tests" / "data" / "rows"
 PAGEDMINI_ROW = ROWS / "SUBJECT-PAGEDMINI-SM90.toml"
 ROWGATE_ROW = ROWS / "SUBJECT-ROWGATE-SM90.toml"
+PAGEDV_ROW = ROWS / "SUBJECT-PAGEDV-SM90.toml"
 GATE_TIMEOUT_S = int(os.environ.get("GATE_TIMEOUT", "300"))
 BUG_CASE = re.compile(r"first (\S+-uniform-page-s0)\b")
 """The planted bug drops the last page when a length is a multiple of the page: the first
 failing case is the first uniform one whose context is exactly one page."""
+PAGEDV_BUG_CASE = re.compile(r"first (\S+-uniform-page-s0)\b")
+"""pagedv's planted prefetch bug drops the last block when a length fills it exactly."""
 
 
 def operator_only(row: Path, out: Path) -> Path:
@@ -98,16 +103,19 @@ def expect(run: dict, gate_id: str, status: str, *, reason: re.Pattern | None = 
             "reason": got and got["reason"], "ok": ok, "why": why}
 
 
-SUBJECTS = ("pagedmini", "pagedmini-bug", "rowgate")
+SUBJECTS = ("pagedmini", "pagedmini-bug", "rowgate", "pagedv", "pagedv-bug")
 
 
 def subject(name: str, out: Path) -> tuple[Path, Path]:
     """The row and the subject repository (made under out/subjects/) of subject `name`."""
-    from tests.subjects import paged_decode_subject, snapshot_of
+    from tests.subjects import paged_decode_subject, snapshot_of, vllm_paged_subject
 
     work = out / "subjects"
     if name == "rowgate":
         return ROWGATE_ROW, snapshot_of(REPO, work / "rowgate")
+    if name.startswith("pagedv"):
+        bug = name == "pagedv-bug"
+        return PAGEDV_ROW, Path(vllm_paged_subject(work / name, planted_bug=bug).working_dir)
     bug = name == "pagedmini-bug"
     repo = Path(paged_decode_subject(work / name, planted_bug=bug).working_dir)
     return (operator_only(PAGEDMINI_ROW, out) if bug else PAGEDMINI_ROW), repo
@@ -124,6 +132,12 @@ def expectations(name: str, run: dict, device: str | None) -> list[dict]:
             expect(run, "triton-aot", "PASS")]
     if name == "pagedmini-bug":
         return [expect(run, "operator", device or "FAIL", reason=None if device else BUG_CASE)]
+    if name == "pagedv":
+        return [expect(run, g, "PASS") for g in ("host", "build", "audit")] + [
+            expect(run, "operator", device or "PASS")]
+    if name == "pagedv-bug":
+        return [expect(run, "operator", device or "FAIL",
+                       reason=None if device else PAGEDV_BUG_CASE)]
     return [expect(run, g, "PASS") for g in ("host", "build", "audit")] + [
         expect(run, g, device or "PASS") for g in ("operator", "operator-bulk", "operator-deep")]
 
@@ -134,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nvcc", default=shutil.which("nvcc"))
     ap.add_argument("--smoke", action="store_true", help="no GPU: execution gates PENDING")
     ap.add_argument("--only", action="append", choices=SUBJECTS, default=[],
-                    help="run only this subject (repeatable; default: all three)")
+                    help="run only this subject (repeatable; default: all)")
     ns = ap.parse_args(argv)
     ns.out.mkdir(parents=True, exist_ok=True)
     chosen = ns.only or list(SUBJECTS)

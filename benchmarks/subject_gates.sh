@@ -9,6 +9,7 @@
 #   bash benchmarks/subject_gates.sh                  # the gates (about 5 minutes)
 #   SKIP_GATES=1 GPU_TESTS=1 bash benchmarks/subject_gates.sh   # the gpu-marked tests
 #   ONLY=pagedmini bash benchmarks/subject_gates.sh   # one subject (re-seal its bundle)
+#   ONLY="pagedv pagedv-bug" bash benchmarks/subject_gates.sh   # several
 # Writes $OUT/summary.txt (one line per expectation, ok/FAIL), $OUT/results.tar.gz (the
 # summary JSON, every gate log, the device's public key), the sealed evidence bundles
 # with their raw artifacts (cases.json, timing.json, phase.json, ncu-*.csv, aot.json) as
@@ -26,7 +27,7 @@ NVCC="$(command -v nvcc)"
 status=0
 if [ -z "${SKIP_GATES:-}" ]; then
   timeout "${SCRIPT_TIMEOUT:-480}" python3 benchmarks/subject_gates.py --out "$R" --nvcc "$NVCC" \
-    ${ONLY:+--only "$ONLY"} 2>&1 | tee "$OUT/summary.txt"
+    $(for name in ${ONLY:-}; do printf -- '--only %s ' "$name"; done) 2>&1 | tee "$OUT/summary.txt"
   status=${PIPESTATUS[0]}
 fi
 if [ -n "${GPU_TESTS:-}" ]; then

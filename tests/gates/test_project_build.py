@@ -81,3 +81,69 @@ def test_a_host_warning_in_the_projects_code_fails_under_the_injected_flags(tmp_
     build.build_into(subject, ["sm_90"], [], {}, tmp_path / "out", QUIET)
     derived = build.derive_builds(tmp_path / "out")
     assert derived.status is Status.FAIL and "unused" in derived.reason, derived.reason
+
+
+# ---------------------------------------------------------------- CMake, cuBLAS, NVTX
+
+CMAKEPROJ = SUBJECTS / "cmakeproj"
+
+
+def _cmake_subject(root: Path, edits: tuple[tuple[str, str, str], ...] = ()) -> Path:
+    """cmakeproj with the templated gelu.cu as its src/gelu.cu (its layout)."""
+    shutil.copytree(CMAKEPROJ, root)
+    shutil.copyfile(GELU, root / "src" / "gelu.cu")
+    for rel, old, new in edits:
+        path = root / rel
+        assert old in path.read_text()
+        path.write_text(path.read_text().replace(old, new))
+    return root
+
+
+@pytest.fixture(scope="module")
+def cmake_audited(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("cmakeproj")
+    subject = _cmake_subject(tmp / "subject")
+    audit.measure_audit(subject, ["sm_90", "sm_110"], [], {}, tmp / "out", QUIET)
+    assert not (subject / "build").exists()
+    return tmp / "out"
+
+
+def test_a_cmake_project_with_cublas_and_nvtx_headers_builds_and_audits(cmake_audited):
+    derived = audit.derive_audit(cmake_audited)
+    assert build.derive_builds(cmake_audited).status is Status.PASS
+    assert derived.status is Status.PASS, derived.reason
+    for arch, sm in (("sm_90", "90"), ("sm_110", "110")):
+        assert derived.cells[f"gelu/gelu_forward_kernel2<__nv_bfloat16>@{arch}"]["registers"] > 0
+        record = json.loads((cmake_audited / arch / "gelu" / "build.json").read_text())
+        assert [h["package"] for h in record["headers"]] == ["nvidia-cublas", "nvidia-nvtx"]
+        assert record["project"]["unit"] == "gelu"
+        assert sorted(Path(c).name for c in record["project"]["every_cubin"]) == [
+            f"gelu.{arch}.cubin", f"matmul.{arch}.cubin"]
+        calls = [json.loads(line) for line in compressed.read_text(compressed.either(
+            cmake_audited / arch / "gelu" / "nvcc-calls.jsonl")).splitlines()]
+        matmul = next(c for c in calls if any(a.endswith("src/matmul.cu") for a in c["argv"]))
+        assert matmul["returncode"] == 0 and not matmul["probe"]
+        assert any(a.startswith("-I") and "nvidia-cublas-" in a for a in matmul["argv"])
+        assert "-arch=sm_80" not in matmul["argv"] and "--generate-code=arch=compute_80" not in \
+            " ".join(matmul["argv"])
+        assert f"arch=compute_{sm},code=[sm_{sm},compute_{sm}]" in matmul["argv"]
+        # CMake's `nvcc -v __cmake_determine_cuda` fails by design: recorded, not judged
+        assert any(c["probe"] and c["returncode"] != 0 for c in calls)
+
+
+def test_without_the_headers_declared_the_cublas_include_is_not_found(tmp_path):
+    subject = _cmake_subject(tmp_path / "subject", (
+        ("kernels/kernels.toml", 'headers = ["cublas", "nvtx"]\n', ""),))
+    build.build_into(subject, ["sm_90"], [], {}, tmp_path / "out", QUIET)
+    derived = build.derive_builds(tmp_path / "out")
+    assert derived.status is Status.FAIL and "cublas_v2.h" in derived.reason, derived.reason
+
+
+def test_a_unit_the_outputs_do_not_hold_is_named_with_the_units_they_do(tmp_path):
+    subject = _cmake_subject(tmp_path / "subject", (
+        ("kernels/kernels.toml", 'unit = "gelu"', 'unit = "softmax"'),))
+    build.build_into(subject, ["sm_90"], [], {}, tmp_path / "out", QUIET)
+    derived = build.derive_builds(tmp_path / "out")
+    assert derived.status is Status.FAIL
+    assert "unit 'softmax' is not among the sm_90 cubins" in derived.reason
+    assert "gelu.sm_90.cubin" in derived.reason and "matmul.sm_90.cubin" in derived.reason

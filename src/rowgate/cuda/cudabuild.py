@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rowgate import sandbox
-from rowgate.cuda import cache, project_build, resources, toolchains
+from rowgate.cuda import cache, library_headers, project_build, resources, toolchains
 from rowgate.cuda import kernels as kernels_toml
 from rowgate.cuda.kernels import KERNELS_DIR, Kernel, KernelManifest
 from rowgate.cuda.toolchains import Toolchain
@@ -76,7 +76,9 @@ def build(repo: Path, manifest: KernelManifest, name: str, arch: str, toolchain:
     compile failure: that is recorded (return codes, logs) for the gates to judge."""
     kernel = manifest.kernels[name]
     digest = kernels_toml.source_digest(repo, manifest, name)
-    key = cache_key(digest, kernel.model_dump(mode="json"), arch, toolchain)
+    libs = library_headers.resolve(kernel.headers, toolchain)
+    key = cache_key(digest, {**kernel.model_dump(mode="json"),
+                             "headers": [h.identity() for h in libs]}, arch, toolchain)
     final = (cache_root or cache.kernels()) / name / arch / key[:24]
     if (final / BUILD_RECORD).is_file():
         return BuildDir(final, json.loads((final / BUILD_RECORD).read_text()), cached=True)
@@ -86,9 +88,11 @@ def build(repo: Path, manifest: KernelManifest, name: str, arch: str, toolchain:
         root = repo / KERNELS_DIR
         src = root / kernel.source
         includes = [str(root / inc) for inc in manifest.include_dirs]
+        includes += [h.include_dir for h in libs]  # after the subject's own
         defines = [f"-D{d}" for d in kernel.defines]
         if kernel.build is not None:
-            steps = _project_steps(repo, arch, toolchain, kernel, work)
+            steps = _project_steps(repo, arch, toolchain, kernel, work,
+                                   [h.include_dir for h in libs])
         elif toolchain.kind == "nvrtc":
             steps = _nvrtc_steps(name, arch, toolchain, src, includes, defines)
         else:
@@ -97,9 +101,11 @@ def build(repo: Path, manifest: KernelManifest, name: str, arch: str, toolchain:
             "kernel": name, "arch": arch,
             "source": f"{KERNELS_DIR}/{kernel.source}" if kernel.source else "(its own build)",
             "source_digest": digest, "cache_key": key, "recipe": RECIPE,
-            "toolchain": toolchain.describe(), "steps": [], "outputs": {}}
+            "toolchain": toolchain.describe(), "steps": [], "outputs": {},
+            "headers": [h.identity() for h in libs]}
+        reads = [repo.resolve(), *toolchain.roots(), *(Path(h.include_dir) for h in libs)]
         for step in steps:
-            done = _run(step, work, repo.resolve(), toolchain)
+            done = _run(step, work, reads)
             record["steps"].append(done)
             if done["returncode"] < 0:
                 # Killed by a signal (an interrupt reaching the compile, the OOM killer):
@@ -157,8 +163,8 @@ def _nvcc_steps(name: str, arch: str, tc: Toolchain, src: Path, includes: list[s
     return [{"tool": "nvcc", "argv": argv, "log": "nvcc.log", "mkdir": "keep"}]
 
 
-def _project_steps(repo: Path, arch: str, tc: Toolchain, kernel: Kernel,
-                   work: Path) -> list[dict[str, Any]]:
+def _project_steps(repo: Path, arch: str, tc: Toolchain, kernel: Kernel, work: Path,
+                   header_dirs: list[str]) -> list[dict[str, Any]]:
     """The project's own build, in a copy of the subject, through rowgate's nvcc wrapper
     (`rowgate.cuda.project_build`), with the flags rowgate's recipe would use."""
     if tc.kind != "nvcc":
@@ -167,21 +173,23 @@ def _project_steps(repo: Path, arch: str, tc: Toolchain, kernel: Kernel,
     sm = sm_number(arch)
     host = [*(HOST_WARNING_FLAGS if kernel.host_warnings == "errors" else []),
             *kernel.host_flags]
-    flags = [*kernel.nvcc_flags, "-gencode", f"arch=compute_{sm},code=[sm_{sm},compute_{sm}]",
+    flags = [*kernel.nvcc_flags, *[f"-I{d}" for d in header_dirs],
+             "-gencode", f"arch=compute_{sm},code=[sm_{sm},compute_{sm}]",
              *DEVICE_WARNING_FLAGS, *(["-Xcompiler", ",".join(host)] if host else [])]
     src = project_build.copy_subject(repo, work)
     wrapper = project_build.write_wrapper(work, tc, flags)
-    return project_build.steps(kernel, arch, wrapper, src)
+    return project_build.steps(kernel, arch, wrapper, src, header_dirs)
 
 
-def _run(step: dict[str, Any], work: Path, subject: Path, toolchain: Toolchain) -> dict[str, Any]:
-    """One compile step: the subject's code compiled in the sandbox, its sources read-only
-    (an `#include` of anything outside them finds nothing), only `work` writable (a
-    project's own build runs in its copy there, `cwd`, with rowgate's nvcc wrapper)."""
+def _run(step: dict[str, Any], work: Path, reads: list[Path]) -> dict[str, Any]:
+    """One compile step: the subject's code compiled in the sandbox, its sources, the
+    toolchain and the declared library headers read-only (an `#include` of anything
+    else finds nothing), only `work` writable (a project's own build runs in its copy
+    there, `cwd`, with rowgate's nvcc wrapper)."""
     if "mkdir" in step:
         (work / step["mkdir"]).mkdir()
     done = sandbox.run(sandbox.Step(step["argv"], cwd=Path(step.get("cwd", work)),
-                                    writable=[work], read_only=[subject, *toolchain.roots()],
+                                    writable=[work], read_only=reads,
                                     env=step.get("env", {}),
                                     path_dirs=step.get("path_dirs", ()),
                                     limits=sandbox.Limits(wall_s=COMPILE_TIMEOUT_S)),
@@ -238,7 +246,12 @@ def _collect_project(name: str, arch: str, work: Path, record: dict[str, Any], k
                                      limits=sandbox.Limits(wall_s=COMPILE_TIMEOUT_S)),
                         merged=True)
         found += sorted(dest.glob(f"*.sm_{sm}.cubin"))
+    every = [p.relative_to(work).as_posix() for p in found]
+    if kernel.build.unit:
+        found = [p for p in found if p.name in (f"{kernel.build.unit}.sm_{sm}.cubin",
+                                                f"{kernel.build.unit}.cubin")]
     record["project"] = {"outputs": list(kernel.build.outputs), "missing": missing,
+                         "unit": kernel.build.unit, "every_cubin": every,
                          "cubins": [p.relative_to(work).as_posix() for p in found],
                          "nvcc_calls": len(project_build.calls(work)),
                          "binutils": tc.binutils_missing}
@@ -266,11 +279,15 @@ def _project_problems(record: dict[str, Any]) -> list[str]:
         return [f"{who}: the build ran no nvcc through rowgate's wrapper (an nvcc called by "
                 f"path gets neither the arch nor the warning flags): use nvcc, $NVCC, "
                 f"$CUDACXX or {{nvcc}}"]
+    if p.get("unit") and len(p["cubins"]) != 1:
+        return [f"{who}: unit {p['unit']!r} is not among the {record['arch']} cubins in the "
+                f"outputs ({', '.join(p.get('every_cubin', [])) or 'none'}"
+                f"{'; ' + p['binutils'] if p['binutils'] else ''})"]
     if len(p["cubins"]) != 1:
         return [f"{who}: {len(p['cubins'])} {record['arch']} cubins in the outputs "
                 f"({', '.join(p['cubins']) or 'none'}"
                 f"{'; ' + p['binutils'] if p['binutils'] else ''}): declare the output that "
-                f"holds this kernel's translation unit"]
+                f"holds this kernel's translation unit, or its unit (`unit = \"NAME\"`)"]
     return []
 
 

@@ -134,6 +134,10 @@ class ProjectBuild(_Model):
     `CUDAARCHS` already name the wrapper and the arch)."""
     outputs: Annotated[list[RelPath], Field(min_length=1)]
     """Object files, shared libraries, fatbins or cubins, relative to the subject root."""
+    unit: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.+-]+$")] = ""
+    """Where the outputs hold device code of several translation units (a shared library
+    built from many .cu files): the one holding this kernel, by its source's base name
+    (`gelu` for `src/gelu.cu`: cuobjdump names the unit's cubin `gelu.sm_90.cubin`)."""
 
 
 class Kernel(_Model):
@@ -153,6 +157,10 @@ class Kernel(_Model):
     `--expt-relaxed-constexpr`), placed before rowgate's own."""
     host_flags: list[str] = []
     """Options for the host compiler (nvcc passes them with `-Xcompiler`)."""
+    headers: list[Literal["cublas", "nvtx"]] = []
+    """CUDA libraries whose headers the kernel's code includes (`cublas_v2.h`,
+    `nvtx3/nvToolsExt.h`): each from its wheel of the toolchain's release, in an include
+    directory of its own (`rowgate.cuda.library_headers`)."""
     host_warnings: Literal["errors", "off"] = "errors"
     """`errors`: host code compiles with `-Wall -Wextra -Werror`, as device code does;
     `off`: the host compiler's defaults (device and ptxas warnings stay errors). The

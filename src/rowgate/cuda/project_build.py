@@ -19,8 +19,10 @@ only writable place.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +32,20 @@ from rowgate.cuda.toolchains import Toolchain
 WRAPPER_DIR = "nvcc-wrapper"
 CALLS = "nvcc-calls.jsonl"
 COMPILER_LOG = "nvcc.log"
+PROBES_LOG = "nvcc-probes.log"
 SOURCE_COPY = "src"
 DROPPED = ("-gencode", "--generate-code", "-arch", "--gpu-architecture", "-code", "--gpu-code")
 """nvcc options that choose arches: the project's are dropped, rowgate's arch is built."""
+INPUTS = (".cu", ".c", ".cc", ".cpp", ".cxx", ".ptx", ".o", ".obj", ".a", ".cubin", ".fatbin")
+"""What an nvcc call compiles or links. A call naming none is a *probe* (`nvcc --version`,
+CMake's `nvcc -v __cmake_determine_cuda`, which fails by design: CMake reads what it
+prints): its return code is recorded, not judged. Every call that compiles or links is
+judged by its return code, even one the project's build shrugged off (a `make -k` or
+`|| true` must not hide a warning rowgate made an error)."""
+VERBOSE = ("-v", "--verbose", "-Xcompiler=-v", "-dryrun", "--dryrun")
+"""A call that asks nvcc or the host compiler to trace itself (CMake's compiler checks
+do): what it prints is a trace, not diagnostics, so it goes to the probes' log; its
+return code is still judged (warnings are errors, so a warning fails it)."""
 
 _WRAPPER = '''#!{python}
 """rowgate's nvcc wrapper for one project build (written by rowgate.cuda.project_build)."""
@@ -40,9 +53,11 @@ import json
 import subprocess
 import sys
 
-REAL, CALLS, LOG = {real!r}, {calls!r}, {log!r}
+REAL, CALLS, LOG, PROBES = {real!r}, {calls!r}, {log!r}, {probes!r}
 FLAGS = {flags!r}
 DROPPED = {dropped!r}
+INPUTS = {inputs!r}
+VERBOSE = {verbose!r}
 args, skip = [], False
 for arg in sys.argv[1:]:
     if skip:
@@ -59,10 +74,13 @@ argv = [REAL, *args, *FLAGS]
 done = subprocess.run(argv, capture_output=True)
 sys.stdout.buffer.write(done.stdout)
 sys.stderr.buffer.write(done.stderr)
-with open(LOG, "ab") as f:
+probe = not any(a.endswith(INPUTS) for a in args if not a.startswith("-"))
+verbose = any(a in VERBOSE or (a == "-v" and b == "-Xcompiler") for b, a in zip([""] + args, args))
+with open(PROBES if probe or verbose else LOG, "ab") as f:
     f.write(done.stdout + done.stderr)
 with open(CALLS, "a") as f:
-    f.write(json.dumps({{"argv": argv, "returncode": done.returncode}}) + "\\n")
+    f.write(json.dumps({{"argv": argv, "returncode": done.returncode, "probe": probe,
+                        "verbose": verbose}}) + "\\n")
 sys.exit(done.returncode)
 '''
 
@@ -81,19 +99,26 @@ def write_wrapper(work: Path, tc: Toolchain, flags: list[str]) -> Path:
     wrapper.parent.mkdir()
     wrapper.write_text(_WRAPPER.format(python=sys.executable, real=tc.compiler.path,
                                        calls=str(work / CALLS), log=str(work / COMPILER_LOG),
-                                       flags=flags, dropped=DROPPED))
+                                       probes=str(work / PROBES_LOG), flags=flags,
+                                       dropped=DROPPED, inputs=INPUTS, verbose=VERBOSE))
     wrapper.chmod(0o755)
     (work / COMPILER_LOG).write_bytes(b"")
+    (work / PROBES_LOG).write_bytes(b"")
     (work / CALLS).write_text("")
     return wrapper
 
 
-def steps(kernel: Kernel, arch: str, wrapper: Path, src: Path) -> list[dict[str, Any]]:
+def steps(kernel: Kernel, arch: str, wrapper: Path, src: Path,
+          header_dirs: Sequence[str] = ()) -> list[dict[str, Any]]:
     """The project's commands, `{nvcc}`, `{arch}` (sm_NN) and `{sm}` (NN) filled in, each
-    with the wrapper first on PATH and in NVCC / CUDACXX, CMake's CUDAARCHS the arch."""
+    with the wrapper first on PATH and in NVCC / CUDACXX, CMake's CUDAARCHS the arch, and
+    the declared library headers on CPATH (the host compiler's include path: a project's
+    .cpp files include cublas_v2.h too)."""
     assert kernel.build is not None
     sm = arch.removeprefix("sm_")
     env = {"NVCC": str(wrapper), "CUDACXX": str(wrapper), "CUDAARCHS": sm}
+    if header_dirs:
+        env["CPATH"] = os.pathsep.join(header_dirs)
     fill = {"{nvcc}": str(wrapper), "{arch}": arch, "{sm}": sm}
     out = []
     for i, command in enumerate(kernel.build.commands):
@@ -115,9 +140,12 @@ def calls(work: Path) -> list[dict[str, Any]]:
 
 def compiler_step(work: Path) -> dict[str, Any]:
     """The record of every nvcc call as one step: its command lines (`nvcc-calls.jsonl`),
-    the worst return code, and everything they printed (`nvcc.log`: the ptxas -v reports
-    the audit reads, and any warning, which fails the build)."""
+    the worst return code of the calls that compiled or linked (a probe's is kept in the
+    record, not judged), and what they printed (`nvcc.log`: the ptxas -v reports the
+    audit reads, and any warning, which fails the build; probes' and verbose calls'
+    output in `nvcc-probes.log`)."""
     ran = calls(work)
-    worst = max((c["returncode"] for c in ran), key=abs, default=0)
+    worst = max((c["returncode"] for c in ran if not c.get("probe")), key=abs, default=0)
     return {"tool": "nvcc", "argv": [c["argv"] for c in ran], "returncode": worst,
-            "log": COMPILER_LOG, "calls": CALLS}
+            "log": COMPILER_LOG, "calls": CALLS, "probes_log": PROBES_LOG,
+            "probes": sum(bool(c.get("probe")) for c in ran)}

@@ -1,0 +1,98 @@
+"""Headers of the CUDA libraries a kernel declares (`headers = ["cublas", "nvtx"]`), from
+the wheels of the toolchain's release, each in an include directory of its own.
+
+The pinned toolchains ship no library headers: a real project's host code includes
+`cublas_v2.h` or `nvtx3/nvToolsExt.h`. NVIDIA publishes them in the libraries' wheels
+(`rowgate[cuda13-libs]` for nvcc builds, `rowgate[cuda12-libs]` for the NVRTC path), but
+the CUDA 13 wheels share one `nvidia/cu13/include` with cudart and CCCL: putting that
+directory on the path would shadow an explicit nvcc's own runtime headers with another
+release's. So each declared library's own files, as its wheel's RECORD lists them, are
+copied into `CACHE/headers/PACKAGE-VERSION/include` (once; outside every subject), and
+only that directory goes on the include path, bound read-only into the sandbox. The
+package and its exact version are part of the build's cache key and its record.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+from rowgate.cuda import cache
+from rowgate.cuda.toolchains import Toolchain, ToolchainError
+
+LIBRARIES = {
+    "cublas": {"nvcc": "nvidia-cublas", "nvrtc": "nvidia-cublas-cu12"},
+    "nvtx": {"nvcc": "nvidia-nvtx", "nvrtc": "nvidia-nvtx-cu12"},
+}
+"""A declared library -> its headers' wheel per toolchain kind."""
+INSTALL = {"nvcc": "pip install 'rowgate[cuda13-libs]'",
+           "nvrtc": "pip install 'rowgate[cuda12-libs]'"}
+MARKER = ".complete"
+
+
+@dataclass(frozen=True)
+class LibraryHeaders:
+    library: str
+    package: str
+    version: str
+    include_dir: str
+    """The private include directory (not part of the cache identity: it moves with
+    the cache)."""
+
+    def identity(self) -> dict[str, str]:
+        return {"library": self.library, "package": self.package, "version": self.version}
+
+
+def resolve(libraries: Sequence[str], toolchain: Toolchain) -> list[LibraryHeaders]:
+    """The include directory of each declared library for `toolchain`. Raises
+    ToolchainError naming the library, its package and how to install it."""
+    return [_one(name, toolchain.kind) for name in libraries]
+
+
+def _one(library: str, kind: str) -> LibraryHeaders:
+    if library not in LIBRARIES:
+        raise ToolchainError(f"headers: unknown library {library!r} (known: "
+                             f"{', '.join(sorted(LIBRARIES))})")
+    package = LIBRARIES[library][kind]
+    try:
+        dist = metadata.distribution(package)
+    except metadata.PackageNotFoundError:
+        raise ToolchainError(f"headers: {library} needs {package}, which is not installed: "
+                             f"{INSTALL[kind]}") from None
+    files = [f for f in dist.files or () if "include" in f.parts[:-1]]
+    if not files:
+        raise ToolchainError(f"headers: {package} {dist.version} lists no include files")
+    dest = cache.root() / "headers" / f"{package}-{dist.version}" / "include"
+    if not (dest.parent / MARKER).is_file():
+        _publish(dist, files, dest)
+    return LibraryHeaders(library, package, dist.version, str(dest))
+
+
+def _publish(dist: metadata.Distribution, files: list[metadata.PackagePath],
+             dest: Path) -> None:
+    """Copy the wheel's include files under `dest` (their path after `include/`), whole
+    or not at all: a temporary directory renamed into place, a marker naming each file's
+    digest last."""
+    dest.parent.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".headers-", dir=dest.parent.parent))
+    try:
+        lines = []
+        for f in files:
+            rel = Path(*f.parts[f.parts.index("include") + 1:])
+            src = Path(str(dist.locate_file(f)))
+            (tmp / "include" / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, tmp / "include" / rel)
+            lines.append(f"{hashlib.sha256(src.read_bytes()).hexdigest()}  {rel}\n")
+        (tmp / MARKER).write_text("".join(sorted(lines)))
+        if (dest.parent / MARKER).is_file():  # another build published it meanwhile
+            return
+        shutil.rmtree(dest.parent, ignore_errors=True)  # a copy that never completed
+        os.replace(tmp, dest.parent)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

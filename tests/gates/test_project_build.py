@@ -147,3 +147,14 @@ def test_a_unit_the_outputs_do_not_hold_is_named_with_the_units_they_do(tmp_path
     assert derived.status is Status.FAIL
     assert "unit 'softmax' is not among the sm_90 cubins" in derived.reason
     assert "gelu.sm_90.cubin" in derived.reason and "matmul.sm_90.cubin" in derived.reason
+
+
+def test_a_failed_configure_is_named_by_the_build_tools_own_error(tmp_path):
+    subject = _cmake_subject(tmp_path / "subject", (
+        ("CMakeLists.txt", "set(CMAKE_CXX_STANDARD 17)",
+         "find_package(RowgateNoSuchPackage REQUIRED)\nset(CMAKE_CXX_STANDARD 17)"),))
+    build.build_into(subject, ["sm_90"], [], {}, tmp_path / "out", QUIET)
+    derived = build.derive_builds(tmp_path / "out")
+    assert derived.status is Status.FAIL
+    assert "gelu sm_90: project exited 1: CMake Error at CMakeLists.txt:" in derived.reason
+    assert "RowgateNoSuchPackage" in derived.reason, derived.reason

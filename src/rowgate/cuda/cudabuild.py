@@ -298,11 +298,16 @@ def problems(build_dir: Path, record: dict[str, Any]) -> list[str]:
     for step in record["steps"]:
         log = (build_dir / step["log"]).read_text(errors="replace")
         # a project's own build tool prints what it likes; its compilers' output is the
-        # `nvcc` step's log (every call through rowgate's wrapper), judged line by line
-        diags = [] if step["tool"] == "project" else resources.diagnostics(log, step["tool"])
+        # `nvcc` step's log (every call through rowgate's wrapper), judged line by line.
+        # Only a failed build tool is quoted: its lines that say error, and what follows
+        # the first (CMake's reason comes on the next line).
+        project = step["tool"] == "project"
+        diags = (_tool_said(log) if step["returncode"] != 0 else []) if project \
+            else resources.diagnostics(log, step["tool"])
         if step["returncode"] != 0 or diags:
             # The warning/error lines themselves, not the "In function …" context.
-            said = [d.strip() for d in diags if _SAYS.search(d)] or diags[:1] or ["(no output)"]
+            said = (diags if project else [d.strip() for d in diags if _SAYS.search(d)]) \
+                or diags[:1] or ["(no output)"]
             text = " | ".join(said[:3]) + (f" (+{len(said) - 3} more)" if len(said) > 3 else "")
             out.append(f"{record['kernel']} {record['arch']}: {step['tool']} exited "
                        f"{step['returncode']}: {text}")
@@ -310,6 +315,16 @@ def problems(build_dir: Path, record: dict[str, Any]) -> list[str]:
     if not out and not record.get("cubin"):
         out.append(f"{record['kernel']} {record['arch']}: no cubin was produced")
     return out
+
+
+def _tool_said(log: str) -> list[str]:
+    """A failed build tool's first error line and the line after it (CMake: `CMake Error
+    at …` then the reason), or its last line."""
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    first = next((i for i, line in enumerate(lines) if _SAYS.search(line)), None)
+    if first is None:
+        return lines[-1:]
+    return lines[first:first + 2]
 
 
 def cubin(repo: Path, name: str, arch: str, nvcc: str | None = None) -> Path:

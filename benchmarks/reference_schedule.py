@@ -2,9 +2,8 @@
 release's own schedule builder (cohere-ai/cohere-megakernel, `src/decode/schedule.py`)
 inside rowgate's sandbox.
 
-    cd /work/main && PYTHONPATH=src:. /tmp/ciclone/.nox/tests/bin/python \
-        benchmarks/reference_schedule.py --subject .subjects/cohere-megakernel \
-        --out /tmp/refsched [--batches 1 8] [--context N]
+    PYTHONPATH=. python benchmarks/reference_schedule.py --subject SUBJECT --out OUT \
+        [--batches 1 8] [--context N]
 
 The release is untrusted code, so nothing of it runs in this process: this script writes
 a small probe program (`PROBE` below) into a private scratch directory and runs it with

@@ -17,7 +17,8 @@ SHIPPED = sorted([*ROWS.glob("*.toml"), *DEMOS.glob("*.toml")])
 def test_the_rows_ship():
     assert {p.stem for p in SHIPPED} == {"DEMO-CPU-DECODE", "DEMO-GPU-DECODE",
                                          "PERF-THOR-DECODE-PARITY", "SM70-XQA-E5M2-DECODE",
-                                         "KERNEL-CUDA-DECODE-MEGAKERNEL"}
+                                         "KERNEL-CUDA-DECODE-MEGAKERNEL",
+                                         "REFERENCE-COHERE-MEGAKERNEL"}
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from rowgate.cuda import kernels
-from tests.support import LAB
 from rowgate.errors import SubjectError
+from tests.support import LAB
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -11,9 +11,9 @@ import pytest
 from pydantic import ValidationError
 
 from rowgate.cuda.operators import OperatorDecl, TritonDecl, check_operators
-from tests.support import LAB
 from rowgate.ops import contract
 from tests.subjects import PAGED_DECODE
+from tests.support import LAB
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE_TOML = tomllib.loads((PAGED_DECODE / "kernels" / "kernels.toml").read_text())

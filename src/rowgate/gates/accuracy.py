@@ -140,6 +140,7 @@ def predicted_number(text: str) -> str | None:
 class Accuracy(Gate[AccuracyGate]):
     kind = "accuracy"
     drives_arms = True
+    shares_engines = True
     spec_model = AccuracyGate
     needs_device = True
     options = ENGINE_KEYS

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 
 from rowgate.engines.interface import Engine, EngineError, WorkloadPass
 from rowgate.errors import Error
+from rowgate.gates.artifacts import write_json
+from rowgate.gates.engine_pool import SHARING_FILE, engine_key
 from rowgate.gates.interface import GateContext, GateError
 from rowgate.models.tiny import ModelInfo, model_info, why_unavailable
 from rowgate.models.tiny import resolve_model as model_resolve
@@ -197,26 +199,59 @@ def gpu_index(row: Row, ctx: GateContext) -> int | None:
 @contextlib.contextmanager
 def started(arms: dict[str, tuple[Arm, ModelInfo]], row: Row, ctx: GateContext,
             options: dict[str, str] | None = None) -> Iterator[dict[str, Engine]]:
-    """Start each arm once; stop every started arm however the block exits.
-    `options` (the gate's own, e.g. `endpoint`) override the operator's."""
-    from rowgate import engines
-
+    """Each arm started once, or taken from the row run's engine pool (`ctx.engines`,
+    `rowgate.gates.engine_pool`) when an earlier gate started the same engine; engines
+    this gate started stay in the pool for the next, every other is stopped however the
+    block exits. `options` (the gate's own, e.g. `endpoint`) override the operator's."""
     dev = device_name(row, ctx)
     opts = {**ctx.options, **(options or {})}
+    pool = ctx.engines
+    keys = {role: engine_key(arm.model_dump(mode="json"), model.path, model.digest, dev, opts,
+                             ctx.repo) for role, (arm, model) in arms.items()}
+    if pool is not None:
+        pool.keep_only(set(keys.values()))
+    sharing: dict[str, dict[str, object]] = {}
     with contextlib.ExitStack() as stack:
         out: dict[str, Engine] = {}
         for role, (arm, model) in arms.items():
-            ctx.progress.update(f"starting {role} ({arm.engine}) on {dev}")
-            try:
-                with ctx.phase("engine start"):
-                    engine = engines.create(arm, model.path, device=dev, options=opts,
-                                            subject=ctx.repo)
-                    stack.enter_context(engine)
-            except Error as exc:
-                raise GateError(f"{role} arm ({arm.engine}) did not start: "
-                                f"{exc.diagnostics()}") from exc
-            out[role] = engine
-        yield out
+            taken = pool.take(keys[role], ctx.gate_id, {id(e) for e in out.values()}) \
+                if pool is not None else None
+            if taken is not None:
+                out[role], first = taken
+                ctx.progress.update(f"{role} ({arm.engine}) on {dev}: the engine gate "
+                                    f"{first} started")
+                sharing[role] = {"started_by": first, "reused": True}
+                continue
+            out[role] = _start(role, arm, model, dev, opts, ctx)
+            if pool is not None:
+                pool.add(keys[role], out[role], ctx.gate_id)
+            if pool is None or not pool.holds(out[role]):
+                stack.callback(out[role].stop)
+            sharing[role] = {"started_by": ctx.gate_id, "reused": False}
+        if pool is not None:
+            write_json(ctx.artifact_dir / SHARING_FILE, sharing)
+        try:
+            yield out
+        except BaseException:
+            if pool is not None:  # its state is unknown: no later gate gets it
+                pool.drop(list(out.values()))
+            raise
+
+
+def _start(role: str, arm: Arm, model: ModelInfo, dev: str, opts: dict[str, str],
+           ctx: GateContext) -> Engine:
+    from rowgate import engines
+
+    ctx.progress.update(f"starting {role} ({arm.engine}) on {dev}")
+    try:
+        with ctx.phase("engine start"):
+            engine = engines.create(arm, model.path, device=dev, options=opts,
+                                    subject=ctx.repo)
+            engine.start()
+    except Error as exc:
+        raise GateError(f"{role} arm ({arm.engine}) did not start: "
+                        f"{exc.diagnostics()}") from exc
+    return engine
 
 
 def generate(engine: Engine, role: str, work: WorkloadPass) -> object:

@@ -34,6 +34,7 @@ from rowgate.seal.device import GpuChoice, Inventory
 
 if TYPE_CHECKING:
     from rowgate.cuda.kernels import KernelManifest
+    from rowgate.gates.engine_pool import EnginePool
     from rowgate.records.provenance import Provenance, Subject
     from rowgate.rows.row import Row
     from rowgate.seal.oracle import OracleRecord
@@ -131,6 +132,12 @@ class GateContext:
     """How the row's subject steps run (`[sandbox]`): every one goes through `run_step`."""
     phase: Phases = field(default_factory=Phases)
     """`with ctx.phase("compile"):` — where the gate's wall time goes (sealed)."""
+    gate_id: str = ""
+    """The row's id for this gate (what the engine pool records as an engine's starter)."""
+    engines: "EnginePool | None" = None
+    """The row run's started engines (`rowgate.gates.engine_pool`): a sharing gate takes
+    an arm an earlier gate started instead of starting it again. None: start and stop
+    its own (plans, benchmarks, a gate run alone)."""
 
     def run_step(self, step: Step, *, merged: bool = False) -> StepResult:
         """Run one subject step the way the row's sandbox policy says."""
@@ -174,6 +181,10 @@ class Gate(abc.ABC, Generic[S]):
     drives_arms: ClassVar[bool] = False
     """It starts the row's arms (engines): a row with such a gate must declare [arms]
     and [workload]."""
+    shares_engines: ClassVar[bool] = False
+    """Its arms come from the row run's engine pool (`gates.arms.started`). A gate that
+    drives arms without it starts its own (the trace gate: the profiler is set before
+    start); the runner empties the pool before such a gate, freeing the device."""
     arm_fields: ClassVar[tuple[str, ...]] = ()
     """Spec keys that name arms of the row (a throughput `baseline`, a trace's `arms`):
     the row checks each names one (`Arms.named`)."""

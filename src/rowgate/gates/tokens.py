@@ -66,6 +66,7 @@ class TokensGate(GateSpec):
 class Tokens(Gate[TokensGate]):
     kind = "tokens"
     drives_arms = True
+    shares_engines = True
     spec_model = TokensGate
     needs_device = True
     workload_matrix = True

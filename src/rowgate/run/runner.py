@@ -22,6 +22,7 @@ from rowgate import __version__, gates, sandbox, storage
 from rowgate.engines.interface import WorkloadPass
 from rowgate.errors import EvidenceError, UsageError
 from rowgate.gates import registry
+from rowgate.gates.engine_pool import EnginePool
 from rowgate.gates.interface import GateContext, Progress, gate_device
 from rowgate.records.gate_result import GateResult
 from rowgate.records.provenance import Provenance, Subject
@@ -56,14 +57,17 @@ class RecordOpener:
 def gate_context(row: Row, spec: GateSpec, *, repo: Path, artifact_dir: Path, subject: Subject,
                  provenance: Provenance, devices: Inventory, progress: Progress | None = None,
                  options: dict[str, str] | None = None,
-                 earlier: list[GateResult] | None = None) -> GateContext:
+                 earlier: list[GateResult] | None = None,
+                 engines: EnginePool | None = None) -> GateContext:
     """One gate's context as the runner makes it: its GPU chosen from the run's
-    enumeration (`devices`), the runner's record opener, the results before it."""
+    enumeration (`devices`), the runner's record opener, the results before it, the
+    run's engine pool."""
     ctx = GateContext(repo=repo, artifact_dir=artifact_dir, subject=subject,
                       provenance=provenance, options=dict(options or {}),
                       gpu=gate_device(row, spec, devices), devices=devices,
                       records=RecordOpener(), sandbox=row.sandbox,
-                      earlier={r.gate_id: r.model_copy(deep=True) for r in earlier or []})
+                      earlier={r.gate_id: r.model_copy(deep=True) for r in earlier or []},
+                      gate_id=spec.id, engines=engines)
     if progress is not None:
         ctx.progress = progress
     return ctx
@@ -108,14 +112,19 @@ def _gate_and_seal(loaded: LoadedRow, subject: Subject, prov: Provenance, device
     row = loaded.row
     stage = Stage(out_dir, row.id)
     try:
-        for spec in row.gates:
-            progress.update(f"gate {spec.id} ({spec.kind})")
-            ctx = gate_context(row, spec, repo=Path(subject.repo) / subject.path,
-                               artifact_dir=stage.artifact_dir(spec.id), subject=subject,
-                               provenance=prov, devices=devices, progress=progress,
-                               options=options, earlier=stage.results())
-            stage.add_result(gates.run(row, spec, ctx, stage.root))
-            progress.advance()
+        with EnginePool() as pool:  # an arm is started once per row run (engine_pool)
+            for spec in row.gates:
+                progress.update(f"gate {spec.id} ({spec.kind})")
+                kind = registry.lookup(spec.kind)
+                if getattr(kind, "drives_arms", False) and not getattr(kind, "shares_engines",
+                                                                        False):
+                    pool.clear()  # it starts engines of its own: free the device first
+                ctx = gate_context(row, spec, repo=Path(subject.repo) / subject.path,
+                                   artifact_dir=stage.artifact_dir(spec.id), subject=subject,
+                                   provenance=prov, devices=devices, progress=progress,
+                                   options=options, earlier=stage.results(), engines=pool)
+                stage.add_result(gates.run(row, spec, ctx, stage.root))
+                progress.advance()
         progress.update("sealing and signing")
         bundle = stage.seal(row=loaded, row_file=recorded_file(loaded), subject=subject,
                             provenance=prov, signer=signer, order=[g.id for g in row.gates])

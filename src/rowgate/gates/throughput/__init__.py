@@ -179,6 +179,7 @@ def _split_rounds(ctx: GateContext) -> None:
 class Throughput(Gate[ThroughputGate]):
     kind = "throughput"
     drives_arms = True
+    shares_engines = True
     spec_model = ThroughputGate
     needs_device = True
     workload_matrix = True

@@ -1,0 +1,102 @@
+"""Engines shared by the gates of one row run, so no arm is started and loaded twice.
+
+An arm started by an engine-sharing gate (tokens, throughput, accuracy: `Gate.shares_engines`)
+stays up after that gate and serves every later sharing gate of the row that asks for the
+same arm, model, device and engine options, in the row's order. What is shared and what is
+not:
+
+* The key is everything that makes the engine: the arm's declaration, the model
+  directory and its digest, the device, the options the gate starts it with, the subject.
+  A different model or option is a different engine.
+* One gate never gets one engine for two roles (an A/A throughput gate's baseline and
+  candidate stay two engines).
+* State between gates: an engine keeps no request state between passes (every pass is
+  sent fresh; rows keep prefix caching off, so nothing cached by one gate's prompts
+  serves the next's). What a later gate inherits is the loaded model and whatever the
+  engine compiled or captured (CUDA graphs, torch.compile), which is what a served engine
+  has in production; each gate's own warm-up still runs.
+* Device memory: when a gate asks for its arms, pooled engines it does not use are
+  stopped first, and the runner empties the pool before a gate that starts engines of its
+  own (the trace gate enables the engine's profiler before start): two resident engines
+  are the most any gate sees, as before.
+* An engine a gate was using when it raised is stopped and forgotten: its state is
+  unknown. The pool stops everything when the run ends, however it ends.
+
+Each sharing gate records, per role, which gate started its engine
+(`engine-sharing.json`), so a reviewer sees which figures came from one process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+from rowgate.engines.interface import Engine
+
+SHARING_FILE = "engine-sharing.json"
+
+
+@dataclass
+class _Held:
+    engine: Engine
+    started_by: str
+    served: list[str] = field(default_factory=list)
+
+
+def engine_key(arm: dict[str, object], model_path: Path, model_digest: str, device: str,
+               options: dict[str, str], subject: Path) -> str:
+    """What makes an engine: two requests with the same key can be served by one."""
+    blob = json.dumps({"arm": arm, "model": str(model_path), "digest": model_digest,
+                       "device": device, "options": options, "subject": str(subject)},
+                      sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+class EnginePool:
+    """Started engines by key, stopped when the row run ends (`with EnginePool() as pool`)."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, _Held] = {}
+
+    def __enter__(self) -> EnginePool:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.clear()
+
+    def take(self, key: str, gate_id: str, exclude: set[int]) -> tuple[Engine, str] | None:
+        """The started engine for `key` and the gate that started it, unless it is one
+        of `exclude` (already serving another role of the same gate)."""
+        held = self._held.get(key)
+        if held is None or id(held.engine) in exclude:
+            return None
+        held.served.append(gate_id)
+        return held.engine, held.started_by
+
+    def add(self, key: str, engine: Engine, gate_id: str) -> None:
+        """Keep a started engine (a key already held keeps its first engine; this one is
+        another role's and is stopped with the gate)."""
+        self._held.setdefault(key, _Held(engine, gate_id, [gate_id]))
+
+    def holds(self, engine: Engine) -> bool:
+        return any(h.engine is engine for h in self._held.values())
+
+    def keep_only(self, keys: set[str]) -> None:
+        """Stop every pooled engine not under `keys` (a gate's arms are about to start:
+        free the device of what it will not use)."""
+        for key in [k for k in self._held if k not in keys]:
+            self._held.pop(key).engine.stop()
+
+    def drop(self, engines: list[Engine]) -> None:
+        """Stop and forget these engines (the gate using them raised)."""
+        for key in [k for k, h in self._held.items() if any(h.engine is e for e in engines)]:
+            self._held.pop(key).engine.stop()
+
+    def clear(self) -> None:
+        """Stop every engine, latest first."""
+        for key in reversed(list(self._held)):
+            self._held.pop(key).engine.stop()

@@ -1,0 +1,68 @@
+"""One engine per arm per row run (rowgate.gates.engine_pool): the tokens gate starts the
+oracle and the candidate, the throughput gate after it measures on the same engines, and
+each gate's sealed artifacts say which gate started each engine."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rowgate.cli.progress import PlainProgress
+from rowgate.rows import row as rows
+from rowgate.run import runner
+from rowgate.seal import signing
+from rowgate.seal.bundle import Bundle
+from tests.gates.engine_rows import tiny_row
+
+pytestmark = pytest.mark.slow
+
+GATES = '''
+    [[gates]]
+    id = "tokens"
+    kind = "tokens"
+
+    [[gates]]
+    id = "tp"
+    kind = "throughput"
+    min_rounds = 3
+    max_rounds = 3
+    warmup = 0
+    cells = ["i16-c1"]
+'''
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory) -> Bundle:
+    import git
+
+    from tests.support import commit_file
+
+    tmp = tmp_path_factory.mktemp("pool")
+    repo = git.Repo.init(tmp / "subject", initial_branch="main")
+    with repo.config_writer() as cw:
+        cw.set_value("user", "name", "Test Author")
+        cw.set_value("user", "email", "author@example.com")
+    commit_file(repo, "README.md", "subject\n", "initial")
+    row = tiny_row(tmp, "POOL", GATES, oracle="reference", requests=2)
+    signer = signing.default_signer(announce=lambda msg: None)
+    run = runner.run_row(rows.load_row(row), tmp / "subject", tmp / "evidence", signer,
+                         PlainProgress(quiet=True))
+    return Bundle.open(run.bundle)
+
+
+def _sharing(bundle: Bundle, gate: str) -> dict:
+    return json.loads((Path(bundle.path) / "artifacts" / gate / "engine-sharing.json").read_text())
+
+
+def test_the_throughput_gate_measures_on_the_engines_the_tokens_gate_started(bundle):
+    assert _sharing(bundle, "tokens") == {
+        "oracle": {"started_by": "tokens", "reused": False},
+        "candidate": {"started_by": "tokens", "reused": False}}
+    assert _sharing(bundle, "tp") == {
+        "baseline": {"started_by": "tokens", "reused": True},
+        "candidate": {"started_by": "tokens", "reused": True}}
+    phases = {r.gate_id: set(r.phases) for r in bundle.results()}
+    assert "engine start" in phases["tokens"] and "engine start" not in phases["tp"]
+    assert {r.gate_id: r.status.value for r in bundle.results()}["tokens"] == "PASS"

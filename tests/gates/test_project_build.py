@@ -131,13 +131,15 @@ def test_a_cmake_project_with_cublas_and_nvtx_headers_builds_and_audits(cmake_au
         assert any(c["probe"] and c["returncode"] != 0 for c in calls)
 
 
-def test_without_the_headers_declared_the_cublas_include_is_not_found(tmp_path):
-    # nvtx stays declared: Ninja compiles the units in any order, and only one may fail
+def test_without_the_nvtx_headers_declared_the_host_compiler_does_not_find_them(tmp_path):
+    # trace.cpp is host code: g++ sees only what CPATH gives it (nvcc built from the
+    # wheel would find any cu13 library header installed beside it in its own include dir)
     subject = _cmake_subject(tmp_path / "subject", (
-        ("kernels/kernels.toml", 'headers = ["cublas", "nvtx"]', 'headers = ["nvtx"]'),))
+        ("kernels/kernels.toml", 'headers = ["cublas", "nvtx"]', 'headers = ["cublas"]'),))
     build.build_into(subject, ["sm_90"], [], {}, tmp_path / "out", QUIET)
     derived = build.derive_builds(tmp_path / "out")
-    assert derived.status is Status.FAIL and "cublas_v2.h" in derived.reason, derived.reason
+    assert derived.status is Status.FAIL, derived.reason
+    assert "trace.cpp" in derived.reason and "nvtx3/nvToolsExt.h" in derived.reason
 
 
 def test_a_unit_the_outputs_do_not_hold_is_named_with_the_units_they_do(tmp_path):

@@ -24,7 +24,7 @@ from rowgate.cuda import cudabuild, kernels, toolchains
 from rowgate.gates import audit, build
 from rowgate.gates.interface import GateError
 from rowgate.records.status import Status
-from tests.support import LAB, killed_nvcc, write_row
+from tests.support import BUILD_AUDIT_GATES, LAB, killed_nvcc, write_row
 
 pytestmark = pytest.mark.slow
 
@@ -245,17 +245,6 @@ def test_triton_aot_reachability_is_recorded_per_arch(tmp_path, audited):
     assert f"Triton {sm90['triton']} AOT: sm_110 " in derived.reason
 
 
-BUILD_AND_AUDIT = '''
-    [[gates]]
-    id = "build"
-    kind = "build"
-
-    [[gates]]
-    id = "audit"
-    kind = "audit"
-'''
-
-
 def test_row_build_and_audit_pass_in_a_sealed_bundle(tmp_path, kernels_repo):
     from rowgate.rows import row as rows
     from rowgate.run import runner
@@ -271,7 +260,7 @@ def test_row_build_and_audit_pass_in_a_sealed_bundle(tmp_path, kernels_repo):
     repo.index.add(["kernels"])
     repo.index.commit("kernels\n\nSigned-off-by: Test Author <author@example.com>\n")
     # The session's build cache (outside the subject) serves it: same sources, same keys.
-    row_path = write_row(tmp_path, "TEST-BUILD-SM70", BUILD_AND_AUDIT, arch="sm_70",
+    row_path = write_row(tmp_path, "TEST-BUILD-SM70", BUILD_AUDIT_GATES, arch="sm_70",
                          kind="kernel-pr", target_extra='build_arches = ["sm_70", "sm_110"]')
 
     signer = signing.default_signer(announce=lambda msg: None)

@@ -28,10 +28,13 @@ GELU = SUBJECTS / "templated" / "kernels" / "gelu.cu"
 QUIET = PlainProgress(quiet=True)
 
 
-def _subject(root: Path, edits: tuple[tuple[str, str, str], ...] = ()) -> Path:
-    shutil.copytree(MAKEPROJ, root)
-    (root / "dev" / "cuda").mkdir(parents=True)
-    shutil.copyfile(GELU, root / "dev" / "cuda" / "gelu.cu")
+def _subject(root: Path, edits: tuple[tuple[str, str, str], ...] = (), *,
+             project: Path = MAKEPROJ, gelu_at: str = "dev/cuda/gelu.cu") -> Path:
+    """A copy of `project` with the templated gelu.cu where its layout puts it, and
+    `edits` ((file, old, new) replacements) made."""
+    shutil.copytree(project, root)
+    (root / gelu_at).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(GELU, root / gelu_at)
     for rel, old, new in edits:
         path = root / rel
         assert old in path.read_text()
@@ -89,14 +92,7 @@ CMAKEPROJ = SUBJECTS / "cmakeproj"
 
 
 def _cmake_subject(root: Path, edits: tuple[tuple[str, str, str], ...] = ()) -> Path:
-    """cmakeproj with the templated gelu.cu as its src/gelu.cu (its layout)."""
-    shutil.copytree(CMAKEPROJ, root)
-    shutil.copyfile(GELU, root / "src" / "gelu.cu")
-    for rel, old, new in edits:
-        path = root / rel
-        assert old in path.read_text()
-        path.write_text(path.read_text().replace(old, new))
-    return root
+    return _subject(root, edits, project=CMAKEPROJ, gelu_at="src/gelu.cu")
 
 
 @pytest.fixture(scope="module")

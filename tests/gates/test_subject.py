@@ -229,15 +229,7 @@ MERGE_ROW = '''
     [[gates]]
     id = "host"
     kind = "host"
-
-    [[gates]]
-    id = "build"
-    kind = "build"
-
-    [[gates]]
-    id = "audit"
-    kind = "audit"
-
+''' + BUILD_AUDIT_GATES + '''
     [[gates]]
     id = "triton-aot"
     kind = "aot"

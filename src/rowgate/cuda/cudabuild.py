@@ -119,7 +119,8 @@ def build(repo: Path, manifest: KernelManifest, name: str, arch: str, toolchain:
                 break
         if kernel.build is not None:
             record["steps"].append(project_build.compiler_step(work))
-            _collect_project(name, arch, work, record, kernel, toolchain)
+            project_build.collect(name, arch, work, record, kernel, toolchain,
+                                  COMPILE_TIMEOUT_S)
         else:
             _collect(name, arch, work, record)
         (work / BUILD_RECORD).write_text(json.dumps(record, indent=2) + "\n")
@@ -149,18 +150,23 @@ def _nvrtc_steps(name: str, arch: str, tc: Toolchain, src: Path, includes: list[
 
 def _nvcc_steps(name: str, arch: str, tc: Toolchain, src: Path, includes: list[str],
                 defines: list[str], kernel: Kernel) -> list[dict[str, Any]]:
-    sm = sm_number(arch)
-    # SASS for the arch plus its PTX (the portable JIT fallback) in one fatbin;
-    # --keep leaves the exact cubin and fatbin nvcc embedded in the object. The
-    # kernel's own options come before rowgate's warning flags, which come last.
-    host = [*(HOST_WARNING_FLAGS if kernel.host_warnings == "errors" else []),
-            *kernel.host_flags]
+    # --keep leaves the exact cubin and fatbin nvcc embedded in the object
     argv = [tc.compiler.path, "-c", str(src), "-o", f"{name}.o", f"-std={CXX_STD}",
             *[f"-I{i}" for i in includes], *defines, *kernel.nvcc_flags,
-            "-gencode", f"arch=compute_{sm},code=[sm_{sm},compute_{sm}]",
-            *DEVICE_WARNING_FLAGS, *(["-Xcompiler", ",".join(host)] if host else []),
-            "--keep", "--keep-dir", "keep"]
+            *_recipe_flags(kernel, arch), "--keep", "--keep-dir", "keep"]
     return [{"tool": "nvcc", "argv": argv, "log": "nvcc.log", "mkdir": "keep"}]
+
+
+def _recipe_flags(kernel: Kernel, arch: str) -> list[str]:
+    """What rowgate adds to every nvcc call of a kernel, after the kernel's own options
+    (so its warning flags come last): SASS for the arch plus its PTX (the portable JIT
+    fallback) in one fatbin, warnings as errors for device code and ptxas, and the host
+    compiler's warnings and flags."""
+    sm = sm_number(arch)
+    host = [*(HOST_WARNING_FLAGS if kernel.host_warnings == "errors" else []),
+            *kernel.host_flags]
+    return ["-gencode", f"arch=compute_{sm},code=[sm_{sm},compute_{sm}]",
+            *DEVICE_WARNING_FLAGS, *(["-Xcompiler", ",".join(host)] if host else [])]
 
 
 def _project_steps(repo: Path, arch: str, tc: Toolchain, kernel: Kernel, work: Path,
@@ -170,12 +176,8 @@ def _project_steps(repo: Path, arch: str, tc: Toolchain, kernel: Kernel, work: P
     if tc.kind != "nvcc":
         raise toolchains.ToolchainError(f"{tc.name}: a project's own build needs nvcc "
                                         f"({arch} builds through NVRTC here)")
-    sm = sm_number(arch)
-    host = [*(HOST_WARNING_FLAGS if kernel.host_warnings == "errors" else []),
-            *kernel.host_flags]
     flags = [*kernel.nvcc_flags, *[f"-I{d}" for d in header_dirs],
-             "-gencode", f"arch=compute_{sm},code=[sm_{sm},compute_{sm}]",
-             *DEVICE_WARNING_FLAGS, *(["-Xcompiler", ",".join(host)] if host else [])]
+             *_recipe_flags(kernel, arch)]
     src = project_build.copy_subject(repo, work)
     wrapper = project_build.write_wrapper(work, tc, flags)
     return project_build.steps(kernel, arch, wrapper, src, header_dirs)
@@ -222,75 +224,6 @@ def _collect(name: str, arch: str, work: Path, record: dict[str, Any]) -> None:
     record["object"] = f"{name}.o" if f"{name}.o" in record["outputs"] else None
 
 
-def _collect_project(name: str, arch: str, work: Path, record: dict[str, Any], kernel: Kernel,
-                     tc: Toolchain) -> None:
-    """The arch's device code from the project build's outputs (cuobjdump -xelf, in the
-    sandbox): exactly one cubin is the kernel's; what was found is recorded either way."""
-    assert kernel.build is not None
-    sm = sm_number(arch)
-    found: list[Path] = []
-    missing: list[str] = []
-    for i, rel in enumerate(kernel.build.outputs):
-        output = work / project_build.SOURCE_COPY / rel
-        if not output.is_file():
-            missing.append(rel)
-            continue
-        if output.suffix == ".cubin":
-            found.append(output)
-            continue
-        dest = work / "extract" / str(i)
-        dest.mkdir(parents=True)
-        if tc.cuobjdump is not None:
-            sandbox.run(sandbox.Step([tc.cuobjdump.path, "-xelf", "all", str(output)],
-                                     cwd=dest, writable=[dest], read_only=[output, *tc.roots()],
-                                     limits=sandbox.Limits(wall_s=COMPILE_TIMEOUT_S)),
-                        merged=True)
-        found += sorted(dest.glob(f"*.sm_{sm}.cubin"))
-    every = [p.relative_to(work).as_posix() for p in found]
-    if kernel.build.unit:
-        found = [p for p in found if p.name in (f"{kernel.build.unit}.sm_{sm}.cubin",
-                                                f"{kernel.build.unit}.cubin")]
-    record["project"] = {"outputs": list(kernel.build.outputs), "missing": missing,
-                         "unit": kernel.build.unit, "every_cubin": every,
-                         "cubins": [p.relative_to(work).as_posix() for p in found],
-                         "nvcc_calls": len(project_build.calls(work)),
-                         "binutils": tc.binutils_missing}
-    if len(found) == 1:
-        shutil.copyfile(found[0], work / f"{name}.{arch}.cubin")
-    for out in (f"{name}.{arch}.cubin", project_build.CALLS):
-        if (work / out).is_file():
-            record["outputs"][out] = hashlib.sha256((work / out).read_bytes()).hexdigest()
-    shutil.rmtree(work / project_build.SOURCE_COPY, ignore_errors=True)  # the copy, built
-    shutil.rmtree(work / "extract", ignore_errors=True)
-    record["cubin"] = f"{name}.{arch}.cubin" if f"{name}.{arch}.cubin" in record["outputs"] else None
-    record["fatbin"] = record["object"] = None
-
-
-def _project_problems(record: dict[str, Any]) -> list[str]:
-    """What a project build's outputs lack: device code through rowgate's wrapper, one
-    cubin for the arch."""
-    p = record.get("project")
-    if not p:
-        return []
-    who = f"{record['kernel']} {record['arch']}"
-    if p["missing"]:
-        return [f"{who}: the build left no {', '.join(p['missing'])}"]
-    if not p["nvcc_calls"]:
-        return [f"{who}: the build ran no nvcc through rowgate's wrapper (an nvcc called by "
-                f"path gets neither the arch nor the warning flags): use nvcc, $NVCC, "
-                f"$CUDACXX or {{nvcc}}"]
-    if p.get("unit") and len(p["cubins"]) != 1:
-        return [f"{who}: unit {p['unit']!r} is not among the {record['arch']} cubins in the "
-                f"outputs ({', '.join(p.get('every_cubin', [])) or 'none'}"
-                f"{'; ' + p['binutils'] if p['binutils'] else ''})"]
-    if len(p["cubins"]) != 1:
-        return [f"{who}: {len(p['cubins'])} {record['arch']} cubins in the outputs "
-                f"({', '.join(p['cubins']) or 'none'}"
-                f"{'; ' + p['binutils'] if p['binutils'] else ''}): declare the output that "
-                f"holds this kernel's translation unit, or its unit (`unit = \"NAME\"`)"]
-    return []
-
-
 def problems(build_dir: Path, record: dict[str, Any]) -> list[str]:
     """Why a build failed (return codes, warning/error lines quoted), or [] when clean.
     Reads the logs in `build_dir`; raises OSError when one is missing."""
@@ -311,7 +244,7 @@ def problems(build_dir: Path, record: dict[str, Any]) -> list[str]:
             text = " | ".join(said[:3]) + (f" (+{len(said) - 3} more)" if len(said) > 3 else "")
             out.append(f"{record['kernel']} {record['arch']}: {step['tool']} exited "
                        f"{step['returncode']}: {text}")
-    out += _project_problems(record) if not out else []
+    out += project_build.problems(record) if not out else []
     if not out and not record.get("cubin"):
         out.append(f"{record['kernel']} {record['arch']}: no cubin was produced")
     return out

@@ -18,6 +18,7 @@ only writable place.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -26,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rowgate import sandbox
 from rowgate.cuda.kernels import Kernel
 from rowgate.cuda.toolchains import Toolchain
 
@@ -149,3 +151,72 @@ def compiler_step(work: Path) -> dict[str, Any]:
     return {"tool": "nvcc", "argv": [c["argv"] for c in ran], "returncode": worst,
             "log": COMPILER_LOG, "calls": CALLS, "probes_log": PROBES_LOG,
             "probes": sum(bool(c.get("probe")) for c in ran)}
+
+
+def collect(name: str, arch: str, work: Path, record: dict[str, Any], kernel: Kernel,
+            tc: Toolchain, timeout_s: float) -> None:
+    """The arch's device code from the project build's outputs (cuobjdump -xelf, in the
+    sandbox): exactly one cubin is the kernel's; what was found is recorded either way."""
+    assert kernel.build is not None
+    sm = arch.removeprefix("sm_")
+    found: list[Path] = []
+    missing: list[str] = []
+    for i, rel in enumerate(kernel.build.outputs):
+        output = work / SOURCE_COPY / rel
+        if not output.is_file():
+            missing.append(rel)
+            continue
+        if output.suffix == ".cubin":
+            found.append(output)
+            continue
+        dest = work / "extract" / str(i)
+        dest.mkdir(parents=True)
+        if tc.cuobjdump is not None:
+            sandbox.run(sandbox.Step([tc.cuobjdump.path, "-xelf", "all", str(output)],
+                                     cwd=dest, writable=[dest], read_only=[output, *tc.roots()],
+                                     limits=sandbox.Limits(wall_s=timeout_s)),
+                        merged=True)
+        found += sorted(dest.glob(f"*.sm_{sm}.cubin"))
+    every = [p.relative_to(work).as_posix() for p in found]
+    if kernel.build.unit:
+        found = [p for p in found if p.name in (f"{kernel.build.unit}.sm_{sm}.cubin",
+                                                f"{kernel.build.unit}.cubin")]
+    record["project"] = {"outputs": list(kernel.build.outputs), "missing": missing,
+                         "unit": kernel.build.unit, "every_cubin": every,
+                         "cubins": [p.relative_to(work).as_posix() for p in found],
+                         "nvcc_calls": len(calls(work)),
+                         "binutils": tc.binutils_missing}
+    if len(found) == 1:
+        shutil.copyfile(found[0], work / f"{name}.{arch}.cubin")
+    for out in (f"{name}.{arch}.cubin", CALLS):
+        if (work / out).is_file():
+            record["outputs"][out] = hashlib.sha256((work / out).read_bytes()).hexdigest()
+    shutil.rmtree(work / SOURCE_COPY, ignore_errors=True)  # the copy, built
+    shutil.rmtree(work / "extract", ignore_errors=True)
+    record["cubin"] = f"{name}.{arch}.cubin" if f"{name}.{arch}.cubin" in record["outputs"] else None
+    record["fatbin"] = record["object"] = None
+
+
+def problems(record: dict[str, Any]) -> list[str]:
+    """What a project build's outputs lack: device code through rowgate's wrapper, one
+    cubin for the arch."""
+    p = record.get("project")
+    if not p:
+        return []
+    who = f"{record['kernel']} {record['arch']}"
+    if p["missing"]:
+        return [f"{who}: the build left no {', '.join(p['missing'])}"]
+    if not p["nvcc_calls"]:
+        return [f"{who}: the build ran no nvcc through rowgate's wrapper (an nvcc called by "
+                f"path gets neither the arch nor the warning flags): use nvcc, $NVCC, "
+                f"$CUDACXX or {{nvcc}}"]
+    if p.get("unit") and len(p["cubins"]) != 1:
+        return [f"{who}: unit {p['unit']!r} is not among the {record['arch']} cubins in the "
+                f"outputs ({', '.join(p.get('every_cubin', [])) or 'none'}"
+                f"{'; ' + p['binutils'] if p['binutils'] else ''})"]
+    if len(p["cubins"]) != 1:
+        return [f"{who}: {len(p['cubins'])} {record['arch']} cubins in the outputs "
+                f"({', '.join(p['cubins']) or 'none'}"
+                f"{'; ' + p['binutils'] if p['binutils'] else ''}): declare the output that "
+                f"holds this kernel's translation unit, or its unit (`unit = \"NAME\"`)"]
+    return []

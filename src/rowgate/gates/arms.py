@@ -214,7 +214,7 @@ def started(arms: dict[str, tuple[Arm, ModelInfo]], row: Row, ctx: GateContext,
     with contextlib.ExitStack() as stack:
         out: dict[str, Engine] = {}
         for role, (arm, model) in arms.items():
-            taken = pool.take(keys[role], ctx.gate_id, {id(e) for e in out.values()}) \
+            taken = pool.take(keys[role], {id(e) for e in out.values()}) \
                 if pool is not None else None
             if taken is not None:
                 out[role], first = taken

@@ -28,9 +28,8 @@ Each sharing gate records, per role, which gate started its engine
 
 from __future__ import annotations
 
-import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
@@ -39,20 +38,18 @@ from rowgate.engines.interface import Engine
 SHARING_FILE = "engine-sharing.json"
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Held:
     engine: Engine
     started_by: str
-    served: list[str] = field(default_factory=list)
 
 
 def engine_key(arm: dict[str, object], model_path: Path, model_digest: str, device: str,
                options: dict[str, str], subject: Path) -> str:
     """What makes an engine: two requests with the same key can be served by one."""
-    blob = json.dumps({"arm": arm, "model": str(model_path), "digest": model_digest,
+    return json.dumps({"arm": arm, "model": str(model_path), "digest": model_digest,
                        "device": device, "options": options, "subject": str(subject)},
                       sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()
 
 
 class EnginePool:
@@ -68,19 +65,18 @@ class EnginePool:
                  tb: TracebackType | None) -> None:
         self.clear()
 
-    def take(self, key: str, gate_id: str, exclude: set[int]) -> tuple[Engine, str] | None:
+    def take(self, key: str, exclude: set[int]) -> tuple[Engine, str] | None:
         """The started engine for `key` and the gate that started it, unless it is one
         of `exclude` (already serving another role of the same gate)."""
         held = self._held.get(key)
         if held is None or id(held.engine) in exclude:
             return None
-        held.served.append(gate_id)
         return held.engine, held.started_by
 
     def add(self, key: str, engine: Engine, gate_id: str) -> None:
         """Keep a started engine (a key already held keeps its first engine; this one is
         another role's and is stopped with the gate)."""
-        self._held.setdefault(key, _Held(engine, gate_id, [gate_id]))
+        self._held.setdefault(key, _Held(engine, gate_id))
 
     def holds(self, engine: Engine) -> bool:
         return any(h.engine is engine for h in self._held.values())

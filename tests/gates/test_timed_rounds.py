@@ -407,3 +407,36 @@ def test_a_bundle_sealed_before_the_claim_rule_derives_under_the_narrow_rule(tmp
     (out / art.META).write_text(json.dumps(meta))
     with pytest.raises(GateError, match="another plan"):
         _derive(out, today)
+
+
+def test_a_row_wall_budget_shares_the_time_left_and_rederives_only_under_a_budget(tmp_path):
+    m, engines = _engines(3)
+    plans = cal.default_plans(PASSES)
+    start = m.now()
+    deadline = start + 2.0  # seconds on the machine's virtual clock: too few for 8 rounds
+    out = tmp_path / "budget"
+    out.mkdir()
+    with art.open_sink(out, False) as sink:
+        records = art.measure_cells(engines, PASSES, plans, sink, cal._Quiet(), now=m.now,
+                                    time_left=lambda: max(deadline - m.now(), 0.0))
+    art.write_meta(out, records, plans, False)
+    first, second = (plans[p.cell].max_seconds for p in PASSES)
+    assert first == 1.0  # half of the 2 s for the first of two cells
+    assert 0 < second <= 1.0
+    assert {r["stop"] for r in records.values()} == {"time"}
+    meta, rows, requests, clocks = art.read_raw(out)
+    row_plans = cal.default_plans(PASSES)  # what the row asks for: the 600 s default
+    cells = art.derive_cells(row_plans, meta, rows, requests, clocks, row_budget=True)
+    assert all(c["stop"] == "time" and c["rounds"] < 8 for c in cells.values()), cells
+    short = [c for c in cells.values() if c["verdict"] == "underpowered"]
+    assert short and all(c["rounds_needed"] > c["rounds"] for c in short), cells  # what it lacked
+    with pytest.raises(GateError, match="another plan than the row's"):
+        art.derive_cells(row_plans, meta, rows, requests, clocks)  # no [budget]: refused
+
+
+def test_budgeted_never_raises_a_cells_own_budget():
+    plan = cal.default_plans(PASSES)[PASSES[0].cell]
+    assert art.budgeted(plan, None, 2) is plan
+    assert art.budgeted(plan, 10_000.0, 2) is plan  # its own 600 s is the smaller
+    assert art.budgeted(plan, 95.0, 2).max_seconds == 47.5
+    assert art.budgeted(plan, 0.0, 3).max_seconds == 0.1

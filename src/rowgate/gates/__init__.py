@@ -50,11 +50,13 @@ def gate_for(kind: str) -> Gate[Any]:
     return cls()
 
 
-def run(row: Row, spec: GateSpec, ctx: GateContext, bundle_root: Path) -> GateResult:
+def run(row: Row, spec: GateSpec, ctx: GateContext, bundle_root: Path,
+        refused: str | None = None) -> GateResult:
     """`run(row, spec, ctx) -> GateResult` for any kind: device check first, so a
-    gate that needs an absent device is PENDING saying so, whatever its kind."""
+    gate that needs an absent device is PENDING saying so, whatever its kind.
+    `refused`: why it is not run at all (ERROR: the row's wall budget is spent)."""
     return run_gate(gate_for(spec.kind), row, spec, ctx, bundle_root,
-                    pending=device_requirement(row, spec, ctx.gpu))
+                    pending=device_requirement(row, spec, ctx.gpu), refused=refused)
 
 
 def availability(row: Row, spec: GateSpec, devices: Inventory) -> tuple[str, str]:

@@ -139,6 +139,14 @@ class GateContext:
     an arm an earlier gate started instead of starting it again. None: start and stop
     its own (plans, benchmarks, a gate run alone)."""
 
+    deadline: float | None = None
+    """`time.monotonic()` by which the row's run must end (`[budget] wall_s`); None:
+    unbounded. Gates that plan rounds plan them inside `time_left()`."""
+
+    def time_left(self) -> float | None:
+        """Seconds left of the row's wall budget (never below 0); None: no budget."""
+        return None if self.deadline is None else max(self.deadline - time.monotonic(), 0.0)
+
     def run_step(self, step: Step, *, merged: bool = False) -> StepResult:
         """Run one subject step the way the row's sandbox policy says."""
         return run_sandboxed(step, merged=merged)  # the policy `run_gate` set for the gate
@@ -246,8 +254,9 @@ def gate_arch(row: "Row", gpu: GpuChoice) -> tuple[str, bool]:
 
 
 def run_gate(gate: Gate[Any], row: "Row", spec: GateSpec, ctx: GateContext, bundle_root: Path,
-             pending: str | None = None) -> GateResult:
-    """The template every kind shares: requirements → measure → derive."""
+             pending: str | None = None, refused: str | None = None) -> GateResult:
+    """The template every kind shares: requirements → measure → derive. `refused`: why
+    the gate is not run at all (the row's wall budget is spent): ERROR saying so."""
     start = time.monotonic()
     ctx.artifact_dir.mkdir(parents=True, exist_ok=True)
     arch, stand_in = gate.arch(row, spec, ctx)
@@ -268,6 +277,8 @@ def run_gate(gate: Gate[Any], row: "Row", spec: GateSpec, ctx: GateContext, bund
                           phases=ctx.phase.rounded(),
                           sandbox=ctx.sandbox_record() if gate.subject_steps else None)
 
+    if refused:
+        return result(Derived(Status.ERROR, refused))
     # a PENDING reason names everything missing: the device and what the gate itself needs
     with ctx.phase("requirements"):  # imports, engine and model checks: not free
         needs = gate.requirements(row, spec, ctx)

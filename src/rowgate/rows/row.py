@@ -40,6 +40,7 @@ from rowgate.rows.spec import (
     Pending,
     Reference,
     ReviewPolicy,
+    RowBudget,
     SandboxPolicy,
     StopCondition,
     Target,
@@ -122,6 +123,8 @@ class Row(BaseModel):
     history: list[HistoryEntry] = []
     review: ReviewPolicy = ReviewPolicy()
     sandbox: SandboxPolicy = SandboxPolicy()
+    budget: RowBudget | None = None
+    """`[budget] wall_s`: the run's wall-time budget (rows.spec.RowBudget); none: unbounded."""
 
     @model_validator(mode="after")
     def _cross_references(self) -> "Row":

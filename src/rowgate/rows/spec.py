@@ -303,6 +303,17 @@ class SandboxPolicy(_Model):
         return self.mode != "off"
 
 
+class RowBudget(_Model):
+    """`[budget]`: the wall time one `rowgate gate` run of the row may take. Gates plan
+    inside what is left when they start (a throughput cell's time budget shrinks to its
+    share, and a cell that runs out stops underpowered with the rounds it needed); a
+    gate that finds nothing left is not run: ERROR naming the budget and the gates that
+    spent it, never an overrun."""
+
+    wall_s: Annotated[float, Field(gt=0)]
+    """Seconds for the whole run, from the first gate to the last (sealing excluded)."""
+
+
 class HistoryEntry(_Model):
     """Review history that is part of the row's requirement."""
 

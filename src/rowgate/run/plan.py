@@ -66,6 +66,8 @@ class RowPlan:
     devices: list[str]
     gates: list[GatePlan]
     launcher: list[str] = field(default_factory=list)
+    budget: list[str] = field(default_factory=list)
+    """The row's wall budget against the last sealed bundle's times (`[budget]`)."""
 
     @property
     def status(self) -> str:
@@ -97,7 +99,25 @@ def plan_row(loaded: LoadedRow, repo: Path, devices: Inventory,
     last = _last_times(evidence / row.id) if evidence is not None else {}
     for g, spec in zip(gates, row.gates):
         g.time = _estimate(spec, row, last.get(g.gate_id))
-    return RowPlan(row.id, shown, gates, list(row.target.launcher))
+    return RowPlan(row.id, shown, gates, list(row.target.launcher), _budget(row, last))
+
+
+def _budget(row: Row, last: dict[str, tuple[str, float, dict[str, float]]]) -> list[str]:
+    """The budget line, and which gates the last sealed run's times would leave out."""
+    if row.budget is None:
+        return []
+    wall = row.budget.wall_s
+    out = [f"budget: {wall:g} s of wall time for the run (throughput cells share what is "
+           f"left; a gate that finds none left is not run: ERROR)"]
+    spent, over = 0.0, []
+    for spec in row.gates:
+        if spent >= wall:
+            over.append(spec.id)
+        spent += last[spec.id][1] if spec.id in last else 0.0
+    if last:
+        fits = "fits" if not over else f"would leave out {', '.join(over)}"
+        out.append(f"budget: the row's last sealed bundle took {spent:.0f} s: {fits}")
+    return out
 
 
 def _last_times(row_dir: Path) -> dict[str, tuple[str, float, dict[str, float]]]:
@@ -328,6 +348,7 @@ def render(plan: RowPlan) -> list[str]:
     if plan.launcher:
         out.append(f"launcher: {' '.join(plan.launcher)} (it owns the device lock: rowgate "
                    f"takes none)")
+    out += plan.budget
     for g in plan.gates:
         req = "" if g.required else " (informational)"
         out.append(f"{g.gate_id} [{g.kind}]{req}: {g.status} on {g.device}")

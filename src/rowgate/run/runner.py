@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import platform
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -58,7 +59,8 @@ def gate_context(row: Row, spec: GateSpec, *, repo: Path, artifact_dir: Path, su
                  provenance: Provenance, devices: Inventory, progress: Progress | None = None,
                  options: dict[str, str] | None = None,
                  earlier: list[GateResult] | None = None,
-                 engines: EnginePool | None = None) -> GateContext:
+                 engines: EnginePool | None = None,
+                 deadline: float | None = None) -> GateContext:
     """One gate's context as the runner makes it: its GPU chosen from the run's
     enumeration (`devices`), the runner's record opener, the results before it, the
     run's engine pool."""
@@ -67,7 +69,7 @@ def gate_context(row: Row, spec: GateSpec, *, repo: Path, artifact_dir: Path, su
                       gpu=gate_device(row, spec, devices), devices=devices,
                       records=RecordOpener(), sandbox=row.sandbox,
                       earlier={r.gate_id: r.model_copy(deep=True) for r in earlier or []},
-                      gate_id=spec.id, engines=engines)
+                      gate_id=spec.id, engines=engines, deadline=deadline)
     if progress is not None:
         ctx.progress = progress
     return ctx
@@ -111,6 +113,7 @@ def _gate_and_seal(loaded: LoadedRow, subject: Subject, prov: Provenance, device
                    options: dict[str, str] | None) -> GateRun:
     row = loaded.row
     stage = Stage(out_dir, row.id)
+    deadline = time.monotonic() + row.budget.wall_s if row.budget else None
     try:
         with EnginePool() as pool:  # an arm is started once per row run (engine_pool)
             for spec in row.gates:
@@ -122,8 +125,10 @@ def _gate_and_seal(loaded: LoadedRow, subject: Subject, prov: Provenance, device
                 ctx = gate_context(row, spec, repo=Path(subject.repo) / subject.path,
                                    artifact_dir=stage.artifact_dir(spec.id), subject=subject,
                                    provenance=prov, devices=devices, progress=progress,
-                                   options=options, earlier=stage.results(), engines=pool)
-                stage.add_result(gates.run(row, spec, ctx, stage.root))
+                                   options=options, earlier=stage.results(), engines=pool,
+                                   deadline=deadline)
+                stage.add_result(gates.run(row, spec, ctx, stage.root,
+                                           refused=_over_budget(row, stage.results(), ctx)))
                 progress.advance()
         progress.update("sealing and signing")
         bundle = stage.seal(row=loaded, row_file=recorded_file(loaded), subject=subject,
@@ -133,6 +138,16 @@ def _gate_and_seal(loaded: LoadedRow, subject: Subject, prov: Provenance, device
         raise
     sealed = Bundle.open(bundle)  # verified by the seal before it was published
     return GateRun(bundle=bundle, results=sealed.results(), status=sealed.manifest.status)
+
+
+def _over_budget(row: Row, before: list[GateResult], ctx: GateContext) -> str | None:
+    """Why the gate is not run: the row's wall budget is spent (by the gates before it,
+    named with their seconds). None while time is left or without a budget."""
+    if row.budget is None or (ctx.time_left() or 0.0) > 0:
+        return None
+    spent = ", ".join(f"{r.gate_id} {r.duration_s:.0f} s" for r in before) or "nothing"
+    return (f"not run: the row's wall budget ([budget] wall_s = {row.budget.wall_s:g} s) was "
+            f"spent before this gate ({spent}); raise wall_s or split the row")
 
 
 # ------------------------------------------------------------- oracle records

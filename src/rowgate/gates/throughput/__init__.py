@@ -209,13 +209,15 @@ class Throughput(Gate[ThroughputGate]):
         records: dict[str, dict[str, Any]] = {}
         engines_seen: dict[str, dict[str, str]] = {}
         with art.open_sink(ctx.artifact_dir, clocks is not None) as sink:
-            for run in runs:
+            for n, run in enumerate(runs):
                 arms = {"baseline": (base, run.info),
                         "candidate": (row.arms.candidate, _arms.candidate_model(run.info, ctx))}
                 with _arms.started(arms, row, ctx, endpoint) as engines:
+                    later = sum(len(r.passes) for r in runs[n + 1:])
                     with ctx.phase(ROUNDS):
                         records.update(art.measure_cells(engines, run.passes, plans, sink,
-                                                         ctx.progress, clocks))
+                                                         ctx.progress, clocks,
+                                                         time_left=ctx.time_left, later=later))
                     for role in ROLES:
                         engines_seen.setdefault(role, engines[role].describe())
         _split_rounds(ctx)
@@ -259,7 +261,8 @@ class Throughput(Gate[ThroughputGate]):
             return Derived(Status.ERROR, str(exc))
         meta, passes, requests, clocks = art.read_raw(artifact_dir)
         plans = {cell: plan(row, spec, cell) for cell in meta["cells"]}
-        cells = art.derive_cells(plans, meta, passes, requests, clocks, spec.slo_ms())
+        cells = art.derive_cells(plans, meta, passes, requests, clocks, spec.slo_ms(),
+                                 row_budget=row.budget is not None)
         window = art.timed_window(requests, *_correctness(row, spec, artifact_dir))
         return art.gate_verdict(cells, meta["baseline_arm"], spec.underpowered_blocks, window,
                                 spec.min_effect)

@@ -23,8 +23,9 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
+import math
 import time
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -65,13 +66,32 @@ def open_sink(out: Path, clocks: bool) -> Iterator[_timed.Sink]:
 
 
 def measure_cells(engines: Mapping[str, Engine], passes: Sequence[WorkloadPass],
-                  plans: Mapping[str, _timed.Plan], sink: _timed.Sink, progress: Progress,
+                  plans: MutableMapping[str, _timed.Plan], sink: _timed.Sink, progress: Progress,
                   clocks: _timed.ClockFn | None = None,
-                  now: Callable[[], float] = time.monotonic) -> dict[str, dict[str, Any]]:
+                  now: Callable[[], float] = time.monotonic,
+                  time_left: Callable[[], float | None] = lambda: None, later: int = 0
+                  ) -> dict[str, dict[str, Any]]:
     """Run every cell's rounds on started engines ({'baseline', 'candidate'}); return
-    each cell's record for meta.json."""
-    return {work.cell: _timed.run_cell(engines, work, plans[work.cell], sink, progress,
-                                       clocks, now) for work in passes}
+    each cell's record for meta.json. Under a row wall budget (`time_left`) each cell's
+    plan is first cut to its share of what is left (`budgeted`), in `plans` too: the
+    plan each cell ran under is the one sealed. `later`: cells of the gate's other models
+    still to run after these (they share the time left too)."""
+    records = {}
+    for i, work in enumerate(passes):
+        plans[work.cell] = budgeted(plans[work.cell], time_left(), len(passes) - i + later)
+        records[work.cell] = _timed.run_cell(engines, work, plans[work.cell], sink, progress,
+                                             clocks, now)
+    return records
+
+
+def budgeted(plan: _timed.Plan, left: float | None, cells: int) -> _timed.Plan:
+    """The plan with its time budget cut to an equal share of the row's time left among
+    the `cells` still to run (a cell that decides early leaves its rest to the next);
+    unchanged without a row budget or when its own budget is the smaller."""
+    if left is None:
+        return plan
+    share = math.floor(10 * left / max(cells, 1)) / 10  # 0.1 s steps: a readable sealed plan
+    return plan if share >= plan.max_seconds else replace(plan, max_seconds=max(share, 0.1))
 
 
 def write_meta(out: Path, records: Mapping[str, Mapping[str, Any]],
@@ -103,9 +123,12 @@ def read_raw(artifact_dir: Path) -> tuple[dict[str, Any], Rows, Rows, Rows]:
 
 def derive_cells(plans: Mapping[str, _timed.Plan], meta: Mapping[str, Any], passes: list[dict[str, Any]],
                  requests: list[dict[str, Any]], clocks: list[dict[str, Any]],
-                 slo_ms: Mapping[str, float] | None = None) -> dict[str, dict[str, Any]]:
+                 slo_ms: Mapping[str, float] | None = None,
+                 row_budget: bool = False) -> dict[str, dict[str, Any]]:
     """Every cell's metrics, re-taking every decision; the plan of each cell must be
-    the one the row asks for now (the meta's copy is only compared, never used)."""
+    the one the row asks for now (the meta's copy is only compared, never used), except
+    a time budget cut to the cell's share of a row wall budget (`row_budget`: the row
+    has `[budget]`)."""
     out = {}
     for cell in meta["cells"]:
         if cell not in plans:
@@ -127,6 +150,13 @@ def derive_cells(plans: Mapping[str, _timed.Plan], meta: Mapping[str, Any], pass
             want["design"].pop("claim_rule")
             plan = replace(plan, design=replace(plan.design,
                                                 claim_rule=stats.SEALED_CLAIM_RULE))
+        # under a row wall budget a cell may have run under a smaller time budget: its
+        # share of the time left, sealed in its plan (never a larger one)
+        if row_budget and isinstance(sealed, dict) and \
+                isinstance(sealed.get("max_seconds"), float) and \
+                0 < sealed["max_seconds"] < want["max_seconds"]:
+            want["max_seconds"] = sealed["max_seconds"]
+            plan = replace(plan, max_seconds=sealed["max_seconds"])
         if sealed != want:
             raise GateError(f"cell {cell}: measured under another plan than the row's "
                             f"({sealed})")

@@ -72,8 +72,8 @@ def tests(session: nox.Session) -> None:
     session.run("pytest", "-m", "not gpu", *(session.posargs or ["tests", "lab/tests"]))
 
 
-TEST_EXTRAS = ("test", "stats", "cuda12", "cuda13", "cuda13-libs", "trace", "ops", "llamacpp",
-               "lint")
+TEST_EXTRAS = ("test", "stats", "cuda12", "cuda13", "cuda13-libs", "host-libs", "trace", "ops",
+               "llamacpp", "lint")
 
 
 def _static_checks(session: nox.Session) -> None:

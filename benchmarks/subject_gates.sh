@@ -26,7 +26,7 @@ NVCC="$(command -v nvcc)"
   command -v ncu && ncu --version | tail -1; } 2>&1 | tee "$R/environment.txt"
 status=0
 if [ -z "${SKIP_GATES:-}" ]; then
-  timeout "${SCRIPT_TIMEOUT:-480}" python3 benchmarks/subject_gates.py --out "$R" --nvcc "$NVCC" \
+  PYTHONPATH=".:$PYTHONPATH" timeout "${SCRIPT_TIMEOUT:-480}" python3 benchmarks/subject_gates.py --out "$R" --nvcc "$NVCC" \
     $(for name in ${ONLY:-}; do printf -- '--only %s ' "$name"; done) 2>&1 | tee "$OUT/summary.txt"
   status=${PIPESTATUS[0]}
 fi

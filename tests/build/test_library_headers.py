@@ -40,3 +40,17 @@ def test_a_library_whose_wheel_is_missing_says_what_to_install(cache, monkeypatc
     assert err.value.diagnostics() == (
         "headers: cublas needs nvidia-cublas-not-installed, which is not installed: "
         "pip install 'rowgate[cuda13-libs]'")
+
+
+def test_a_header_only_host_library_comes_without_its_python_files(cache):
+    (json,) = library_headers.resolve(["nlohmann-json"], toolchains.for_arch("sm_90"))
+    inc = Path(json.include_dir)
+    assert json.package == "nlohmann-json" and (inc / "nlohmann" / "json.hpp").is_file()
+    assert not list(inc.rglob("*.py")) and not list(inc.rglob("*.pyc"))
+
+
+def test_a_missing_host_library_names_its_own_extra(cache, monkeypatch):
+    monkeypatch.setitem(library_headers.LIBRARIES, "nlohmann-json",
+                        {"nvcc": "nlohmann-json-not-installed", "nvrtc": "x"})
+    with pytest.raises(ToolchainError, match=r"pip install 'rowgate\[host-libs\]'"):
+        library_headers.resolve(["nlohmann-json"], toolchains.for_arch("sm_90"))

@@ -29,10 +29,16 @@ from rowgate.cuda.toolchains import Toolchain, ToolchainError
 LIBRARIES = {
     "cublas": {"nvcc": "nvidia-cublas", "nvrtc": "nvidia-cublas-cu12"},
     "nvtx": {"nvcc": "nvidia-nvtx", "nvrtc": "nvidia-nvtx-cu12"},
+    # header-only host libraries real projects include, from their PyPI repackaging
+    "nlohmann-json": {"nvcc": "nlohmann-json", "nvrtc": "nlohmann-json"},
 }
 """A declared library -> its headers' wheel per toolchain kind."""
 INSTALL = {"nvcc": "pip install 'rowgate[cuda13-libs]'",
            "nvrtc": "pip install 'rowgate[cuda12-libs]'"}
+HOST_LIBRARIES = frozenset({"nlohmann-json"})
+HOST_INSTALL = "pip install 'rowgate[host-libs]'"
+NOT_HEADERS = frozenset({".py", ".pyc"})
+"""A wheel's Python files under its include directory (a repackaging's __init__.py)."""
 MARKER = ".complete"
 
 
@@ -63,9 +69,11 @@ def _one(library: str, kind: str) -> LibraryHeaders:
     try:
         dist = metadata.distribution(package)
     except metadata.PackageNotFoundError:
+        hint = HOST_INSTALL if library in HOST_LIBRARIES else INSTALL[kind]
         raise ToolchainError(f"headers: {library} needs {package}, which is not installed: "
-                             f"{INSTALL[kind]}") from None
-    files = [f for f in dist.files or () if "include" in f.parts[:-1]]
+                             f"{hint}") from None
+    files = [f for f in dist.files or ()
+             if "include" in f.parts[:-1] and f.suffix not in NOT_HEADERS]
     if not files:
         raise ToolchainError(f"headers: {package} {dist.version} lists no include files")
     dest = cache.root() / "headers" / f"{package}-{dist.version}" / "include"

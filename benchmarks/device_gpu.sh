@@ -30,7 +30,8 @@ for part in ${parts[*]}; do
       tar czf "$OUT/overhead-operator-evidence.tar.gz" -C /tmp/overhead-operator evidence ;;
     throughput-overhead)
       PYTHONPATH=".:$PYTHONPATH" timeout 300 python3 benchmarks/sandbox_overhead.py \
-        --workload throughput --out /tmp/overhead-throughput --rounds "${ROUNDS:-16}"
+        --workload throughput --out /tmp/overhead-throughput --rounds "${ROUNDS:-16}" \
+        --passes "${PASSES:-1}"
       cp /tmp/overhead-throughput/sandbox-overhead-throughput.json "$OUT/" ;;
     *) echo "unknown part $part" >&2; exit 2 ;;
   esac

@@ -21,8 +21,10 @@ L2 flushed); the round's figure is the ratio of medians.
 model is started twice on the same device as a subject's server is: once confined (the
 arm's command in bubblewrap, only loopback, rowgate's client through the Unix-socket
 bridge) and once unconfined (the host's loopback); each round sends both the same pass
-(`--concurrency` streams of `--output-len` tokens), in alternating order, and the round's
-figure is output tokens per second inside / outside.
+(`--concurrency` streams of `--output-len` tokens) `--passes` times, interleaved (A B,
+B A, …: the fixture server is host-bound, and a host-state switch that lasts a pass or
+more then lands on both sides), and the round's figure is output tokens per second
+inside / outside.
 The figure is the paired ratio inside / outside per round, its median and a 95 %
 bootstrap interval (scipy). Writes DIR/sandbox-overhead[-operator|-throughput].json; docs/perf.md
 cites it with the device, the commit and the bundles.
@@ -180,7 +182,11 @@ def _throughput(ns: argparse.Namespace) -> dict[str, Any]:
         described = {side: e.describe() for side, e in engines.items()}  # while serving
         for r in range(ns.rounds):
             order = ("inside", "outside") if r % 2 == 0 else ("outside", "inside")
-            rate = {side: tokens / engines[side].generate(work).wall_s for side in order}
+            wall = dict.fromkeys(order, 0.0)
+            for i in range(ns.passes):  # interleaved A B, B A, …: a host-state switch
+                for side in (order if i % 2 == 0 else order[::-1]):  # lands on both sides
+                    wall[side] += engines[side].generate(work).wall_s
+            rate = {side: ns.passes * tokens / wall[side] for side in order}
             pairs.append(rate)
             print(f"round {r}: {json.dumps(rate)}", flush=True)
     finally:
@@ -189,8 +195,10 @@ def _throughput(ns: argparse.Namespace) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "workload": f"OpenAI fixture server (tests/fixtures/openai_server.py) on the tiny "
                     f"model, {ns.device}: {ns.concurrency} streams x {ns.output_len} output "
-                    f"tokens after {ns.input_len}-token prompts; output tokens/s",
-        "rounds": ns.rounds, "sandbox": sandbox.describe(gpu=ns.device.startswith("cuda")),
+                    f"tokens after {ns.input_len}-token prompts; output tokens/s over "
+                    f"{ns.passes} interleaved pass(es) per side per round",
+        "rounds": ns.rounds, "passes_per_round": ns.passes,
+        "sandbox": sandbox.describe(gpu=ns.device.startswith("cuda")),
         "engines": described,
         "inside_tok_s_median": statistics.median(p["inside"] for p in pairs),
         "outside_tok_s_median": statistics.median(p["outside"] for p in pairs),
@@ -212,6 +220,8 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--input-len", type=int, default=32)
     ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--passes", type=int, default=1,
+                    help="throughput: passes per side per round, interleaved (A B, B A, …)")
     ns = ap.parse_args()
     ns.out.mkdir(parents=True, exist_ok=True)
     if ns.workload == "throughput":

@@ -157,7 +157,7 @@ class Kernel(_Model):
     `--expt-relaxed-constexpr`), placed before rowgate's own."""
     host_flags: list[str] = []
     """Options for the host compiler (nvcc passes them with `-Xcompiler`)."""
-    headers: list[Literal["cublas", "nvtx"]] = []
+    headers: list[Literal["cublas", "nvtx", "nlohmann-json"]] = []
     """CUDA libraries whose headers the kernel's code includes (`cublas_v2.h`,
     `nvtx3/nvToolsExt.h`): each from its wheel of the toolchain's release, in an include
     directory of its own (`rowgate.cuda.library_headers`)."""

@@ -143,7 +143,8 @@ def _gate_and_seal(loaded: LoadedRow, subject: Subject, prov: Provenance, device
 def _over_budget(row: Row, before: list[GateResult], ctx: GateContext) -> str | None:
     """Why the gate is not run: the row's wall budget is spent (by the gates before it,
     named with their seconds). None while time is left or without a budget."""
-    if row.budget is None or (ctx.time_left() or 0.0) > 0:
+    left = ctx.time_left()  # None exactly when the row has no [budget]
+    if left is None or left > 0 or row.budget is None:
         return None
     spent = ", ".join(f"{r.gate_id} {r.duration_s:.0f} s" for r in before) or "nothing"
     return (f"not run: the row's wall budget ([budget] wall_s = {row.budget.wall_s:g} s) was "

@@ -150,13 +150,10 @@ def derive_cells(plans: Mapping[str, _timed.Plan], meta: Mapping[str, Any], pass
             want["design"].pop("claim_rule")
             plan = replace(plan, design=replace(plan.design,
                                                 claim_rule=stats.SEALED_CLAIM_RULE))
-        # under a row wall budget a cell may have run under a smaller time budget: its
-        # share of the time left, sealed in its plan (never a larger one)
-        if row_budget and isinstance(sealed, dict) and \
-                isinstance(sealed.get("max_seconds"), float) and \
-                0 < sealed["max_seconds"] < want["max_seconds"]:
-            want["max_seconds"] = sealed["max_seconds"]
-            plan = replace(plan, max_seconds=sealed["max_seconds"])
+        cut = _budget_cut(sealed, want) if row_budget else None
+        if cut is not None:
+            want["max_seconds"] = cut
+            plan = replace(plan, max_seconds=cut)
         if sealed != want:
             raise GateError(f"cell {cell}: measured under another plan than the row's "
                             f"({sealed})")
@@ -169,6 +166,13 @@ def derive_cells(plans: Mapping[str, _timed.Plan], meta: Mapping[str, Any], pass
         except _ab.RecordError as exc:
             raise GateError(f"cell {cell}: the records do not follow the plan: {exc}") from exc
     return out
+
+
+def _budget_cut(sealed: Any, want: Mapping[str, Any]) -> float | None:
+    """The smaller time budget a cell ran under as its share of a row wall budget
+    (sealed in its plan); None when it ran under the row's own (never a larger one)."""
+    cut = sealed.get("max_seconds") if isinstance(sealed, dict) else None
+    return cut if isinstance(cut, float) and 0 < cut < want["max_seconds"] else None
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import nox
@@ -69,7 +70,16 @@ def tests(session: nox.Session) -> None:
     _ensure_sigstore_js(session)
     # rowgate is imported from the installed wheel (src layout: the checkout root holds
     # no package named rowgate); the lab's own tests follow the core's.
-    session.run("pytest", "-m", "not gpu", *(session.posargs or ["tests", "lab/tests"]))
+    if session.posargs:
+        session.run("pytest", "-m", "not gpu", *session.posargs)
+        return
+    # One cache for both runs (models, builds), and one worker per core, each test file on
+    # one worker (a file's fixtures share their engines and builds); the tests whose verdict
+    # rests on real timings then run alone, with no other worker loading the machine.
+    session.env["ROWGATE_TEST_CACHE_DIR"] = tempfile.mkdtemp(prefix="rowgate-test-cache-")
+    session.run("pytest", "-m", "not gpu and not serial", "-n", "auto", "--dist", "loadfile",
+                "tests", "lab/tests")
+    session.run("pytest", "-m", "serial and not gpu", "tests", "lab/tests")
 
 
 TEST_EXTRAS = ("test", "stats", "cuda12", "cuda13", "cuda13-libs", "host-libs", "trace", "ops",

@@ -24,6 +24,13 @@ def pytest_configure(config):
     os.environ["ROWGATE_CACHE_DIR"] = os.environ["ROWGATE_TEST_CACHE_DIR"]
 
 
+@pytest.fixture(autouse=True)
+def _plain_width(monkeypatch):
+    """Tables at rowgate's plain width whatever the runner's environment says (pytest-xdist
+    workers inherit COLUMNS=80); a test that wants another width sets COLUMNS itself."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+
+
 def pytest_collection_modifyitems(config, items):
     """GPU tests need a GPU: skip them here with the reason (never turn failures into skips)."""
     if shutil.which("nvidia-smi"):

@@ -26,6 +26,8 @@ from tests.gates.test_timed_rounds import cal
 from tests.report import format2
 from tests.support import write_row
 
+pytestmark = pytest.mark.serial  # timings decide: never beside another worker
+
 CELLS = ("i16-c1", "i16-c4")
 REPEATS = 9
 TOKENS = 16

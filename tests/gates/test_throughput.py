@@ -23,6 +23,8 @@ from rowgate.rows.row import load_row
 from tests.gates.engine_rows import ROOT, run_one, tiny_row
 from tests.support import DEMOS
 
+pytestmark = pytest.mark.serial  # timings decide: never beside another worker
+
 AA_GATE = '''
     [[gates]]
     id = "tokens"

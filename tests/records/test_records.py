@@ -3,7 +3,10 @@ document is read through, and the patterns that become path components."""
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -68,3 +71,30 @@ def test_strict_loads_reads_what_json_reads_when_every_key_is_said_once():
     assert strict_loads(b'{"a": [1, {"b": null}]}', "x") == {"a": [1, {"b": None}]}
     with pytest.raises(VerificationError, match="^x: duplicate key 'a'$"):
         strict_loads('[{"a": 1, "a": 1}]', "x")
+
+
+def _formats(node: object) -> list[str]:
+    if isinstance(node, dict):
+        own = [node["format"]] if isinstance(node.get("format"), str) else []
+        return own + [f for v in node.values() for f in _formats(v)]
+    if isinstance(node, list):
+        return [f for v in node for f in _formats(v)]
+    return []
+
+
+def test_no_schema_declares_a_format():
+    """What lets rowgate import jsonschema without its optional format checkers."""
+    found = {p.name: _formats(json.loads(p.read_text()))
+             for p in SCHEMAS_DIR.glob("*.schema.json")}
+    assert found and not any(found.values()), found
+
+
+def test_the_iri_format_grammars_are_not_compiled_in_a_rowgate_process():
+    """rfc3987-syntax compiles 39 lark grammars when imported (seconds per process): it
+    stays unloaded while rowgate imports jsonschema, and importable afterwards."""
+    pytest.importorskip("rfc3987_syntax")
+    code = ("import sys, rowgate.records.schema\n"
+            "assert 'rfc3987_syntax' not in sys.modules, 'loaded'\n"
+            "import rfc3987_syntax\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

@@ -8,15 +8,30 @@ The schemas are generated from the record models by `rowgate.cli.schemas`
 from __future__ import annotations
 
 import json
+import sys
 from functools import cache
 from typing import Any, TypeVar
 
-import jsonschema
 from pydantic import BaseModel, ValidationError
 
-from rowgate import dirs
-from rowgate.errors import VerificationError
-from rowgate.records.canonical import strict_loads
+# jsonschema registers its optional format checkers when it is imported. The "iri" one's
+# package, rfc3987-syntax (installed by others' `jsonschema[format-nongpl]`, jupyter's for
+# one), compiles 39 lark grammars at import: about 2.6 s in every rowgate process.
+# rowgate checks no formats (its schemas declare none and it passes no FormatChecker),
+# so that package is kept from loading while jsonschema imports, and importable after.
+_UNUSED_FORMATS = "rfc3987_syntax"
+_hide = _UNUSED_FORMATS not in sys.modules
+if _hide:
+    sys.modules[_UNUSED_FORMATS] = None  # type: ignore[assignment]
+try:
+    import jsonschema
+finally:
+    if _hide:
+        del sys.modules[_UNUSED_FORMATS]
+
+from rowgate import dirs  # noqa: E402
+from rowgate.errors import VerificationError  # noqa: E402
+from rowgate.records.canonical import strict_loads  # noqa: E402
 
 SCHEMAS_DIR = dirs.schemas_dir()
 """The JSON Schemas shipped as package data (`rowgate schemas` regenerates them)."""

@@ -8,6 +8,7 @@ Every attack fails, and the gate still seals an honest, verifying bundle.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import subprocess
@@ -224,6 +225,7 @@ def test_a_subject_server_is_reached_only_through_the_bridge_and_gets_no_attack(
         tmp_path, monkeypatch):
     from rowgate.engines.openai import OpenAIEngine
     from rowgate.models.tiny import TinyModelSpec, build_tiny_model
+    from rowgate.sandbox.bridge import UnixHTTPConnection
 
     tiny_model_dir = build_tiny_model(TinyModelSpec(), root=tmp_path / "models").path
     subject = tmp_path / "subject"
@@ -239,6 +241,12 @@ def test_a_subject_server_is_reached_only_through_the_bridge_and_gets_no_attack(
     with engine:
         assert engine.served_model == "subject-model"  # reached through the one socket
         assert engine.describe()["sandbox"] == "bubblewrap"
+        # rowgate's client speaks on the socket itself; the host's port forwards to it
+        assert isinstance(engine._connection(5), UnixHTTPConnection)
+        conn = http.client.HTTPConnection("127.0.0.1", engine.port, timeout=5)
+        conn.request("GET", "/v1/models")
+        assert b"subject-model" in conn.getresponse().read()
+        conn.close()
     said = engine.log.read_text()
     assert "key-env: none" in said and "token: none" in said and TOKEN not in said
     assert SECRET not in said and "outside: No such file or directory" in said

@@ -35,6 +35,7 @@ import rowgate.engines._process as _process
 from rowgate import sandbox
 from rowgate.engines.interface import Engine, EngineError, PassResult, Request, RequestOutput, WorkloadPass
 from rowgate.models.tiny import model_info
+from rowgate.sandbox.bridge import UnixHTTPConnection
 
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 600.0
@@ -168,7 +169,7 @@ class OpenAIEngine(Engine):
         self.extra_env = {**self.extra_env, "VLLM_TORCH_PROFILER_DIR": str(out_dir)}
 
     def _post(self, path: str, doc: dict[str, Any], timeout: float = REQUEST_TIMEOUT_S) -> None:
-        conn = http.client.HTTPConnection(HOST, self.port, timeout=timeout)
+        conn = self._connection(timeout)
         try:
             conn.request("POST", path, body=json.dumps(doc),
                          headers={"Content-Type": "application/json"})
@@ -195,8 +196,16 @@ class OpenAIEngine(Engine):
 
     # -- requests
 
+    def _connection(self, timeout: float) -> http.client.HTTPConnection:
+        """A confined server is reached on its Unix socket directly (the host's port is
+        for other clients); an unconfined one on the host's loopback."""
+        path = self._served.socket_path if self._served is not None else None
+        if path is not None:
+            return UnixHTTPConnection(path, timeout)
+        return http.client.HTTPConnection(HOST, self.port, timeout=timeout)
+
     def _get(self, path: str) -> tuple[int, bytes]:
-        conn = http.client.HTTPConnection(HOST, self.port, timeout=5)
+        conn = self._connection(5)
         try:
             conn.request("GET", path)
             resp = conn.getresponse()
@@ -216,7 +225,7 @@ class OpenAIEngine(Engine):
         return body
 
     def _stream(self, request: Request, work: WorkloadPass) -> RequestOutput:
-        conn = http.client.HTTPConnection(HOST, self.port, timeout=REQUEST_TIMEOUT_S)
+        conn = self._connection(REQUEST_TIMEOUT_S)
         ids: list[int] = []
         lps: list[float] = []
         alts: list[tuple[tuple[int, float], ...]] = []

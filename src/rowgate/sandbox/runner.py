@@ -325,6 +325,11 @@ class Served:
     """`bridge.Forwarder`, or None for an unconfined server (the host's loopback)."""
     scratch: Path | None
 
+    @property
+    def socket_path(self) -> Path | None:
+        """The Unix socket that reaches the server (None: unconfined, the host's loopback)."""
+        return None if self.forwarder is None else Path(self.forwarder.path)
+
     def close(self) -> None:
         """Stop forwarding (the caller stops `proc`, whose pid namespace ends with it)."""
         if self.forwarder is not None:

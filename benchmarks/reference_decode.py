@@ -37,10 +37,10 @@ Writes OUT/reference-decode.json (and the per-batch traces, gzipped, and logs).
 from __future__ import annotations
 
 import argparse
-import csv
 import gzip
 import io
 import json
+import math
 import os
 import shutil
 import statistics
@@ -117,14 +117,21 @@ def build(subject: Path, scratch: Path, env: dict[str, str], out: Path) -> Path:
     return work
 
 
-def run_batch(work: Path, scratch: Path, env: dict[str, str], batch: int, ns: argparse.Namespace,
-              trace: Path | None) -> sandbox.Result:
+def probe_argv(work: Path, scratch: Path, batch: int, ns: argparse.Namespace,
+               trace: Path | None) -> list[str]:
+    """The probe's command line: the release's runner at `batch`, traced into `trace`
+    (or untraced, for Nsight Compute)."""
     probe = scratch / "reference_decode_probe.py"
     probe.write_text(PROBE)
     req = {"src": str(work / "src"), "lib": str(work / "build" / "libmk_release.so"),
            "batch": batch, "context": ns.context, "tokens": ns.tokens,
            "trace": None if trace is None else str(trace)}
-    return _step([sys.executable, str(probe), json.dumps(req)], work, scratch, env, 900.0)
+    return [sys.executable, str(probe), json.dumps(req)]
+
+
+def run_batch(work: Path, scratch: Path, env: dict[str, str], batch: int, ns: argparse.Namespace,
+              trace: Path) -> sandbox.Result:
+    return _step(probe_argv(work, scratch, batch, ns, trace), work, scratch, env, 900.0)
 
 
 # ------------------------------------------------------------------ reading
@@ -136,18 +143,9 @@ def kernels(doc: dict[str, Any]) -> list[dict[str, Any]]:
                   key=lambda e: float(e["ts"]))
 
 
-def _union_us(spans: list[tuple[float, float]]) -> float:
-    total, end = 0.0, float("-inf")
-    for a, b in sorted(spans):
-        if b > end:
-            total += b - max(a, end)
-            end = b
-    return total
-
-
 def read_trace(doc: dict[str, Any], batch: int) -> dict[str, Any]:
     """rowgate's figures from one decode run's trace (see the module's docstring)."""
-    from rowgate.trace.analysis import blocks_per_sm
+    from rowgate.trace.analysis import blocks_per_sm, union
 
     ks = kernels(doc)
     if not ks:
@@ -164,7 +162,7 @@ def read_trace(doc: dict[str, Any], batch: int) -> dict[str, Any]:
         t0, t1 = float(a["ts"]), float(b["ts"])
         inside = [(max(float(k["ts"]), t0), min(float(k["ts"]) + float(k["dur"]), t1))
                   for k in ks if t0 <= float(k["ts"]) < t1]
-        busy = _union_us(inside)
+        busy = sum(b - a for a, b in union(inside))
         steps.append({"step_us": t1 - t0, "megakernel_us": float(a["dur"]),
                       "launches": len(inside), "busy_us": busy, "idle_us": t1 - t0 - busy})
     med = {key: statistics.median(s[key] for s in steps) for key in steps[0]}
@@ -172,14 +170,14 @@ def read_trace(doc: dict[str, Any], batch: int) -> dict[str, Any]:
     props = (doc.get("deviceProperties") or [None])[0]
     waves = None
     if props and args.get("grid") and args.get("block"):
-        resident = blocks_per_sm(props, _prod(args["block"]),
+        resident = blocks_per_sm(props, math.prod(args["block"]),
                                  int(args.get("registers per thread", 0)),
                                  int(args.get("shared memory", 0)))
         waves = {"grid": args["grid"], "block": args["block"],
                  "registers_per_thread": args.get("registers per thread"),
                  "shared_memory": args.get("shared memory"), "sms": props.get("numSms"),
                  "resident_blocks_per_sm": resident,
-                 "waves": _prod(args["grid"]) / (int(props["numSms"]) * resident)}
+                 "waves": math.prod(args["grid"]) / (int(props["numSms"]) * resident)}
     return {"batch": batch, "megakernel": mk_name, "megakernel_launches": len(mk),
             "steps_read": len(steps), "warm_steps_dropped": WARM,
             "median": med, "time_per_token_us": med["step_us"] / batch,
@@ -188,25 +186,15 @@ def read_trace(doc: dict[str, Any], batch: int) -> dict[str, Any]:
             "per_step": steps}
 
 
-def _prod(xs: list[int]) -> int:
-    n = 1
-    for x in xs:
-        n *= int(x)
-    return n
-
-
 def read_ncu(text: str) -> dict[str, float]:
-    """Nsight Compute's `--csv --page raw` output: metric -> value of the one launch."""
-    lines = [ln for ln in text.splitlines() if ln.startswith('"')]
-    rows = list(csv.reader(lines))
-    if len(rows) < 3:
+    """Nsight Compute's `--csv --page raw` output (the phase gate's parser): metric ->
+    value of the one profiled launch."""
+    from rowgate.ops import ncu
+
+    launches = ncu.parse(text)
+    if not launches:
         raise ValueError("no profiled launch in ncu's output")
-    header, values = rows[0], rows[2]  # row 1 holds the units
-    out = {}
-    for key, value in zip(header, values):
-        if key in NCU_METRICS:
-            out[key] = float(value.replace(",", ""))
-    return out
+    return {k: float(v) for k, v in launches[0]["metrics"].items() if k in NCU_METRICS}
 
 
 def ncu_figures(m: dict[str, float], ceiling: float) -> dict[str, Any]:
@@ -222,13 +210,12 @@ def ncu_figures(m: dict[str, float], ceiling: float) -> dict[str, Any]:
 
 def run_ncu(ncu: str, work: Path, scratch: Path, env: dict[str, str], batch: int,
             name: str, ns: argparse.Namespace) -> dict[str, Any]:
-    probe = scratch / "reference_decode_probe.py"
-    req = {"src": str(work / "src"), "lib": str(work / "build" / "libmk_release.so"),
-           "batch": batch, "context": ns.context, "tokens": ns.tokens, "trace": None}
+    # the clocks left alone (ncu's default locks them), and the name as a substring: the
+    # megakernel is a template instance whose full name changes with each batch size
     argv = [ncu, "--clock-control", "none", "--target-processes", "all", "--csv",
             "--page", "raw", "--kernel-name", name, "--launch-skip", str(WARM + 2),
             "--launch-count", "1", "--metrics", ",".join(NCU_METRICS),
-            sys.executable, str(probe), json.dumps(req)]
+            *probe_argv(work, scratch, batch, ns, None)]
     done = _step(argv, work, scratch, env, 900.0)
     text = done.stdout.decode(errors="replace")
     try:

@@ -8,7 +8,8 @@
 # $OUT/sandbox-overhead.json and, for operator-overhead, sandbox-overhead-operator.json,
 # the two gates' logs and their sealed bundles (overhead-operator-evidence.tar.gz), for
 # throughput-overhead sandbox-overhead-throughput.json and the two servers' logs;
-# TESTS_TIMEOUT (default 240 s) bounds each test set.
+# TESTS_TIMEOUT (default 240 s) bounds each test set, OVERHEAD_TIMEOUT (default 300 s) the
+# throughput A/A.
 set -uo pipefail
 . benchmarks/device_env.sh || exit 1
 parts=("${@:-core lab overhead}")
@@ -29,7 +30,7 @@ for part in ${parts[*]}; do
       cp /tmp/overhead-operator/sandbox-overhead-operator.json /tmp/overhead-operator/gate-log-* "$OUT/"
       tar czf "$OUT/overhead-operator-evidence.tar.gz" -C /tmp/overhead-operator evidence ;;
     throughput-overhead)
-      PYTHONPATH=".:$PYTHONPATH" timeout 300 python3 benchmarks/sandbox_overhead.py \
+      PYTHONPATH=".:$PYTHONPATH" timeout "${OVERHEAD_TIMEOUT:-300}" python3 benchmarks/sandbox_overhead.py \
         --workload throughput --out /tmp/overhead-throughput --rounds "${ROUNDS:-16}" \
         --passes "${PASSES:-1}"
       cp /tmp/overhead-throughput/sandbox-overhead-throughput.json "$OUT/" ;;

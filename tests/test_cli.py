@@ -252,11 +252,17 @@ def test_where_the_time_went_is_sealed_shown_and_planned_from(git_repo, host_row
     assert abs(sum(host["phases"].values()) - host["duration_s"]) < 0.01 + 0.05 * host["duration_s"]
     _, out, _ = _run(["inspect", str(bundle)], capsys)
     assert re.search(r"time.*\n(.*\n)*.*host.*commands [0-9.]+ s \(\d+ %\)", out), out
+    # overhead: everything but the commands the host gate ran (derive, requirements…)
+    from rowgate.gates.clock import WORK
+
+    spent = host["duration_s"] - sum(s for k, s in host["phases"].items() if k in WORK)
+    assert re.search(rf"host\s*│\s*{host['duration_s']:.1f}\s*│\s*{max(spent, 0):.1f} s "
+                     rf"\(\d+ %\)", out), out
     html = tmp_path / "r.html"
     _run(["report", str(bundle), "--key", _own_key(), "--html", str(html)], capsys)
     page = html.read_text()
     assert '<section id="time"><h2>Time</h2><figure><img src="data:image/png;base64,' in page
-    assert "<td>all gates</td>" in page
+    assert "<td>all gates</td>" in page and "<th>overhead</th>" in page
     _, out, _ = _run(["gate", str(host_row), "--repo", git_repo.working_dir, "--plan",
                       "--out", str(tmp_path / "evidence")], capsys)
     assert f"time: {host['duration_s']:.0f} s in the row's last sealed bundle ({bundle.name}: " \

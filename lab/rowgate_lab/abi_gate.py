@@ -24,8 +24,10 @@ device question is the gate's own (docs/task-abi.md, "The abi gate").
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -40,10 +42,12 @@ from rowgate.gates.interface import Derived, Gate, GateContext, GateError, gate_
 from rowgate.records.criteria import StopAction
 from rowgate.records.status import MetricValue, Status
 from rowgate.rows.options import ENGINE_KEYS
-from rowgate.rows.spec import GateSpec
+from rowgate.rows.spec import Arm, GateSpec
 from rowgate.seal.device import Inventory
+from rowgate_lab.engines import DEFAULT_SCHEDULE
 
 if TYPE_CHECKING:
+    from rowgate.engines.interface import Engine
     from rowgate.models.tiny import ModelInfo
     from rowgate.records.provenance import Gpu
     from rowgate.rows.row import Row
@@ -53,6 +57,8 @@ ADMISSION = "admission.json"
 MODEL = "model.json"
 DEVICE = "device.json"
 PROOF = "proof.json"
+PERSISTENT = "lab-persistent"
+"""The engine whose schedules the proof runs."""
 TASKS, PLAN = "tasks.bin", "plan.json"
 """Both sealed gzipped (`compressed.gzipped`) since 2026-12-02; derive reads either form."""
 
@@ -80,6 +86,10 @@ def batch_dir(batch: int) -> str:
 class Abi(Gate[AbiGate]):
     kind = "abi"
     drives_arms = True
+    shares_engines = True
+    """The proof's persistent engine for the candidate's own schedule is the row run's
+    candidate engine (engine_pool): started here or by a gate before, it serves the
+    tokens and throughput gates after."""
     spec_model = AbiGate
     options = ENGINE_KEYS
 
@@ -102,6 +112,9 @@ class Abi(Gate[AbiGate]):
             _write_list(out / batch_dir(batch), dims, batch, sm_count, row)
         if gpu is not None and _admitted(row, spec, out)[0] == "admitted":
             self._prove(row, spec, ctx, info or _build_named(row), gpu)
+
+    def pooled_arms(self, row: Row, spec: AbiGate) -> list[Arm]:
+        return [row.arms.candidate] if row.arms.candidate.engine == PERSISTENT else []
 
     def _model(self, row: Row, out: Path) -> tuple[ModelDims | None, ModelInfo | None]:
         """(dims, model info or None): a named local spec gives dims without weights."""
@@ -131,9 +144,20 @@ class Abi(Gate[AbiGate]):
         first = row.workload.input_lens[0]
         passes = [p for p in _arms.workload_passes(row, info) if p.cell.startswith(f"i{first}-")]
         ctx.progress.update(f"abi: persistent vs eager tokens on {gpu.name}")
+        if ctx.engines is not None:  # its eager engine is its own: free the device first
+            ctx.engines.keep_only(set())
+
+        @contextlib.contextmanager
+        def candidate() -> Iterator[Engine]:
+            with _arms.started({"candidate": (row.arms.candidate, info)}, row, ctx) as up:
+                yield up["candidate"]
+
+        own = ctx.options.get("persistent_schedule", DEFAULT_SCHEDULE)
         try:
             doc = proof.run(info.path, passes, list(spec.schedules), f"cuda:{gpu.index}",
-                            row.arms.candidate.dtype, dict(ctx.options), spec.tie_margin)
+                            row.arms.candidate.dtype, dict(ctx.options), spec.tie_margin,
+                            shared=(own, candidate) if row.arms.candidate.engine == PERSISTENT
+                            else None)
         except Error as exc:
             raise GateError(f"abi: GPU proof: {exc.diagnostics()}") from exc
         write_json(ctx.artifact_dir / PROOF, doc)

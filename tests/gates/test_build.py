@@ -107,6 +107,22 @@ def test_unchanged_rebuild_is_served_from_the_cache(kernels_repo, audited):
         (kernels_repo / "kernels" / "include" / "rowgate" / "extra.cuh").unlink()
 
 
+def test_a_cached_build_whose_outputs_changed_is_built_again(tmp_path):
+    # The cache is reused across gates and runs: what it serves must be what was built.
+    repo = _fixture_repo(tmp_path / "repo", "clean.cu", ["sm_90"])
+    manifest, tc, cache_root = kernels.load(repo), toolchains.for_arch("sm_90"), tmp_path / "c"
+    first = cudabuild.build(repo, manifest, "k", "sm_90", tc, cache_root)
+    cubin = first.path / first.record["cubin"]
+    good = cubin.read_bytes()
+    assert cudabuild.build(repo, manifest, "k", "sm_90", tc, cache_root).cached
+    cubin.write_bytes(good[: len(good) // 2])  # a cut-short copy, a disk error, an edit
+    again = cudabuild.build(repo, manifest, "k", "sm_90", tc, cache_root)
+    assert not again.cached and again.path == first.path
+    assert (again.path / again.record["cubin"]).read_bytes() == good
+    (again.path / cudabuild.BUILD_RECORD).write_text("{")  # a record cut short
+    assert not cudabuild.build(repo, manifest, "k", "sm_90", tc, cache_root).cached
+
+
 def test_tampered_embedded_image_fails_the_audit(audited, tmp_path):
     copy = tmp_path / "audit"
     shutil.copytree(audited, copy)

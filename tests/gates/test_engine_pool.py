@@ -66,3 +66,64 @@ def test_the_throughput_gate_measures_on_the_engines_the_tokens_gate_started(bun
     phases = {r.gate_id: set(r.phases) for r in bundle.results()}
     assert "engine start" in phases["tokens"] and "engine start" not in phases["tp"]
     assert {r.gate_id: r.status.value for r in bundle.results()}["tokens"] == "PASS"
+
+
+TRACED = '''
+    [[gates]]
+    id = "t-oracle"
+    kind = "trace"
+    modes = []
+    arms = ["oracle"]
+    warm_concurrency = 2
+    primer_steps = 4
+    arm_delay = 5
+    steps = 2
+
+    [[gates]]
+    id = "t-cand"
+    kind = "trace"
+    modes = []
+    arms = ["candidate"]
+    warm_concurrency = 2
+    primer_steps = 4
+    arm_delay = 5
+    steps = 2
+''' + GATES
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory) -> Bundle:
+    import git
+
+    from tests.support import commit_file
+
+    tmp = tmp_path_factory.mktemp("pool-trace")
+    repo = git.Repo.init(tmp / "subject", initial_branch="main")
+    with repo.config_writer() as cw:
+        cw.set_value("user", "name", "Test Author")
+        cw.set_value("user", "email", "author@example.com")
+    commit_file(repo, "README.md", "subject\n", "initial")
+    row = tiny_row(tmp, "POOL-TRACE", TRACED, oracle="reference", requests=2)
+    signer = signing.default_signer(announce=lambda msg: None)
+    run = runner.run_row(rows.load_row(row), tmp / "subject", tmp / "evidence", signer,
+                         PlainProgress(quiet=True))
+    return Bundle.open(run.bundle)
+
+
+def test_traced_engines_serve_the_later_gates_and_outlive_a_gate_that_does_not_use_them(
+        traced):
+    # t-cand does not use the oracle's engine; tokens after it does, so it stays up.
+    assert _sharing(traced, "t-oracle") == {
+        "oracle-default": {"started_by": "t-oracle", "reused": False}}
+    assert _sharing(traced, "t-cand") == {
+        "candidate-eager": {"started_by": "t-cand", "reused": False}}
+    assert _sharing(traced, "tokens") == {
+        "oracle": {"started_by": "t-oracle", "reused": True},
+        "candidate": {"started_by": "t-cand", "reused": True}}
+    assert _sharing(traced, "tp") == {
+        "baseline": {"started_by": "t-oracle", "reused": True},
+        "candidate": {"started_by": "t-cand", "reused": True}}
+    status = {r.gate_id: r.status.value for r in traced.results()}
+    assert status["t-oracle"] == status["t-cand"] == status["tokens"] == "PASS", status
+    phases = {r.gate_id: set(r.phases) for r in traced.results()}
+    assert "engine start" not in phases["tokens"] | phases["tp"]

@@ -56,6 +56,23 @@ def test_delayed_capture_on_cpu_is_one_valid_range(tiny, tmp_path):
     assert any(w.origin == "forward" for w in a.items)
 
 
+def test_a_traced_engine_is_left_as_it_was_started(tiny, tmp_path):
+    # The engine serves the row's later gates (engine_pool): its markers and the
+    # stepper's per-step synchronization must come off, and it must generate the same.
+    from rowgate.engines.interface import Request, WorkloadPass
+
+    work = WorkloadPass(cell="c", concurrency=2, requests=tuple(
+        Request(id=f"r{i}", cell="c", prompt_ids=p, max_tokens=4, seed=0)
+        for i, p in enumerate(prompts())))
+    with ReferenceEngine(tiny.path, device="cpu", mode="eager") as engine:
+        before = [o.token_ids for o in engine.generate(work).outputs]
+        step, decode = engine._decode_step, engine.model.decode
+        capture(engine, prompts(), CapturePlan(**SMALL), tmp_path, "cpu")
+        assert "_decode_step" not in vars(engine) and "decode" not in vars(engine.model)
+        assert engine._decode_step == step and engine.model.decode == decode
+        assert [o.token_ids for o in engine.generate(work).outputs] == before
+
+
 def test_synchronous_start_on_cpu_is_refused(tiny, tmp_path):
     _, trace, clocks = run(tiny, tmp_path, CapturePlan(**SMALL, synchronous=True))
     v = validity.validate(trace, clocks, validity.Expect(5, 2, 0.02))

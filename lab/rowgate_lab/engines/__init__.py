@@ -14,13 +14,16 @@ from pathlib import Path
 from rowgate.engines import Engine, EnginePlugin, integer
 from rowgate.rows.spec import Arm
 
+DEFAULT_SCHEDULE = "dynamic-queue"
+"""The persistent engine's schedule without the `persistent_schedule` option."""
+
 
 def _persistent(arm: Arm, model_dir: Path, device: str, options: dict[str, str],
                 subject: Path | None) -> Engine:
     from rowgate_lab.engines.persistent import PersistentEngine
 
     return PersistentEngine(model_dir, device=device, dtype=arm.dtype,
-                            schedule=options.get("persistent_schedule", "dynamic-queue"),
+                            schedule=options.get("persistent_schedule", DEFAULT_SCHEDULE),
                             cubin=options.get("persistent_cubin"), nvcc=options.get("nvcc"))
 
 
@@ -34,13 +37,14 @@ def _graph_fused(arm: Arm, model_dir: Path, device: str, options: dict[str, str]
                        chunk=integer(options, "fused_chunk", 0) or None)
 
 
-PERSISTENT = EnginePlugin(create=_persistent, in_process=True, options={
+PERSISTENT = EnginePlugin(create=_persistent, in_process=True, modes=("persistent",), options={
     "persistent_schedule": "the persistent engine's schedule (static-round-robin, "
                            "dynamic-queue)",
     "persistent_cubin": "a prebuilt persistent megakernel cubin",
     "nvcc": "path of a CUDA nvcc to build with (its version is recorded)",
 })
-GRAPH_FUSED = EnginePlugin(create=_graph_fused, in_process=True, options={
+GRAPH_FUSED = EnginePlugin(create=_graph_fused, in_process=True, modes=("graph-fused",),
+                           options={
     "fused_compile": "the graph-fused engine's torch.compile mode (max-autotune-no-cudagraphs "
                      "by default; max-autotune, default, reduce-overhead, none)",
     "fused_cubin": "a prebuilt cubin of the graph-fused engine's decode attention",

@@ -27,7 +27,10 @@ from rowgate.engines.divergence import compare as _compare
 from rowgate.engines.divergence import divergence as _divergence
 
 if TYPE_CHECKING:
-    from rowgate.engines.interface import WorkloadPass
+    from collections.abc import Callable
+    from contextlib import AbstractContextManager
+
+    from rowgate.engines.interface import Engine, WorkloadPass
 
 NAMES = ("eager", "persistent")
 
@@ -40,8 +43,14 @@ def compare(want: list[Out], got: list[Out], tie_margin: float) -> dict[str, Any
     return _compare(want, got, tie_margin, NAMES)
 
 
+Shared = tuple[str, "Callable[[], AbstractContextManager[Engine]]"]
+"""(schedule, opener): the row run's started candidate engine runs that schedule; the
+opener yields it started and leaves it running for the gates after (engine_pool)."""
+
+
 def run(model_dir: Path, passes: list[WorkloadPass], schedules: list[str], device: str,
-        dtype: str, options: dict[str, str], tie_margin: float) -> dict[str, Any]:
+        dtype: str, options: dict[str, str], tie_margin: float,
+        shared: Shared | None = None) -> dict[str, Any]:
     """{cell: {schedule: compare(...) + routes, "schedules_identical": bool}}."""
     import json
 
@@ -49,7 +58,10 @@ def run(model_dir: Path, passes: list[WorkloadPass], schedules: list[str], devic
     from rowgate.rows.spec import Arm
 
     def outputs(arm: Arm, opts: dict[str, str]) -> tuple[list[list[Out]], dict[str, str]]:
-        with engines.create(arm, model_dir, device=device, options=opts) as engine:
+        schedule = opts.get("persistent_schedule")
+        opened = (shared[1]() if shared is not None and schedule == shared[0]
+                  else engines.create(arm, model_dir, device=device, options=opts))
+        with opened as engine:
             outs = [[Out.of(o) for o in engine.generate(p).outputs] for p in passes]
             return outs, engine.describe()
 

@@ -5,7 +5,9 @@ exact command lines (`build.json`), each tool's log, the PTX, the cubin, and for
 nvcc builds the fatbin and the object that embeds it, with sha256 digests.
 Directories live in rowgate's cache, outside the subject (`rowgate.cuda.cache`):
 `kernels/NAME/ARCH/KEY/`, KEY = sha256 of the sources, the flags and the toolchain's
-exact versions: an unchanged re-run finds its directory and compiles nothing. Failed
+exact versions: an unchanged re-run finds its directory, checks every output against the
+digest it was recorded with (one that does not match is built again) and compiles
+nothing. Failed
 builds are cached too (the same inputs fail the same way). Nothing is written into
 the subject: compilers run in a work directory of the cache, reading its sources.
 """
@@ -80,8 +82,9 @@ def build(repo: Path, manifest: KernelManifest, name: str, arch: str, toolchain:
     key = cache_key(digest, {**kernel.model_dump(mode="json"),
                              "headers": [h.identity() for h in libs]}, arch, toolchain)
     final = (cache_root or cache.kernels()) / name / arch / key[:24]
-    if (final / BUILD_RECORD).is_file():
-        return BuildDir(final, json.loads((final / BUILD_RECORD).read_text()), cached=True)
+    reused = _verified(final)
+    if reused is not None:
+        return BuildDir(final, reused, cached=True)
     final.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{key[:12]}-", dir=final.parent))
     try:
@@ -132,6 +135,26 @@ def build(repo: Path, manifest: KernelManifest, name: str, arch: str, toolchain:
         shutil.rmtree(work, ignore_errors=True)
         raise
     return BuildDir(final, record, cached=False)
+
+
+def _verified(final: Path) -> dict[str, Any] | None:
+    """The cached build's record if every output it names still has the digest it was
+    recorded with; else None, and a build that does not hold (a truncated cubin, a file
+    edited in the cache, a record cut short) is removed so it is built again."""
+    try:
+        record: dict[str, Any] = json.loads((final / BUILD_RECORD).read_text())
+        intact = all(hashlib.sha256((final / out).read_bytes()).hexdigest() == digest
+                     for out, digest in record["outputs"].items())
+    except FileNotFoundError:
+        if not final.exists():
+            return None  # never built
+        intact = False
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        intact = False
+    if intact:
+        return record
+    shutil.rmtree(final, ignore_errors=True)
+    return None
 
 
 def _nvrtc_steps(name: str, arch: str, tc: Toolchain, src: Path, includes: list[str],

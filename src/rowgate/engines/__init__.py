@@ -37,7 +37,7 @@ from rowgate.rows.spec import Arm
 
 __all__ = ["INDUCTOR_CACHE", "INDUCTOR_CACHE_ENV", "Engine", "EngineError", "EnginePlugin",
            "PassResult", "Request", "RequestOutput", "WorkloadPass", "create", "flag", "integer",
-           "plugin", "why_unavailable", "why_untraceable"]
+           "plugin", "why_not_mode", "why_unavailable", "why_untraceable"]
 
 _TRUE = ("1", "true", "yes", "on")
 
@@ -88,8 +88,6 @@ def _reference(arm: Arm, model_dir: Path, device: str, options: dict[str, str],
                subject: Path | None) -> Engine:
     from rowgate.engines.reference import ReferenceEngine
 
-    if arm.mode not in ("eager", "graph", "default"):
-        raise EngineError(f"engine reference: mode {arm.mode!r} is not one of eager, graph, default")
     return ReferenceEngine(model_dir, device=device, mode=arm.mode, dtype=arm.dtype)
 
 
@@ -126,7 +124,7 @@ VLLM = EnginePlugin(create=_vllm, why_unavailable=_vllm_unavailable)
 OPENAI = EnginePlugin(create=_openai, why_unavailable=_openai_unavailable)
 LLAMA_CPP = EnginePlugin(create=_llamacpp, why_unavailable=_llamacpp_unavailable,
                          why_untraceable=_llamacpp_untraceable)
-REFERENCE = EnginePlugin(create=_reference, in_process=True)
+REFERENCE = EnginePlugin(create=_reference, in_process=True, modes=("eager", "graph", "default"))
 
 
 def plugin(name: str) -> EnginePlugin:
@@ -155,8 +153,23 @@ def why_untraceable(arm: Arm) -> str | None:
     return plugin(arm.engine).why_untraceable(arm)
 
 
+def why_not_mode(arm: Arm) -> str | None:
+    """Why `arm`'s engine cannot run in `arm.mode` (its plugin declares the modes it
+    runs), or None. An engine that ignored the mode would run in another one under the
+    asked mode's name: a trace of the wrong executing path, sealed as the right one."""
+    modes = plugin(arm.engine).modes
+    if modes and arm.mode not in modes:
+        return (f"engine {arm.engine} runs in mode {', '.join(modes)}, not {arm.mode!r} "
+                f"(name the arm that runs {arm.mode!r})")
+    return None
+
+
 def create(arm: Arm, model_dir: Path, *, device: str = "cpu",
            options: dict[str, str] | None = None, subject: Path | None = None) -> Engine:
     """The engine for `arm` over `model_dir` on `device` (`cpu` or `cuda:N`); not started.
-    `subject`: the checkout a server arm runs in (`{subject}`)."""
+    `subject`: the checkout a server arm runs in (`{subject}`). EngineError for a mode
+    the engine does not run (`why_not_mode`)."""
+    why = why_not_mode(arm)
+    if why:
+        raise EngineError(why)
     return plugin(arm.engine).create(arm, Path(model_dir), device, dict(options or {}), subject)

@@ -100,3 +100,6 @@ class EnginePlugin:
     """Steps in rowgate's process (the trace gate profiles it directly)."""
     options: Mapping[str, str] = field(default_factory=dict)
     """`--option` keys its engines read, and what each does (`rowgate gate --option`)."""
+    modes: tuple[str, ...] = ()
+    """The modes its engines run (an arm's `mode`, or the one a trace gate asks for);
+    empty: the engine reads the mode itself and refuses what it cannot run."""

@@ -37,7 +37,7 @@ from rowgate.gates.interface import Derived, Gate, GateContext, GateError, gate_
 from rowgate.models.train import PROMPT_FORMAT
 from rowgate.records.status import Status
 from rowgate.rows.options import ENGINE_KEYS
-from rowgate.rows.spec import GateSpec, Sampling
+from rowgate.rows.spec import Arm, GateSpec, Sampling
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -156,6 +156,9 @@ class Accuracy(Gate[AccuracyGate]):
         return gate_arch(row, ctx.gpu)
 
     # ------------------------------------------------------------- measure
+
+    def pooled_arms(self, row: Row, spec: AccuracyGate) -> list[Arm]:
+        return [row.arms.candidate]
 
     def measure(self, row: Row, spec: AccuracyGate, ctx: GateContext) -> None:
         from rowgate.models.tiny import model_info

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from rowgate.engines.interface import Engine, EngineError, WorkloadPass
 from rowgate.errors import Error
-from rowgate.gates.artifacts import write_json
+from rowgate.gates.artifacts import read_json, write_json
 from rowgate.gates.engine_pool import SHARING_FILE, engine_key
 from rowgate.gates.interface import GateContext, GateError
 from rowgate.models.tiny import ModelInfo, model_info, why_unavailable
@@ -224,12 +224,13 @@ def started(arms: dict[str, tuple[Arm, ModelInfo]], row: Row, ctx: GateContext,
                 continue
             out[role] = _start(role, arm, model, dev, opts, ctx)
             if pool is not None:
-                pool.add(keys[role], out[role], ctx.gate_id)
+                pool.add(keys[role], out[role], ctx.gate_id, arm.model_dump(mode="json"))
             if pool is None or not pool.holds(out[role]):
                 stack.callback(out[role].stop)
             sharing[role] = {"started_by": ctx.gate_id, "reused": False}
-        if pool is not None:
-            write_json(ctx.artifact_dir / SHARING_FILE, sharing)
+        if pool is not None:  # a gate that asks more than once (trace: per capture) adds
+            path = ctx.artifact_dir / SHARING_FILE
+            write_json(path, {**(read_json(path) if path.is_file() else {}), **sharing})
         try:
             yield out
         except BaseException:

@@ -15,6 +15,19 @@ from contextlib import contextmanager
 
 OTHER = "measure (other)"
 
+WORK = frozenset({"measurement", "generate", "capture", "cases", "timing", "counters (ncu)",
+                  "commands", "compile", "binutils", "AOT reachability"})
+"""Phases that are the gate's evidence being made: the timed rounds, the passes whose
+outputs are judged, the traced range (with the primer that range needs), kernel
+launches and counters, the subject's commands and compiles. Everything else is
+overhead: engines starting (torch.compile and CUDA graph capture included), warm-up,
+the time between rounds, requirements, analysis, derive."""
+
+
+def overhead_s(phases: dict[str, float], total: float) -> float:
+    """Seconds of `total` not spent in a `WORK` phase (0 for a gate that ran nothing)."""
+    return max(total - sum(s for name, s in phases.items() if name in WORK), 0.0)
+
 
 class Phases:
     def __init__(self) -> None:

@@ -1,9 +1,9 @@
 """Engines shared by the gates of one row run, so no arm is started and loaded twice.
 
-An arm started by an engine-sharing gate (tokens, throughput, accuracy: `Gate.shares_engines`)
-stays up after that gate and serves every later sharing gate of the row that asks for the
-same arm, model, device and engine options, in the row's order. What is shared and what is
-not:
+An arm started by an engine-sharing gate (trace for in-process engines, tokens,
+throughput, accuracy: `Gate.shares_engines`) stays up after that gate and serves every
+later sharing gate of the row that asks for the same arm, model, device and engine
+options, in the row's order. What is shared and what is not:
 
 * The key is everything that makes the engine: the arm's declaration, the model
   directory and its digest, the device, the options the gate starts it with, the subject.
@@ -14,11 +14,13 @@ not:
   sent fresh; rows keep prefix caching off, so nothing cached by one gate's prompts
   serves the next's). What a later gate inherits is the loaded model and whatever the
   engine compiled or captured (CUDA graphs, torch.compile), which is what a served engine
-  has in production; each gate's own warm-up still runs.
-* Device memory: when a gate asks for its arms, pooled engines it does not use are
-  stopped first, and the runner empties the pool before a gate that starts engines of its
-  own (the trace gate enables the engine's profiler before start): two resident engines
-  are the most any gate sees, as before.
+  has in production; each gate's own warm-up still runs. The trace gate's markers and
+  profiler are taken off the engine when its capture ends.
+* Device memory: the runner tells the pool which arms the gates after the current one
+  will ask for (`expect`); when a gate asks for its arms, pooled engines that neither it
+  nor a later gate uses are stopped first, and so are they before a gate that starts
+  engines of its own (the abi gate, a trace of an engine whose profiler is set before
+  start).
 * An engine a gate was using when it raised is stopped and forgotten: its state is
   unknown. The pool stops everything when the run ends, however it ends.
 
@@ -42,6 +44,12 @@ SHARING_FILE = "engine-sharing.json"
 class _Held:
     engine: Engine
     started_by: str
+    arm: str
+    """The arm's declaration (`arm_identity`): what a later gate's expectation names."""
+
+
+def arm_identity(arm: dict[str, object]) -> str:
+    return json.dumps(arm, sort_keys=True, default=str)
 
 
 def engine_key(arm: dict[str, object], model_path: Path, model_digest: str, device: str,
@@ -57,6 +65,7 @@ class EnginePool:
 
     def __init__(self) -> None:
         self._held: dict[str, _Held] = {}
+        self._expected: set[str] = set()
 
     def __enter__(self) -> EnginePool:
         return self
@@ -73,18 +82,24 @@ class EnginePool:
             return None
         return held.engine, held.started_by
 
-    def add(self, key: str, engine: Engine, gate_id: str) -> None:
+    def add(self, key: str, engine: Engine, gate_id: str, arm: dict[str, object]) -> None:
         """Keep a started engine (a key already held keeps its first engine; this one is
         another role's and is stopped with the gate)."""
-        self._held.setdefault(key, _Held(engine, gate_id))
+        self._held.setdefault(key, _Held(engine, gate_id, arm_identity(arm)))
+
+    def expect(self, arms: list[dict[str, object]]) -> None:
+        """The arms (declarations) the gates after the current one will ask for: their
+        engines outlive a gate that does not use them."""
+        self._expected = {arm_identity(a) for a in arms}
 
     def holds(self, engine: Engine) -> bool:
         return any(h.engine is engine for h in self._held.values())
 
     def keep_only(self, keys: set[str]) -> None:
-        """Stop every pooled engine not under `keys` (a gate's arms are about to start:
-        free the device of what it will not use)."""
-        for key in [k for k in self._held if k not in keys]:
+        """Stop every pooled engine neither under `keys` (a gate's arms are about to
+        start) nor expected by a later gate: free the device of what no one will use."""
+        for key in [k for k, h in self._held.items()
+                    if k not in keys and h.arm not in self._expected]:
             self._held.pop(key).engine.stop()
 
     def drop(self, engines: list[Engine]) -> None:

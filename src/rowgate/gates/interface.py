@@ -26,7 +26,7 @@ from rowgate.errors import Error
 from rowgate.gates.clock import OTHER, Phases
 from rowgate.records.gate_result import GateResult, SandboxRecord
 from rowgate.records.status import MetricValue, Status
-from rowgate.rows.spec import GateSpec, SandboxPolicy
+from rowgate.rows.spec import Arm, GateSpec, SandboxPolicy
 from rowgate.sandbox import Result as StepResult
 from rowgate.sandbox import Step, describe, policy
 from rowgate.sandbox import run as run_sandboxed
@@ -205,6 +205,12 @@ class Gate(abc.ABC, Generic[S]):
     def requirements(self, row: "Row", spec: S, ctx: GateContext) -> str | None:
         """Return why this gate cannot run here (-> PENDING), or None. Must not raise."""
         return None
+
+    def pooled_arms(self, row: "Row", spec: S) -> list[Arm]:
+        """The arms it will ask the row run's engine pool for (`shares_engines`), as it
+        will start them: the runner keeps their engines up through the gates before it
+        (`EnginePool.expect`). May raise GateError for an arm the row lacks."""
+        return []
 
     @abc.abstractmethod
     def measure(self, row: "Row", spec: S, ctx: GateContext) -> None:

@@ -33,7 +33,7 @@ from rowgate.gates.artifacts import read_json, read_jsonl, write_json
 from rowgate.gates.interface import Derived, Gate, GateContext, GateError, gate_arch
 from rowgate.records.status import Status
 from rowgate.rows.options import ENGINE_KEYS
-from rowgate.rows.spec import GateSpec
+from rowgate.rows.spec import Arm, GateSpec
 from rowgate.rows.workload import WorkloadMismatch, check_same_workload, workload_digest
 
 if TYPE_CHECKING:
@@ -81,6 +81,9 @@ class Tokens(Gate[TokensGate]):
 
     def arch(self, row: Row, spec: TokensGate, ctx: GateContext) -> tuple[str, bool]:
         return gate_arch(row, ctx.gpu)
+
+    def pooled_arms(self, row: Row, spec: TokensGate) -> list[Arm]:
+        return ([] if spec.oracle_record else [row.arms.oracle]) + [row.arms.candidate]
 
     # ------------------------------------------------------------- measure
 

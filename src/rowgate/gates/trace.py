@@ -59,6 +59,8 @@ class SeamSpec(BaseModel):
 class TraceGate(GateSpec):
     kind: Literal["trace"]
     modes: list[Literal["eager", "graph", "graph-fused", "persistent"]] = ["graph"]
+    """Each arm is traced in each of these modes; empty: each arm in its own declared
+    mode (for engines that run one mode, e.g. a graph-fused baseline)."""
     warm_concurrency: Annotated[int, Field(gt=0)] = 1
     primer_steps: Annotated[int, Field(ge=0)] = 256
     primer_concurrency: Annotated[int, Field(gt=0)] = 1
@@ -95,12 +97,20 @@ def _prefixes(row: Row) -> list[str]:
     return [cell_prefix(i, ids) for i in ids] or [""]
 
 
-def captured(row: Row, spec: TraceGate) -> list[tuple[str, str]]:
-    """(label, mode) of every capture: the label is `[MODEL/]ARM`."""
+def arm_modes(row: Row, spec: TraceGate) -> list[tuple[str, str]]:
+    """(arm name, mode) of every capture of one model, in capture order."""
     from rowgate.trace import captures
 
+    if spec.modes:
+        return captures.pairs(spec.arms, spec.modes)
+    named = row.arms.named()
+    return [(a, named[a].mode) for a in spec.arms if a in named]
+
+
+def captured(row: Row, spec: TraceGate) -> list[tuple[str, str]]:
+    """(label, mode) of every capture: the label is `[MODEL/]ARM`."""
     return [(prefix + arm, mode) for prefix in _prefixes(row)
-            for arm, mode in captures.pairs(spec.arms, spec.modes)]
+            for arm, mode in arm_modes(row, spec)]
 
 
 def traced_cell(row: Row, spec: TraceGate, prefix: str = "") -> str:
@@ -110,6 +120,10 @@ def traced_cell(row: Row, spec: TraceGate, prefix: str = "") -> str:
 class Trace(Gate[TraceGate]):
     kind = "trace"
     drives_arms = True
+    shares_engines = True
+    """An in-process engine is traced as started (its profiler and markers come off
+    after), so it comes from the row run's pool and stays for the gates after; an engine
+    whose profiler is set before start (a server, vLLM) is started here and stopped."""
     spec_model = TraceGate
     needs_device = True
     workload_matrix = True
@@ -127,22 +141,30 @@ class Trace(Gate[TraceGate]):
     def arch(self, row: Row, spec: TraceGate, ctx: GateContext) -> tuple[str, bool]:
         return gate_arch(row, ctx.gpu)
 
+    def pooled_arms(self, row: Row, spec: TraceGate) -> list[Arm]:
+        from rowgate import engines
+
+        arms = [_arms.resolve_arm(row, name).model_copy(update={"mode": mode})
+                for name, mode in arm_modes(row, spec)]
+        return [a for a in arms if engines.plugin(a.engine).in_process]
+
     def measure(self, row: Row, spec: TraceGate, ctx: GateContext) -> None:
         from rowgate import engines
         from rowgate.trace import captures
         from rowgate.trace.capture import CapturePlan
 
         arms = {name: _arms.resolve_arm(row, name) for name in spec.arms}
-        for name, arm in arms.items():  # before any engine starts or any GPU time is spent
-            why = engines.why_untraceable(arm)
+        for name, mode in arm_modes(row, spec):  # before any engine starts or GPU time is spent
+            arm = arms[name].model_copy(update={"mode": mode})
+            why = engines.why_untraceable(arm) or engines.why_not_mode(arm)
             if why:
-                raise GateError(f"trace: arm {name} cannot be traced: {why}")
+                raise GateError(f"trace: arm {name} cannot be traced in mode {mode}: {why}")
         plan = CapturePlan(concurrency=spec.warm_concurrency, primer_steps=spec.primer_steps,
                            primer_concurrency=spec.primer_concurrency,
                            arm_delay=spec.arm_delay, steps=spec.steps)
         for run, prefix in zip(_arms.model_runs(row), _prefixes(row)):
             prompts, sources = self._prompts(row, run, spec)
-            for name, mode in captures.pairs(list(arms), spec.modes):
+            for name, mode in arm_modes(row, spec):
                 arm = arms[name].model_copy(update={"mode": mode})
                 self._capture(row, ctx, prefix + name, arm, run.info, plan, prompts, sources)
         ctx.progress.update("trace: analysis and reviewer files")
@@ -163,15 +185,20 @@ class Trace(Gate[TraceGate]):
         out = ctx.artifact_dir / f"{label}-{arm.mode}"
         ctx.progress.update(f"trace: {label} {arm.mode} ({arm.engine}) on {device}")
         try:
+            if engines.plugin(arm.engine).in_process:  # stepped in this process, as started
+                with _arms.started({f"{label}-{arm.mode}": (arm, model)}, row,
+                                   ctx) as started:
+                    with ctx.phase("capture"):
+                        capture(next(iter(started.values())), prompts, plan, out, device,
+                                gpu, sources)
+                return
+            if ctx.engines is not None:  # its own engine: free the device of unused ones
+                ctx.engines.keep_only(set())
             with ctx.phase("engine start"):
                 engine = engines.create(arm, model.path, device=device,
                                         options=dict(ctx.options), subject=ctx.repo)
-            if engines.plugin(arm.engine).in_process:  # stepped in this process
-                with engine, ctx.phase("capture"):
-                    capture(engine, prompts, plan, out, device, gpu, sources)
-            else:  # traced by its own profiler, which writes the trace
-                with ctx.phase("capture"):
-                    capture_engine(engine, prompts, plan, out, device, gpu, sources)
+            with ctx.phase("capture"):  # traced by its own profiler, which writes the trace
+                capture_engine(engine, prompts, plan, out, device, gpu, sources)
         except Error as exc:
             raise GateError(f"trace: {label} {arm.mode}: {exc.diagnostics()}") from exc
 

@@ -10,6 +10,7 @@ not do itself.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import platform
 import time
@@ -21,7 +22,7 @@ from typing import Any
 
 from rowgate import __version__, gates, sandbox, storage
 from rowgate.engines.interface import WorkloadPass
-from rowgate.errors import EvidenceError, UsageError
+from rowgate.errors import Error, EvidenceError, UsageError
 from rowgate.gates import registry
 from rowgate.gates.engine_pool import EnginePool
 from rowgate.gates.interface import GateContext, Progress, gate_device
@@ -116,12 +117,13 @@ def _gate_and_seal(loaded: LoadedRow, subject: Subject, prov: Provenance, device
     deadline = time.monotonic() + row.budget.wall_s if row.budget else None
     try:
         with EnginePool() as pool:  # an arm is started once per row run (engine_pool)
-            for spec in row.gates:
+            for n, spec in enumerate(row.gates):
                 progress.update(f"gate {spec.id} ({spec.kind})")
                 kind = registry.lookup(spec.kind)
+                pool.expect(_pooled_later(row, n))
                 if getattr(kind, "drives_arms", False) and not getattr(kind, "shares_engines",
                                                                         False):
-                    pool.clear()  # it starts engines of its own: free the device first
+                    pool.keep_only(set())  # it starts engines of its own: free the device
                 ctx = gate_context(row, spec, repo=Path(subject.repo) / subject.path,
                                    artifact_dir=stage.artifact_dir(spec.id), subject=subject,
                                    provenance=prov, devices=devices, progress=progress,
@@ -138,6 +140,18 @@ def _gate_and_seal(loaded: LoadedRow, subject: Subject, prov: Provenance, device
         raise
     sealed = Bundle.open(bundle)  # verified by the seal before it was published
     return GateRun(bundle=bundle, results=sealed.results(), status=sealed.manifest.status)
+
+
+def _pooled_later(row: Row, n: int) -> list[dict[str, object]]:
+    """The arms the gates after the `n`th will ask the engine pool for (declarations):
+    their engines stay up through the gates between. A gate whose arms cannot be named
+    expects none (it fails on its own, in its turn)."""
+    later: list[dict[str, object]] = []
+    for spec in row.gates[n + 1:]:
+        with contextlib.suppress(Error):
+            later += [a.model_dump(mode="json")
+                      for a in gates.gate_for(spec.kind).pooled_arms(row, spec)]
+    return later
 
 
 def _over_budget(row: Row, before: list[GateResult], ctx: GateContext) -> str | None:

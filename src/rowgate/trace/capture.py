@@ -21,6 +21,7 @@ the range.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import tempfile
@@ -198,13 +199,16 @@ class _Stepper:
         self.index += 1
 
 
-def instrument(engine: Any, stepper: _Stepper) -> None:
-    """Wrap the reference engine's decode step and forward with markers.
+def instrument(engine: Any, stepper: _Stepper) -> Callable[[], None]:
+    """Wrap the reference engine's decode step and forward with markers; returns what
+    takes them off again.
 
     These are the engine's own attributes (`_decode_step`, `model.decode`,
     `_graphs.run`), wrapped on this instance only: the engine module stays
     untouched, and a renamed attribute fails here loudly, not silently. (`Any`: these
     are the reference engine's private attributes, checked just below at run time.)
+    The undo matters: a traced engine serves the row's later gates (engine_pool), and
+    the stepper synchronizes the device around every step.
     """
     from torch.profiler import record_function
 
@@ -221,10 +225,14 @@ def instrument(engine: Any, stepper: _Stepper) -> None:
         stepper.after()
         return out
 
-    engine._decode_step = decode_step
     targets = [(engine.model, "decode", events.FORWARD_MARKER)]
     if getattr(engine, "_graphs", None) is not None:
         targets.append((engine._graphs, "run", events.GRAPH_RUN_MARKER))
+    # Instance attributes shadow the class's methods; undoing deletes them again (or puts
+    # back an instance attribute that was there before).
+    saved = [(obj, name, obj.__dict__.get(name)) for obj, name, _ in targets]
+    saved.append((engine, "_decode_step", engine.__dict__.get("_decode_step")))
+    engine._decode_step = decode_step
     for obj, name, marker in targets:
         inner = getattr(obj, name)
 
@@ -234,6 +242,15 @@ def instrument(engine: Any, stepper: _Stepper) -> None:
                 return _inner(*args, **kwargs)
 
         setattr(obj, name, wrapped)
+
+    def undo() -> None:
+        for obj, name, before in saved:
+            if before is None:
+                obj.__dict__.pop(name, None)
+            else:
+                setattr(obj, name, before)
+
+    return undo
 
 
 # ------------------------------------------------------------------ passes
@@ -348,10 +365,12 @@ def capture(engine: Engine, prompts: Sequence[tuple[int, ...]], plan: CapturePla
     sync: Callable[[], None] = (lambda: torch.cuda.synchronize(device)) if cuda else (
         lambda: None)
     stepper = _Stepper(sync)
-    instrument(engine, stepper)
+    undo = instrument(engine, stepper)
     out_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="rowgate-trace-") as tmp, \
-            ClockSampler(gpu_index) as clocks:
+    with contextlib.ExitStack() as stack:
+        stack.callback(undo)
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="rowgate-trace-"))
+        clocks = stack.enter_context(ClockSampler(gpu_index))
         prof, written = _profiler(plan, device, Path(tmp))
         if not plan.synchronous:
             _run_phase(engine, stepper, "warm", _pass(prompts, plan.concurrency,

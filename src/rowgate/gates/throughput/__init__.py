@@ -40,7 +40,7 @@ from rowgate.gates.artifacts import read_json
 from rowgate.gates.interface import Derived, Gate, GateContext, GateError, gate_arch
 from rowgate.records.status import Status
 from rowgate.rows.options import ENGINE_KEYS
-from rowgate.rows.spec import GateSpec
+from rowgate.rows.spec import Arm, GateSpec
 from rowgate.rows.workload import WorkloadMismatch, check_same_workload, workload_digest
 from rowgate.seal import device
 
@@ -196,6 +196,9 @@ class Throughput(Gate[ThroughputGate]):
 
     def arch(self, row: Row, spec: ThroughputGate, ctx: GateContext) -> tuple[str, bool]:
         return gate_arch(row, ctx.gpu)
+
+    def pooled_arms(self, row: Row, spec: ThroughputGate) -> list[Arm]:
+        return [_arms.baseline_arm(row, spec.baseline), row.arms.candidate]
 
     # ------------------------------------------------------------- measure
 

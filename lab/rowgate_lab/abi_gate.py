@@ -154,10 +154,12 @@ class Abi(Gate[AbiGate]):
 
         own = ctx.options.get("persistent_schedule", DEFAULT_SCHEDULE)
         try:
-            doc = proof.run(info.path, passes, list(spec.schedules), f"cuda:{gpu.index}",
-                            row.arms.candidate.dtype, dict(ctx.options), spec.tie_margin,
-                            shared=(own, candidate) if row.arms.candidate.engine == PERSISTENT
-                            else None)
+            with ctx.phase("generate"):  # the proof's passes are the evidence; its engines'
+                # starts count in their own phase (nested phases count innermost)
+                doc = proof.run(info.path, passes, list(spec.schedules), f"cuda:{gpu.index}",
+                                row.arms.candidate.dtype, dict(ctx.options), spec.tie_margin,
+                                shared=(own, candidate) if row.arms.candidate.engine == PERSISTENT
+                                else None, starting=lambda: ctx.phase("engine start"))
         except Error as exc:
             raise GateError(f"abi: GPU proof: {exc.diagnostics()}") from exc
         write_json(ctx.artifact_dir / PROOF, doc)

@@ -19,6 +19,9 @@ Imports torch and the engines only when called: the gate's CPU part never needs 
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,9 +30,6 @@ from rowgate.engines.divergence import compare as _compare
 from rowgate.engines.divergence import divergence as _divergence
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-    from contextlib import AbstractContextManager
-
     from rowgate.engines.interface import Engine, WorkloadPass
 
 NAMES = ("eager", "persistent")
@@ -43,24 +43,38 @@ def compare(want: list[Out], got: list[Out], tie_margin: float) -> dict[str, Any
     return _compare(want, got, tie_margin, NAMES)
 
 
-Shared = tuple[str, "Callable[[], AbstractContextManager[Engine]]"]
+Shared = tuple[str, Callable[[], AbstractContextManager["Engine"]]]
 """(schedule, opener): the row run's started candidate engine runs that schedule; the
 opener yields it started and leaves it running for the gates after (engine_pool)."""
 
 
 def run(model_dir: Path, passes: list[WorkloadPass], schedules: list[str], device: str,
         dtype: str, options: dict[str, str], tie_margin: float,
-        shared: Shared | None = None) -> dict[str, Any]:
-    """{cell: {schedule: compare(...) + routes, "schedules_identical": bool}}."""
+        shared: Shared | None = None,
+        starting: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext
+        ) -> dict[str, Any]:
+    """{cell: {schedule: compare(...) + routes, "schedules_identical": bool}}.
+    `starting`: the context each engine of the proof's own starts in (the gate's
+    "engine start" phase)."""
     import json
 
     from rowgate import engines
     from rowgate.rows.spec import Arm
 
+    @contextlib.contextmanager
+    def own(arm: Arm, opts: dict[str, str]) -> Iterator[Engine]:
+        engine = engines.create(arm, model_dir, device=device, options=opts)
+        with starting():
+            engine.start()
+        try:
+            yield engine
+        finally:
+            engine.stop()
+
     def outputs(arm: Arm, opts: dict[str, str]) -> tuple[list[list[Out]], dict[str, str]]:
         schedule = opts.get("persistent_schedule")
         opened = (shared[1]() if shared is not None and schedule == shared[0]
-                  else engines.create(arm, model_dir, device=device, options=opts))
+                  else own(arm, opts))
         with opened as engine:
             outs = [[Out.of(o) for o in engine.generate(p).outputs] for p in passes]
             return outs, engine.describe()

@@ -88,7 +88,8 @@ class Tokens(Gate[TokensGate]):
     # ------------------------------------------------------------- measure
 
     def measure(self, row: Row, spec: TokensGate, ctx: GateContext) -> None:
-        runs = _arms.model_runs(row)
+        with ctx.phase("model"):  # resolved, or built from its seed on a fresh machine
+            runs = _arms.model_runs(row)
         if spec.oracle_record and len(runs) > 1:
             raise GateError(f"tokens: an oracle record covers one model; row {row.id} gates "
                             f"{len(runs)} (run the oracle live)")

@@ -158,11 +158,13 @@ class Trace(Gate[TraceGate]):
             arm = arms[name].model_copy(update={"mode": mode})
             why = engines.why_untraceable(arm) or engines.why_not_mode(arm)
             if why:
-                raise GateError(f"trace: arm {name} cannot be traced in mode {mode}: {why}")
+                raise GateError(f"trace: arm {name} cannot be traced: {why} (mode {mode})")
         plan = CapturePlan(concurrency=spec.warm_concurrency, primer_steps=spec.primer_steps,
                            primer_concurrency=spec.primer_concurrency,
                            arm_delay=spec.arm_delay, steps=spec.steps)
-        for run, prefix in zip(_arms.model_runs(row), _prefixes(row)):
+        with ctx.phase("model"):  # resolved, or built from its seed on a fresh machine
+            runs = _arms.model_runs(row)
+        for run, prefix in zip(runs, _prefixes(row)):
             prompts, sources = self._prompts(row, run, spec)
             for name, mode in arm_modes(row, spec):
                 arm = arms[name].model_copy(update={"mode": mode})

@@ -203,7 +203,8 @@ class Throughput(Gate[ThroughputGate]):
     # ------------------------------------------------------------- measure
 
     def measure(self, row: Row, spec: ThroughputGate, ctx: GateContext) -> None:
-        runs = _arms.model_runs(row, spec.cells)  # every model of the row, its own arms
+        with ctx.phase("model"):  # every model of the row (its own arms), resolved or built
+            runs = _arms.model_runs(row, spec.cells)
         base = _arms.baseline_arm(row, spec.baseline)
         endpoint = {"endpoint": "true"} if spec.endpoint else {}
         clocks = _clock_sampler(row, ctx)

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The megakernel row sealed on a device lent 10 minutes a call, in two
-# calls on one machine: the second must start while the first's machine is still warm
-# (what a call leaves there, rowgate's cache dir among it, is kept for the next). Run from
+# The megakernel row sealed against the fastest of N baseline compiles, in two calls on
+# one machine (the row itself fits one call: GATE_TIMEOUT=575 SKIP_TRACE=1 bash
+# benchmarks/device_gate.sh KERNEL-CUDA-DECODE-MEGAKERNEL, one baseline compile): the
+# second must start while the first's machine is still warm (what a call leaves there,
+# rowgate's cache dir among it, is kept for the next). Run from
 # the checkout's root:
 #   bash lab/benchmarks/megakernel_seal.sh warm   # carry [".site"]
 #     the final kernel's ncu counters at batch 1 (lab/benchmarks/megakernel_ncu.py, the

@@ -164,13 +164,14 @@ class Accuracy(Gate[AccuracyGate]):
         from rowgate.models.tiny import model_info
 
         pending = weights_missing(spec)
-        model = _arms.resolve_model(row) if pending else model_info(Path(spec.weights))
         path = dataset_file(spec, ctx.repo)
         if path is None:  # requirements() has made the gate PENDING already
             raise GateError(f"dataset {spec.dataset}: the row names no local dataset_path")
-        questions = load_questions(path, spec.num_questions)
-        tokenizer = _tokenizer(model.path)
-        work = _work(row, spec, questions, tokenizer)
+        with ctx.phase("model"):  # the model, its tokenizer, the questions put in its words
+            model = _arms.resolve_model(row) if pending else model_info(Path(spec.weights))
+            questions = load_questions(path, spec.num_questions)
+            tokenizer = _tokenizer(model.path)
+            work = _work(row, spec, questions, tokenizer)
         with _arms.started({"candidate": (row.arms.candidate, model)}, row,
                            ctx) as engines:
             ctx.progress.update(f"accuracy: {len(questions)} questions, candidate arm")

@@ -375,7 +375,7 @@ def test_the_report_names_the_claim_rule_each_cell_was_sealed_under(tmp_path):
     from rowgate.stats import paired as stats
 
     assert raw_throughput.SEALED_CLAIM_RULE == stats.SEALED_CLAIM_RULE
-    bundle = ROOT / "docs/evidence/KERNEL-CUDA-DECODE-MEGAKERNEL/1ea1286600527fdf"
+    bundle = ROOT / "docs/evidence/KERNEL-CUDA-DECODE-MEGAKERNEL/66f8a8c95bfad0a1"
     result = Bundle.open(bundle).gate_result("throughput")
     notes = section_for(result, bundle).notes
     cells = "i128-c1, i128-c4, i128-c8"

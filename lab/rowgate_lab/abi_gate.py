@@ -114,7 +114,7 @@ class Abi(Gate[AbiGate]):
             self._prove(row, spec, ctx, info or _build_named(row), gpu)
 
     def pooled_arms(self, row: Row, spec: AbiGate) -> list[Arm]:
-        return [row.arms.candidate] if row.arms.candidate.engine == PERSISTENT else []
+        return [row.arms.candidate] if _candidate_is_persistent(row) else []
 
     def _model(self, row: Row, out: Path) -> tuple[ModelDims | None, ModelInfo | None]:
         """(dims, model info or None): a named local spec gives dims without weights."""
@@ -158,7 +158,7 @@ class Abi(Gate[AbiGate]):
                 # starts count in their own phase (nested phases count innermost)
                 doc = proof.run(info.path, passes, list(spec.schedules), f"cuda:{gpu.index}",
                                 row.arms.candidate.dtype, dict(ctx.options), spec.tie_margin,
-                                shared=(own, candidate) if row.arms.candidate.engine == PERSISTENT
+                                shared=(own, candidate) if _candidate_is_persistent(row)
                                 else None, starting=lambda: ctx.phase("engine start"))
         except Error as exc:
             raise GateError(f"abi: GPU proof: {exc.diagnostics()}") from exc
@@ -209,6 +209,11 @@ class Abi(Gate[AbiGate]):
 
 
 # ------------------------------------------------------------------- measure
+
+
+def _candidate_is_persistent(row: Row) -> bool:
+    """The row's candidate is the engine the proof runs: the proof shares its engine."""
+    return row.arms.candidate.engine == PERSISTENT
 
 
 def _device(row: Row, spec: AbiGate, devices: Inventory) -> tuple[Gpu | None, str]:

@@ -33,23 +33,27 @@ GATES = '''
 '''
 
 
-@pytest.fixture(scope="module")
-def bundle(tmp_path_factory) -> Bundle:
+def _sealed(tmp: Path, row_id: str, gates: str) -> Bundle:
+    """`gates` run as one row over the tiny model on a fresh subject repository."""
     import git
 
     from tests.support import commit_file
 
-    tmp = tmp_path_factory.mktemp("pool")
     repo = git.Repo.init(tmp / "subject", initial_branch="main")
     with repo.config_writer() as cw:
         cw.set_value("user", "name", "Test Author")
         cw.set_value("user", "email", "author@example.com")
     commit_file(repo, "README.md", "subject\n", "initial")
-    row = tiny_row(tmp, "POOL", GATES, oracle="reference", requests=2)
+    row = tiny_row(tmp, row_id, gates, oracle="reference", requests=2)
     signer = signing.default_signer(announce=lambda msg: None)
     run = runner.run_row(rows.load_row(row), tmp / "subject", tmp / "evidence", signer,
                          PlainProgress(quiet=True))
     return Bundle.open(run.bundle)
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory) -> Bundle:
+    return _sealed(tmp_path_factory.mktemp("pool"), "POOL", GATES)
 
 
 def _sharing(bundle: Bundle, gate: str) -> dict:
@@ -93,21 +97,7 @@ TRACED = '''
 
 @pytest.fixture(scope="module")
 def traced(tmp_path_factory) -> Bundle:
-    import git
-
-    from tests.support import commit_file
-
-    tmp = tmp_path_factory.mktemp("pool-trace")
-    repo = git.Repo.init(tmp / "subject", initial_branch="main")
-    with repo.config_writer() as cw:
-        cw.set_value("user", "name", "Test Author")
-        cw.set_value("user", "email", "author@example.com")
-    commit_file(repo, "README.md", "subject\n", "initial")
-    row = tiny_row(tmp, "POOL-TRACE", TRACED, oracle="reference", requests=2)
-    signer = signing.default_signer(announce=lambda msg: None)
-    run = runner.run_row(rows.load_row(row), tmp / "subject", tmp / "evidence", signer,
-                         PlainProgress(quiet=True))
-    return Bundle.open(run.bundle)
+    return _sealed(tmp_path_factory.mktemp("pool-trace"), "POOL-TRACE", TRACED)
 
 
 def test_traced_engines_serve_the_later_gates_and_outlive_a_gate_that_does_not_use_them(

@@ -141,18 +141,15 @@ def _verified(final: Path) -> dict[str, Any] | None:
     """The cached build's record if every output it names still has the digest it was
     recorded with; else None, and a build that does not hold (a truncated cubin, a file
     edited in the cache, a record cut short) is removed so it is built again."""
+    if not final.exists():
+        return None  # never built
     try:
         record: dict[str, Any] = json.loads((final / BUILD_RECORD).read_text())
-        intact = all(hashlib.sha256((final / out).read_bytes()).hexdigest() == digest
-                     for out, digest in record["outputs"].items())
-    except FileNotFoundError:
-        if not final.exists():
-            return None  # never built
-        intact = False
+        if all(hashlib.sha256((final / out).read_bytes()).hexdigest() == digest
+               for out, digest in record["outputs"].items()):
+            return record
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        intact = False
-    if intact:
-        return record
+        pass  # a missing or unreadable file, a record of the wrong shape: not intact
     shutil.rmtree(final, ignore_errors=True)
     return None
 

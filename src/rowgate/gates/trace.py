@@ -97,14 +97,21 @@ def _prefixes(row: Row) -> list[str]:
     return [cell_prefix(i, ids) for i in ids] or [""]
 
 
-def arm_modes(row: Row, spec: TraceGate) -> list[tuple[str, str]]:
-    """(arm name, mode) of every capture of one model, in capture order."""
+def traced_arms(row: Row, spec: TraceGate) -> list[tuple[str, Arm]]:
+    """(arm name, the arm in the mode it is traced in) of every capture of one model, in
+    capture order: each arm in each of the gate's `modes`, or in its own. GateError for
+    an arm the row lacks."""
     from rowgate.trace import captures
 
-    if spec.modes:
-        return captures.pairs(spec.arms, spec.modes)
-    named = row.arms.named()
-    return [(a, named[a].mode) for a in spec.arms if a in named]
+    arms = {name: _arms.resolve_arm(row, name) for name in spec.arms}
+    pairs = (captures.pairs(spec.arms, spec.modes) if spec.modes
+             else [(name, arm.mode) for name, arm in arms.items()])
+    return [(name, arms[name].model_copy(update={"mode": mode})) for name, mode in pairs]
+
+
+def arm_modes(row: Row, spec: TraceGate) -> list[tuple[str, str]]:
+    """(arm name, mode) of every capture of one model, in capture order."""
+    return [(name, arm.mode) for name, arm in traced_arms(row, spec)]
 
 
 def captured(row: Row, spec: TraceGate) -> list[tuple[str, str]]:
@@ -144,21 +151,18 @@ class Trace(Gate[TraceGate]):
     def pooled_arms(self, row: Row, spec: TraceGate) -> list[Arm]:
         from rowgate import engines
 
-        arms = [_arms.resolve_arm(row, name).model_copy(update={"mode": mode})
-                for name, mode in arm_modes(row, spec)]
-        return [a for a in arms if engines.plugin(a.engine).in_process]
+        return [arm for _, arm in traced_arms(row, spec) if engines.plugin(arm.engine).in_process]
 
     def measure(self, row: Row, spec: TraceGate, ctx: GateContext) -> None:
         from rowgate import engines
         from rowgate.trace import captures
         from rowgate.trace.capture import CapturePlan
 
-        arms = {name: _arms.resolve_arm(row, name) for name in spec.arms}
-        for name, mode in arm_modes(row, spec):  # before any engine starts or GPU time is spent
-            arm = arms[name].model_copy(update={"mode": mode})
+        arms = traced_arms(row, spec)
+        for name, arm in arms:  # before any engine starts or any GPU time is spent
             why = engines.why_untraceable(arm) or engines.why_not_mode(arm)
             if why:
-                raise GateError(f"trace: arm {name} cannot be traced: {why} (mode {mode})")
+                raise GateError(f"trace: arm {name} cannot be traced: {why} (mode {arm.mode})")
         plan = CapturePlan(concurrency=spec.warm_concurrency, primer_steps=spec.primer_steps,
                            primer_concurrency=spec.primer_concurrency,
                            arm_delay=spec.arm_delay, steps=spec.steps)
@@ -166,8 +170,7 @@ class Trace(Gate[TraceGate]):
             runs = _arms.model_runs(row)
         for run, prefix in zip(runs, _prefixes(row)):
             prompts, sources = self._prompts(row, run, spec)
-            for name, mode in arm_modes(row, spec):
-                arm = arms[name].model_copy(update={"mode": mode})
+            for name, arm in arms:
                 self._capture(row, ctx, prefix + name, arm, run.info, plan, prompts, sources)
         ctx.progress.update("trace: analysis and reviewer files")
         try:

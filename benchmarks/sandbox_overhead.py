@@ -5,7 +5,7 @@ subject-step profile with the GPU nodes bound) and outside it, in alternating ro
     PYTHONPATH=. python3 benchmarks/sandbox_overhead.py --workload operator --out DIR \
         [--rounds 16] [--nvcc PATH]
     PYTHONPATH=. python3 benchmarks/sandbox_overhead.py --workload throughput --out DIR \
-        [--rounds 16] [--device cuda]
+        [--rounds 16] [--device cuda] [--listen socket|port]
 
 `matmul`: each round starts a fresh process (as a sandboxed step does) that times
 `--iters` bf16 matmuls with CUDA events after a warm-up.
@@ -19,8 +19,10 @@ L2 flushed); the round's figure is the ratio of medians.
 `throughput`: a throughput A/A through a served engine. The OpenAI fixture server
 (tests/fixtures/openai_server.py, its own torch model code, not rowgate's) on the tiny
 model is started twice on the same device as a subject's server is: once confined (the
-arm's command in bubblewrap, only loopback, rowgate's client through the Unix-socket
-bridge) and once unconfined (the host's loopback); each round sends both the same pass
+arm's command in bubblewrap, only loopback) and once unconfined. `--listen socket` (the
+default): both listen on their own Unix socket (`--uds {socket}`), so the sandbox is the
+only difference; `--listen port`: the confined one behind the relay into its namespace,
+the unconfined one on the host's loopback. Each round sends both the same pass
 (`--concurrency` streams of `--output-len` tokens) `--passes` times, interleaved (A B,
 B A, …: the fixture server is host-bound, and a host-state switch that lasts a pass or
 more then lands on both sides), and the round's figure is output tokens per second
@@ -150,6 +152,12 @@ def _operator(ns: argparse.Namespace) -> dict[str, Any]:
     return doc
 
 
+LISTEN = {
+    "socket": "--uds {socket}: both sides serve on their own Unix socket, nothing relayed",
+    "port": "--port {port}: confined behind the in-namespace relay, unconfined on the "
+            "host's loopback"}
+
+
 def _throughput(ns: argparse.Namespace) -> dict[str, Any]:
     import shutil
 
@@ -162,7 +170,8 @@ def _throughput(ns: argparse.Namespace) -> dict[str, Any]:
     subject.mkdir(exist_ok=True)
     server = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "openai_server.py"
     shutil.copy2(server, subject / server.name)
-    command = [sys.executable, server.name, "--model", "{model}", "--port", "{port}",
+    listen = ["--uds", "{socket}"] if ns.listen == "socket" else ["--port", "{port}"]
+    command = [sys.executable, server.name, "--model", "{model}", *listen,
                "--device", ns.device, "--max-num-seqs", str(ns.concurrency)]
     engines = {side: OpenAIEngine(command, model.path, device=ns.device, subject=subject)
                for side in ("inside", "outside")}
@@ -194,7 +203,8 @@ def _throughput(ns: argparse.Namespace) -> dict[str, Any]:
             engine.stop()
     doc: dict[str, Any] = {
         "workload": f"OpenAI fixture server (tests/fixtures/openai_server.py) on the tiny "
-                    f"model, {ns.device}: {ns.concurrency} streams x {ns.output_len} output "
+                    f"model, {ns.device}, {LISTEN[ns.listen]}: {ns.concurrency} streams x "
+                    f"{ns.output_len} output "
                     f"tokens after {ns.input_len}-token prompts; output tokens/s over "
                     f"{ns.passes} interleaved pass(es) per side per round",
         "rounds": ns.rounds, "passes_per_round": ns.passes,
@@ -220,6 +230,8 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--input-len", type=int, default=32)
     ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--listen", choices=sorted(LISTEN), default="socket",
+                    help="throughput: where the server listens (its command's placeholder)")
     ap.add_argument("--passes", type=int, default=1,
                     help="throughput: passes per side per round, interleaved (A B, B A, …)")
     ns = ap.parse_args()

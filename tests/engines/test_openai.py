@@ -12,7 +12,7 @@ from rowgate.engines.interface import EngineError
 from rowgate.engines.openai import OpenAIEngine, _chunk_tokens
 from rowgate.engines.reference import ReferenceEngine
 from rowgate.engines.vllm import VllmServerEngine, installed_version
-from rowgate.rows.spec import Arm, EngineKind
+from rowgate.rows.spec import Arm, Arms, EngineKind
 
 
 def _group_gone(pid: int) -> bool:
@@ -45,6 +45,12 @@ def test_placeholders_and_factory(tiny_model, tmp_path):
     engine.port = 8123
     assert engine.argv() == ["srv", "--port", "8123", "-m", str(tiny_model.path),
                              "--root", str(tmp_path)]
+    on_socket = create(Arm(engine=EngineKind.OPENAI, command=["srv", "--uds", "{socket}"]),
+                       tiny_model.path)
+    assert on_socket.listens_on_socket() and not engine.listens_on_socket()
+    with pytest.raises(ValueError, match=r"no \{port\} or \{socket\}"):
+        Arms(oracle=Arm(engine=EngineKind.REFERENCE, version="rowgate"),
+             candidate=Arm(engine=EngineKind.OPENAI, command=["srv", "--port", "8000"]))
     with pytest.raises(EngineError, match="unknown placeholder 'gpu'"):
         create(Arm(engine=EngineKind.OPENAI, command=["srv", "{gpu}"]), tiny_model.path).argv()
     with pytest.raises(EngineError, match="declares no command"):

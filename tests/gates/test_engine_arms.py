@@ -80,7 +80,8 @@ def row(directory: Path, row_id: str, *, candidate: str, body: str = TRACE,
     return path
 
 
-SERVER_COMMAND = [sys.executable, str(SERVER), "--model", "{model}", "--port", "{port}"]
+# The server listens on its own Unix socket ({socket}), as vLLM does with --uds.
+SERVER_COMMAND = [sys.executable, str(SERVER), "--model", "{model}", "--uds", "{socket}"]
 FIXTURE = f'engine = "openai"\ncommand = {json.dumps(SERVER_COMMAND)}'
 SEAM = '''
     [[gates.seams]]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import socket
 import subprocess
 import textwrap
 from pathlib import Path
@@ -199,13 +200,18 @@ def test_a_host_without_bubblewrap_is_one_configuration_line(tmp_path):
 
 
 SERVER = textwrap.dedent(f'''\
-    import http.server, json, os, subprocess, sys
+    import http.server, json, os, socket, socketserver, subprocess, sys
     print("key-env:", os.environ.get("ROWGATE_SIGNING_KEY", "none"), flush=True)
     print("token:", os.environ.get("ACTIONS_ID_TOKEN_REQUEST_TOKEN", "none"), flush=True)
     try:
         print(open(sys.argv[2]).read(), flush=True)
     except OSError as exc:
         print("outside:", exc.strerror, flush=True)
+    try:  # the host's loopback, where rowgate's own listener waits
+        socket.create_connection(("127.0.0.1", int(sys.argv[3])), timeout=2).close()
+        print("network: reached the host", flush=True)
+    except OSError as exc:
+        print("network:", exc.strerror, flush=True)
     subprocess.Popen(["setsid", "sleep", "{MARKER}"], stdout=subprocess.DEVNULL,
                      stderr=subprocess.DEVNULL)
 
@@ -217,12 +223,25 @@ SERVER = textwrap.dedent(f'''\
             self.end_headers()
             self.wfile.write(body)
 
-    http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Models).serve_forever()
+        def address_string(self):
+            return "client"
+
+    class OnSocket(http.server.HTTPServer):
+        address_family = socket.AF_UNIX
+
+        def server_bind(self):
+            socketserver.TCPServer.server_bind(self)
+            self.server_name, self.server_port = "localhost", 0
+
+    if sys.argv[1].isdigit():
+        http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Models).serve_forever()
+    OnSocket(sys.argv[1], Models).serve_forever()
 ''')
 
 
-def test_a_subject_server_is_reached_only_through_the_bridge_and_gets_no_attack(
-        tmp_path, monkeypatch):
+@pytest.mark.parametrize("listen", ["{port}", "{socket}"])
+def test_a_subject_server_is_reached_only_through_one_socket_and_gets_no_attack(
+        tmp_path, monkeypatch, listen):
     from rowgate.engines.openai import OpenAIEngine
     from rowgate.models.tiny import TinyModelSpec, build_tiny_model
     from rowgate.sandbox.bridge import UnixHTTPConnection
@@ -236,9 +255,10 @@ def test_a_subject_server_is_reached_only_through_the_bridge_and_gets_no_attack(
     key = make_key(tmp_path / "operator-key.pem")
     monkeypatch.setenv("ROWGATE_SIGNING_KEY", str(key))
     monkeypatch.setenv("ACTIONS_ID_TOKEN_REQUEST_TOKEN", TOKEN)
-    engine = OpenAIEngine(["python", "serve.py", "{port}", str(tmp_path / "outside/secret.txt")],
-                          tiny_model_dir, subject=subject)
-    with engine:
+    host = socket.create_server(("127.0.0.1", 0))  # reachable from the host only
+    engine = OpenAIEngine(["python", "serve.py", listen, str(tmp_path / "outside/secret.txt"),
+                           str(host.getsockname()[1])], tiny_model_dir, subject=subject)
+    with host, engine:
         assert engine.served_model == "subject-model"  # reached through the one socket
         assert engine.describe()["sandbox"] == "bubblewrap"
         # rowgate's client speaks on the socket itself; the host's port forwards to it
@@ -247,11 +267,18 @@ def test_a_subject_server_is_reached_only_through_the_bridge_and_gets_no_attack(
         conn.request("GET", "/v1/models")
         assert b"subject-model" in conn.getresponse().read()
         conn.close()
+        relays = [a for a in subprocess.run(["ps", "-eww", "-o", "args"], capture_output=True,
+                                            text=True).stdout.splitlines()
+                  if "rowgate.sandbox.bridge" in a and str(engine.port) in a]
+        assert bool(relays) == (listen == "{port}")  # a server on its own socket: no relay
+        socket_dir = engine._socket.parent if engine._socket else None
     said = engine.log.read_text()
     assert "key-env: none" in said and "token: none" in said and TOKEN not in said
     assert SECRET not in said and "outside: No such file or directory" in said
+    assert "network: Connection refused" in said  # its loopback is not the host's
     assert MARKER not in subprocess.run(["ps", "-eo", "args"], capture_output=True,
                                         text=True).stdout
+    assert socket_dir is None or not socket_dir.exists()  # the socket goes with the server
 
 
 @pytest.mark.parametrize("allowed", [False, True])

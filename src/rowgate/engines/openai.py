@@ -1,8 +1,9 @@
 """Any OpenAI-compatible server, started by a command, on loopback, stopped by its PID.
 
 The server is started from the arm's `command` (placeholders `{port}`, rowgate's
-choice of a free loopback port, `{model}`, the model directory or file, and
-`{subject}`, the subject checkout at the gated commit, are filled in) as the
+choice of a free loopback port, or `{socket}`, a Unix socket path to listen on
+instead, `{model}`, the model directory or file, and `{subject}`, the subject
+checkout at the gated commit, are filled in) as the
 leader of its own process group, in the subject's checkout when one is given,
 so stopping it by its PID takes its worker processes too; the executable it
 runs is hashed into `describe()`. Requests are streamed completions with
@@ -35,7 +36,7 @@ import rowgate.engines._process as _process
 from rowgate import sandbox
 from rowgate.engines.interface import Engine, EngineError, PassResult, Request, RequestOutput, WorkloadPass
 from rowgate.models.tiny import model_info
-from rowgate.sandbox.bridge import UnixHTTPConnection
+from rowgate.sandbox.bridge import Forwarder, UnixHTTPConnection
 
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 600.0
@@ -73,6 +74,7 @@ class OpenAIEngine(Engine):
         self._digest = ""
         self._binary: dict[str, str] = {}
         self._served: sandbox.Served | None = None
+        self._socket: Path | None = None
         self.confined_server = True
         """A subject's server (the arm's command, run in the subject) runs in the sandbox."""
 
@@ -87,32 +89,48 @@ class OpenAIEngine(Engine):
         return self.model_dir
 
     def argv(self) -> list[str]:
-        fill = {"port": self.port, "model": self.served_path(), "subject": self.subject or ""}
+        fill = {"port": self.port, "model": self.served_path(), "subject": self.subject or "",
+                "socket": self._socket or ""}
         try:
             return [a.format(**fill) for a in self.command]
         except (KeyError, IndexError, ValueError) as exc:
             raise EngineError(f"server command {self.command}: unknown placeholder {exc} "
-                              f"(known: {{port}}, {{model}}, {{subject}})") from exc
+                              f"(known: {{port}}, {{socket}}, {{model}}, {{subject}})") from exc
+
+    def listens_on_socket(self) -> bool:
+        """The command names `{socket}`: the server listens on that Unix socket itself,
+        and rowgate's client speaks to it there with no relay (sandboxed or not)."""
+        return any("{socket}" in a for a in self.command)
 
     def start(self) -> None:
         self._digest = model_info(self.model_dir).digest
         self.port = _process.free_port()
-        self.log = _process.log_path(self.name)
+        self.log = log = _process.log_path(self.name)
+        if self.listens_on_socket():
+            self._socket = sandbox.socket_dir() / sandbox.SOCKET_NAME
         argv = self.argv()
-        self._binary = binary_record(argv[0], self.subject)
-        if self.subject is not None and self.confined_server:
-            with self.log.open("ab") as log:  # the server's output, as _process.spawn keeps it
-                self._served = sandbox.serve(self._step(argv, self.subject), self.port,
-                                             stdout=log, stderr=log)
-            self.proc = self._served.proc
-        else:
-            self.proc = _process.spawn(argv, _process.engine_env(self.device, self.extra_env),
-                                       self.log, cwd=self.subject)
         try:
-            self.served_model = self._wait_ready(self.proc, self.log)
+            self._binary = binary_record(argv[0], self.subject)
+            self.proc = proc = self._launch(argv, log)
+            self.served_model = self._wait_ready(proc, log)
         except BaseException:
             self.stop()
             raise
+
+    def _launch(self, argv: list[str], log: Path) -> subprocess.Popen[bytes]:
+        """A subject's server in the sandbox; any other (or one a benchmark runs
+        unconfined) as the engine's own process, reached on `{socket}` where it names one."""
+        if self.subject is not None and self.confined_server:
+            with log.open("ab") as out:  # the server's output, as _process.spawn keeps it
+                self._served = sandbox.serve(self._step(argv, self.subject), self.port,
+                                             stdout=out, stderr=out, listening=self._socket)
+            return self._served.proc
+        proc = _process.spawn(argv, _process.engine_env(self.device, self.extra_env), log,
+                              cwd=self.subject)
+        if self._socket is not None:
+            self._served = sandbox.Served(proc, Forwarder(self.port, self._socket), None,
+                                          confined=False)
+        return proc
 
     def _wait_ready(self, proc: subprocess.Popen[bytes], log: Path) -> str:
         deadline = time.monotonic() + self.start_timeout_s
@@ -135,6 +153,12 @@ class OpenAIEngine(Engine):
         if self._served is not None:
             self._served.close()
             self._served = None
+        self._drop_socket()
+
+    def _drop_socket(self) -> None:
+        if self._socket is not None:
+            shutil.rmtree(self._socket.parent, ignore_errors=True)
+            self._socket = None
 
     def _step(self, argv: list[str], subject: Path) -> sandbox.Step:
         """The subject's server as a sandbox step: the subject and the model read-only, its
@@ -158,7 +182,7 @@ class OpenAIEngine(Engine):
                 "served_model": self.served_model, "model_path": str(self.model_dir),
                 "model_digest": self._digest, "device": self.device,
                 "cwd": str(self.subject or Path.cwd()), **self._binary,
-                "sandbox": "bubblewrap" if self._served and self._served.forwarder else "none"}
+                "sandbox": "bubblewrap" if self._served and self._served.confined else "none"}
 
     # -- the server's own profiler: vLLM's HTTP convention
 

@@ -76,8 +76,10 @@ class Arm(_Model):
     commit: str = ""
     command: list[str] = []
     """Command that starts an OpenAI-compatible server (engines `openai`, `llama.cpp`):
-    `{port}` (rowgate's choice: required), `{model}`, `{subject}` (the subject checkout,
-    also the server's working directory) are filled in."""
+    `{port}` (rowgate's choice of a loopback port) or `{socket}` (a Unix socket path the
+    server listens on itself: no relay into the sandbox), one of them required, and
+    `{model}`, `{subject}` (the subject checkout, also the server's working directory)
+    are filled in."""
     mode: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]*$")] = "default"
     """How the engine runs (each engine says which modes it has; reference: eager,
     graph, default)."""
@@ -108,9 +110,10 @@ class Arms(_Model):
             raise ValueError(f"fallbacks: the arm name {dup!r} is used twice")
         for role, arm in (("oracle", self.oracle), ("candidate", self.candidate),
                           *((f"fallbacks[{i}]", a) for i, a in enumerate(self.fallbacks))):
-            if arm.command and not any("{port}" in a for a in arm.command):
-                raise ValueError(f"{role}.command: no {{port}}: rowgate chooses the server's "
-                                 f"port (a fixed one collides and waits out the start timeout)")
+            if arm.command and not any("{port}" in a or "{socket}" in a for a in arm.command):
+                raise ValueError(f"{role}.command: no {{port}} or {{socket}}: rowgate chooses "
+                                 f"where the server listens (a fixed port collides and waits "
+                                 f"out the start timeout)")
         return self
 
     def named(self) -> dict[str, "Arm"]:

@@ -14,6 +14,7 @@ its bundle says UNCONFINED.
 
 from rowgate.sandbox.env import allowed_env
 from rowgate.sandbox.runner import (
+    SOCKET_NAME,
     Limits,
     Result,
     SandboxError,
@@ -25,10 +26,11 @@ from rowgate.sandbox.runner import (
     policy,
     run,
     serve,
+    socket_dir,
     spawn,
     stop,
 )
 
-__all__ = ["Limits", "Result", "SandboxError", "SandboxUnavailable", "Served", "Step",
-           "allowed_env", "check_available", "describe", "policy", "run", "serve", "spawn",
-           "stop"]
+__all__ = ["SOCKET_NAME", "Limits", "Result", "SandboxError", "SandboxUnavailable", "Served", "Step",
+           "allowed_env", "check_available", "describe", "policy", "run", "serve",
+           "socket_dir", "spawn", "stop"]

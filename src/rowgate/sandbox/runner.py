@@ -316,18 +316,37 @@ def run(step: Step, *, stdin: bytes | None = None, confined: bool | None = None,
     return Result(rc, out, err, _which_limit(step, rc, said), time.monotonic() - start)
 
 
+SOCKET_NAME = "server.sock"
+SOCKET_PATH_MAX = 107
+"""The longest Unix socket path Linux binds (`sun_path` is 108 bytes with its NUL)."""
+
+
+def socket_dir() -> Path:
+    """A fresh directory for a server's own Unix socket (`{socket}`), outside the subject,
+    the evidence and staging; `serve` binds it writable and removes it with the server."""
+    scratch = Path(tempfile.mkdtemp(prefix="rowgate-serve-"))
+    if len(str(scratch / SOCKET_NAME)) > SOCKET_PATH_MAX:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise SandboxUnavailable(f"sandbox: the server socket path {scratch / SOCKET_NAME} is "
+                                 f"longer than {SOCKET_PATH_MAX} bytes; set TMPDIR to a "
+                                 f"shorter directory")
+    return scratch
+
+
 @dataclass
 class Served:
-    """A subject's server running in the sandbox, and the forwarder that reaches it."""
+    """A subject's server, the Unix socket rowgate's client reaches it on, and the
+    forwarder that gives other clients the host's loopback port."""
 
     proc: subprocess.Popen[bytes]
     forwarder: Any
-    """`bridge.Forwarder`, or None for an unconfined server (the host's loopback)."""
+    """`bridge.Forwarder`, or None where the server listens on the host's loopback."""
     scratch: Path | None
+    confined: bool = True
 
     @property
     def socket_path(self) -> Path | None:
-        """The Unix socket that reaches the server (None: unconfined, the host's loopback)."""
+        """The Unix socket that reaches the server (None: the host's loopback)."""
         return None if self.forwarder is None else Path(self.forwarder.path)
 
     def close(self) -> None:
@@ -338,25 +357,46 @@ class Served:
             shutil.rmtree(self.scratch, ignore_errors=True)
 
 
-def serve(step: Step, port: int, *, stdout: Any, stderr: Any,
-          confined: bool | None = None) -> Served:
-    """Start a server `step` that listens on 127.0.0.1:`port` inside its own network
-    namespace, reachable from rowgate's process at the host's 127.0.0.1:`port` through
-    one Unix socket (`rowgate.sandbox.bridge`) and from nowhere else."""
+def serve(step: Step, port: int, *, stdout: Any, stderr: Any, confined: bool | None = None,
+          listening: Path | None = None) -> Served:
+    """Start a server `step`, reachable from rowgate's process on one Unix socket and, for
+    any other client, at the host's 127.0.0.1:`port`, and from nowhere else.
+
+    `listening`: the socket the server listens on itself (a command's `{socket}`, in a
+    directory from `socket_dir()`): that directory is bound writable and nothing is
+    relayed. Otherwise the server listens on 127.0.0.1:`port` inside its own network
+    namespace and `rowgate.sandbox.bridge` relays the socket to it (a confined server),
+    or on the host's loopback (an unconfined one)."""
     from rowgate.sandbox.bridge import Forwarder
 
-    if not (CONFINED.get() if confined is None else confined):
+    confined = CONFINED.get() if confined is None else confined
+    if listening is not None:
+        own = Step(step.argv, cwd=step.cwd, read_only=step.read_only,
+                   writable=[*step.writable, listening.parent], env=step.env,
+                   path_dirs=step.path_dirs, gpu=step.gpu, limits=step.limits)
+        return _served(own, confined, listening, stdout, stderr,
+                       lambda: Forwarder(port, listening))
+    if not confined:
         proc = spawn(step, confined=False, stdout=stdout, stderr=stderr)
-        return Served(proc, None, None)
-    scratch = Path(tempfile.mkdtemp(prefix="rowgate-serve-"))
-    sock = scratch / "server.sock"
-    wrapped = Step([sys.executable, "-m", "rowgate.sandbox.bridge", str(sock), str(port), "--",
+        return Served(proc, None, None, confined=False)
+    sock = socket_dir() / SOCKET_NAME
+    relayed = Step([sys.executable, "-m", "rowgate.sandbox.bridge", str(sock), str(port), "--",
                     *step.argv], cwd=step.cwd, read_only=step.read_only,
-                   writable=[*step.writable, scratch], env=step.env, path_dirs=step.path_dirs,
-                   gpu=step.gpu, limits=step.limits)
+                   writable=[*step.writable, sock.parent], env=step.env,
+                   path_dirs=step.path_dirs, gpu=step.gpu, limits=step.limits)
+    return _served(relayed, True, sock, stdout, stderr, lambda: Forwarder(port, sock))
+
+
+def _served(step: Step, confined: bool, sock: Path, stdout: Any, stderr: Any,
+            forwarder: Callable[[], Any]) -> Served:
+    """Spawn `step` and the host-side forwarder to `sock`; the socket's directory goes
+    with the server (and at once if either cannot start)."""
+    proc: subprocess.Popen[bytes] | None = None
     try:
-        proc = spawn(wrapped, confined=True, stdout=stdout, stderr=stderr)
-        return Served(proc, Forwarder(port, sock), scratch)
+        proc = spawn(step, confined=confined, stdout=stdout, stderr=stderr)
+        return Served(proc, forwarder(), sock.parent, confined=confined)
     except BaseException:
-        shutil.rmtree(scratch, ignore_errors=True)
+        if proc is not None:
+            stop(proc)
+        shutil.rmtree(sock.parent, ignore_errors=True)
         raise

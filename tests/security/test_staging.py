@@ -8,6 +8,7 @@ nothing) must not sweep the stage of a gate that is still running.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import subprocess
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from rowgate.seal import staging
 from tests.security._support import (
     cli,
     host_row,
@@ -93,6 +95,27 @@ def _stale_stages(tmp: Path, subject: Path, out: Path, n: int) -> list[Path]:
         for j in range(1500):
             (heavy / f"f{j}").write_text("x")
     return stale
+
+
+def test_a_stage_being_born_is_not_swept_before_it_is_locked(tmp_path, monkeypatch):
+    """Before: a gate sweeping in the instant between another's creating its lock file
+    and locking it took the lock and removed the stage being born (the other gate died
+    on its rename: seen with eight gates on a loaded machine)."""
+    lock = fcntl.flock
+    swept: list[bool] = []
+
+    def another_gate_sweeps_first(fd: int, op: int) -> None:
+        if not swept:
+            swept.append(True)
+            staging.sweep(tmp_path)
+        lock(fd, op)
+
+    monkeypatch.setattr(staging.fcntl, "flock", another_gate_sweeps_first)
+    holder = staging.Holder(tmp_path)
+    assert swept
+    holder.check()
+    holder.close()
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_eight_concurrent_gates_over_stale_stages(tmp_path):

@@ -5,7 +5,8 @@ A staging directory is `.staging-HOST-RANDOM/` holding a `lock` file its owner k
 `flock`ed for as long as it lives. The kernel releases the lock when the owner dies —
 killed, in another PID namespace, or (through NFS lock emulation) on another host — so
 "dead" means "its lock can be taken", never "its PID is gone". It is born as
-`.born-…` and renamed once locked, so no sweeper ever sees it unlocked. A sweeper
+`.born-…`, its lock file is locked before it takes the name `lock`, and the directory
+is renamed once locked, so no sweeper ever sees it unlocked. A sweeper
 claims a dead stage by renaming it to `.sweep-RANDOM` while holding its lock (only one
 can), then removes it; a killed sweeper's claim is swept the same way.
 
@@ -55,10 +56,14 @@ class Holder:
 
     def __init__(self, parent: Path):
         born = Path(tempfile.mkdtemp(prefix=f"{BORN_PREFIX}{host_id()}-", dir=parent))
-        self._fd = os.open(born / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
-                           0o600)
-        fcntl.flock(self._fd, fcntl.LOCK_EX)  # just created: never contended
+        # Locked under another name, then renamed into place: a sweeper opens only
+        # `lock`, so it never finds one created but not yet locked (it would take it,
+        # and remove the stage being born).
+        unlocked = born / f"{LOCK_FILE}.new"
+        self._fd = os.open(unlocked, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        fcntl.flock(self._fd, fcntl.LOCK_EX)  # no sweeper opens it: never contended
         os.write(self._fd, f"{socket.gethostname()} {os.getpid()}\n".encode())
+        os.rename(unlocked, born / LOCK_FILE)
         self.path = parent / f"{STAGING_PREFIX}{host_id()}-{secrets.token_hex(8)}"
         os.rename(born, self.path)
         _LIVE.add(str(self.path))

@@ -92,7 +92,17 @@ TRACED = '''
     primer_steps = 4
     arm_delay = 5
     steps = 2
-''' + GATES
+''' + GATES + '''
+    [[gates]]
+    id = "t-last"
+    kind = "trace"
+    modes = []
+    arms = ["candidate"]
+    warm_concurrency = 2
+    primer_steps = 4
+    arm_delay = 5
+    steps = 2
+'''
 
 
 @pytest.fixture(scope="module")
@@ -116,4 +126,9 @@ def test_traced_engines_serve_the_later_gates_and_outlive_a_gate_that_does_not_u
     status = {r.gate_id: r.status.value for r in traced.results()}
     assert status["t-oracle"] == status["t-cand"] == status["tokens"] == "PASS", status
     phases = {r.gate_id: set(r.phases) for r in traced.results()}
-    assert "engine start" not in phases["tokens"] | phases["tp"]
+    assert "engine start" not in phases["tokens"] | phases["tp"] | phases["t-last"]
+    # the oracle's engine, no longer asked for, was stopped between tp and t-last: on no
+    # gate's clock
+    assert _sharing(traced, "t-last") == {
+        "candidate-eager": {"started_by": "t-cand", "reused": True}}
+    assert not [r.gate_id for r in traced.results() if "engine stop" in r.phases]

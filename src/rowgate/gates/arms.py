@@ -208,8 +208,9 @@ def started(arms: dict[str, tuple[Arm, ModelInfo]], row: Row, ctx: GateContext,
     pool = ctx.engines
     keys = {role: engine_key(arm.model_dump(mode="json"), model.path, model.digest, dev, opts,
                              ctx.repo) for role, (arm, model) in arms.items()}
-    if pool is not None:
-        pool.keep_only(set(keys.values()))
+    if pool is not None and pool.left_over(set(keys.values())):
+        with ctx.phase("engine stop"):  # the runner could not name this gate's arms
+            pool.keep_only(set(keys.values()))
     sharing: dict[str, dict[str, object]] = {}
     with contextlib.ExitStack() as stack:
         out: dict[str, Engine] = {}

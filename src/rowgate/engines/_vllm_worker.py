@@ -196,5 +196,6 @@ def _stand(llm: Any, server: socket.socket, hello: Message) -> NoReturn:
             except (OSError, ValueError):
                 continue  # the client went away mid-line: the next one is served
 
+
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

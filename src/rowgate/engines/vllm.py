@@ -163,16 +163,20 @@ class VllmEngine(Engine):
                                               **self.extra_env}), self.log,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
 
+    def _start_worker(self, *extra: str) -> dict[str, Any]:
+        """Spawn the worker (`extra`: its socket, for a standing one) and read its hello."""
+        self.proc = self._spawn(*extra)
+        if self.proc.stdin is not None and self.proc.stdout is not None:
+            self._io = (self.proc.stdin, self.proc.stdout)
+        return self._hello()
+
     def start(self) -> None:
         check_pinned(self.version)
         self._digest = model_info(self.model_dir).digest
         if self.standing and self.profile_dir is None and self._attach():
             return
-        self.proc = self._spawn()
-        if self.proc.stdin is not None and self.proc.stdout is not None:
-            self._io = (self.proc.stdin, self.proc.stdout)
         try:
-            self._hello()
+            self._start_worker()
         except BaseException:
             self.stop()
             raise
@@ -223,13 +227,10 @@ class VllmEngine(Engine):
         signalled): `on_ready` gets its ready line once it serves."""
         check_pinned(self.version)
         self._digest = model_info(self.model_dir).digest
-        self.proc = self._spawn(str(sock))
-        if self.proc.stdin is not None and self.proc.stdout is not None:
-            self._io = (self.proc.stdin, self.proc.stdout)
         try:
-            hello = self._hello()
-            on_ready({**hello, "pid": self.proc.pid})
-            return self.proc.wait()
+            hello = self._start_worker(str(sock))
+            on_ready({**hello, "pid": self.pid})
+            return self.proc.wait() if self.proc else 1
         finally:
             _process.stop_pid(self.proc)
 

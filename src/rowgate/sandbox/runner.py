@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -371,19 +371,16 @@ def serve(step: Step, port: int, *, stdout: Any, stderr: Any, confined: bool | N
 
     confined = CONFINED.get() if confined is None else confined
     if listening is not None:
-        own = Step(step.argv, cwd=step.cwd, read_only=step.read_only,
-                   writable=[*step.writable, listening.parent], env=step.env,
-                   path_dirs=step.path_dirs, gpu=step.gpu, limits=step.limits)
+        own = replace(step, writable=[*step.writable, listening.parent])
         return _served(own, confined, listening, stdout, stderr,
                        lambda: Forwarder(port, listening))
     if not confined:
         proc = spawn(step, confined=False, stdout=stdout, stderr=stderr)
         return Served(proc, None, None, confined=False)
     sock = socket_dir() / SOCKET_NAME
-    relayed = Step([sys.executable, "-m", "rowgate.sandbox.bridge", str(sock), str(port), "--",
-                    *step.argv], cwd=step.cwd, read_only=step.read_only,
-                   writable=[*step.writable, sock.parent], env=step.env,
-                   path_dirs=step.path_dirs, gpu=step.gpu, limits=step.limits)
+    relayed = replace(step, argv=[sys.executable, "-m", "rowgate.sandbox.bridge", str(sock),
+                                  str(port), "--", *step.argv],
+                      writable=[*step.writable, sock.parent])
     return _served(relayed, True, sock, stdout, stderr, lambda: Forwarder(port, sock))
 
 

@@ -30,3 +30,20 @@ def test_spread_warnings_in_pyperfs_style():
     assert noise.spread_warning([0.001, -0.002, 0.0], {"a": [100, 101, 99]}, 0.02) is None
     text = noise.spread_warning([0.05, -0.05, 0.04], {"a": [100, 140, 70]}, 0.02)
     assert "paired ratio varies by" in text and "a speed varies by" in text
+
+
+def test_no_gain_ends_the_warmup_once_no_arm_is_still_getting_faster():
+    warming = {"baseline": [50.0, 95.0, 99.0], "candidate": [40.0, 97.0, 98.5]}
+    assert not noise.warmup_done({k: v[:2] for k, v in warming.items()}, 1, 6, 0.05, "no-gain")
+    assert noise.warmup_done(warming, 1, 6, 0.05, "no-gain")
+    # noise: a slower round is no reason to warm up more; agree would go on
+    noisy = {"baseline": [99.0, 80.0], "candidate": [90.0, 93.0]}
+    assert noise.warmup_done(noisy, 1, 6, 0.05, "no-gain")
+    assert not noise.warmup_done(noisy, 1, 6, 0.05, "agree")
+    assert not noise.warmup_done({"baseline": [99.0, 80.0], "candidate": [80.0, 90.0]}, 1, 6,
+                                 0.05, "no-gain")  # the candidate still gains 12.5 %
+    assert not noise.warmup_done({"baseline": [99.0]}, 1, 6, 0.05, "no-gain")  # needs two
+    import pytest
+
+    with pytest.raises(ValueError, match="warm-up rule 'flat'"):
+        noise.settled(noisy, 0.05, "flat")

@@ -28,7 +28,7 @@ GATES = '''
     kind = "throughput"
     min_rounds = 3
     max_rounds = 3
-    warmup = 0
+    max_warmup = 2
     cells = ["i16-c1"]
 '''
 
@@ -70,6 +70,23 @@ def test_the_throughput_gate_measures_on_the_engines_the_tokens_gate_started(bun
     phases = {r.gate_id: set(r.phases) for r in bundle.results()}
     assert "engine start" in phases["tokens"] and "engine start" not in phases["tp"]
     assert {r.gate_id: r.status.value for r in bundle.results()}["tokens"] == "PASS"
+
+
+def test_the_tokens_gates_passes_are_the_throughput_warmups_round_0(bundle):
+    """The same engines ran the cell's requests in the tokens gate: that pass is the
+    warm-up's first round, sealed with the gate that ran it and on that gate's clock;
+    one own round then settles or ends the warm-up (max_warmup 2)."""
+    import csv
+
+    with open(Path(bundle.path) / "artifacts" / "tp" / "passes.csv", newline="") as f:
+        warm = [r for r in csv.DictReader(f) if r["phase"] == "warmup"]
+    assert [(r["round"], r["arm"], r["carried_from"]) for r in warm] == [
+        ("0", "baseline", "tokens"), ("0", "candidate", "tokens"),
+        ("1", "candidate", ""), ("1", "baseline", "")]
+    tp = bundle.gate_result("tp")
+    assert tp.status.value != "ERROR", tp.reason  # sealing re-derived the carried round
+    own = sum(float(r["wall_s"]) for r in warm if not r["carried_from"])
+    assert tp.phases["warm-up"] == pytest.approx(own, abs=1e-3)  # sealed in ms
 
 
 def _trace(gate_id: str, arm: str) -> str:

@@ -440,3 +440,120 @@ def test_budgeted_never_raises_a_cells_own_budget():
     assert art.budgeted(plan, 10_000.0, 2) is plan  # its own 600 s is the smaller
     assert art.budgeted(plan, 95.0, 2).max_seconds == 47.5
     assert art.budgeted(plan, 0.0, 3).max_seconds == 0.1
+
+
+def _carried_run(tmp: Path, seed: int, plans=None, gate: str = "tokens"):
+    """A throughput run whose engines ran every cell once before, for gate `gate`: the
+    engine pool's journal carries those passes into each cell's warm-up."""
+    from rowgate.gates.engine_pool import EnginePool
+
+    m, engines = _engines(seed)
+    pool = EnginePool()
+    for role, engine in engines.items():
+        pool.add(role, engine, gate, {"engine": "synthetic", "role": role})
+    earlier = pool.journal(gate)
+    for role in ("baseline", "candidate"):
+        for work in PASSES:
+            start = m.now()
+            result = engines[role].generate(work)
+            earlier.note(engines[role], work, start, m.now(), result)
+    plans = plans or cal.default_plans(PASSES)
+    out = tmp / f"carried-{seed}"
+    out.mkdir(parents=True)
+    with art.open_sink(out, False) as sink:
+        records = art.measure_cells(engines, PASSES, plans, sink, cal._Quiet(), now=m.now,
+                                    journal=pool.journal("tp"))
+    art.write_meta(out, records, plans, False)
+    return records, out, plans, pool
+
+
+def _passes(out: Path) -> list[dict]:
+    with open(out / art.PASSES, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_an_earlier_gates_pass_of_the_cell_is_its_warmups_round_0(tmp_path):
+    records, out, plans, pool = _carried_run(tmp_path, 14)
+    rows = _passes(out)
+    cells = _derive(out, plans)
+    for cell, rec in records.items():
+        warm = [r for r in rows if r["cell"] == cell and r["phase"] == "warmup"]
+        carried = [r for r in warm if r["carried_from"]]
+        assert [(r["round"], r["arm"], r["carried_from"]) for r in carried] == [
+            ("0", "baseline", "tokens"), ("0", "candidate", "tokens")]
+        assert all(float(r["end_s"]) <= 0 for r in carried)  # they ran before the cell
+        own = {r["round"] for r in warm} - {"0"}
+        assert rec["warmup_rounds"] == len(own) + 1 and len(own) >= 1  # settling needs two
+        assert cells[cell]["warmup_rounds"] == rec["warmup_rounds"]
+        assert cells[cell]["verdict"] == "equivalent"
+    # on these steady engines one own round settles against the carried one
+    assert {rec["warmup_rounds"] for rec in records.values()} == {2}
+    # and the throughput gate's own passes are in the journal for a gate after it
+    engine = next(h.engine for h in pool._held.values())
+    assert pool.journal("later").earlier(engine, PASSES[0]).gate == "tp"
+
+
+def test_a_plan_that_carries_nothing_runs_every_warmup_round_itself(tmp_path):
+    plans = cal.default_plans(PASSES, warmup_carry=False)
+    records, out, plans, _ = _carried_run(tmp_path, 15, plans=plans)
+    assert not any(r["carried_from"] for r in _passes(out))
+    assert {rec["warmup_rounds"] for rec in records.values()} == {2}
+    _derive(out, plans)
+
+
+@pytest.mark.parametrize("edit,match", [
+    # a carried pass moved into the cell's own round 1
+    (lambda rows: [dict(r, carried_from="tokens") if r["phase"] == "warmup" and r["round"] == "1"
+                   else r for r in rows], "not exactly warm-up round 0"),
+    # only one arm of round 0 carried
+    (lambda rows: [dict(r, carried_from="") if r["phase"] == "warmup" and r["round"] == "0"
+                   and r["arm"] == "candidate" else r for r in rows], "not exactly warm-up round 0"),
+])
+def test_carried_passes_outside_round_0_are_an_error(tmp_path, edit, match):
+    _, out, plans, _ = _carried_run(tmp_path, 16)
+    _tamper(out, edit)
+    with pytest.raises(GateError, match=match):
+        _derive(out, plans)
+
+
+def test_a_carried_round_under_a_plan_that_carries_none_is_an_error(tmp_path):
+    _, out, plans, _ = _carried_run(tmp_path, 17)
+    meta = json.loads((out / art.META).read_text())
+    for cell in meta["cells"]:
+        meta["plans"][cell]["warmup_carry"] = False
+    (out / art.META).write_text(json.dumps(meta))
+    with pytest.raises(GateError, match="warmup_carry = false"):
+        _derive(out, cal.default_plans(PASSES, warmup_carry=False))
+
+
+def test_a_bundle_sealed_before_carried_warmups_derives_with_its_own_rounds(tmp_path):
+    """Sealed before the keys: plans without `warmup_carry` and `warmup_until` (its
+    warm-up ended on two agreeing rounds), no `carried_from` column; it re-derives under
+    today's row."""
+    then = cal.default_plans(PASSES, warmup_until="agree", warmup_carry=False)
+    status, cells, out, _ = _run(tmp_path, 18, plans=then)
+    meta = json.loads((out / art.META).read_text())
+    for cell in meta["cells"]:
+        del meta["plans"][cell]["warmup_carry"], meta["plans"][cell]["warmup_until"]
+    (out / art.META).write_text(json.dumps(meta))
+    rows = [{k: v for k, v in r.items() if k != "carried_from"} for r in _passes(out)]
+    with open(out / art.PASSES, "w", newline="") as f:
+        w = csv.DictWriter(f, [k for k in _timed.PASS_FIELDS if k != "carried_from"])
+        w.writeheader()
+        w.writerows(rows)
+    assert _derive(out, cal.default_plans(PASSES)) == cells
+
+
+def test_on_a_noisy_host_no_gain_ends_the_warmup_where_agree_runs_on(tmp_path):
+    """Passes that swing 8 % by chance: two rarely agree within 5 %, so `agree` runs to
+    max_warmup; `no-gain` ends once no arm is still getting faster."""
+    rounds = {}
+    for rule in ("agree", "no-gain"):
+        plans = cal.default_plans(PASSES, warmup_until=rule)
+        got = []
+        for seed in range(4):
+            _, cells, out, _ = _run(tmp_path / rule, seed, plans=plans, pass_noise=0.08)
+            assert _derive(out, plans) == cells
+            got += [c["warmup_rounds"] for c in cells.values()]
+        rounds[rule] = np.mean(got)
+    assert rounds["no-gain"] < 3 < rounds["agree"], rounds

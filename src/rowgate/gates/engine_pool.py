@@ -27,18 +27,35 @@ options, in the row's order. What is shared and what is not:
 
 Each sharing gate records, per role, which gate started its engine
 (`engine-sharing.json`), so a reviewer sees which figures came from one process.
+
+The pool also keeps each engine's latest pass of every workload cell and the gate that
+ran it (`journal`): a later throughput gate starts that cell's warm-up from it instead of
+paying for the same first round again (`rowgate.gates.throughput.measure`), and seals it
+as the round it was, with the gate that ran it.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from rowgate.engines.interface import Engine
+from rowgate.engines.interface import Engine, PassResult, WorkloadPass
+from rowgate.rows.workload import workload_digest
 
 SHARING_FILE = "engine-sharing.json"
+
+
+@dataclass(frozen=True)
+class EarlierPass:
+    """A pass an engine ran for a gate of this row run."""
+
+    gate: str
+    start: float
+    end: float
+    """`time.monotonic()` when the pass began and ended."""
+    result: PassResult
 
 
 @dataclass(frozen=True)
@@ -47,6 +64,28 @@ class _Held:
     started_by: str
     arm: str
     """The arm's declaration (`arm_identity`): what a later gate's expectation names."""
+    passes: dict[str, EarlierPass] = field(default_factory=dict)
+    """The engine's latest pass of each workload cell (by the cell's workload digest)."""
+
+
+class PassJournal:
+    """One gate's view of the pool's passes: what its engines ran before (`earlier`),
+    and what they run now (`note`), for a later gate."""
+
+    def __init__(self, pool: EnginePool, gate: str):
+        self._pool, self._gate = pool, gate
+
+    def earlier(self, engine: Engine, work: WorkloadPass) -> EarlierPass | None:
+        """The engine's latest pass of `work` in an earlier gate, or None."""
+        held = self._pool.held(engine)
+        found = held.passes.get(workload_digest([work])) if held else None
+        return found if found is not None and found.gate != self._gate else None
+
+    def note(self, engine: Engine, work: WorkloadPass, start: float, end: float,
+             result: PassResult) -> None:
+        held = self._pool.held(engine)
+        if held is not None:  # an engine only this gate holds goes with it
+            held.passes[workload_digest([work])] = EarlierPass(self._gate, start, end, result)
 
 
 def arm_identity(arm: dict[str, object]) -> str:
@@ -94,7 +133,13 @@ class EnginePool:
         self._expected = {arm_identity(a) for a in arms}
 
     def holds(self, engine: Engine) -> bool:
-        return any(h.engine is engine for h in self._held.values())
+        return self.held(engine) is not None
+
+    def held(self, engine: Engine) -> _Held | None:
+        return next((h for h in self._held.values() if h.engine is engine), None)
+
+    def journal(self, gate: str) -> PassJournal:
+        return PassJournal(self, gate)
 
     def left_over(self, keys: set[str]) -> list[str]:
         """The pooled engines neither under `keys` nor expected by a later gate."""

@@ -20,6 +20,7 @@ Arms whose workload digests differ did not run the same workload: ERROR.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
@@ -166,10 +167,14 @@ class _Side:
 
 def _run_side(role: str, engine: Engine, passes: list[WorkloadPass], ctx: GateContext) -> _Side:
     outputs: list[dict[str, Any]] = []
+    journal = ctx.engines.journal(ctx.gate_id) if ctx.engines else None
     for work in passes:
         ctx.progress.update(f"tokens: {role} cell {work.cell} ({len(work.requests)} requests)")
         with ctx.phase("generate"):
+            start = time.monotonic()
             result = cast(PassResult, _arms.generate(engine, role, work))
+        if journal is not None:  # a later throughput gate's warm-up starts from it
+            journal.note(engine, work, start, time.monotonic(), result)
         outputs += [{"id": o.id, "cell": work.cell, "token_ids": list(o.token_ids),
                      "logprobs": list(o.logprobs), "alternatives": o.alternatives}
                     for o in result.outputs]

@@ -83,7 +83,16 @@ class ThroughputGate(GateSpec):
     """Fewest warm-up rounds; more run until both arms' speeds settle (0: none at all)."""
     max_warmup: Annotated[int, Field(ge=1)] = 6
     warmup_tolerance: Annotated[float, Field(gt=0)] = 0.05
-    """Settled: each arm's last two warm-up speeds within this fraction."""
+    """Settled: no arm's last warm-up speed more than this fraction above the one before
+    (`warmup_until = "no-gain"`), or each arm's last two within it (`"agree"`)."""
+    warmup_until: Literal["no-gain", "agree"] = "no-gain"
+    """When the warm-up ends: once no arm is still getting faster (warming makes early
+    passes slower, never faster), or once the last two speeds agree (stricter: on a noisy
+    host it often runs to `max_warmup`)."""
+    warmup_carry: bool = True
+    """A cell's warm-up starts from both engines' latest pass of the cell's requests in an
+    earlier gate of the run (the tokens gate's), sealed as round 0 with that gate's name;
+    false: every warm-up round is this gate's own."""
     min_sample_s: Annotated[float, Field(ge=0, le=10)] = 0.1
     """Sample length: after the warm-up each cell fixes k, the passes per arm per round,
     so that k passes last at least this long (pyperf's `--min-time`, 100 ms); how they
@@ -155,6 +164,7 @@ def plan(row: Row, spec: ThroughputGate, cell: str) -> _timed.Plan:
     return _timed.Plan(design=design, metric=spec.metric, order=spec.order,
                        seed=cell_seed(row, spec, cell), warmup=spec.warmup,
                        max_warmup=spec.max_warmup, warmup_tolerance=spec.warmup_tolerance,
+                       warmup_until=spec.warmup_until, warmup_carry=spec.warmup_carry,
                        clock_tolerance=spec.clock_tolerance, max_seconds=spec.max_seconds,
                        max_discarded=spec.max_discarded, min_sample_s=spec.min_sample_s,
                        schedule=spec.schedule)
@@ -170,6 +180,8 @@ def _split_rounds(ctx: GateContext) -> None:
     spent = ctx.phase.seconds.pop(ROUNDS, 0.0)
     by_phase: dict[str, float] = {}
     for rec in art.read_csv(ctx.artifact_dir / art.PASSES):
+        if rec.get("carried_from"):
+            continue  # an earlier gate ran it, on its own clock
         by_phase[rec["phase"]] = by_phase.get(rec["phase"], 0.0) + float(rec["wall_s"])
     warm, timed = by_phase.get("warmup", 0.0), by_phase.get("timed", 0.0)
     ctx.phase.seconds.update({"warm-up": warm, "measurement": timed,
@@ -219,9 +231,10 @@ class Throughput(Gate[ThroughputGate]):
                 with _arms.started(arms, row, ctx, endpoint) as engines:
                     later = sum(len(r.passes) for r in runs[n + 1:])
                     with ctx.phase(ROUNDS):
-                        records.update(art.measure_cells(engines, run.passes, plans, sink,
-                                                         ctx.progress, clocks,
-                                                         time_left=ctx.time_left, later=later))
+                        records.update(art.measure_cells(
+                            engines, run.passes, plans, sink, ctx.progress, clocks,
+                            time_left=ctx.time_left, later=later,
+                            journal=ctx.engines.journal(ctx.gate_id) if ctx.engines else None))
                     for role in ROLES:
                         engines_seen.setdefault(role, engines[role].describe())
         _split_rounds(ctx)
@@ -264,6 +277,11 @@ class Throughput(Gate[ThroughputGate]):
         except WorkloadMismatch as exc:
             return Derived(Status.ERROR, str(exc))
         meta, passes, requests, clocks = art.read_raw(artifact_dir)
+        earlier = {g.id for g in row.gates_before(spec.id)}
+        strays = sorted({p["carried_from"] for p in passes if p.get("carried_from")} - earlier)
+        if strays:
+            return Derived(Status.ERROR, f"warm-up passes carried from {', '.join(strays)}: "
+                                         f"no gate of the row that runs before {spec.id}")
         plans = {cell: plan(row, spec, cell) for cell in meta["cells"]}
         cells = art.derive_cells(plans, meta, passes, requests, clocks, spec.slo_ms(),
                                  row_budget=row.budget is not None)

@@ -7,7 +7,8 @@
     passes.csv      one row per pass, warm-up and timed, both arms, in run order:
                     cell, phase, round, arm, pass (0..k-1 within the arm's sample of
                     the round), start_s, end_s (from the cell's start),
-                    wall_s, output_tokens, requests
+                    wall_s, output_tokens, requests, carried_from (the earlier gate
+                    that ran a carried warm-up round 0's pass; empty otherwise)
     requests.jsonl.gz  (`requests.jsonl` in bundles sealed before 2026-12-02)
                     one line per request per pass (its round, arm, pass): output_tokens, ttft_s, latency_s,
                     itl_s (every inter-token gap), tokens_sha256, and token_ids for
@@ -36,6 +37,7 @@ from rowgate import compressed
 from rowgate.engines.divergence import Out, matched_windows
 from rowgate.engines.interface import Engine, WorkloadPass
 from rowgate.gates.artifacts import read_json, read_jsonl, write_json
+from rowgate.gates.engine_pool import PassJournal
 from rowgate.gates.interface import Derived, GateError, Progress
 from rowgate.records.status import Status
 from rowgate.stats import paired as stats
@@ -69,18 +71,19 @@ def measure_cells(engines: Mapping[str, Engine], passes: Sequence[WorkloadPass],
                   plans: MutableMapping[str, _timed.Plan], sink: _timed.Sink, progress: Progress,
                   clocks: _timed.ClockFn | None = None,
                   now: Callable[[], float] = time.monotonic,
-                  time_left: Callable[[], float | None] = lambda: None, later: int = 0
-                  ) -> dict[str, dict[str, Any]]:
+                  time_left: Callable[[], float | None] = lambda: None, later: int = 0,
+                  journal: PassJournal | None = None) -> dict[str, dict[str, Any]]:
     """Run every cell's rounds on started engines ({'baseline', 'candidate'}); return
     each cell's record for meta.json. Under a row wall budget (`time_left`) each cell's
     plan is first cut to its share of what is left (`budgeted`), in `plans` too: the
     plan each cell ran under is the one sealed. `later`: cells of the gate's other models
-    still to run after these (they share the time left too)."""
+    still to run after these (they share the time left too). `journal`: the row run's
+    engine pool (`run_cell`)."""
     records = {}
     for i, work in enumerate(passes):
         plans[work.cell] = budgeted(plans[work.cell], time_left(), len(passes) - i + later)
         records[work.cell] = _timed.run_cell(engines, work, plans[work.cell], sink, progress,
-                                             clocks, now)
+                                             clocks, now, journal)
     return records
 
 
@@ -150,6 +153,14 @@ def derive_cells(plans: Mapping[str, _timed.Plan], meta: Mapping[str, Any], pass
             want["design"].pop("claim_rule")
             plan = replace(plan, design=replace(plan.design,
                                                 claim_rule=stats.SEALED_CLAIM_RULE))
+        # sealed before carried warm-ups and the no-gain rule: every warm-up round was
+        # the gate's own, and it ended when the last two speeds agreed
+        if isinstance(sealed, dict) and "warmup_carry" not in sealed:
+            want.pop("warmup_carry")
+            plan = replace(plan, warmup_carry=False)
+        if isinstance(sealed, dict) and "warmup_until" not in sealed:
+            want.pop("warmup_until")
+            plan = replace(plan, warmup_until="agree")
         cut = _budget_cut(sealed, want) if row_budget else None
         if cut is not None:
             want["max_seconds"] = cut

@@ -68,6 +68,7 @@ class _Cell:
         for c in clocks:
             self.clocks.setdefault((c["phase"], int(c["round"])), []).append(c)
         self.warm = _rounds(passes, "warmup", int(record["warmup_rounds"]), warmup_order)
+        self.check_carried(passes)
         self.n = self.sample_length(sealed_sample)
         self.timed = _rounds(passes, "timed", int(record["rounds"]),
                              lambda k: round_order(plan.order, k, plan.seed), self.n,
@@ -88,6 +89,20 @@ class _Cell:
                               f"{walls} give {want} (min_sample_s {self.plan.min_sample_s})")
         return want
 
+    def check_carried(self, passes: Sequence[Mapping[str, Any]]) -> None:
+        """Passes an earlier gate ran (`carried_from`) may only make up warm-up round 0,
+        both of its arms, under a plan that carries (`Plan.warmup_carry`)."""
+        carried = [p for p in passes if p.get("carried_from")]
+        if not carried:
+            return
+        if not self.plan.warmup_carry:
+            raise RecordError("a warm-up round carried from an earlier gate; the plan "
+                              "carries none (warmup_carry = false)")
+        round0 = [p for ps in (self.warm[0].values() if self.warm else []) for p in ps]
+        if sorted(map(id, carried)) != sorted(map(id, round0)):
+            raise RecordError("passes carried from an earlier gate are not exactly warm-up "
+                              "round 0")
+
     def reqs(self, phase: str, k: int, arm: str) -> list[Mapping[str, Any]]:
         return self.requests.get((phase, k, arm), [])
 
@@ -103,7 +118,11 @@ class _Cell:
 
     @staticmethod
     def projected(rnd: Round) -> float:
+        """When a next round would end; -inf for a carried round (it took none of the
+        cell's time, as `_Cell._carry` counts it)."""
         rows = sorted((p for ps in rnd.values() for p in ps), key=lambda p: float(p["start_s"]))
+        if all(p.get("carried_from") for p in rows):
+            return -math.inf
         end = float(rows[-1]["end_s"])
         return end + (end - float(rows[0]["start_s"]))  # as _timed computes it
 
@@ -118,13 +137,14 @@ class _Cell:
         for w in range(n):
             for arm in ROLES:
                 speeds[arm].append(self.speed("warmup", w, arm))
-            done = noise.warmup_done(speeds, p.warmup, p.max_warmup, p.warmup_tolerance)
+            done = noise.warmup_done(speeds, p.warmup, p.max_warmup, p.warmup_tolerance,
+                                     p.warmup_until)
             last = w == n - 1
             if done != last and not (last and self.record["stop"] == "time"):
                 raise RecordError(f"warm-up: {n} rounds recorded, the rule ends it after {w + 1}")
             if not last and self.projected(self.warm[w]) > p.max_seconds:
                 raise RecordError(f"warm-up round {w} ran past the time budget, yet went on")
-        return noise.settled(speeds, p.warmup_tolerance)
+        return noise.settled(speeds, p.warmup_tolerance, p.warmup_until)
 
     def valid_rounds(self) -> tuple[list[int], list[str]]:
         valid, discards = [], []

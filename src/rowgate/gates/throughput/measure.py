@@ -24,13 +24,16 @@ from typing import IO, Any, cast
 
 import rowgate.gates.arms as _arms
 from rowgate.engines.interface import Engine, PassResult, WorkloadPass
+from rowgate.gates.engine_pool import EarlierPass, PassJournal
 from rowgate.gates.interface import GateError, Progress
 from rowgate.stats import latency, noise
 from rowgate.stats import paired as stats
 
 ROLES = ("baseline", "candidate")
 PASS_FIELDS = ["cell", "phase", "round", "arm", "pass", "start_s", "end_s", "wall_s",
-               "output_tokens", "requests"]
+               "output_tokens", "requests", "carried_from"]
+"""`carried_from`: the earlier gate that ran the pass (warm-up round 0 only: `carry`),
+empty for the gate's own passes."""
 CLOCK_FIELDS = ["cell", "phase", "round", "arm", "when", "t", "sm_clock_mhz",
                 "mem_clock_mhz", "temperature_c"]
 MAX_SAMPLE_PASSES = 16
@@ -55,6 +58,12 @@ class Plan:
     clock_tolerance: float = 0.02
     max_seconds: float = 600.0
     max_discarded: int = 8
+    warmup_until: str = "no-gain"
+    """The warm-up's end (`noise.settled`): `no-gain`, no arm still getting faster by more
+    than the tolerance; `agree` (plans sealed before it), the last two speeds agreeing."""
+    warmup_carry: bool = True
+    """The warm-up starts from the engines' latest pass of this cell in an earlier gate of
+    the row run, as its round 0, when both arms have one (`_Cell.carried`)."""
     min_sample_s: float = 0.1
     """Each arm's sample in a timed round spans passes lasting at least this long
     (`sample_passes`)."""
@@ -189,9 +198,10 @@ class _Cell:
 
     def __init__(self, engines: Mapping[str, Engine], work: WorkloadPass, plan: Plan,
                  sink: Sink, clocks: ClockFn | None, progress: Progress,
-                 now: Callable[[], float]):
+                 now: Callable[[], float], journal: PassJournal | None = None):
         self.engines, self.work, self.plan, self.sink = engines, work, plan, sink
         self.clocks, self.progress, self.now = clocks, progress, now
+        self.journal = journal
         self.t0 = now()
         self.n = 1
         """Passes per arm per timed round, fixed after the warm-up (`sample_passes`)."""
@@ -211,16 +221,47 @@ class _Cell:
         """One pass of `arm` (the `index`th of its sample): (pass row, request rows,
         clock rows)."""
         seen = [c for c in [self._clock(phase, k, arm, "before")] if c]
-        start = self.now() - self.t0
+        start = self.now()
         result = cast(PassResult, _arms.generate(self.engines[arm], arm, self.work))
-        end = self.now() - self.t0
+        end = self.now()
         seen += [c for c in [self._clock(phase, k, arm, "after")] if c]
+        if self.journal is not None:
+            self.journal.note(self.engines[arm], self.work, start, end, result)
+        row, requests = self._write(phase, k, arm, index, EarlierPass("", start, end, result))
+        return row, requests, seen
+
+    def _write(self, phase: str, k: int, arm: str, index: int, ran: EarlierPass
+               ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """A pass's row and request rows, written (`ran.gate`: the earlier gate that ran
+        it, empty for this gate's own)."""
+        result = ran.result
         row = {"cell": self.work.cell, "phase": phase, "round": k, "arm": arm, "pass": index,
-               "start_s": start, "end_s": end, "wall_s": float(result.wall_s),
-               "output_tokens": result.output_tokens, "requests": len(result.outputs)}
+               "start_s": ran.start - self.t0, "end_s": ran.end - self.t0,
+               "wall_s": float(result.wall_s), "output_tokens": result.output_tokens,
+               "requests": len(result.outputs), "carried_from": ran.gate}
         requests = self.sink.request_rows(self.work.cell, phase, k, arm, result, index)
         self.sink.write(row, requests)
-        return row, requests, seen
+        return row, requests
+
+    def _carry(self, warm: dict[str, list[float]]) -> int:
+        """Warm-up round 0 from the engines' latest pass of this cell in an earlier gate
+        of the row run (`Plan.warmup_carry`; the tokens gate ran every cell on the oracle
+        and the candidate), written as it ran with that gate's name: an engine that has
+        run the cell's very requests is past its first pass of them, so the warm-up rule
+        compares the cell's first own round with that pass instead of paying for another.
+        The rule is unchanged: it still ends only on two agreeing rounds. 1 when carried
+        (its speeds appended to `warm`, k judged by its walls), else 0."""
+        if not (self.plan.warmup_carry and self.plan.warmup > 0 and self.journal):
+            return 0
+        found = {arm: self.journal.earlier(self.engines[arm], self.work) for arm in ROLES}
+        ran = {arm: f for arm, f in found.items() if f is not None}
+        if len(ran) < len(ROLES):
+            return 0
+        for arm in warmup_order(0):
+            row, requests = self._write("warmup", 0, arm, 0, ran[arm])
+            warm[arm].append(self._speed(arm, [row], requests))
+        self.n = sample_passes(self.plan.min_sample_s, [ran[a].result.wall_s for a in ROLES])
+        return 1
 
     def _speed(self, arm: str, rows: list[dict[str, Any]],
                requests: list[dict[str, Any]]) -> float:
@@ -257,16 +298,21 @@ class _Cell:
     def run(self) -> dict[str, Any]:
         p, cell = self.plan, self.work.cell
         warm: dict[str, list[float]] = {arm: [] for arm in ROLES}
-        w = 0
-        projected = 0.0
-        while p.warmup > 0:  # warmup = 0: the row asks for none at all
+        w = self._carry(warm)
+        projected = 0.0  # a carried round took none of this cell's time
+
+        def done() -> bool:
+            return noise.warmup_done(warm, p.warmup, p.max_warmup, p.warmup_tolerance,
+                                     p.warmup_until)
+
+        while p.warmup > 0 and not done():  # warmup = 0: the row asks for none at all
             self.progress.update(f"throughput {cell}: warm-up {w + 1}")
             speeds, _, projected, walls = self._round("warmup", w, warmup_order(w))
             for arm, v in speeds.items():
                 warm[arm].append(v)
             w += 1
             self.n = sample_passes(p.min_sample_s, [walls[arm] for arm in ROLES])
-            if noise.warmup_done(warm, p.warmup, p.max_warmup, p.warmup_tolerance):
+            if done():
                 break
             if self._out_of_time(projected):
                 return self._record("time", w, 0, 0)
@@ -306,7 +352,10 @@ class _Cell:
 
 def run_cell(engines: Mapping[str, Engine], work: WorkloadPass, plan: Plan, sink: Sink,
              progress: Progress, clocks: ClockFn | None = None,
-             now: Callable[[], float] = time.monotonic) -> dict[str, Any]:
+             now: Callable[[], float] = time.monotonic,
+             journal: PassJournal | None = None) -> dict[str, Any]:
     """Run one cell's warm-up and timed rounds on started engines ({'baseline',
-    'candidate'}); return its record (stop reason, round counts, elapsed time)."""
-    return _Cell(engines, work, plan, sink, clocks, progress, now).run()
+    'candidate'}); return its record (stop reason, round counts, elapsed time).
+    `journal`: the row run's engine pool, for earlier gates' passes of the cell and for
+    later gates to find this one's."""
+    return _Cell(engines, work, plan, sink, clocks, progress, now, journal).run()

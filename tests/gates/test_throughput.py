@@ -156,6 +156,28 @@ def test_workload_digest_mismatch_is_refused(aa, tmp_path):
     assert derived.status is Status.ERROR and "workload digest differs" in derived.reason
 
 
+@pytest.mark.parametrize("gate", ["tp", "no-such-gate"])
+def test_a_warmup_carried_from_a_gate_that_does_not_run_first_is_refused(aa, tmp_path, gate):
+    """Only a gate the runner ran before this one can have left a pass to carry: the gate
+    itself or one the row does not have is an ERROR naming it."""
+    row_path, _, stage = aa
+    art = tmp_path / "tp"
+    shutil.copytree(stage / "artifacts/tp", art)
+    rows = _rows(art / "passes.csv")
+    for r in rows:
+        if r["phase"] == "warmup" and r["round"] == "0":
+            r["carried_from"] = gate
+    with open(art / "passes.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    row = load_row(row_path).row
+    derived = Throughput().derive(row, row.gate("tp"), art)
+    assert derived.status is Status.ERROR
+    assert derived.reason == (f"warm-up passes carried from {gate}: no gate of the row that "
+                              f"runs before tp")
+
+
 def test_derive_under_another_design_is_an_error(aa):
     row_path, _, stage = aa
     row = load_row(row_path).row

@@ -184,6 +184,26 @@ def test_unknown_row_is_usage_error(capsys):
     assert code == 2 and "no row 'NO-SUCH-ROW'" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("argv", [["rows"], ["gate", "DEMO-CPU-DECODE"]])
+def test_a_rows_directory_that_is_not_one_is_usage_error(argv, tmp_path, monkeypatch, capsys):
+    """A mistyped --rows or $ROWGATE_ROWS would otherwise list, or find, the demos alone."""
+    missing = tmp_path / "rwos"
+    code, out, err = _run([*argv, "--rows", str(missing)], capsys)
+    assert code == 2 and err.strip() == f"--rows {missing}: not a directory", err
+    monkeypatch.setenv("ROWGATE_ROWS", f"{tmp_path}:{missing}")
+    code, out, err = _run(argv, capsys)
+    assert code == 2 and err.strip() == f"$ROWGATE_ROWS {missing}: not a directory"
+
+
+def test_python_m_rowgate_is_the_rowgate_command():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "rowgate", "--help"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.startswith("usage: rowgate "), done.stderr
+
+
 def test_bad_option_is_usage_error(host_row, git_repo, capsys):
     code, _, err = _run(["gate", str(host_row), "--repo", git_repo.working_dir, "--option", "novalue"],
                         capsys)

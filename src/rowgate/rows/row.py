@@ -28,7 +28,7 @@ from pydantic import (
 )
 
 from rowgate import dirs, plugins
-from rowgate.errors import RowError
+from rowgate.errors import RowError, UsageError
 from rowgate.records.ids import ROW_ID
 from rowgate.rows.datasets import DatasetRef
 from rowgate.rows.spec import (
@@ -58,11 +58,15 @@ def rows_dirs(explicit: Path | None = None) -> list[Path]:
     `$ROWGATE_ROWS` (os.pathsep-separated), else `./rows` if it is a directory; then
     rowgate's built-in demos (package data)."""
     if explicit is not None:
-        found = [explicit]
+        found, source = [explicit], "--rows"
     elif os.environ.get(ROWS_ENV):
         found = [Path(p) for p in os.environ[ROWS_ENV].split(os.pathsep) if p]
+        source = f"${ROWS_ENV}"
     else:
-        found = [Path("rows")] if Path("rows").is_dir() else []
+        found, source = ([Path("rows")] if Path("rows").is_dir() else []), ""
+    for d in found:  # a mistyped directory would otherwise list the demos alone
+        if not d.is_dir():
+            raise UsageError(f"{source} {d}: not a directory")
     return [*found, dirs.demos_dir()]
 
 

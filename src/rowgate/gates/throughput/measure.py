@@ -63,7 +63,7 @@ class Plan:
     than the tolerance; `agree` (plans sealed before it), the last two speeds agreeing."""
     warmup_carry: bool = True
     """The warm-up starts from the engines' latest pass of this cell in an earlier gate of
-    the row run, as its round 0, when both arms have one (`_Cell.carried`)."""
+    the row run, as its round 0, when both arms have one (`_Cell._carry`)."""
     min_sample_s: float = 0.1
     """Each arm's sample in a timed round spans passes lasting at least this long
     (`sample_passes`)."""
@@ -249,7 +249,7 @@ class _Cell:
         and the candidate), written as it ran with that gate's name: an engine that has
         run the cell's very requests is past its first pass of them, so the warm-up rule
         compares the cell's first own round with that pass instead of paying for another.
-        The rule is unchanged: it still ends only on two agreeing rounds. 1 when carried
+        The rule is unchanged: it still needs two rounds' speeds to end. 1 when carried
         (its speeds appended to `warm`, k judged by its walls), else 0."""
         if not (self.plan.warmup_carry and self.plan.warmup > 0 and self.journal):
             return 0
@@ -312,9 +312,7 @@ class _Cell:
                 warm[arm].append(v)
             w += 1
             self.n = sample_passes(p.min_sample_s, [walls[arm] for arm in ROLES])
-            if done():
-                break
-            if self._out_of_time(projected):
+            if not done() and self._out_of_time(projected):
                 return self._record("time", w, 0, 0)
         if self._out_of_time(projected):
             return self._record("time", w, 0, 0)

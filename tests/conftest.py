@@ -22,6 +22,29 @@ def pytest_configure(config):
     if not os.environ.get("ROWGATE_TEST_CACHE_DIR"):
         os.environ["ROWGATE_TEST_CACHE_DIR"] = tempfile.mkdtemp(prefix="rowgate-test-cache-")
     os.environ["ROWGATE_CACHE_DIR"] = os.environ["ROWGATE_TEST_CACHE_DIR"]
+    # rowgate's data dir holds the toolchains `rowgate toolchain fetch` brought (the sm_70
+    # nvcc, which sm_70 builds then use). The tests see an empty one, so sm_70 builds on
+    # the wheels' NVRTC as a pip-only install does, the same on every machine; the tests
+    # of the fetched nvcc ask for it (fixture `sm70_nvcc`).
+    if "ROWGATE_TEST_FETCHED_DATA_DIR" not in os.environ:
+        from rowgate import dirs
+
+        os.environ["ROWGATE_TEST_FETCHED_DATA_DIR"] = str(dirs.data_root())
+        os.environ["ROWGATE_DATA_DIR"] = tempfile.mkdtemp(prefix="rowgate-test-data-")
+
+
+@pytest.fixture
+def sm70_nvcc(monkeypatch) -> Path:
+    """The fetched CUDA 11.8 nvcc, found as a user finds it (the real data dir), or skip
+    saying how to fetch it (nox -s tests does on Debian 12)."""
+    from rowgate.cuda import debian_toolkit
+
+    monkeypatch.setenv("ROWGATE_DATA_DIR", os.environ["ROWGATE_TEST_FETCHED_DATA_DIR"])
+    nvcc = debian_toolkit.nvcc()
+    if nvcc is None:
+        pytest.skip(f"no sm_70 nvcc fetched: {debian_toolkit.INSTALL} "
+                    f"(nox -s tests fetches it on Debian 12)")
+    return nvcc
 
 
 @pytest.fixture(autouse=True)

@@ -140,7 +140,7 @@ def test_an_option_no_gate_reads_is_refused_with_the_closest_key(host_row, git_r
                            "--out", str(tmp_path / "ev"), "--option", "nvc=/opt/nvcc"], capsys)
     assert code == 2 and out == "" and not (tmp_path / "ev").exists()
     assert err.strip() == ("--option nvc: not read by row OPTS's gates; did you mean 'nvcc'? "
-                           "(accepted: nvcc)")
+                           "(accepted: nvcc, nvcc_sm70)")
     code, _, err = _run(["gate", str(host_row), "--repo", git_repo.working_dir,
                          "--option", "nvcc=/x"], capsys)
     assert code == 2 and "--option nvcc: not read by row TEST-HOST's gates" in err

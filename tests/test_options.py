@@ -11,8 +11,8 @@ from rowgate.errors import UsageError
 from rowgate.rows import options
 
 PIPELINE = Path(__file__).resolve().parent.parent / "src" / "rowgate"
-READS = re.compile(r"""(?:options|opts)(?:\.get\(|\[)"([a-z_]+)"|(?:flag|integer)\(options, "([a-z_]+)"|"""
-                   r"""_OPTION = "([a-z_]+)\"""")
+READS = re.compile(r"""(?:options|opts)(?:\.get\(|\[)"([a-z0-9_]+)"|"""
+                   r"""(?:flag|integer)\(options, "([a-z0-9_]+)"|_OPTION = "([a-z0-9_]+)\"""")
 
 
 def _read_in_code() -> set[str]:

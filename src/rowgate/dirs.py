@@ -4,7 +4,8 @@ An installed rowgate never looks at a checkout and never writes into its own pac
 or into a subject. What ships with it (schemas, the demo rows and their data) is package
 data, read through `importlib.resources`; what it makes (models, kernel builds, engine
 logs and caches) goes to the user cache dir: `ROWGATE_CACHE_DIR`, else
-`$XDG_CACHE_HOME/rowgate`, else `~/.cache/rowgate`.
+`$XDG_CACHE_HOME/rowgate`, else `~/.cache/rowgate`; what it installs for itself (a
+toolchain `rowgate toolchain fetch` brought) to the user data dir.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from importlib import resources
 from pathlib import Path
 
 CACHE_ENV = "ROWGATE_CACHE_DIR"
+DATA_ENV = "ROWGATE_DATA_DIR"
 
 
 def cache_root() -> Path:
@@ -27,6 +29,22 @@ def cache_root() -> Path:
 def cache(*parts: str) -> Path:
     """A directory under the cache root (not created)."""
     return cache_root().joinpath(*parts)
+
+
+def data_root() -> Path:
+    """What rowgate installs for itself and keeps (toolchains it fetched): not a cache,
+    so a test or a `rm -rf` of the cache leaves it. `ROWGATE_DATA_DIR`, else
+    `$XDG_DATA_HOME/rowgate`, else `~/.local/share/rowgate`."""
+    explicit = os.environ.get(DATA_ENV)
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_DATA_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".local" / "share") / "rowgate"
+
+
+def data(*parts: str) -> Path:
+    """A directory under the data root (not created)."""
+    return data_root().joinpath(*parts)
 
 
 def package_data(*parts: str) -> Path:

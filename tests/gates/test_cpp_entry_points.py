@@ -7,6 +7,7 @@ cannot be flagged away."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -95,3 +96,41 @@ def test_host_warnings_off_is_declared_and_recorded(tmp_path):
     assert build.derive_builds(tmp_path / "out").status is Status.PASS
     record = (tmp_path / "out" / "sm_90" / "gelu" / "build.json").read_text()
     assert '"-Xcompiler",\n        "-O2"' in record and "-Wextra" not in record
+
+
+# ---------------------------------------------------------------- sm_70: host headers
+
+HOST_HEADERS = ("#include <cuda_bf16.h>\n",
+                "#include <cstdio>\n#include <cstdlib>\n#include <cmath>\n#include <cuda_bf16.h>\n")
+"""A translation unit that includes libc/libstdc++ headers, as real host code does."""
+
+
+def _with_host_headers(root: Path) -> Path:
+    repo = _subject(root)
+    src = repo / "kernels" / "gelu.cu"
+    src.write_text(src.read_text().replace(*HOST_HEADERS))
+    return repo
+
+
+def test_a_unit_with_host_headers_builds_for_sm70_with_the_fetched_nvcc(sm70_nvcc, tmp_path):
+    repo = _with_host_headers(tmp_path / "subject")
+    audit.measure_audit(repo, ["sm_70"], [], {}, tmp_path / "out", QUIET)
+    assert build.derive_builds(tmp_path / "out").status is Status.PASS
+    derived = audit.derive_audit(tmp_path / "out")
+    assert derived.status is Status.PASS, derived.reason
+    f32 = derived.cells["gelu/gelu_forward_kernel2<float>@sm_70"]
+    assert f32["symbol"] == "_Z20gelu_forward_kernel2IfEvPT_PKS0_i" and f32["registers"] > 0
+    argv = json.loads((tmp_path / "out" / "sm_70" / "gelu" / "build.json").read_text())[
+        "steps"][0]["argv"]
+    assert argv[0] == str(sm70_nvcc) and "arch=compute_70,code=[sm_70,compute_70]" in argv
+    assert argv[argv.index("-ccbin") + 1].endswith("/g++-11")
+    assert "-Wall,-Wextra,-Werror" in argv  # host code's warnings are errors too
+
+
+def test_on_nvrtc_a_unit_with_host_headers_fails_saying_which_toolchain_builds_it(tmp_path):
+    repo = _with_host_headers(tmp_path / "subject")
+    build.build_into(repo, ["sm_70"], [], {"nvcc_sm70": "nvrtc"}, tmp_path / "out", QUIET)
+    derived = build.derive_builds(tmp_path / "out")
+    assert derived.status is Status.FAIL
+    assert 'cannot open source file "cstdio"' in derived.reason, derived.reason
+    assert "rowgate toolchain fetch cuda-11.8` or --option nvcc_sm70=PATH" in derived.reason

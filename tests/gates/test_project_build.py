@@ -157,3 +157,37 @@ def test_a_failed_configure_is_named_by_the_build_tools_own_error(tmp_path):
     assert derived.status is Status.FAIL
     assert "gelu sm_90: project exited 1: CMake Error at CMakeLists.txt:" in derived.reason
     assert "RowgateNoSuchPackage" in derived.reason, derived.reason
+
+
+# ---------------------------------------------------------------- sm_70: the fetched nvcc
+
+
+@pytest.mark.parametrize("project,gelu_at", [(MAKEPROJ, "dev/cuda/gelu.cu"),
+                                             (CMAKEPROJ, "src/gelu.cu")], ids=["make", "cmake"])
+def test_the_projects_own_build_builds_sm70_with_the_fetched_nvcc(sm70_nvcc, tmp_path, project,
+                                                                  gelu_at):
+    subject = _subject(tmp_path / "subject", project=project, gelu_at=gelu_at)
+    audit.measure_audit(subject, ["sm_70"], [], {}, tmp_path / "out", QUIET)
+    assert build.derive_builds(tmp_path / "out").status is Status.PASS
+    derived = audit.derive_audit(tmp_path / "out")
+    assert derived.status is Status.PASS, derived.reason
+    cell = derived.cells["gelu/gelu_forward_kernel2<float>@sm_70"]
+    assert cell["symbol"] == "_Z20gelu_forward_kernel2IfEvPT_PKS0_i" and cell["registers"] > 0
+    record = json.loads((tmp_path / "out" / "sm_70" / "gelu" / "build.json").read_text())
+    assert record["toolchain"]["name"] == "cuda-11.8-nvcc"
+    calls = [json.loads(line) for line in compressed.read_text(compressed.either(
+        tmp_path / "out" / "sm_70" / "gelu" / "nvcc-calls.jsonl")).splitlines()]
+    gelu = next(c["argv"] for c in calls if any(a.endswith("gelu.cu") for a in c["argv"]))
+    assert gelu[0] == str(sm70_nvcc) and "arch=compute_70,code=[sm_70,compute_70]" in gelu
+    assert "-arch=sm_80" not in gelu and gelu[gelu.index("-ccbin") + 1].endswith("/g++-11")
+    if project == CMAKEPROJ:  # cuBLAS and NVTX from the toolkit's own headers (11.8)
+        assert [h["package"] for h in record["headers"]] == ["cuda-11.8-nvcc"] * 2
+
+
+def test_a_projects_own_build_for_sm70_on_nvrtc_says_how_to_get_an_nvcc(tmp_path):
+    subject = _subject(tmp_path / "subject")
+    with pytest.raises(toolchains.ToolchainError) as exc:
+        build.build_into(subject, ["sm_70"], [], {"nvcc_sm70": "nvrtc"}, tmp_path / "out", QUIET)
+    assert str(exc.value) == ("cuda-12.8-nvrtc: a project's own build needs nvcc (sm_70 builds "
+                              "through NVRTC here): rowgate toolchain fetch cuda-11.8, or "
+                              "--option nvcc_sm70=PATH")

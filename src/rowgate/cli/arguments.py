@@ -41,6 +41,8 @@ EXIT_CODES = {
     "compare": "0 no regression · 1 a regression (a candidate metric significantly slower, "
                "a gate gone worse) or a bundle does not verify · 3 inconclusive (nothing "
                "worse, but not told apart) · 2 usage, or not comparable (row, device, workload)",
+    "toolchain": "0 fetched or listed · 1 the download or unpacking failed · 2 usage, or "
+                 "this machine cannot fetch it (not Debian 12, no apt)",
     "history": "0 listed (whatever the verdicts) · 1 a bundle unreadable · 2 usage "
                "(no such row under the evidence dir)",
 }
@@ -210,6 +212,17 @@ def parser() -> argparse.ArgumentParser:
                    EXIT_CODES["oracle"])
     orv.add_argument("record", type=Path)
     _add_verifier_args(orv)
+
+    tc = _command(sub, "toolchain", "CUDA toolchains: list what builds each arch here, "
+                                    "fetch the sm_70 nvcc", EXIT_CODES["toolchain"])
+    tc_sub = tc.add_subparsers(dest="toolchain_command", required=True, parser_class=_Parser)
+    tcl = _command(tc_sub, "list", "each arch's toolchain here, with every tool's version",
+                   EXIT_CODES["toolchain"])
+    _add_options_arg(tcl, "toolchain setting (nvcc=PATH, nvcc_sm70=PATH)")
+    tcf = _command(tc_sub, "fetch", "fetch Debian 12's CUDA 11.8 toolkit (sm_70 nvcc) into "
+                                    "rowgate's data dir", EXIT_CODES["toolchain"])
+    tcf.add_argument("name", choices=["cuda-11.8"], help="the toolkit (cuda-11.8)")
+    tcf.add_argument("--force", action="store_true", help="fetch again even if it is here")
 
     s = _command(sub, "schemas", "write the JSON Schemas of the sealed records from the models")
     s.add_argument("--out", type=Path, help="directory to write them to")

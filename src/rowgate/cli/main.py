@@ -51,7 +51,7 @@ def main(args: list[str] | None = None) -> None:
     handler = {"build": _build, "gate": _gate, "verify": _verify, "inspect": _inspect, "rows": _rows,
                "schemas": _schemas, "review": _review, "attest-operator": _attest_operator,
                "merge": _merge, "report": _report, "oracle": _oracle,
-               "history": _history, "compare": _compare}[ns.command]
+               "history": _history, "compare": _compare, "toolchain": _toolchain}[ns.command]
     try:
         code = handler(ns)
     except Error as exc:
@@ -347,6 +347,28 @@ def _oracle(ns: argparse.Namespace) -> ExitCode:
     print(f"{record.path}\n  row {record.row_id}, {record.engine.get('engine')} "
           f"{record.version}, {len(record.outputs)} requests, model {record.model_digest}, "
           f"workload {record.workload_digest}, signed by {record.signer}")
+    return ExitCode.OK
+
+
+def _toolchain(ns: argparse.Namespace) -> ExitCode:
+    from rowgate import report
+    from rowgate.cli import progress
+    from rowgate.cuda import debian_toolkit, toolchains
+    from rowgate.rows import options
+
+    if ns.toolchain_command == "fetch":
+        quiet = getattr(ns, "quiet", False)
+        with progress.progress(len(debian_toolkit.PACKAGES) + 3, f"fetch {ns.name}",
+                               quiet) as prog:
+            def say(message: str) -> None:
+                prog.update(message)
+                prog.advance()
+            nvcc = debian_toolkit.fetch(say, force=ns.force)
+        print(nvcc)
+        return ExitCode.OK
+    opts = _options(ns.option)
+    options.check(opts, options.TOOLCHAIN_KEYS, "rowgate toolchain list")
+    report.console().print(report.toolchain_table(toolchains.by_arch(opts)))
     return ExitCode.OK
 
 

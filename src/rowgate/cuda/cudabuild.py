@@ -26,7 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from rowgate import sandbox
-from rowgate.cuda import cache, library_headers, project_build, resources, toolchains
+from rowgate.cuda import (
+    cache,
+    debian_toolkit,
+    library_headers,
+    project_build,
+    resources,
+    toolchains,
+)
 from rowgate.cuda import kernels as kernels_toml
 from rowgate.cuda.kernels import KERNELS_DIR, Kernel, KernelManifest
 from rowgate.cuda.toolchains import Toolchain
@@ -173,8 +180,14 @@ def _nvcc_steps(name: str, arch: str, tc: Toolchain, src: Path, includes: list[s
     # --keep leaves the exact cubin and fatbin nvcc embedded in the object
     argv = [tc.compiler.path, "-c", str(src), "-o", f"{name}.o", f"-std={CXX_STD}",
             *[f"-I{i}" for i in includes], *defines, *kernel.nvcc_flags,
-            *_recipe_flags(kernel, arch), "--keep", "--keep-dir", "keep"]
+            *_recipe_flags(kernel, arch), *toolkit_flags(tc), "--keep", "--keep-dir", "keep"]
     return [{"tool": "nvcc", "argv": argv, "log": "nvcc.log", "mkdir": "keep"}]
+
+
+def toolkit_flags(tc: Toolchain) -> list[str]:
+    """What the toolchain needs on every nvcc call: its host compiler where nvcc's
+    default is too new (CUDA 11.8 and g++-11), its own notices silenced."""
+    return [*(["-ccbin", tc.ccbin] if tc.ccbin else []), *tc.toolkit_flags]
 
 
 def _recipe_flags(kernel: Kernel, arch: str) -> list[str]:
@@ -194,10 +207,11 @@ def _project_steps(repo: Path, arch: str, tc: Toolchain, kernel: Kernel, work: P
     """The project's own build, in a copy of the subject, through rowgate's nvcc wrapper
     (`rowgate.cuda.project_build`), with the flags rowgate's recipe would use."""
     if tc.kind != "nvcc":
-        raise toolchains.ToolchainError(f"{tc.name}: a project's own build needs nvcc "
-                                        f"({arch} builds through NVRTC here)")
+        raise toolchains.ToolchainError(
+            f"{tc.name}: a project's own build needs nvcc ({arch} builds through NVRTC "
+            f"here): {debian_toolkit.INSTALL}, or --option nvcc_sm70=PATH")
     flags = [*kernel.nvcc_flags, *[f"-I{d}" for d in header_dirs],
-             *_recipe_flags(kernel, arch)]
+             *_recipe_flags(kernel, arch), *toolkit_flags(tc)]
     src = project_build.copy_subject(repo, work)
     wrapper = project_build.write_wrapper(work, tc, flags)
     return project_build.steps(kernel, arch, wrapper, src, header_dirs)
@@ -263,11 +277,22 @@ def problems(build_dir: Path, record: dict[str, Any]) -> list[str]:
                 or diags[:1] or ["(no output)"]
             text = " | ".join(said[:3]) + (f" (+{len(said) - 3} more)" if len(said) > 3 else "")
             out.append(f"{record['kernel']} {record['arch']}: {step['tool']} exited "
-                       f"{step['returncode']}: {text}")
+                       f"{step['returncode']}: {text}{_nvrtc_hint(step['tool'], log)}")
     out += project_build.problems(record) if not out else []
     if not out and not record.get("cubin"):
         out.append(f"{record['kernel']} {record['arch']}: no cubin was produced")
     return out
+
+
+NVRTC_NO_HOST = "cannot open source file"
+
+
+def _nvrtc_hint(tool: str, log: str) -> str:
+    """NVRTC has no host compiler, so no libc/libstdc++ headers: say which toolchain has."""
+    if tool != "nvrtc" or NVRTC_NO_HOST not in log:
+        return ""
+    return (f" (NVRTC compiles device code only, without the host's headers: build sm_70 "
+            f"with an nvcc, `{debian_toolkit.INSTALL}` or --option nvcc_sm70=PATH)")
 
 
 def _tool_said(log: str) -> list[str]:

@@ -3,7 +3,8 @@ the wheels of the toolchain's release, each in an include directory of its own.
 
 The pinned toolchains ship no library headers: a real project's host code includes
 `cublas_v2.h` or `nvtx3/nvToolsExt.h`. NVIDIA publishes them in the libraries' wheels
-(`rowgate[cuda13-libs]` for nvcc builds, `rowgate[cuda12-libs]` for the NVRTC path), but
+(`rowgate[cuda13-libs]` for nvcc builds, `rowgate[cuda12-libs]` for the NVRTC path; a
+whole toolkit, an sm_70 nvcc, has its own of its release, used as they are), but
 the CUDA 13 wheels share one `nvidia/cu13/include` with cudart and CCCL: putting that
 directory on the path would shadow an explicit nvcc's own runtime headers with another
 release's. So each declared library's own files, as its wheel's RECORD lists them, are
@@ -58,13 +59,18 @@ class LibraryHeaders:
 def resolve(libraries: Sequence[str], toolchain: Toolchain) -> list[LibraryHeaders]:
     """The include directory of each declared library for `toolchain`. Raises
     ToolchainError naming the library, its package and how to install it."""
-    return [_one(name, toolchain.kind) for name in libraries]
+    return [_one(name, toolchain) for name in libraries]
 
 
-def _one(library: str, kind: str) -> LibraryHeaders:
+def _one(library: str, toolchain: Toolchain) -> LibraryHeaders:
     if library not in LIBRARIES:
         raise ToolchainError(f"headers: unknown library {library!r} (known: "
                              f"{', '.join(sorted(LIBRARIES))})")
+    if toolchain.own_headers and library not in HOST_LIBRARIES:
+        # a whole toolkit (an sm_70 nvcc) ships its libraries' headers of its release
+        return LibraryHeaders(library, toolchain.name, toolchain.compiler.version,
+                              toolchain.own_headers)
+    kind = toolchain.kind
     package = LIBRARIES[library][kind]
     try:
         dist = metadata.distribution(package)

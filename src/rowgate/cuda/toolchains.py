@@ -1,10 +1,16 @@
 """CUDA toolchains from wheels in the running environment, pinned and described.
 
-* CUDA 12.8 for sm_70/sm_72 (CUDA 13 dropped them): NVRTC
-  (`nvidia-cuda-nvrtc-cu12`) compiles to PTX, `ptxas` from `nvidia-cuda-nvcc-cu12`
-  assembles. No 12.x wheel ships cuobjdump/nvdisasm, and the 13.x ones refuse
-  sm_70 SASS, so the SASS tools come from the pinned `triton` 3.4.0 wheel, which
-  bundles CUDA 12.8's cuobjdump and nvdisasm.
+* sm_70/sm_72 (CUDA 13 dropped them), the first of:
+  - an nvcc the operator names (gate option `nvcc_sm70=/path`: a CUDA 10-12 toolkit,
+    as a V100 host has), host code through the system g++;
+  - Debian 12's CUDA 11.8 toolkit that `rowgate toolchain fetch cuda-11.8` put in the
+    data dir (`rowgate.cuda.debian_toolkit`), host code through g++-11;
+  - CUDA 12.8 from wheels: NVRTC (`nvidia-cuda-nvrtc-cu12`) compiles to PTX, `ptxas`
+    from `nvidia-cuda-nvcc-cu12` assembles. NVRTC compiles device code only: a
+    translation unit with host code needs one of the nvccs above. No 12.x wheel ships
+    cuobjdump/nvdisasm, and the 13.x ones refuse sm_70 SASS, so the SASS tools come
+    from the pinned `triton` 3.4.0 wheel, which bundles CUDA 12.8's.
+  `nvcc_sm70=nvrtc` asks for the wheels' NVRTC even where an nvcc is fetched.
 * CUDA 13 for sm_75 and newer (sm_90, sm_90a, sm_110 = Thor): the complete
   `nvcc` of `nvidia-cuda-nvcc`, with cuobjdump/nvdisasm from their 13.x wheels.
   A device machine may name its own nvcc (gate option `nvcc=/path`); its version
@@ -23,17 +29,21 @@ import json
 import re
 import shutil
 import subprocess
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from functools import cache
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from rowgate.cuda import debian_toolkit
 from rowgate.errors import Error
 
 NVRTC_ARCHES = ("sm_70", "sm_72")
 CUDA12_INSTALL = "pip install 'rowgate[cuda12]' (nox -s build-sm70)"
 CUDA13_INSTALL = "pip install 'rowgate[cuda13]' (nox -s build-sm90 / build-sm110)"
+NVRTC = "nvrtc"
+"""`nvcc_sm70=nvrtc`: sm_70 through the wheels' NVRTC whatever nvcc is here."""
 CUDA12_HEADERS = (("nvidia-cuda-runtime-cu12", "nvidia/cuda_runtime/include"),
                   ("nvidia-cuda-cccl-cu12", "nvidia/cuda_cccl/include"))
 """cudart and CCCL headers of the 12.8 release, put on NVRTC's include path."""
@@ -77,6 +87,17 @@ class Toolchain:
     include_dirs: tuple[str, ...] = ()
     """Extra -I for NVRTC (cudart and CCCL headers of the same release); nvcc finds
     its own through nvcc.profile."""
+    ccbin: str = ""
+    """The host compiler nvcc must be told to use (`-ccbin`: CUDA 11.8 accepts GCC up to
+    11, the system's g++ is newer); empty: nvcc's default."""
+    toolkit_flags: tuple[str, ...] = ()
+    """What this toolchain itself needs on every nvcc call: CUDA 12's nvcc warns that
+    sm_70 is deprecated, a notice about the toolkit rather than the code, which warnings
+    as errors would otherwise fail (as NVRTC's same notice is ignored)."""
+    own_headers: str = ""
+    """A whole toolkit's include directory, which holds its libraries' headers (cuBLAS,
+    NVTX): a kernel's declared `headers` come from there, not from wheels of another
+    release (rowgate.cuda.library_headers)."""
     sass_missing: str = ""
     """Why the SASS tools cannot disassemble this toolchain's arches (empty: they can)."""
     binutils_missing: str = ""
@@ -91,7 +112,8 @@ class Toolchain:
         so two environments with the same pins share a cache)."""
         def strip(d: dict[str, Any]) -> dict[str, Any]:
             return {k: strip(v) if isinstance(v, dict) else v for k, v in d.items()
-                    if k not in ("path", "include_dirs", "binutils_missing")}
+                    if k not in ("path", "include_dirs", "binutils_missing", "ccbin",
+                                 "own_headers")}
         return hashlib.sha256(json.dumps(strip(self.describe()), sort_keys=True).encode()).hexdigest()
 
     def short(self) -> str:
@@ -102,7 +124,7 @@ class Toolchain:
         each tool's install root (an nvcc given by path lives anywhere) and its headers."""
         tools = (self.compiler, self.ptxas, self.cuobjdump, self.nvdisasm, self.host_compiler)
         found = {Path(t.path).resolve().parent.parent for t in tools if t is not None and t.path}
-        found.update(Path(d).resolve() for d in self.include_dirs)
+        found.update(Path(d).resolve() for d in (*self.include_dirs, self.own_headers) if d)
         return sorted(p for p in found if p.exists() and p != Path("/"))
 
 
@@ -110,11 +132,61 @@ def uses_nvrtc(arch: str) -> bool:
     return arch in NVRTC_ARCHES
 
 
-def for_arch(arch: str, nvcc: str | None = None) -> Toolchain:
-    """The pinned toolchain that builds `arch`. Raises ToolchainError when absent."""
+def for_arch(arch: str, nvcc: str | None = None, nvcc_sm70: str | None = None) -> Toolchain:
+    """The toolchain that builds `arch`: `nvcc` (an explicit CUDA 13 nvcc) for sm_75 and
+    newer, `nvcc_sm70` for sm_70/sm_72 (module docstring). Raises ToolchainError when
+    absent."""
     if uses_nvrtc(arch):
-        return _cuda12()
+        if nvcc_sm70 == NVRTC:
+            return _cuda12()
+        if nvcc_sm70:
+            return _legacy_nvcc(Path(nvcc_sm70), explicit=True)
+        fetched = debian_toolkit.nvcc()
+        return _legacy_nvcc(fetched, explicit=False) if fetched else _cuda12()
     return _cuda13(nvcc)
+
+
+def for_options(arch: str, options: Mapping[str, str]) -> Toolchain:
+    """`for_arch` with the gate options that choose a toolchain (`nvcc`, `nvcc_sm70`)."""
+    return for_arch(arch, options.get("nvcc"), options.get("nvcc_sm70"))
+
+
+def _legacy_nvcc(path: Path, explicit: bool) -> Toolchain:
+    """A CUDA 10-12 nvcc for sm_70: an explicit one (option `nvcc_sm70`), or Debian's
+    11.8 from `rowgate toolchain fetch`. Its own cuobjdump/nvdisasm (they disassemble
+    sm_70), its own headers for the libraries a kernel declares."""
+    if not path.is_file():
+        raise ToolchainError(f"option nvcc_sm70={path}: no such file")
+    version = binary_version(str(path))
+    if not version.startswith(("10.", "11.", "12.")):
+        raise ToolchainError(f"{path} is CUDA {version}: sm_70 needs CUDA 10 to 12 "
+                             f"(CUDA 13 dropped it)")
+    if explicit:
+        compiler = Tool(str(path), version, EXPLICIT, "")
+        host, ccbin = _host_compiler(), ""
+        bindir, include = path.parent, path.parent.parent / "include"
+    else:
+        compiler = Tool(str(path), version, f"debian:{debian_toolkit.PACKAGES[0].name}",
+                        debian_toolkit.VERSION)
+        host = _host_compiler(debian_toolkit.HOST_COMPILER)
+        ccbin = host.path
+        top = path.parents[3]  # PREFIX/usr from PREFIX/usr/lib/nvidia-cuda-toolkit/bin/nvcc
+        bindir, include = top / "bin", top / "include"
+    tools, missing = {}, []
+    for name in ("cuobjdump", "nvdisasm"):
+        if (bindir / name).is_file():
+            tools[name] = Tool(str(bindir / name), binary_version(str(bindir / name)),
+                               compiler.package, compiler.package_version)
+        else:
+            missing.append(f"no {name} beside {path} ({bindir / name})")
+    headers = {} if explicit else {
+        p.name: p.version for p in debian_toolkit.PACKAGES[1:]}
+    return Toolchain(name=f"cuda-{'.'.join(version.split('.')[:2])}-nvcc", kind="nvcc",
+                     compiler=compiler, ptxas=None, cuobjdump=tools.get("cuobjdump"),
+                     nvdisasm=tools.get("nvdisasm"), host_compiler=host, ccbin=ccbin,
+                     headers=headers,
+                     own_headers=str(include) if include.is_dir() else "",
+                     binutils_missing="; ".join(missing))
 
 
 def _file(dist: str, rel: str, install: str) -> Path:
@@ -233,9 +305,12 @@ def _versions(*dists: str) -> dict[str, str]:
     return out
 
 
-def _host_compiler() -> Tool:
-    gcc = shutil.which("g++") or shutil.which("gcc")
+def _host_compiler(name: str = "") -> Tool:
+    gcc = shutil.which(name) if name else shutil.which("g++") or shutil.which("gcc")
     if gcc is None:
+        if name:
+            raise ToolchainError(f"{debian_toolkit.NAME}'s nvcc needs its host compiler "
+                                 f"{name} on PATH: apt-get install {name}")
         raise ToolchainError("nvcc needs a host C++ compiler: no g++ or gcc on PATH")
     out = subprocess.run([gcc, "-dumpfullversion"], capture_output=True, text=True, timeout=60,
                          check=False).stdout.strip()
@@ -255,6 +330,31 @@ def _sibling_or_wheel(compiler: Tool, name: str, dist: str) -> Tool:
             raise
         raise ToolchainError(f"no {name} beside option nvcc={compiler.path} ({sibling}), and "
                              f"{exc.diagnostics()}") from None
+
+
+LISTED_ARCHES = ("sm_70", "sm_90", "sm_110")
+
+
+def by_arch(options: Mapping[str, str]) -> list[dict[str, str]]:
+    """`rowgate toolchain list`: for each arch, the toolchain that would build it here
+    and where each tool comes from, or why there is none. Never raises."""
+    out = []
+    for arch in LISTED_ARCHES:
+        try:
+            tc = for_options(arch, options)
+        except Error as exc:
+            out.append({"arch": arch, "toolchain": "none", "compiler": "",
+                        "host": "", "sass": "", "note": exc.diagnostics()})
+            continue
+        def origin(tool: Tool | None) -> str:
+            if tool is None:
+                return "-"
+            return f"{tool.version} ({tool.package})"  # its exact version: `installed()`
+        out.append({"arch": arch, "toolchain": tc.name, "compiler": origin(tc.compiler),
+                    "host": origin(tc.host_compiler) if tc.host_compiler else "-",
+                    "sass": origin(tc.nvdisasm),
+                    "note": tc.sass_missing or tc.binutils_missing})
+    return out
 
 
 def installed() -> dict[str, str]:

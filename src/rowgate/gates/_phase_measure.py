@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,14 +32,15 @@ WARMUP = 2
 
 
 def build_variants(repo: Path, kernel: str, arch: str, variants: dict[str, list[str]],
-                   nvcc: str | None, out: Path, progress: Progress) -> dict[str, dict[str, Any]]:
+                   options: Mapping[str, str] | None, out: Path,
+                   progress: Progress) -> dict[str, dict[str, Any]]:
     """{variant: {defines, dir, cubin, sha256, problems, entry_points}}; builds copied
     under `out/builds/VARIANT/`. Raises GateError when kernels.toml or the toolchain is
     unusable."""
     try:
         manifest = kernels.load(repo)
         manifest.select([kernel], arch)
-        chain = toolchains.for_arch(arch, nvcc)
+        chain = toolchains.for_options(arch, options or {})
     except Error as exc:
         raise GateError(f"phase gate: {exc.diagnostics()}") from exc
     base = manifest.kernels[kernel]

@@ -77,7 +77,7 @@ def measure_audit(repo: Path, arches: list[str], names: list[str], options: dict
     reference (`_audit_ref`); otherwise build (the same cache) and seal a copy."""
     for arch in arches:  # before anything is built: the audit cannot read binaries
         try:
-            missing = toolchains.for_arch(arch, options.get("nvcc")).binutils_missing
+            missing = toolchains.for_options(arch, options).binutils_missing
         except Error:
             continue  # no toolchain at all: the build step says so for the arch
         if missing:

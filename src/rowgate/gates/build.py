@@ -161,7 +161,7 @@ def arch_toolchains(arches: list[str], options: dict[str, str]
     chains, missing = {}, {}
     for arch in arches:
         try:
-            chains[arch] = toolchains.for_arch(arch, options.get("nvcc"))
+            chains[arch] = toolchains.for_options(arch, options)
         except Error as exc:
             missing[arch] = exc.diagnostics()
     return chains, missing

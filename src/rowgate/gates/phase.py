@@ -141,7 +141,7 @@ class Phase(Gate[PhaseGate]):
         name, decl, op, case, variants, entries = resolve(row, spec, ctx.artifact_dir.parent)
         with ctx.phase("compile"):
             builds = build_variants(ctx.repo, decl.kernel, gpu.arch, variants,
-                                    ctx.options.get("nvcc"), ctx.artifact_dir, ctx.progress)
+                                    ctx.options, ctx.artifact_dir, ctx.progress)
         record: dict[str, Any] = {"shape": spec.shape, "arch": gpu.arch, "operator": name,
                         "entries": entries, "builds": builds,
                         "effects": {p: decl.phases[p].effect for p in spec.phases}}

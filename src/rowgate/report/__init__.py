@@ -25,12 +25,13 @@ from rowgate.report.terminal import (
     resource_table,
     review_view,
     rows_table,
+    toolchain_table,
     verify_doc,
 )
 
 __all__ = ["STYLE", "Report", "build", "compare_view", "console", "find_row", "gate_table", "history",
            "history_table", "inspect_json", "print_inspect", "resource_table", "review_view",
-           "rows_table", "publish", "read_review", "report_for", "review_path", "verify",
+           "rows_table", "toolchain_table", "publish", "read_review", "report_for", "review_path", "verify",
            "verify_doc"]
 
 

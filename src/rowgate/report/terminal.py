@@ -189,6 +189,16 @@ def resource_table(result: "LocalBuild") -> Table:
     return table
 
 
+def toolchain_table(listed: list[dict[str, str]]) -> Table:
+    """`rowgate toolchain list`: the toolchain that builds each arch here."""
+    table = _table("CUDA toolchains here", ((c, c == "note") for c in (
+        "arch", "toolchain", "compiler", "host compiler", "SASS tools", "note")))
+    for r in listed:
+        table.add_row(*(Text(r[k]) for k in ("arch", "toolchain", "compiler", "host", "sass",
+                                             "note")))
+    return table
+
+
 def rows_table(loaded_rows: list["LoadedRow"]) -> Table:
     """`rowgate rows`: every row's gates and whether each can run here."""
     from rowgate import gates

@@ -19,7 +19,7 @@ from rowgate.errors import UsageError
 if TYPE_CHECKING:
     from rowgate.rows.row import Row
 
-TOOLCHAIN_KEYS = ("nvcc",)
+TOOLCHAIN_KEYS = ("nvcc", "nvcc_sm70")
 """Read by the CUDA toolchains (src/rowgate/cuda/toolchains.py)."""
 ENGINE_KEYS = ("seed", "endpoint", "standing", "vllm_enforce_eager", "vllm_max_num_seqs",
                "llamacpp_parallel", "llamacpp_threads", *TOOLCHAIN_KEYS)
@@ -27,7 +27,10 @@ ENGINE_KEYS = ("seed", "endpoint", "standing", "vllm_enforce_eager", "vllm_max_n
 declares its own (`EnginePlugin.options`)."""
 
 SAYS = {
-    "nvcc": "path of a CUDA nvcc to build with (its version is recorded)",
+    "nvcc": "path of a CUDA 13 nvcc to build sm_75 and newer with (its version is recorded)",
+    "nvcc_sm70": "path of a CUDA 10-12 nvcc to build sm_70/sm_72 with (its version is "
+                 "recorded), or `nvrtc` for the wheels' NVRTC even where `rowgate toolchain "
+                 "fetch cuda-11.8` put an nvcc",
     "seed": "the vLLM engine's seed (default 0)",
     "endpoint": "drive vLLM through its OpenAI server instead of offline (1/true)",
     "standing": "attach the offline vLLM arm to the standing worker `rowgate oracle serve` "

@@ -36,7 +36,7 @@ def _toolchains(arches: list[str], options: dict[str, str]) -> None:
     machine's configuration to fix (the message says how), not a result to report."""
     for arch in arches:
         try:
-            toolchains.for_arch(arch, options.get("nvcc"))
+            toolchains.for_options(arch, options)
         except Error as exc:
             raise UsageError(f"rowgate build --arch {arch}: no toolchain: "
                              f"{exc.diagnostics()}") from exc

@@ -334,7 +334,7 @@ def _kernels(plan: GatePlan, row: Row, spec: Any, repo: Path, options: dict[str,
             plan.flag(ERROR, exc.diagnostics())
             continue
         try:
-            chain = toolchains.for_arch(arch, options.get("nvcc"))
+            chain = toolchains.for_options(arch, options)
         except Error as exc:
             plan.flag(ERROR, f"{arch}: no toolchain ({exc.diagnostics()})")
             continue

@@ -191,3 +191,74 @@ def test_a_projects_own_build_for_sm70_on_nvrtc_says_how_to_get_an_nvcc(tmp_path
     assert str(exc.value) == ("cuda-12.8-nvrtc: a project's own build needs nvcc (sm_70 builds "
                               "through NVRTC here): rowgate toolchain fetch cuda-11.8, or "
                               "--option nvcc_sm70=PATH")
+
+
+# ------------------------------------------- a linked program (llm.c's dev/cuda shape)
+
+PROGRAM = """\
+// A test program as llm.c's dev/cuda ones are: the kernels, a cuBLAS handle, a main.
+#include <cstdio>
+#include <cublas_v2.h>
+#include "gelu.cu"
+
+int main() {
+  cublasHandle_t handle;
+  std::printf("%d\\n", static_cast<int>(cublasCreate(&handle)));
+  return 0;
+}
+"""
+GLOBALS = """\
+// Device data and no function (as the static runtime's image in llm.c's programs).
+__device__ int gelu_calls;
+"""
+PROGRAM_RULE = """
+# llm.c's rule: every test program is linked against cuBLAS
+%: %.cu
+\t$(NVCC) $(NVCCFLAGS) $^ -lcublas -lcublasLt -o $@
+
+dev/cuda/gelu_prog: dev/cuda/globals.cu
+"""
+
+
+def _program_subject(root: Path) -> Path:
+    subject = _subject(root, (("kernels/kernels.toml",
+                               'commands = [["make", "NVCC={nvcc}", "build/gelu.o"]]',
+                               'commands = [["make", "NVCC={nvcc}", "dev/cuda/gelu_prog"]]'),
+                              ("kernels/kernels.toml", 'outputs = ["build/gelu.o"]',
+                               'outputs = ["dev/cuda/gelu_prog"]'),
+                              ("kernels/kernels.toml", "[kernels.gelu.build]",
+                               'headers = ["cublas"]\n\n[kernels.gelu.build]')))
+    (subject / "dev" / "cuda" / "gelu_prog.cu").write_text(PROGRAM)
+    (subject / "dev" / "cuda" / "globals.cu").write_text(GLOBALS)
+    with (subject / "Makefile").open("a") as f:
+        f.write(PROGRAM_RULE)
+    return subject
+
+
+def _program_passes(out: Path, arch: str) -> dict:
+    assert build.derive_builds(out).status is Status.PASS, build.derive_builds(out).reason
+    derived = audit.derive_audit(out)
+    assert derived.status is Status.PASS, derived.reason
+    record = json.loads((out / arch / "gelu" / "build.json").read_text())
+    # the program holds an image with no function too: nobody's kernel
+    assert len(record["project"]["every_cubin"]) == 3  # gelu_prog, globals, and both
+    assert record["project"]["cubins"] == [f"extract/0/gelu_prog.{arch}.cubin"]
+    return record
+
+
+def test_a_program_linked_against_cublas_builds_and_its_kernel_image_is_found(tmp_path):
+    subject = _program_subject(tmp_path / "subject")
+    audit.measure_audit(subject, ["sm_90"], [], {}, tmp_path / "out", QUIET)
+    record = _program_passes(tmp_path / "out", "sm_90")
+    link = [c for c in compressed.read_text(compressed.either(
+        tmp_path / "out" / "sm_90" / "gelu" / "nvcc-calls.jsonl")).splitlines()]
+    assert any("-lcublas" in line and '"-L' in line for line in link)
+    assert record["headers"][0]["package"] == "nvidia-cublas"
+
+
+def test_a_program_linked_against_cublas_builds_for_sm70_with_the_toolkits_stubs(sm70_nvcc,
+                                                                                 tmp_path):
+    subject = _program_subject(tmp_path / "subject")
+    audit.measure_audit(subject, ["sm_70"], [], {}, tmp_path / "out", QUIET)
+    record = _program_passes(tmp_path / "out", "sm_70")
+    assert record["toolchain"]["name"] == "cuda-11.8-nvcc"

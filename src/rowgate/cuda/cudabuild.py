@@ -101,8 +101,7 @@ def build(repo: Path, manifest: KernelManifest, name: str, arch: str, toolchain:
         includes += [h.include_dir for h in libs]  # after the subject's own
         defines = [f"-D{d}" for d in kernel.defines]
         if kernel.build is not None:
-            steps = _project_steps(repo, arch, toolchain, kernel, work,
-                                   [h.include_dir for h in libs])
+            steps = _project_steps(repo, arch, toolchain, kernel, work, libs)
         elif toolchain.kind == "nvrtc":
             steps = _nvrtc_steps(name, arch, toolchain, src, includes, defines)
         else:
@@ -113,7 +112,8 @@ def build(repo: Path, manifest: KernelManifest, name: str, arch: str, toolchain:
             "source_digest": digest, "cache_key": key, "recipe": RECIPE,
             "toolchain": toolchain.describe(), "steps": [], "outputs": {},
             "headers": [h.identity() for h in libs]}
-        reads = [repo.resolve(), *toolchain.roots(), *(Path(h.include_dir) for h in libs)]
+        reads = [repo.resolve(), *toolchain.roots(), *(Path(h.include_dir) for h in libs),
+                 *_link_targets(libs)]
         for step in steps:
             done = _run(step, work, reads)
             record["steps"].append(done)
@@ -202,19 +202,31 @@ def _recipe_flags(kernel: Kernel, arch: str) -> list[str]:
             *DEVICE_WARNING_FLAGS, *(["-Xcompiler", ",".join(host)] if host else [])]
 
 
+def _link_targets(libs: list[library_headers.LibraryHeaders]) -> list[Path]:
+    """The link-name directories and the directories their links point into."""
+    out: list[Path] = []
+    for h in libs:
+        if h.lib_dir:
+            out.append(Path(h.lib_dir))
+            out += sorted({p.resolve().parent for p in Path(h.lib_dir).iterdir()})
+    return out
+
+
 def _project_steps(repo: Path, arch: str, tc: Toolchain, kernel: Kernel, work: Path,
-                   header_dirs: list[str]) -> list[dict[str, Any]]:
+                   libs: list[library_headers.LibraryHeaders]) -> list[dict[str, Any]]:
     """The project's own build, in a copy of the subject, through rowgate's nvcc wrapper
     (`rowgate.cuda.project_build`), with the flags rowgate's recipe would use."""
     if tc.kind != "nvcc":
         raise toolchains.ToolchainError(
             f"{tc.name}: a project's own build needs nvcc ({arch} builds through NVRTC "
             f"here): {debian_toolkit.INSTALL}, or --option nvcc_sm70=PATH")
+    header_dirs = [h.include_dir for h in libs]
+    lib_dirs = [h.lib_dir for h in libs if h.lib_dir]
     flags = [*kernel.nvcc_flags, *[f"-I{d}" for d in header_dirs],
-             *_recipe_flags(kernel, arch), *toolkit_flags(tc)]
+             *[f"-L{d}" for d in lib_dirs], *_recipe_flags(kernel, arch), *toolkit_flags(tc)]
     src = project_build.copy_subject(repo, work)
     wrapper = project_build.write_wrapper(work, tc, flags)
-    return project_build.steps(kernel, arch, wrapper, src, header_dirs)
+    return project_build.steps(kernel, arch, wrapper, src, header_dirs, lib_dirs)
 
 
 def _run(step: dict[str, Any], work: Path, reads: list[Path]) -> dict[str, Any]:

@@ -64,7 +64,9 @@ PACKAGES = (
                                              "./usr/lib/nvidia-cuda-toolkit/libdevice/*")),
     Package("nvidia-cuda-dev", VERSION, ("./usr/include/*",
                                          "./usr/lib/x86_64-linux-gnu/libcudart_static.a",
-                                         "./usr/lib/x86_64-linux-gnu/libcudadevrt.a")),
+                                         "./usr/lib/x86_64-linux-gnu/libcudadevrt.a",
+                                         # link stubs: a project's programs link -lcublas
+                                         "./usr/lib/x86_64-linux-gnu/stubs/*")),
     # CUB, Thrust and libcu++ headers the toolkit's headers and real projects include
     Package("libcub-dev", "1.17.2-2", ("./usr/include/*",)),
     Package("libthrust-dev", "1.17.2-2", ("./usr/include/*",)),
@@ -78,7 +80,7 @@ TOP = $(_HERE_)/../../..
 NVVMIR_LIBRARY_DIR = $(TOP)/lib/nvidia-cuda-toolkit/libdevice
 PATH += $(_HERE_):$(TOP)/bin:
 INCLUDES += "-I$(TOP)/include" $(_SPACE_)
-LIBRARIES =+ $(_SPACE_) "-L$(TOP)/lib/x86_64-linux-gnu"
+LIBRARIES =+ $(_SPACE_) "-L$(TOP)/lib/x86_64-linux-gnu/stubs" "-L$(TOP)/lib/x86_64-linux-gnu"
 """
 """nvcc reads `nvcc.profile` beside itself; `_HERE_` is that directory."""
 

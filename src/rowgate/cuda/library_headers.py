@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Sequence
@@ -51,6 +52,10 @@ class LibraryHeaders:
     include_dir: str
     """The private include directory (not part of the cache identity: it moves with
     the cache)."""
+    lib_dir: str = ""
+    """Unversioned link names (`libcublas.so`) of the wheel's shared libraries, so a
+    project's own build links `-lcublas` as it would against a toolkit (its programs
+    are built, never run); empty where the toolkit has its own (an sm_70 nvcc's stubs)."""
 
     def identity(self) -> dict[str, str]:
         return {"library": self.library, "package": self.package, "version": self.version}
@@ -85,7 +90,31 @@ def _one(library: str, toolchain: Toolchain) -> LibraryHeaders:
     dest = cache.root() / "headers" / f"{package}-{dist.version}" / "include"
     if not (dest.parent / MARKER).is_file():
         _publish(dist, files, dest)
-    return LibraryHeaders(library, package, dist.version, str(dest))
+    return LibraryHeaders(library, package, dist.version, str(dest), _link_names(dist, dest.parent))
+
+
+SHARED = re.compile(r"^(lib[\w+-]+\.so)\.\d+$")
+
+
+def _link_names(dist: metadata.Distribution, root: Path) -> str:
+    """`root/lib`: `libX.so` -> the wheel's `libX.so.N`, made once (a directory renamed
+    into place); "" when the wheel has no shared library."""
+    shared = [f for f in dist.files or () if SHARED.match(f.name) and "lib" in f.parts[:-1]]
+    if not shared:
+        return ""
+    lib = root / "lib"
+    if not lib.is_dir():
+        tmp = Path(tempfile.mkdtemp(prefix=".lib-", dir=root))
+        try:
+            for f in shared:
+                match = SHARED.match(f.name)
+                assert match is not None
+                (tmp / match.group(1)).symlink_to(Path(str(dist.locate_file(f))).resolve())
+            if not lib.is_dir():
+                os.replace(tmp, lib)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return str(lib)
 
 
 def _publish(dist: metadata.Distribution, files: list[metadata.PackagePath],

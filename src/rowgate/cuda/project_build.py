@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from rowgate import sandbox
+from rowgate.cuda import resources
 from rowgate.cuda.kernels import Kernel
 from rowgate.cuda.toolchains import Toolchain
 
@@ -111,16 +112,19 @@ def write_wrapper(work: Path, tc: Toolchain, flags: list[str]) -> Path:
 
 
 def steps(kernel: Kernel, arch: str, wrapper: Path, src: Path,
-          header_dirs: Sequence[str] = ()) -> list[dict[str, Any]]:
+          header_dirs: Sequence[str] = (), lib_dirs: Sequence[str] = ()) -> list[dict[str, Any]]:
     """The project's commands, `{nvcc}`, `{arch}` (sm_NN) and `{sm}` (NN) filled in, each
-    with the wrapper first on PATH and in NVCC / CUDACXX, CMake's CUDAARCHS the arch, and
-    the declared library headers on CPATH (the host compiler's include path: a project's
-    .cpp files include cublas_v2.h too)."""
+    with the wrapper first on PATH and in NVCC / CUDACXX, CMake's CUDAARCHS the arch, the
+    declared library headers on CPATH (the host compiler's include path: a project's
+    .cpp files include cublas_v2.h too) and their link names on LIBRARY_PATH (a link the
+    host compiler does)."""
     assert kernel.build is not None
     sm = arch.removeprefix("sm_")
     env = {"NVCC": str(wrapper), "CUDACXX": str(wrapper), "CUDAARCHS": sm}
     if header_dirs:
         env["CPATH"] = os.pathsep.join(header_dirs)
+    if lib_dirs:
+        env["LIBRARY_PATH"] = os.pathsep.join(lib_dirs)
     fill = {"{nvcc}": str(wrapper), "{arch}": arch, "{sm}": sm}
     out = []
     for i, command in enumerate(kernel.build.commands):
@@ -178,6 +182,10 @@ def collect(name: str, arch: str, work: Path, record: dict[str, Any], kernel: Ke
                         merged=True)
         found += sorted(dest.glob(f"*.sm_{sm}.cubin"))
     every = [p.relative_to(work).as_posix() for p in found]
+    if len(found) > 1 and not kernel.build.unit and tc.cuobjdump is not None:
+        # a linked program holds images with no function of the project's (the static
+        # runtime's): they are nobody's translation unit
+        found = [p for p in found if _functions(p, tc, timeout_s)]
     if kernel.build.unit:
         found = [p for p in found if p.name in (f"{kernel.build.unit}.sm_{sm}.cubin",
                                                 f"{kernel.build.unit}.cubin")]
@@ -195,6 +203,15 @@ def collect(name: str, arch: str, work: Path, record: dict[str, Any], kernel: Ke
     shutil.rmtree(work / "extract", ignore_errors=True)
     record["cubin"] = f"{name}.{arch}.cubin" if f"{name}.{arch}.cubin" in record["outputs"] else None
     record["fatbin"] = record["object"] = None
+
+
+def _functions(cubin: Path, tc: Toolchain, timeout_s: float) -> list[str]:
+    """The functions a cubin defines (cuobjdump's resource usage, in the sandbox)."""
+    assert tc.cuobjdump is not None
+    done = sandbox.run(sandbox.Step([tc.cuobjdump.path, "--dump-resource-usage", str(cubin)],
+                                    cwd=cubin.parent, read_only=[cubin, *tc.roots()],
+                                    limits=sandbox.Limits(wall_s=timeout_s)), merged=True)
+    return list(resources.parse_resource_usage(done.stdout.decode(errors="replace")))
 
 
 def problems(record: dict[str, Any]) -> list[str]:

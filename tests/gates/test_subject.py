@@ -189,7 +189,8 @@ def test_a_phase_variant_compile_killed_by_a_signal_is_the_gates_error(gated, tm
     with pytest.raises(GateError, match=r"^nvcc building pm_decode for sm_90 was killed by "
                                         r"signal 9; nothing was cached, build again$"):
         _phase_measure.build_variants(gated["root"], decl.kernel, "sm_90", variants,
-                                      str(killed_nvcc(tmp_path / "bin")), tmp_path / "out", QUIET)
+                                      {"nvcc": str(killed_nvcc(tmp_path / "bin"))}, tmp_path / "out",
+                                      QUIET)
     assert not list((tmp_path / "cache").rglob(cudabuild.BUILD_RECORD))
 
 

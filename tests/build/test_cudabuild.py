@@ -44,3 +44,39 @@ def test_cubin_refuses_an_arch_the_kernel_does_not_list(tmp_path):
     repo = _repo(tmp_path, "clean.cu", "scale")
     with pytest.raises(kernels.KernelsError, match="does not target sm_110"):
         cudabuild.cubin(repo, "k", "sm_110")
+
+
+BUILD_IN_A_PROCESS = """
+import json, sys, time
+from pathlib import Path
+from rowgate.cuda import cudabuild, kernels, toolchains
+repo, go = Path(sys.argv[1]), Path(sys.argv[2])
+manifest = kernels.load(repo)
+chain = toolchains.for_arch("sm_90")
+print("ready", flush=True)
+while not go.exists():  # both start compiling at once
+    time.sleep(0.01)
+built = cudabuild.build(repo, manifest, "k", "sm_90", chain)
+print(json.dumps({"path": str(built.path), "cached": built.cached}))
+"""
+
+
+def test_two_processes_building_the_same_kernel_compile_it_once(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    repo = _repo(tmp_path / "subject", "clean.cu", "scale")
+    env = dict(os.environ, ROWGATE_CACHE_DIR=str(tmp_path / "cache"))
+    go = tmp_path / "go"
+    procs = [subprocess.Popen([sys.executable, "-c", BUILD_IN_A_PROCESS, str(repo), str(go)],
+                              env=env, stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    for p in procs:
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+    go.write_text("")
+    done = [json.loads(p.communicate(timeout=300)[0]) for p in procs]
+    assert done[0]["path"] == done[1]["path"]
+    # one compiled, the other waited for it and reused it (never two compiles side by side)
+    assert sorted(d["cached"] for d in done) == [False, True]
+    assert len(list((tmp_path / "cache" / "kernels" / "k" / "sm_90").glob(".*-*"))) == 0

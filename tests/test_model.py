@@ -91,3 +91,37 @@ def test_transformers_loads_it_offline(tmp_path, monkeypatch):
     model = transformers.AutoModelForCausalLM.from_pretrained(info.path)
     assert type(model).__name__ == "Qwen3ForCausalLM"
     assert sum(p.numel() for p in model.parameters()) < 2_000_000
+
+
+BUILD_IN_A_PROCESS = """
+import json, sys, time
+from pathlib import Path
+from rowgate.models import tiny
+root, go = Path(sys.argv[1]), Path(sys.argv[2])
+built = []
+make = tiny._build_tiny
+tiny._build_tiny = lambda *a: (built.append(1), make(*a))[1]
+print("ready", flush=True)
+while not go.exists():  # both start building at once
+    time.sleep(0.01)
+info = tiny.build_tiny_model(tiny.TinyModelSpec(), root)
+print(json.dumps({"digest": info.digest, "built": len(built)}))
+"""
+
+
+def test_two_processes_building_the_same_model_build_it_once(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    go = tmp_path / "go"
+    procs = [subprocess.Popen([sys.executable, "-c", BUILD_IN_A_PROCESS, str(tmp_path / "m"),
+                               str(go)], stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    for p in procs:
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+    go.write_text("")
+    done = [json.loads(p.communicate(timeout=300)[0]) for p in procs]
+    assert done[0]["digest"] == done[1]["digest"]
+    # one process built it; the other waited and reused it (never replacing a model
+    # another process may be loading)
+    assert sorted(d["built"] for d in done) == [0, 1]

@@ -11,6 +11,7 @@ without blocking on it (opened non-blocking, checked with fstat before any read)
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import stat
 import tempfile
@@ -61,6 +62,21 @@ def writing(what: str, where: Path | None = None) -> Iterator[None]:
             raise
         path = exc.filename if exc.filename is not None else where or "(a write)"
         raise StorageError(f"{path}: {exc.strerror}; {what}") from exc
+
+
+@contextmanager
+def one_builder(target: Path) -> Iterator[None]:
+    """One process at a time builds `target` (a kernel build, a model): the others wait
+    here, then find it built and reuse it, instead of making the same thing beside it
+    (twice the CPU on a small machine) and replacing a copy another process may be
+    reading. A lock file beside it (`.NAME.lock`); the kernel releases a dead holder's."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(target.parent / f".{target.name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _fsync_dir(directory: Path) -> None:

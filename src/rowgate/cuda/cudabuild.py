@@ -14,7 +14,6 @@ the subject: compilers run in a work directory of the cache, reading its sources
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -22,13 +21,11 @@ import re
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rowgate import sandbox
+from rowgate import sandbox, storage
 from rowgate.cuda import (
     cache,
     debian_toolkit,
@@ -95,26 +92,12 @@ def build(repo: Path, manifest: KernelManifest, name: str, arch: str, toolchain:
     reused = _verified(final)
     if reused is not None:
         return BuildDir(final, reused, cached=True)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    with _one_builder(final):
+    with storage.one_builder(final):
         # another process (two gates, two runs) may have built it while this one waited
         reused = _verified(final)
         if reused is not None:
             return BuildDir(final, reused, cached=True)
         return _build(repo, manifest, name, arch, toolchain, kernel, digest, libs, key, final)
-
-
-@contextmanager
-def _one_builder(final: Path) -> Iterator[None]:
-    """One build of these inputs at a time, across processes: the others wait and reuse
-    it instead of compiling the same thing beside it (on a 2-core machine, twice as
-    slow for both). The kernel releases the lock of a build that dies."""
-    fd = os.open(final.parent / f".{final.name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
 
 
 def _build(repo: Path, manifest: KernelManifest, name: str, arch: str, toolchain: Toolchain,

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rowgate import dirs
+from rowgate import dirs, storage
 from rowgate.errors import UsageError
 
 if TYPE_CHECKING:
@@ -245,7 +245,11 @@ def build_tiny_model(spec: TinyModelSpec = TinyModelSpec(), root: Path | None = 
     cached = _cached(dest)
     if cached is not None:
         return cached
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    with storage.one_builder(dest):
+        return _cached(dest) or _build_tiny(spec, dest)
+
+
+def _build_tiny(spec: TinyModelSpec, dest: Path) -> ModelInfo:
     tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=dest.parent))
     try:
         write_files(spec, tmp, seeded_weights(spec))
@@ -323,7 +327,11 @@ def build_trained_model(name: str, root: Path | None = None) -> ModelInfo:
     cached = _cached(dest)
     if cached is not None:
         return cached
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    with storage.one_builder(dest):
+        return _cached(dest) or _build_trained(spec, data, dest)
+
+
+def _build_trained(spec: TrainSpec, data: bytes, dest: Path) -> ModelInfo:
     tmp = Path(tempfile.mkdtemp(prefix=".train-", dir=dest.parent))
     try:
         report = _train(spec, tmp)

@@ -271,13 +271,14 @@ def test_where_the_time_went_is_sealed_shown_and_planned_from(git_repo, host_row
     assert {"commands", "derive"} <= set(host["phases"]), host["phases"]
     assert abs(sum(host["phases"].values()) - host["duration_s"]) < 0.01 + 0.05 * host["duration_s"]
     _, out, _ = _run(["inspect", str(bundle)], capsys)
-    assert re.search(r"time.*\n(.*\n)*.*host.*commands [0-9.]+ s \(\d+ %\)", out), out
+    # a number and its unit never part: a no-break space (U+00A0) between them
+    assert re.search(r"time.*\n(.*\n)*.*host.*commands [0-9.]+\xa0s\xa0\(\d+\xa0%\)", out), out
     # overhead: everything but the commands the host gate ran (derive, requirements…)
     from rowgate.gates.clock import WORK
 
     spent = host["duration_s"] - sum(s for k, s in host["phases"].items() if k in WORK)
-    assert re.search(rf"host\s*│\s*{host['duration_s']:.1f}\s*│\s*{max(spent, 0):.1f} s "
-                     rf"\(\d+ %\)", out), out
+    assert re.search(rf"host\s*│\s*{host['duration_s']:.1f}\s*│\s*{max(spent, 0):.1f}\xa0s"
+                     rf"\xa0\(\d+\xa0%\)", out), out
     html = tmp_path / "r.html"
     _run(["report", str(bundle), "--key", _own_key(), "--html", str(html)], capsys)
     page = html.read_text()

@@ -11,17 +11,22 @@ from rowgate.records.gate_result import GateResult
 from rowgate.report.model import BarFigure, Table
 from rowgate.report.tables import table
 
+NBSP = "\u00a0"
+"""Between a number and its unit: `1.4 s (69 %)` never breaks across lines in a cell."""
+
 
 def _phases(r: GateResult) -> str:
     if not r.phases:
         return "—"  # sealed before rowgate recorded phases, or nothing ran
     total = r.duration_s or sum(r.phases.values()) or 1.0
-    return ", ".join(f"{name} {s:.1f} s ({100 * s / total:.0f} %)"
+    return ", ".join(f"{name} {s:.1f}{NBSP}s{NBSP}({100 * s / total:.0f}{NBSP}%)"
                      for name, s in sorted(r.phases.items(), key=lambda kv: -kv[1]))
 
 
 def _overhead(seconds: float, total: float) -> str:
-    return f"{seconds:.1f} s ({100 * seconds / total:.0f} %)" if total > 0 else "—"
+    if total <= 0:
+        return "—"
+    return f"{seconds:.1f}{NBSP}s{NBSP}({100 * seconds / total:.0f}{NBSP}%)"
 
 
 def overhead_share(results: Sequence[GateResult]) -> tuple[float, float] | None:

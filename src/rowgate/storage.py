@@ -69,13 +69,27 @@ def one_builder(target: Path) -> Iterator[None]:
     """One process at a time builds `target` (a kernel build, a model): the others wait
     here, then find it built and reuse it, instead of making the same thing beside it
     (twice the CPU on a small machine) and replacing a copy another process may be
-    reading. A lock file beside it (`.NAME.lock`); the kernel releases a dead holder's."""
+    reading. Other targets in the same directory (a kernel's phase variants) build side
+    by side. The lock is a file beside the target (`.NAME.lock`), flocked (the kernel
+    releases a dead holder's) and removed by its holder, so nothing is left behind (a
+    build that fails on a full disk writes nothing). A waiter that wakes on a lock file
+    its holder has already removed starts again on the current one: without that check
+    two processes could each hold "the" lock on two different files."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(target.parent / f".{target.name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
+    lock = target.parent / f".{target.name}.lock"
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
         fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            if os.stat(lock).st_ino == os.fstat(fd).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    try:
         yield
     finally:
+        lock.unlink(missing_ok=True)
         os.close(fd)
 
 

@@ -124,8 +124,8 @@ def _ensure_sm70_nvcc(session: nox.Session) -> None:
     session.run("rowgate", "toolchain", "fetch", "cuda-11.8")
 
 
-def _start_sm70_fetch(session: nox.Session) -> subprocess.Popen[bytes] | None:
-    """`_ensure_sm70_nvcc` started in the background (its output in the session's tmp)."""
+def _start_sm70_fetch(session: nox.Session) -> tuple[subprocess.Popen[bytes], Path] | None:
+    """`_ensure_sm70_nvcc` started in the background: the process and its log."""
     if not _debian_12():
         session.log("not Debian 12: no sm_70 nvcc fetched (its tests will skip, saying so)")
         return None
@@ -134,14 +134,15 @@ def _start_sm70_fetch(session: nox.Session) -> subprocess.Popen[bytes] | None:
     assert session.bin is not None
     with log.open("wb") as out:
         return subprocess.Popen([str(Path(session.bin) / "rowgate"), "-q", "toolchain", "fetch",
-                                 "cuda-11.8"], stdout=out, stderr=subprocess.STDOUT)
+                                 "cuda-11.8"], stdout=out, stderr=subprocess.STDOUT), log
 
 
-def _join_sm70_fetch(session: nox.Session, fetching: subprocess.Popen[bytes] | None) -> None:
+def _join_sm70_fetch(session: nox.Session,
+                     fetching: tuple[subprocess.Popen[bytes], Path] | None) -> None:
     if fetching is None:
         return
-    log = Path(session.create_tmp()) / "sm70-fetch.log"
-    code = fetching.wait()
+    process, log = fetching
+    code = process.wait()
     session.log(f"sm_70 nvcc: {log.read_text().strip().splitlines()[-1:]}")
     if code != 0:
         session.error(f"rowgate toolchain fetch cuda-11.8 failed (exit {code}): {log.read_text()}")

@@ -346,15 +346,15 @@ def by_arch(options: Mapping[str, str]) -> list[dict[str, str]]:
             out.append({"arch": arch, "toolchain": "none", "compiler": "",
                         "host": "", "sass": "", "note": exc.diagnostics()})
             continue
-        def origin(tool: Tool | None) -> str:
-            if tool is None:
-                return "-"
-            return f"{tool.version} ({tool.package})"  # its exact version: `installed()`
-        out.append({"arch": arch, "toolchain": tc.name, "compiler": origin(tc.compiler),
-                    "host": origin(tc.host_compiler) if tc.host_compiler else "-",
-                    "sass": origin(tc.nvdisasm),
+        out.append({"arch": arch, "toolchain": tc.name, "compiler": _origin(tc.compiler),
+                    "host": _origin(tc.host_compiler), "sass": _origin(tc.nvdisasm),
                     "note": tc.sass_missing or tc.binutils_missing})
     return out
+
+
+def _origin(tool: Tool | None) -> str:
+    """`13.5.37 (nvidia-cuda-nvcc)` for a listing (the package's exact version: `installed()`)."""
+    return "-" if tool is None else f"{tool.version} ({tool.package})"
 
 
 def installed() -> dict[str, str]:

@@ -3,6 +3,7 @@ library's own include files, copied once into a directory of its own in rowgate'
 
 from __future__ import annotations
 
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -54,3 +55,32 @@ def test_a_missing_host_library_names_its_own_extra(cache, monkeypatch):
                         {"nvcc": "nlohmann-json-not-installed", "nvrtc": "x"})
     with pytest.raises(ToolchainError, match=r"pip install 'rowgate\[host-libs\]'"):
         library_headers.resolve(["nlohmann-json"], toolchains.for_arch("sm_90"))
+
+
+def test_torch_headers_need_a_cuda_build_of_torch(cache):
+    # the test environment's torch is rowgate[engines]' CPU build: its c10/cuda headers
+    # include a file only a CUDA build generates, so a compile would fail on it later
+    version = metadata.version("torch")
+    with pytest.raises(ToolchainError) as err:
+        library_headers.resolve(["torch"], toolchains.for_arch("sm_90"))
+    assert err.value.diagnostics() == (
+        f"headers: torch {version} is a CPU build (no c10/cuda/impl/cuda_cmake_macros.h): "
+        f"its headers cannot compile CUDA code; install a CUDA build of torch")
+    assert not (cache / "headers").exists() or not any((cache / "headers").glob("torch-*"))
+
+
+def test_torch_headers_need_a_host_compiler(cache):
+    nvrtc = toolchains.for_arch("sm_70")  # the tests' empty data dir: sm_70 is NVRTC's
+    assert nvrtc.kind == "nvrtc"
+    with pytest.raises(ToolchainError) as err:
+        library_headers.resolve(["torch"], nvrtc)
+    assert err.value.diagnostics() == (
+        f"headers: torch's C++ headers need a host compiler; {nvrtc.name} compiles device "
+        f"code only (NVRTC)")
+
+
+def test_torch_brings_the_libraries_its_cuda_headers_include(cache, monkeypatch):
+    asked: list[str] = []
+    monkeypatch.setattr(library_headers, "_one", lambda name, chain: asked.append(name))
+    library_headers.resolve(["cublas", "torch", "nvtx"], toolchains.for_arch("sm_90"))
+    assert asked == ["cublas", "torch", "cusparse", "cusolver", "nvtx"]  # each once

@@ -43,6 +43,9 @@ BUILD_RECORD = "build.json"
 COMPILE_TIMEOUT_S = 600
 PTXAS_FLAGS = ["-Werror", "-warn-spills", "-warn-lmem-usage", "-v"]
 DEVICE_WARNING_FLAGS = ["-Werror", "all-warnings", "-Xptxas", "-v,-warn-spills,-warn-lmem-usage"]
+SPILL_WARNINGS = ("-warn-spills", "-warn-lmem-usage")
+"""Left out when a kernel says `spill_warnings = "audit"`: ptxas still reports every
+function's spills and local memory (`-v`), and the audit judges the declared entry points."""
 HOST_WARNING_FLAGS = ["-Wall", "-Wextra", "-Werror"]
 """Passed to the host compiler with -Xcompiler unless the kernel says `host_warnings =
 "off"`."""
@@ -108,12 +111,12 @@ def _build(repo: Path, manifest: KernelManifest, name: str, arch: str, toolchain
         root = repo / KERNELS_DIR
         src = root / kernel.source
         includes = [str(root / inc) for inc in manifest.include_dirs]
-        includes += [h.include_dir for h in libs]  # after the subject's own
+        includes += [d for h in libs for d in h.include_dirs()]  # after the subject's own
         defines = [f"-D{d}" for d in kernel.defines]
         if kernel.build is not None:
             steps = _project_steps(repo, arch, toolchain, kernel, work, libs)
         elif toolchain.kind == "nvrtc":
-            steps = _nvrtc_steps(name, arch, toolchain, src, includes, defines)
+            steps = _nvrtc_steps(name, arch, toolchain, src, includes, defines, kernel)
         else:
             steps = _nvcc_steps(name, arch, toolchain, src, includes, defines, kernel)
         record: dict[str, Any] = {
@@ -172,15 +175,15 @@ def _verified(final: Path) -> dict[str, Any] | None:
 
 
 def _nvrtc_steps(name: str, arch: str, tc: Toolchain, src: Path, includes: list[str],
-                 defines: list[str]) -> list[dict[str, Any]]:
+                 defines: list[str], kernel: Kernel) -> list[dict[str, Any]]:
     sm = sm_number(arch)
     nvrtc = [sys.executable, "-m", "rowgate.cuda._nvrtc", tc.compiler.path, str(src), f"{name}.ptx",
              f"--gpu-architecture=compute_{sm}", f"--std={CXX_STD}",
              *[f"-I{i}" for i in [*includes, *tc.include_dirs]], *defines]
     if tc.ptxas is None:
         raise toolchains.ToolchainError(f"{tc.name}: NVRTC builds need a standalone ptxas")
-    ptxas = [tc.ptxas.path, f"-arch=sm_{sm}", *PTXAS_FLAGS, "-o", f"{name}.{arch}.cubin",
-             f"{name}.ptx"]
+    ptxas = [tc.ptxas.path, f"-arch=sm_{sm}", *_ptxas_flags(kernel), "-o",
+             f"{name}.{arch}.cubin", f"{name}.ptx"]
     return [{"tool": "nvrtc", "argv": nvrtc, "log": "nvrtc.log"},
             {"tool": "ptxas", "argv": ptxas, "log": "ptxas.log"}]
 
@@ -209,7 +212,19 @@ def _recipe_flags(kernel: Kernel, arch: str) -> list[str]:
     host = [*(HOST_WARNING_FLAGS if kernel.host_warnings == "errors" else []),
             *kernel.host_flags]
     return ["-gencode", f"arch=compute_{sm},code=[sm_{sm},compute_{sm}]",
-            *DEVICE_WARNING_FLAGS, *(["-Xcompiler", ",".join(host)] if host else [])]
+            *_device_warning_flags(kernel), *(["-Xcompiler", ",".join(host)] if host else [])]
+
+
+def _ptxas_flags(kernel: Kernel) -> list[str]:
+    if kernel.spill_warnings == "errors":
+        return PTXAS_FLAGS
+    return [f for f in PTXAS_FLAGS if f not in SPILL_WARNINGS]
+
+
+def _device_warning_flags(kernel: Kernel) -> list[str]:
+    if kernel.spill_warnings == "errors":
+        return DEVICE_WARNING_FLAGS
+    return [*DEVICE_WARNING_FLAGS[:-1], "-v"]
 
 
 def _link_targets(libs: list[library_headers.LibraryHeaders]) -> list[Path]:
@@ -230,7 +245,7 @@ def _project_steps(repo: Path, arch: str, tc: Toolchain, kernel: Kernel, work: P
         raise toolchains.ToolchainError(
             f"{tc.name}: a project's own build needs nvcc ({arch} builds through NVRTC "
             f"here): {debian_toolkit.INSTALL}, or --option nvcc_sm70=PATH")
-    header_dirs = [h.include_dir for h in libs]
+    header_dirs = [d for h in libs for d in h.include_dirs()]
     lib_dirs = [h.lib_dir for h in libs if h.lib_dir]
     flags = [*kernel.nvcc_flags, *[f"-I{d}" for d in header_dirs],
              *[f"-L{d}" for d in lib_dirs], *_recipe_flags(kernel, arch), *toolkit_flags(tc)]

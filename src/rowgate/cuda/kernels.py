@@ -157,10 +157,17 @@ class Kernel(_Model):
     `--expt-relaxed-constexpr`), placed before rowgate's own."""
     host_flags: list[str] = []
     """Options for the host compiler (nvcc passes them with `-Xcompiler`)."""
-    headers: list[Literal["cublas", "nvtx", "nlohmann-json"]] = []
+    headers: list[Literal["cublas", "nvtx", "cusparse", "cusolver", "nlohmann-json", "torch"]] = []
     """CUDA libraries whose headers the kernel's code includes (`cublas_v2.h`,
     `nvtx3/nvToolsExt.h`): each from its wheel of the toolchain's release, in an include
     directory of its own (`rowgate.cuda.library_headers`)."""
+    spill_warnings: Literal["errors", "audit"] = "errors"
+    """`errors`: ptxas fails the build on any function's spills or local memory
+    (`-warn-spills -warn-lmem-usage`); `audit`: ptxas reports them (`-v`) without failing,
+    and the audit judges each declared entry point against its budgets (no spills, stack
+    or local memory unless raised). For a translation unit that instantiates more than
+    the table declares (a launcher's switch over head sizes and dtypes): its other
+    functions are recorded, not judged."""
     host_warnings: Literal["errors", "off"] = "errors"
     """`errors`: host code compiles with `-Wall -Wextra -Werror`, as device code does;
     `off`: the host compiler's defaults (device and ptxas warnings stay errors). The

@@ -31,14 +31,29 @@ from rowgate.cuda.toolchains import Toolchain, ToolchainError
 LIBRARIES = {
     "cublas": {"nvcc": "nvidia-cublas", "nvrtc": "nvidia-cublas-cu12"},
     "nvtx": {"nvcc": "nvidia-nvtx", "nvrtc": "nvidia-nvtx-cu12"},
+    "cusparse": {"nvcc": "nvidia-cusparse", "nvrtc": "nvidia-cusparse-cu12"},
+    "cusolver": {"nvcc": "nvidia-cusolver", "nvrtc": "nvidia-cusolver-cu12"},
     # header-only host libraries real projects include, from their PyPI repackaging
     "nlohmann-json": {"nvcc": "nlohmann-json", "nvrtc": "nlohmann-json"},
+    # a torch extension's C++ API (torch/all.h, ATen, c10), from the installed torch
+    "torch": {"nvcc": "torch", "nvrtc": "torch"},
 }
 """A declared library -> its headers' wheel per toolchain kind."""
 INSTALL = {"nvcc": "pip install 'rowgate[cuda13-libs]'",
            "nvrtc": "pip install 'rowgate[cuda12-libs]'"}
-HOST_LIBRARIES = frozenset({"nlohmann-json"})
-HOST_INSTALL = "pip install 'rowgate[host-libs]'"
+HOST_LIBRARIES = frozenset({"nlohmann-json", "torch"})
+HOST_INSTALL = {"nlohmann-json": "pip install 'rowgate[host-libs]'",
+                "torch": "install a CUDA build of torch"}
+TORCH_NEEDS = ("cublas", "cusparse", "cusolver")
+"""What torch's CUDA headers include (ATen/cuda/CUDAContextLight.h: cublas_v2.h,
+cublasLt.h, cusparse.h, cusolverDn.h); a CUDA torch installs their wheels, the versions
+it was built against, so they come from there rather than from rowgate's pins."""
+TORCH_CUDA_MARK = ("c10", "cuda", "impl", "cuda_cmake_macros.h")
+"""Generated only by a CUDA build of torch; a CPU build's c10/cuda headers include it."""
+TREES = {"torch": ("torch", "include")}
+"""Where a library's headers sit in its distribution, when not every `include/` is."""
+SUBDIRS = {"torch": ("torch/csrc/api/include",)}
+"""Further include directories inside a library's own (torch's C++ frontend)."""
 NOT_HEADERS = frozenset({".py", ".pyc"})
 """A wheel's Python files under its include directory (a repackaging's __init__.py)."""
 MARKER = ".complete"
@@ -60,11 +75,20 @@ class LibraryHeaders:
     def identity(self) -> dict[str, str]:
         return {"library": self.library, "package": self.package, "version": self.version}
 
+    def include_dirs(self) -> list[str]:
+        """The include directory and those inside it that the library's own headers
+        expect on the path (torch's `torch/csrc/api/include`)."""
+        return [self.include_dir, *(str(Path(self.include_dir) / d)
+                                    for d in SUBDIRS.get(self.library, ()))]
+
 
 def resolve(libraries: Sequence[str], toolchain: Toolchain) -> list[LibraryHeaders]:
-    """The include directory of each declared library for `toolchain`. Raises
+    """The include directory of each declared library for `toolchain`, with those a
+    declared library's headers include (torch's CUDA libraries) added once. Raises
     ToolchainError naming the library, its package and how to install it."""
-    return [_one(name, toolchain) for name in libraries]
+    names = list(dict.fromkeys(
+        n for name in libraries for n in (name, *(TORCH_NEEDS if name == "torch" else ()))))
+    return [_one(name, toolchain) for name in names]
 
 
 def _one(library: str, toolchain: Toolchain) -> LibraryHeaders:
@@ -80,17 +104,40 @@ def _one(library: str, toolchain: Toolchain) -> LibraryHeaders:
     try:
         dist = metadata.distribution(package)
     except metadata.PackageNotFoundError:
-        hint = HOST_INSTALL if library in HOST_LIBRARIES else INSTALL[kind]
+        hint = HOST_INSTALL.get(library) or INSTALL[kind]
         raise ToolchainError(f"headers: {library} needs {package}, which is not installed: "
                              f"{hint}") from None
-    files = [f for f in dist.files or ()
-             if "include" in f.parts[:-1] and f.suffix not in NOT_HEADERS]
+    files = _include_files(library, dist)
     if not files:
         raise ToolchainError(f"headers: {package} {dist.version} lists no include files")
+    if library == "torch":
+        _check_torch(dist, files, toolchain)
     dest = cache.root() / "headers" / f"{package}-{dist.version}" / "include"
     if not (dest.parent / MARKER).is_file():
         _publish(dist, files, dest)
     return LibraryHeaders(library, package, dist.version, str(dest), _link_names(dist, dest.parent))
+
+
+def _include_files(library: str, dist: metadata.Distribution) -> list[metadata.PackagePath]:
+    tree = TREES.get(library)
+    return [f for f in dist.files or ()
+            if (f.parts[:len(tree)] == tree if tree else "include" in f.parts[:-1])
+            and len(f.parts) > (len(tree) if tree else 1) and f.suffix not in NOT_HEADERS]
+
+
+def _check_torch(dist: metadata.Distribution, files: list[metadata.PackagePath],
+                 toolchain: Toolchain) -> None:
+    """torch's headers compile in a host compiler's translation unit only, and its CUDA
+    headers exist only in a CUDA build: each refusal says so before a compile would fail
+    on a missing file."""
+    if toolchain.kind != "nvcc":
+        raise ToolchainError(f"headers: torch's C++ headers need a host compiler; "
+                             f"{toolchain.name} compiles device code only (NVRTC)")
+    if not any(f.parts[-len(TORCH_CUDA_MARK):] == TORCH_CUDA_MARK for f in files):
+        raise ToolchainError(
+            f"headers: torch {dist.version} is a CPU build (no "
+            f"{'/'.join(TORCH_CUDA_MARK)}): its headers cannot compile CUDA code; "
+            f"install a CUDA build of torch")
 
 
 SHARED = re.compile(r"^(lib[\w+-]+\.so)\.\d+$")

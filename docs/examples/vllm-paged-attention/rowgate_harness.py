@@ -36,15 +36,19 @@ def symbol(kv_dtype: str, head_dim: int, page: int) -> str:
             f"iPKfiiiSD_SD_iiiii")
 
 
-def to_vllm_layout(k_cache: torch.Tensor, v_cache: torch.Tensor,
-                   x: int) -> tuple[torch.Tensor, torch.Tensor]:
+def to_vllm_layout(k_cache: torch.Tensor, v_cache: torch.Tensor, x: int,
+                   v_scale: float | None) -> tuple[torch.Tensor, torch.Tensor]:
     """[pages, heads, page, dim] -> key [pages, heads, dim/x, page, x], value
-    [pages, heads, dim, page]; converted once per input tensor (timed calls reuse it)."""
+    [pages, heads, dim, page], the value scaled by `v_scale` when given (a bf16 cache);
+    converted once per input tensor (timed calls reuse it)."""
     ref, key, value = _layout
     if ref is None or ref() is not k_cache:
         pages, heads, page, dim = k_cache.shape
         key = k_cache.view(pages, heads, page, dim // x, x).permute(0, 1, 3, 2, 4).contiguous()
-        value = v_cache.permute(0, 1, 3, 2).contiguous()
+        value = v_cache.permute(0, 1, 3, 2)
+        if v_scale is not None:
+            value = (value.float() * v_scale).to(v_cache.dtype)
+        value = value.contiguous()
         _layout[:] = [weakref.ref(k_cache), key, value]
     return key, value
 
@@ -66,7 +70,10 @@ def run(role: str, inputs: dict[str, Any], out: torch.Tensor, cubins: dict[str, 
     if kv_dtype not in KV:
         raise ValueError(f"this harness launches bf16 and e5m2 caches, got {kv_dtype}")
     page = inputs["k_cache"].shape[2]
-    key, value = to_vllm_layout(inputs["k_cache"], inputs["v_cache"], KV[kv_dtype][2])
+    folded = kv_dtype == "bf16"  # vLLM reads a bf16 cache unscaled: fold the scales in
+    key, value = to_vllm_layout(inputs["k_cache"], inputs["v_cache"], KV[kv_dtype][2],
+                                inputs["v_scale"] if folded else None)
+    softmax_scale = inputs["softmax_scale"] * (inputs["k_scale"] if folded else 1.0)
     table = inputs["block_table"]
     pair = (float(inputs["k_scale"]), float(inputs["v_scale"]))
     if pair not in _scales:
@@ -77,7 +84,7 @@ def run(role: str, inputs: dict[str, Any], out: torch.Tensor, cubins: dict[str, 
     fn = _function(cubins["paged_attention"], symbol(kv_dtype, dim, page), shared)
     args = (np.uint64(out.data_ptr()), np.uint64(q.data_ptr()), np.uint64(key.data_ptr()),
             np.uint64(value.data_ptr()), np.int32(key.shape[1]),
-            np.float32(inputs["softmax_scale"]), np.uint64(table.data_ptr()),
+            np.float32(softmax_scale), np.uint64(table.data_ptr()),
             np.uint64(inputs["seq_lens"].data_ptr()), np.int32(table.shape[1]),
             np.uint64(0),                                      # alibi_slopes: none
             np.int32(q.stride(0)), np.int32(key.stride(0)), np.int32(key.stride(1)),

@@ -81,6 +81,6 @@ def test_torch_headers_need_a_host_compiler(cache):
 
 def test_torch_brings_the_libraries_its_cuda_headers_include(cache, monkeypatch):
     asked: list[str] = []
-    monkeypatch.setattr(library_headers, "_one", lambda name, chain: asked.append(name))
-    library_headers.resolve(["cublas", "torch", "nvtx"], toolchains.for_arch("sm_90"))
+    monkeypatch.setattr(library_headers, "_found", lambda name, chain: asked.append(name))
+    library_headers.check(["cublas", "torch", "nvtx"], toolchains.for_arch("sm_90"))
     assert asked == ["cublas", "torch", "cusparse", "cusolver", "nvtx"]  # each once

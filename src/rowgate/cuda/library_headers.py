@@ -86,19 +86,33 @@ def resolve(libraries: Sequence[str], toolchain: Toolchain) -> list[LibraryHeade
     """The include directory of each declared library for `toolchain`, with those a
     declared library's headers include (torch's CUDA libraries) added once. Raises
     ToolchainError naming the library, its package and how to install it."""
-    names = list(dict.fromkeys(
+    return [_publish_found(name, _found(name, toolchain), toolchain)
+            for name in _with_needs(libraries)]
+
+
+def check(libraries: Sequence[str], toolchain: Toolchain) -> None:
+    """What `resolve` would refuse, without copying anything (a gate's plan)."""
+    for name in _with_needs(libraries):
+        _found(name, toolchain)
+
+
+def _with_needs(libraries: Sequence[str]) -> list[str]:
+    return list(dict.fromkeys(
         n for name in libraries for n in (name, *(TORCH_NEEDS if name == "torch" else ()))))
-    return [_one(name, toolchain) for name in names]
 
 
-def _one(library: str, toolchain: Toolchain) -> LibraryHeaders:
+Found = tuple[str, metadata.Distribution, list[metadata.PackagePath]]
+"""A declared library's package, its installed distribution and its include files."""
+
+
+def _found(library: str, toolchain: Toolchain) -> Found | None:
+    """Where the library's headers are; None where the toolchain is a whole toolkit
+    with the library's headers of its own release."""
     if library not in LIBRARIES:
         raise ToolchainError(f"headers: unknown library {library!r} (known: "
                              f"{', '.join(sorted(LIBRARIES))})")
     if toolchain.own_headers and library not in HOST_LIBRARIES:
-        # a whole toolkit (an sm_70 nvcc) ships its libraries' headers of its release
-        return LibraryHeaders(library, toolchain.name, toolchain.compiler.version,
-                              toolchain.own_headers)
+        return None
     kind = toolchain.kind
     package = LIBRARIES[library][kind]
     try:
@@ -112,6 +126,15 @@ def _one(library: str, toolchain: Toolchain) -> LibraryHeaders:
         raise ToolchainError(f"headers: {package} {dist.version} lists no include files")
     if library == "torch":
         _check_torch(dist, files, toolchain)
+    return package, dist, files
+
+
+def _publish_found(library: str, found: Found | None, toolchain: Toolchain) -> LibraryHeaders:
+    if found is None:
+        # a whole toolkit (an sm_70 nvcc) ships its libraries' headers of its release
+        return LibraryHeaders(library, toolchain.name, toolchain.compiler.version,
+                              toolchain.own_headers)
+    package, dist, files = found
     dest = cache.root() / "headers" / f"{package}-{dist.version}" / "include"
     if not (dest.parent / MARKER).is_file():
         _publish(dist, files, dest)

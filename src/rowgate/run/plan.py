@@ -21,7 +21,7 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rowgate import gates
 from rowgate.errors import Error
@@ -31,6 +31,10 @@ from rowgate.records.provenance import Gpu, Host, Provenance, Subject
 from rowgate.rows.row import LoadedRow, Row
 from rowgate.rows.spec import Arm, EngineKind
 from rowgate.seal.device import Inventory
+
+if TYPE_CHECKING:
+    from rowgate.cuda.kernels import KernelManifest
+    from rowgate.cuda.toolchains import Toolchain
 
 RUNS, PENDING, ERROR = "runs", "PENDING", "ERROR"
 
@@ -340,6 +344,21 @@ def _kernels(plan: GatePlan, row: Row, spec: Any, repo: Path, options: dict[str,
             continue
         plan.needs.append(f"{arch}: kernels {', '.join(names) or '(none)'}; toolchain "
                           f"{chain.name} ({chain.compiler.path})")
+        _headers(plan, manifest, names, arch, chain)
+
+
+def _headers(plan: GatePlan, manifest: KernelManifest, names: list[str], arch: str,
+             chain: Toolchain) -> None:
+    """Each kernel's declared library headers, checked as the build would resolve them
+    (a CPU torch, a missing wheel: the build's ERROR, said before anything compiles)."""
+    from rowgate.cuda import library_headers
+
+    for name in names:
+        declared = manifest.kernels[name].headers
+        try:
+            library_headers.check(declared, chain)
+        except Error as exc:
+            plan.flag(ERROR, f"{arch}: {name}: {exc.diagnostics()}")
 
 
 def render(plan: RowPlan) -> list[str]:

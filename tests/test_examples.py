@@ -46,3 +46,21 @@ def test_the_vllm_example_plans_and_names_a_cpu_torch(tmp_path):
     assert errors == ["row VLLM-PAGED-ATTENTION-SM90: plan ERROR",
                       "build [build]: ERROR on the host", "audit [audit]: ERROR on the host"]
     assert "Traceback" not in done.stderr
+
+
+PLAN_WITHOUT_TORCH = """
+import sys
+sys.modules["torch"] = None  # what Python does with a torch that fails to import
+from rowgate.cli.main import main
+sys.argv = ["rowgate", "gate", "VLLM-PAGED-ATTENTION-SM90", "--repo", ".", "--plan"]
+raise SystemExit(main())
+"""
+
+
+def test_a_torch_that_does_not_import_is_one_line_not_a_traceback(tmp_path):
+    repo = _checkout(tmp_path / "vllm")
+    done = subprocess.run([sys.executable, "-c", PLAN_WITHOUT_TORCH], capture_output=True,
+                          text=True, timeout=120, cwd=repo)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert ("rowgate: VLLM-PAGED-ATTENTION-SM90 gate operator: operator gate: torch does not "
+            "import here (import of torch halted; None in sys.modules)") in done.stderr

@@ -74,7 +74,10 @@ def declared(manifest: KernelManifest, spec: OperatorGate
     """(contract Operator, its kernel, the entry points the cases launch) from a
     kernels.toml: the operator declared, every case of the spec expressible by it.
     Raises GateError (one line). What `--plan` checks against the subject."""
-    from rowgate.ops import operator_ab
+    try:
+        from rowgate.ops import operator_ab
+    except ImportError as exc:  # torch installed but unusable (a missing libcudnn, say)
+        raise GateError(f"operator gate: torch does not import here ({exc})") from None
 
     try:
         name, decl = manifest.operator(spec.operator)

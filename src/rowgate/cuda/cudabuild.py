@@ -41,8 +41,6 @@ from rowgate.errors import Error
 
 BUILD_RECORD = "build.json"
 COMPILE_TIMEOUT_S = 600
-PTXAS_FLAGS = ["-Werror", "-warn-spills", "-warn-lmem-usage", "-v"]
-DEVICE_WARNING_FLAGS = ["-Werror", "all-warnings", "-Xptxas", "-v,-warn-spills,-warn-lmem-usage"]
 SPILL_WARNINGS = ("-warn-spills", "-warn-lmem-usage")
 """Left out when a kernel says `spill_warnings = "audit"`: ptxas still reports every
 function's spills and local memory (`-v`), and the audit judges the declared entry points."""
@@ -182,7 +180,7 @@ def _nvrtc_steps(name: str, arch: str, tc: Toolchain, src: Path, includes: list[
              *[f"-I{i}" for i in [*includes, *tc.include_dirs]], *defines]
     if tc.ptxas is None:
         raise toolchains.ToolchainError(f"{tc.name}: NVRTC builds need a standalone ptxas")
-    ptxas = [tc.ptxas.path, f"-arch=sm_{sm}", *_ptxas_flags(kernel), "-o",
+    ptxas = [tc.ptxas.path, f"-arch=sm_{sm}", "-Werror", *_spill_warnings(kernel), "-v", "-o",
              f"{name}.{arch}.cubin", f"{name}.ptx"]
     return [{"tool": "nvrtc", "argv": nvrtc, "log": "nvrtc.log"},
             {"tool": "ptxas", "argv": ptxas, "log": "ptxas.log"}]
@@ -212,19 +210,14 @@ def _recipe_flags(kernel: Kernel, arch: str) -> list[str]:
     host = [*(HOST_WARNING_FLAGS if kernel.host_warnings == "errors" else []),
             *kernel.host_flags]
     return ["-gencode", f"arch=compute_{sm},code=[sm_{sm},compute_{sm}]",
-            *_device_warning_flags(kernel), *(["-Xcompiler", ",".join(host)] if host else [])]
+            "-Werror", "all-warnings", "-Xptxas", ",".join(["-v", *_spill_warnings(kernel)]),
+            *(["-Xcompiler", ",".join(host)] if host else [])]
 
 
-def _ptxas_flags(kernel: Kernel) -> list[str]:
-    if kernel.spill_warnings == "errors":
-        return PTXAS_FLAGS
-    return [f for f in PTXAS_FLAGS if f not in SPILL_WARNINGS]
-
-
-def _device_warning_flags(kernel: Kernel) -> list[str]:
-    if kernel.spill_warnings == "errors":
-        return DEVICE_WARNING_FLAGS
-    return [*DEVICE_WARNING_FLAGS[:-1], "-v"]
+def _spill_warnings(kernel: Kernel) -> tuple[str, ...]:
+    """ptxas' spill and local-memory warnings (errors under -Werror), unless the kernel
+    leaves spills to the audit; `-v`, the report the audit reads, is always on."""
+    return SPILL_WARNINGS if kernel.spill_warnings == "errors" else ()
 
 
 def _link_targets(libs: list[library_headers.LibraryHeaders]) -> list[Path]:

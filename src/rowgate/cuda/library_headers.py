@@ -44,10 +44,11 @@ INSTALL = {"nvcc": "pip install 'rowgate[cuda13-libs]'",
 HOST_LIBRARIES = frozenset({"nlohmann-json", "torch"})
 HOST_INSTALL = {"nlohmann-json": "pip install 'rowgate[host-libs]'",
                 "torch": "install a CUDA build of torch"}
-TORCH_NEEDS = ("cublas", "cusparse", "cusolver")
-"""What torch's CUDA headers include (ATen/cuda/CUDAContextLight.h: cublas_v2.h,
-cublasLt.h, cusparse.h, cusolverDn.h); a CUDA torch installs their wheels, the versions
-it was built against, so they come from there rather than from rowgate's pins."""
+NEEDS = {"torch": ("cublas", "cusparse", "cusolver")}
+"""Libraries whose headers a library's own include: torch's CUDA headers
+(ATen/cuda/CUDAContextLight.h: cublas_v2.h, cublasLt.h, cusparse.h, cusolverDn.h). A CUDA
+torch installs their wheels, the versions it was built against, so they come from there
+rather than from rowgate's pins."""
 TORCH_CUDA_MARK = ("c10", "cuda", "impl", "cuda_cmake_macros.h")
 """Generated only by a CUDA build of torch; a CPU build's c10/cuda headers include it."""
 TREES = {"torch": ("torch", "include")}
@@ -82,6 +83,10 @@ class LibraryHeaders:
                                     for d in SUBDIRS.get(self.library, ()))]
 
 
+Found = tuple[str, metadata.Distribution, list[metadata.PackagePath]]
+"""A declared library's package, its installed distribution and its include files."""
+
+
 def resolve(libraries: Sequence[str], toolchain: Toolchain) -> list[LibraryHeaders]:
     """The include directory of each declared library for `toolchain`, with those a
     declared library's headers include (torch's CUDA libraries) added once. Raises
@@ -97,12 +102,7 @@ def check(libraries: Sequence[str], toolchain: Toolchain) -> None:
 
 
 def _with_needs(libraries: Sequence[str]) -> list[str]:
-    return list(dict.fromkeys(
-        n for name in libraries for n in (name, *(TORCH_NEEDS if name == "torch" else ()))))
-
-
-Found = tuple[str, metadata.Distribution, list[metadata.PackagePath]]
-"""A declared library's package, its installed distribution and its include files."""
+    return list(dict.fromkeys(n for name in libraries for n in (name, *NEEDS.get(name, ()))))
 
 
 def _found(library: str, toolchain: Toolchain) -> Found | None:
@@ -124,8 +124,8 @@ def _found(library: str, toolchain: Toolchain) -> Found | None:
     files = _include_files(library, dist)
     if not files:
         raise ToolchainError(f"headers: {package} {dist.version} lists no include files")
-    if library == "torch":
-        _check_torch(dist, files, toolchain)
+    if library in CHECKS:
+        CHECKS[library](dist, files, toolchain)
     return package, dist, files
 
 
@@ -143,9 +143,13 @@ def _publish_found(library: str, found: Found | None, toolchain: Toolchain) -> L
 
 def _include_files(library: str, dist: metadata.Distribution) -> list[metadata.PackagePath]:
     tree = TREES.get(library)
-    return [f for f in dist.files or ()
-            if (f.parts[:len(tree)] == tree if tree else "include" in f.parts[:-1])
-            and len(f.parts) > (len(tree) if tree else 1) and f.suffix not in NOT_HEADERS]
+
+    def inside(f: metadata.PackagePath) -> bool:
+        if tree is None:
+            return "include" in f.parts[:-1]
+        return f.parts[:len(tree)] == tree and len(f.parts) > len(tree)
+
+    return [f for f in dist.files or () if inside(f) and f.suffix not in NOT_HEADERS]
 
 
 def _check_torch(dist: metadata.Distribution, files: list[metadata.PackagePath],
@@ -161,6 +165,10 @@ def _check_torch(dist: metadata.Distribution, files: list[metadata.PackagePath],
             f"headers: torch {dist.version} is a CPU build (no "
             f"{'/'.join(TORCH_CUDA_MARK)}): its headers cannot compile CUDA code; "
             f"install a CUDA build of torch")
+
+
+CHECKS = {"torch": _check_torch}
+"""What a library's installed headers must be for the toolchain (refused in one line)."""
 
 
 SHARED = re.compile(r"^(lib[\w+-]+\.so)\.\d+$")

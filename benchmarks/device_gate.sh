@@ -37,9 +37,13 @@ else
   git bundle create "$R/subject.gitbundle" HEAD 2>/dev/null
 fi
 [ -n "${SKIP_TRACE:-}" ] || timeout 300 python3 benchmarks/trace_capture.py --device cuda --out "$R" 2>&1 | tee "$R/trace-log.txt"
-for row in "$@"; do
+n=0
+for row in "$@"; do  # a row named twice runs twice (the second on the caches the first left)
+  n=$((n + 1))
+  start=$(date +%s)
   timeout "${GATE_TIMEOUT:-240}" python3 -m rowgate.cli.main gate "$row" --repo lab --out /tmp/evidence \
-    --option nvcc="$(command -v nvcc)" 2>&1 | tee "$R/gate-log-$row.txt"
+    --option nvcc="$(command -v nvcc)" 2>&1 | tee "$R/gate-log-$n-$row.txt"
+  echo "$row: exit ${PIPESTATUS[0]} after $(( $(date +%s) - start )) s" | tee -a "$R/gate-walls.txt"
 done
 if [ -n "${MEGAKERNEL_BENCH:-}" ]; then
   # shellcheck disable=SC2086  # the variable holds the benchmark's arguments

@@ -229,7 +229,7 @@ def test_vllm_aa_is_never_a_difference(tmp_path):
     from rowgate.gates.interface import GateContext
 
     row = load_row(tiny_row(tmp_path, "TP-VLLM-AA", AA_GATE, oracle="vllm",
-                            output_len=16)).row
+                            output_len=16, oracle_mode="eager")).row
     spec = row.gate("tp")
     (run,) = _arms.model_runs(row, spec.cells)
     out = tmp_path / "stage/artifacts/tp"

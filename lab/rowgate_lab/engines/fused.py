@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from rowgate.engines import INDUCTOR_CACHE, INDUCTOR_CACHE_ENV
+from rowgate.engines import INDUCTOR_CACHE, INDUCTOR_CACHE_ENV, use_compile_cache
 from rowgate.engines.interface import EngineError, WorkloadPass
 from rowgate.engines.qwen3 import (
     DTYPES,
@@ -138,12 +138,12 @@ class FusedModel(Qwen3Model):
         self.attention_of: Callable[[int], Attend] | None = None
         """Set by the engine on CUDA: batch -> an attention callable (split_kv)."""
         if compile_mode != "none" and str(device).startswith("cuda"):
-            # In this process as in an engine subprocess (`_process.engine_env`): the
-            # compile cache in rowgate's cache dir, so a gate run after another on the same
-            # machine (the trace gate's compile, then the throughput gate's; a warm-up
-            # call, then the sealing one) reuses max-autotune's choices instead of
+            # In this process as in an engine subprocess: the compile cache rowgate
+            # chooses (its cache dir), so a gate run after another on the same machine
+            # (the trace gate's compile, then the throughput gate's; one run, then the
+            # next on a kept cache) reuses max-autotune's choices instead of
             # re-benchmarking every GEMM shape (~6 s each), and runs the same kernels.
-            os.environ.setdefault(INDUCTOR_CACHE_ENV, str(INDUCTOR_CACHE))
+            use_compile_cache()
             self.stages = (self._compiled(_pre, compile_mode),
                            self._compiled(_post, compile_mode),
                            self._compiled(_final, compile_mode))

@@ -23,7 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rowgate import plugins
-from rowgate.engines._process import INDUCTOR_CACHE, INDUCTOR_CACHE_ENV
+from rowgate.engines._process import INDUCTOR_CACHE, INDUCTOR_CACHE_ENV, use_compile_cache
 from rowgate.engines.interface import (
     Engine,
     EngineError,
@@ -37,7 +37,7 @@ from rowgate.rows.spec import Arm
 
 __all__ = ["INDUCTOR_CACHE", "INDUCTOR_CACHE_ENV", "Engine", "EngineError", "EnginePlugin",
            "PassResult", "Request", "RequestOutput", "WorkloadPass", "create", "flag", "integer",
-           "plugin", "why_not_mode", "why_unavailable", "why_untraceable"]
+           "plugin", "use_compile_cache", "why_not_mode", "why_unavailable", "why_untraceable"]
 
 _TRUE = ("1", "true", "yes", "on")
 
@@ -174,4 +174,7 @@ def create(arm: Arm, model_dir: Path, *, device: str = "cpu",
     why = why_not_mode(arm)
     if why:
         raise EngineError(why)
-    return plugin(arm.engine).create(arm, Path(model_dir), device, dict(options or {}), subject)
+    found = plugin(arm.engine)
+    if found.in_process:  # what it compiles lands in rowgate's cache, kept across runs
+        use_compile_cache()
+    return found.create(arm, Path(model_dir), device, dict(options or {}), subject)

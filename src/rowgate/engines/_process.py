@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import getpass
 import os
+import re
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -15,10 +18,35 @@ from rowgate.engines.interface import EngineError
 VLLM_CACHE_ROOT = dirs.cache("vllm")
 INDUCTOR_CACHE = dirs.cache("torchinductor")
 INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
-"""torch.compile's cache for engine subprocesses: under build/ like vLLM's, so a cache
-left truncated (a full disk, a kill) goes with `rm -rf build/`, and two checkouts never
-share /tmp's."""
+"""torch.compile's cache for rowgate's engines, in-process and subprocesses: in rowgate's
+cache dir beside vLLM's, so `ROWGATE_CACHE_DIR` on a disk that outlives a runner's job
+keeps the compiled graphs and max-autotune's choices for the next run, and two users
+never share /tmp's."""
 LOG_DIR = dirs.cache("engine-logs")
+
+
+def compile_cache_dir() -> Path:
+    """Where rowgate's engines compile to: a `TORCHINDUCTOR_CACHE_DIR` someone chose, else
+    `INDUCTOR_CACHE`. torch's own default is no one's choice: importing torch._dynamo
+    writes it into the environment."""
+    given = os.environ.get(INDUCTOR_CACHE_ENV)
+    return Path(given) if given and given != _torch_default_cache() else INDUCTOR_CACHE
+
+
+def _torch_default_cache() -> str:
+    # torch._inductor.runtime.cache_dir_utils.default_cache_dir, restated: importing it
+    # imports torch (1.5-2 s), which a run whose engines are all subprocesses never pays.
+    user = re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())
+    return os.path.join(tempfile.gettempdir(), "torchinductor_" + user)
+
+
+def use_compile_cache() -> Path:
+    """Point torch.compile in this process at `compile_cache_dir()`, before an in-process
+    engine is made (set, not defaulted: after torch._dynamo's import a default would
+    keep torch's /tmp one)."""
+    chosen = compile_cache_dir()
+    os.environ[INDUCTOR_CACHE_ENV] = str(chosen)
+    return chosen
 
 
 def engine_env(device: str, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -31,7 +59,7 @@ def engine_env(device: str, extra: dict[str, str] | None = None) -> dict[str, st
     env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
                 "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
                 "VLLM_CACHE_ROOT": str(VLLM_CACHE_ROOT), "PYTHONUNBUFFERED": "1",
-                INDUCTOR_CACHE_ENV: str(INDUCTOR_CACHE),
+                INDUCTOR_CACHE_ENV: str(compile_cache_dir()),
                 "TOKENIZERS_PARALLELISM": "false"})
     if device == "cpu":
         env["VLLM_TARGET_DEVICE"] = "cpu"

@@ -23,10 +23,11 @@ def _checkout(root: Path) -> Path:
     shutil.copyfile(EXAMPLE / "kernels.toml", root / "kernels" / "kernels.toml")
     shutil.copyfile(EXAMPLE / "rowgate_harness.py", root / "rowgate_harness.py")
     shutil.copyfile(EXAMPLE / f"{ROW}.toml", root / "rows" / f"{ROW}.toml")
-    repo = git.Repo.init(root, initial_branch="main")
-    repo.index.add(["kernels/kernels.toml", "rowgate_harness.py", f"rows/{ROW}.toml"])
-    repo.index.commit("rowgate declarations\n\nSigned-off-by: t <t@example.com>",
-                      author=git.Actor("t", "t@example.com"))
+    # closed on the way out: GitPython's `git cat-file` helpers would outlive the test
+    with git.Repo.init(root, initial_branch="main") as repo:
+        repo.index.add(["kernels/kernels.toml", "rowgate_harness.py", f"rows/{ROW}.toml"])
+        repo.index.commit("rowgate declarations\n\nSigned-off-by: t <t@example.com>",
+                          author=git.Actor("t", "t@example.com"))
     return root
 
 

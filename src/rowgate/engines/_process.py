@@ -50,7 +50,7 @@ def use_compile_cache() -> Path:
 
 
 def engine_env(device: str, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment of an engine subprocess: offline, caches under build/, the device.
+    """Environment of an engine subprocess: offline, caches in rowgate's cache dir, the device.
 
     Nothing may be downloaded: HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE make a
     missing local file an error instead of a fetch.

@@ -122,8 +122,8 @@ def _operator(ns: argparse.Namespace) -> dict[str, Any]:
     import tomllib
 
     from rowgate.ops import operator_ab
+    from rowgate.ops.cases import Case
     from rowgate.ops.contract import Operator
-    from rowgate.ops.paged_inputs import Case
     from rowgate.ops.sandboxed import KernelChild
 
     runs, cubin, manifest = _pagedmini(ns.out, ns.nvcc)

@@ -40,6 +40,9 @@ def test_the_vllm_example_plans_and_names_a_cpu_torch(tmp_path):
     assert done.returncode == 2, done.stdout + done.stderr  # a plan ERROR
     out = done.stdout
     assert "operator [operator]" in out and "harness/1" in out
+    # the row's grid, counted as the gate will make it: batch 1 has no ragged case
+    assert "work: 64 randomized-page case(s)" in out
+    assert "makes no case of batch 1: a ragged layout needs two or more sequences" in out
     refusal = (f"sm_90: paged_attention: headers: torch {metadata.version('torch')} is a CPU "
                f"build (no c10/cuda/impl/cuda_cmake_macros.h)")
     assert refusal in out

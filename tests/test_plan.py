@@ -190,3 +190,20 @@ def test_the_plan_uses_the_nvcc_option_as_the_gate_does(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"gate build: sm_90: no toolchain (option nvcc={tmp_path / 'nowhere' / 'nvcc'}: " \
            f"no such file)" in err
+
+
+def test_each_gate_kind_says_what_the_row_asks_of_it():
+    """`Gate.estimate`: the throughput gate's time budget per cell, the operator gate's
+    cases counted from the row's grid (no torch needed), and nothing for a kind with
+    nothing to say."""
+    demo = plan.plan_row(rows.resolve_row("DEMO-CPU-DECODE"), ROOT, plan.stand_in_gpus([]))
+    times = {g.gate_id: g.time for g in demo.gates}
+    assert times["throughput"] == ["time: at most 4 cell(s) x 90 s budget = 360 s of rounds "
+                                   "(the budget per cell, warm-up included)"]
+    assert times["host"] == []
+    sm70 = plan.plan_row(rows.resolve_row("SM70-XQA-E5M2-DECODE"), ROOT,
+                         plan.stand_in_gpus(HARDWARE["SM70-XQA-E5M2-DECODE"]))
+    operator = next(g for g in sm70.gates if g.kind == "operator")
+    assert operator.time == ["work: 896 randomized-page case(s), each launched on baseline "
+                             "and candidate, then 9 timed launches a side per timing shape"]
+    assert "work: 896 randomized-page case(s)" in "\n".join(plan.render(sm70))

@@ -47,7 +47,8 @@ from types import SimpleNamespace
 import torch
 
 from rowgate.ops import operator_ab, reference, timing
-from rowgate.ops.paged_inputs import Case, make_inputs
+from rowgate.ops.cases import Case
+from rowgate.ops.paged_inputs import make_inputs
 from rowgate.ops.sandboxed import InProcess
 from rowgate_lab.ops import split_kv as op
 
@@ -453,7 +454,7 @@ def bench_small(cubin: Path, dev, repeats: int, ablations: dict[str, Path] | Non
 def phase_attribution(build_rec: dict, dev, repeats: int) -> dict:
     """B16 ragged 17.8K E5M2 (GQA 32/8, D128, page 64): each RG_PHASE variant of
     both kernels, interleaved, L2 flushed."""
-    from rowgate.ops.paged_inputs import context_tokens, seq_lengths
+    from rowgate.ops.cases import context_tokens, seq_lengths
     ctx = context_tokens("17.8K", 64)
     lens = seq_lengths("ragged", ctx, 16, 0)
     case = Case(0, 16, "ragged", "17.8K", 64, "e5m2", 32, 8, 128, lens)
@@ -524,7 +525,7 @@ NCU_METRICS = ",".join([
 
 def ncu_target(cubin: Path, dev) -> None:
     """What ncu profiles: one launch of each variant on the two target shapes."""
-    from rowgate.ops.paged_inputs import context_tokens, seq_lengths
+    from rowgate.ops.cases import context_tokens, seq_lengths
     shapes = [Case(7, 16, "uniform", "16384", 64, "e5m2", 32, 8, 128, [16384] * 16),
               Case(0, 16, "ragged", "17.8K", 64, "e5m2", 32, 8, 128,
                    seq_lengths("ragged", context_tokens("17.8K", 64), 16, 0)),

@@ -12,6 +12,7 @@ import torch
 
 from rowgate import gates
 from rowgate.gates.operator import Operator, derive_records
+from rowgate.ops import cases as grid
 from rowgate.ops import paged_inputs as pi
 from rowgate.ops.reference import decode_attention_fp64
 from rowgate.records.status import Status
@@ -25,7 +26,7 @@ def _spec(**kw):
     return SimpleNamespace(**{**base, **kw})
 
 
-def _record(case: pi.Case, spec, perturb: int | None = None) -> dict:
+def _record(case: grid.Case, spec, perturb: int | None = None) -> dict:
     """A gate record whose two 'variants' are the fp64 reference rounded to bf16
     (optionally one element changed in the candidate): real data, real comparators."""
     inp = pi.make_inputs(case)
@@ -53,32 +54,43 @@ def test_operator_kind_is_registered():
 
 
 def test_context_labels():
-    assert [pi.context_tokens(x, 64) for x in ("1", "page-1", "page", "page+1", "1024")] == [
+    assert [grid.context_tokens(x, 64) for x in ("1", "page-1", "page", "page+1", "1024")] == [
         1, 63, 64, 65, 1024]
-    assert pi.context_tokens("17.8K", 16) == 18227  # K = 1024, rounded
+    assert grid.context_tokens("17.8K", 16) == 18227  # K = 1024, rounded
 
 
 def test_ragged_lengths_are_seeded_and_bounded():
-    a = pi.seq_lengths("ragged", 1000, 16, seed=0)
-    assert a == pi.seq_lengths("ragged", 1000, 16, seed=0)
-    assert a != pi.seq_lengths("ragged", 1000, 16, seed=1)
+    a = grid.seq_lengths("ragged", 1000, 16, seed=0)
+    assert a == grid.seq_lengths("ragged", 1000, 16, seed=0)
+    assert a != grid.seq_lengths("ragged", 1000, 16, seed=1)
     assert max(a) == 1000 and min(a) >= 1 and len(set(a)) > 1
-    assert pi.seq_lengths("uniform", 1000, 4, seed=0) == [1000] * 4
+    assert grid.seq_lengths("uniform", 1000, 4, seed=0) == [1000] * 4
 
 
 def test_cases_of_the_sm70_row_cover_its_matrix():
     spec = resolve_row("SM70-XQA-E5M2-DECODE").row.gate("operator")
-    cases = pi.cases(spec)
+    cases = grid.cases(spec)
     assert len(cases) == 896  # 4 batches x 2 layouts x 7 contexts x 2 pages x 2 heads x 2 dims x 2 seeds
     assert {c.context for c in cases} == set(spec.contexts)
-    assert all(max(c.lens) == pi.context_tokens(c.context, c.page) for c in cases)
+    assert all(max(c.lens) == grid.context_tokens(c.context, c.page) for c in cases)
     # ragged B1 is uniform by definition and not repeated
-    assert not [c for c in pi.cases(_spec()) if c.batch == 1 and c.layout == "ragged"]
+    assert not [c for c in grid.cases(_spec()) if c.batch == 1 and c.layout == "ragged"]
+
+
+def test_grid_values_that_make_no_case_are_named():
+    """A ragged layout needs two sequences: batch 1 of a ragged-only grid makes nothing,
+    and neither does a ragged layout in a grid of batch 1 only; a full grid names nothing."""
+    ragged_only = _spec(batches=[1, 4], layouts=["ragged"])
+    assert grid.unused(ragged_only) == ["batch 1"]
+    assert all(c.batch == 4 for c in grid.cases(ragged_only))
+    ones = _spec(batches=[1])
+    assert grid.unused(ones) == ["layout ragged"]
+    assert grid.unused(_spec()) == []
 
 
 def test_pages_are_shuffled_and_everything_unowned_is_poison():
-    case = pi.Case(3, 4, "ragged", "page+1", 16, "e5m2", 8, 1, 64,
-                   pi.seq_lengths("ragged", 40, 4, 3))
+    case = grid.Case(3, 4, "ragged", "page+1", 16, "e5m2", 8, 1, 64,
+                   grid.seq_lengths("ragged", 40, 4, 3))
     inp = pi.make_inputs(case)
     page = case.page
     owned = []
@@ -102,8 +114,8 @@ def test_pages_are_shuffled_and_everything_unowned_is_poison():
 def test_reference_reads_only_owned_rows():
     """Poison is NaN: a reference that touched it would not be finite; and
     replacing the poison by other values leaves the result unchanged."""
-    case = pi.Case(1, 4, "ragged", "page-1", 16, "bf16", 32, 8, 128,
-                   pi.seq_lengths("ragged", 15, 4, 1))
+    case = grid.Case(1, 4, "ragged", "page-1", 16, "bf16", 32, 8, 128,
+                   grid.seq_lengths("ragged", 15, 4, 1))
     inp = pi.make_inputs(case)
     ref = decode_attention_fp64(inp.q, inp.k_cache, inp.v_cache, inp.block_table, inp.seq_lens,
                                 k_scale=inp.k_scale, v_scale=inp.v_scale)
@@ -144,7 +156,7 @@ def test_nan_never_passes_and_poison_is_counted():
 
 def test_derive_passes_equal_variants_and_names_the_first_mismatch(tmp_path):
     spec = _spec()
-    cases = pi.cases(spec)
+    cases = grid.cases(spec)
     good = [_record(c, spec) for c in cases]
     derived = derive_records(good, {"shapes": {}})
     assert derived.status is Status.PASS, derived.reason
@@ -200,7 +212,7 @@ def test_case_records_are_sealed_gzipped_and_derive_reads_them(tmp_path):
     from rowgate.ops import operator_ab
 
     spec = _spec()
-    cases = pi.cases(spec)
+    cases = grid.cases(spec)
     records = [_record(c, spec) for c in cases[:3]] + [_record(cases[3], spec, perturb=2)]
     gate_dir = _bundle_layout(tmp_path)
     operator_ab.write_records(gate_dir, records, {"shapes": {}})
@@ -219,7 +231,7 @@ def test_case_records_are_sealed_gzipped_and_derive_reads_them(tmp_path):
 def test_the_cubin_measured_is_the_one_built(tmp_path):
     """derive re-hashes the build gate's cubin where the bundle holds it."""
     spec = _spec()
-    records = [_record(c, spec) for c in pi.cases(spec)[:2]]
+    records = [_record(c, spec) for c in grid.cases(spec)[:2]]
     gate_dir = _bundle_layout(tmp_path)
     (gate_dir / "cases.json").write_text(json.dumps(records))
     (gate_dir / "timing.json").write_text(json.dumps({"shapes": {}}))
@@ -234,7 +246,7 @@ def test_the_cubin_measured_is_the_one_built(tmp_path):
 @pytest.mark.parametrize("field,count", [("guard_writes", 3), ("counters_nonzero", 1)])
 def test_writes_outside_the_output_and_counters_left_set_fail(field, count):
     spec = _spec()
-    records = [_record(c, spec) for c in pi.cases(spec)[:3]]
+    records = [_record(c, spec) for c in grid.cases(spec)[:3]]
     for r in records:
         for v in r["variants"].values():
             v.update(guard_writes=0, counters_nonzero=0)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from rowgate.ops.paged_inputs import Case, fingerprint, make_inputs, seq_lengths
+from rowgate.ops.cases import Case, seq_lengths
+from rowgate.ops.paged_inputs import fingerprint, make_inputs
 from rowgate.ops.sandboxed import ChildError, KernelChild
 
 pytestmark = pytest.mark.usefixtures("needs_bwrap")

@@ -60,7 +60,7 @@ def test_variants_bitwise_equal_and_within_reference(cubin, operator_name, kv, h
     256 threads) against their baseline, one cubin."""
     import torch
 
-    from rowgate.ops.paged_inputs import Case, context_tokens, seq_lengths
+    from rowgate.ops.cases import Case, context_tokens, seq_lengths
 
     if operator_name != "split_kv" and torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("the bulk and deep candidates are sm_90+")
@@ -81,7 +81,7 @@ def test_bf16_gqa_groups_of_two(cubin, operator_name):
     only (kernels.toml: groups_by_kv_dtype)."""
     import torch
 
-    from rowgate.ops.paged_inputs import Case, seq_lengths
+    from rowgate.ops.cases import Case, seq_lengths
 
     if operator_name != "split_kv" and torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("the bulk and deep candidates are sm_90+")

@@ -8,8 +8,9 @@ import torch
 
 from rowgate.ops import contract
 from rowgate.ops import launch_args as arguments
+from rowgate.ops.cases import Case, seq_lengths
 from rowgate.ops.contract import PORTABLE_DYNAMIC_SMEM, ContractError
-from rowgate.ops.paged_inputs import Case, make_inputs, seq_lengths
+from rowgate.ops.paged_inputs import make_inputs
 from rowgate_lab.ops import split_kv as op
 
 SPLIT_KV = op.SPLIT_KV

@@ -35,7 +35,7 @@ def test_pipelined_e5m2_launches_with_exactly_48_kib_of_dynamic_shared_memory(
     import torch
 
     from rowgate.ops import operator_ab
-    from rowgate.ops.paged_inputs import Case, seq_lengths
+    from rowgate.ops.cases import Case, seq_lengths
     from rowgate.ops.sandboxed import InProcess
     from rowgate_lab.ops.split_kv import SPLIT_KV
 
@@ -54,7 +54,8 @@ def test_pipelined_e5m2_launches_with_exactly_48_kib_of_dynamic_shared_memory(
 def _inputs(lens):
     import torch
 
-    from rowgate.ops.paged_inputs import Case, make_inputs
+    from rowgate.ops.cases import Case
+    from rowgate.ops.paged_inputs import make_inputs
 
     return make_inputs(Case(1, len(lens), "ragged", str(max(lens)), 16, "e5m2", 32, 8, 128,
                             list(lens)), torch.device("cuda:0"))

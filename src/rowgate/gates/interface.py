@@ -241,6 +241,11 @@ class Gate(abc.ABC, Generic[S]):
         hold; else what it resolved, one line each. Default: nothing to check."""
         return []
 
+    def estimate(self, row: "Row", spec: S) -> list[str]:
+        """What the row alone says of the gate's work and time (`rowgate gate --plan`),
+        one line each, such as a throughput gate's time budgets. Default: nothing."""
+        return []
+
 
 def gate_device(row: "Row", spec: GateSpec, devices: Inventory) -> GpuChoice:
     """The GPU a gate runs on: the gate's own `device` selector (e.g. `name:H100`, no

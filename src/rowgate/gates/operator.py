@@ -29,7 +29,7 @@ from rowgate.errors import Error
 from rowgate.gates._built import build_gate_id, built_cubin, declarations, digest_problem, missing_entries
 from rowgate.gates.artifacts import read_json
 from rowgate.gates.interface import Derived, Gate, GateContext, GateError, gate_arch
-from rowgate.ops import launch
+from rowgate.ops import cases, launch
 from rowgate.records.status import MetricValue, Status
 from rowgate.rows.options import TOOLCHAIN_KEYS
 from rowgate.rows.spec import GateSpec, Tolerance
@@ -82,9 +82,9 @@ def declared(manifest: KernelManifest, spec: OperatorGate
     try:
         name, decl = manifest.operator(spec.operator)
         op = decl.to_contract(name)
-        cases = operator_ab.cases(spec)
-        operator_ab.check_expressible(op, cases)
-        wanted = {n for c in cases
+        made = cases.cases(spec)
+        operator_ab.check_expressible(op, made)
+        wanted = {n for c in made
                   for e in op.entries(c.kv, c.dim, c.hq // c.hkv, spec.candidate).values()
                   for n in op.launchable(e)}
     except (Error, ValueError) as exc:
@@ -147,6 +147,16 @@ class Operator(Gate[OperatorGate]):
         how = (f"its harness {op.harness} launches the build's cubin" if op.is_harness else
                f"{len(wanted)} entry point(s) for {spec.id}'s cases")
         return [f"operator {op.name} ({op.contract}) of kernel {kernel}: {how}"]
+
+    def estimate(self, row: Row, spec: OperatorGate) -> list[str]:
+        lines = [f"work: {len(cases.cases(spec))} randomized-page case(s), each launched on "
+                 f"baseline and candidate, then {spec.timing_repeats} timed launches a side per "
+                 f"timing shape"]
+        unused = cases.unused(spec)
+        if unused:
+            lines.append(f"makes no case of {', '.join(unused)}: a ragged layout needs two "
+                         f"or more sequences")
+        return lines
 
     # ------------------------------------------------------------------ measure
 

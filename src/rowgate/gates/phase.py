@@ -32,8 +32,8 @@ from rowgate.rows.spec import GateSpec
 if TYPE_CHECKING:
     from rowgate.cuda.kernels import KernelManifest
     from rowgate.cuda.operators import OperatorDecl
+    from rowgate.ops.cases import Case
     from rowgate.ops.contract import Operator
-    from rowgate.ops.paged_inputs import Case
     from rowgate.rows.row import Row
 
 PHASE = "phase.json"

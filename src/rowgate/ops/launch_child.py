@@ -31,8 +31,9 @@ from typing import IO, Any
 
 import torch
 
+from rowgate.ops.cases import Case
 from rowgate.ops.contract import Operator
-from rowgate.ops.paged_inputs import Case, Inputs, fingerprint, guarded, make_inputs
+from rowgate.ops.paged_inputs import Inputs, fingerprint, guarded, make_inputs
 
 Reply = tuple[dict[str, Any], list[bytes]]
 

@@ -16,13 +16,12 @@ from typing import Any
 import torch
 
 from rowgate import compressed
+from rowgate.ops.cases import Case, cases
 from rowgate.ops.contract import ContractError, Operator
 from rowgate.ops.paged_inputs import (
     GUARD,
-    Case,
     against_reference,
     bitwise,
-    cases,
     fingerprint,
     guard_writes,
     make_inputs,

@@ -10,8 +10,8 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rowgate.ops.cases import Case, context_tokens, seq_lengths
 from rowgate.ops.contract import Operator
-from rowgate.ops.paged_inputs import Case, context_tokens, seq_lengths
 
 if TYPE_CHECKING:
     from rowgate.ops.sandboxed import Launcher

@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rowgate.ops.cases import Case
 from rowgate.ops.contract import Operator
-from rowgate.ops.paged_inputs import Case
 
 
 def parse_request(req: dict[str, Any]) -> tuple[Operator, Case]:

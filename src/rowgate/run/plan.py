@@ -146,14 +146,11 @@ def _last_times(row_dir: Path) -> dict[str, tuple[str, float, dict[str, float]]]
 
 def _estimate(spec: Any, row: Row, last: tuple[str, float, dict[str, float]] | None
               ) -> list[str]:
-    """What the gate's time will be: its bound from the row (a throughput gate's time
-    budget per cell) and its time in the row's last sealed bundle."""
-    out = []
-    budget = getattr(spec, "max_seconds", None)
-    if spec.kind == "throughput" and budget is not None:
-        cells = len(spec.cells or row.cells()) or 1
-        out.append(f"time: at most {cells} cell(s) x {budget:g} s budget = {cells * budget:g} s "
-                   f"of rounds (the budget per cell, warm-up included)")
+    """What the gate's time will be: what its kind reads of the row (`Gate.estimate`:
+    a throughput gate's time budget per cell, an operator gate's cases) and its time in
+    the row's last sealed bundle."""
+    gate = registry.lookup(spec.kind)
+    out = gate().estimate(row, spec) if gate is not None else []
     if last is not None:
         bundle, seconds, phases = last
         top = ", ".join(f"{k} {v:.0f} s" for k, v in

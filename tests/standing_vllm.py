@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from tests.gates.engine_rows import tiny_row
+from tests.support import HOST_GATE
 
 STANDING = {"standing": "1"}
 """The option a test gives a gate or engine to attach to the standing oracle."""
@@ -27,12 +28,6 @@ START_S = 600.0
 _STARTED: list[subprocess.Popen[bytes]] = []
 """What this process started, kept referenced: a Popen collected while its process runs
 warns (ResourceWarning), and pytest fails the test that happened to be running."""
-
-HOST = '''
-    [[gates]]
-    id = "host"
-    kind = "host"
-'''
 
 
 def _home() -> Path:
@@ -62,7 +57,7 @@ def ensure() -> None:
         pid_file, log = home / "serve.pid", home / "serve.log"
         if pid_file.is_file() and _alive(int(pid_file.read_text())) and READY in log.read_text():
             return
-        row = tiny_row(home, "STANDING-TESTS", HOST, oracle="vllm", oracle_mode="eager")
+        row = tiny_row(home, "STANDING-TESTS", HOST_GATE, oracle="vllm", oracle_mode="eager")
         with log.open("w") as out:
             proc = subprocess.Popen([sys.executable, "-m", "rowgate.cli.main", "oracle", "serve",
                                      str(row)], stdout=out, stderr=out, start_new_session=True)

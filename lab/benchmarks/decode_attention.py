@@ -47,7 +47,7 @@ from types import SimpleNamespace
 import torch
 
 from rowgate.ops import operator_ab, reference, timing
-from rowgate.ops.cases import Case
+from rowgate.ops.cases import Case, cases
 from rowgate.ops.paged_inputs import make_inputs
 from rowgate.ops.sandboxed import InProcess
 from rowgate_lab.ops import split_kv as op
@@ -181,7 +181,7 @@ def run_operator(spec, cubin: Path, dev, out: Path, label: str) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     operator = op.operator_of(getattr(spec, "candidate", "") or "candidate", op.SPLIT_KV)
     records = []
-    all_cases = operator_ab.cases(spec)
+    all_cases = cases(spec)
     operator_ab.check_expressible(operator, all_cases)
     t0 = time.time()
     child = InProcess()  # the lab's own kernels, measured by the lab: no sandbox needed

@@ -8,7 +8,7 @@ import torch
 
 from rowgate.ops import contract
 from rowgate.ops import launch_args as arguments
-from rowgate.ops.cases import Case, seq_lengths
+from rowgate.ops.cases import Case, cases, seq_lengths
 from rowgate.ops.contract import PORTABLE_DYNAMIC_SMEM, ContractError
 from rowgate.ops.paged_inputs import make_inputs
 from rowgate_lab.ops import split_kv as op
@@ -361,5 +361,5 @@ def test_the_benchmarks_operator_sections_are_expressible():
         for s in specs:
             operator = op.operator_of(getattr(s, "candidate", "") or "candidate", SPLIT_KV)
             assert operator.name == want
-            operator_ab.check_expressible(operator, operator_ab.cases(s))
+            operator_ab.check_expressible(operator, cases(s))
             assert operator_ab.timing_cases(s, operator)

@@ -178,7 +178,7 @@ class Operator(Gate[OperatorGate]):
         (ctx.artifact_dir / CUBIN).write_text(json.dumps(record, indent=1) + "\n")
         dev = torch.device(f"cuda:{gpu.index}")
         records = []
-        all_cases = run.cases(spec)
+        all_cases = cases.cases(spec)
         # The subject's kernels (and a harness) run in a sandboxed child; the inputs, the
         # fp64 reference and every comparison stay in this process, out of their reach.
         try:

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from rowgate import compressed
-from rowgate.ops.cases import Case, cases
+from rowgate.ops.cases import Case
 from rowgate.ops.contract import ContractError, Operator
 from rowgate.ops.paged_inputs import (
     GUARD,
@@ -30,7 +30,7 @@ from rowgate.ops.paged_inputs import (
 from rowgate.ops.reference import decode_attention_fp64
 from rowgate.ops.sandboxed import ChildError, Launcher
 
-__all__ = ["CASES", "TIMING", "cases", "check_expressible", "run_case", "time_variants",
+__all__ = ["CASES", "TIMING", "check_expressible", "run_case", "time_variants",
            "write_records"]
 
 CASES = "cases.json.gz"

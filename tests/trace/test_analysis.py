@@ -325,6 +325,25 @@ def test_reviewer_pictures_of_gpu_captures(tmp_path):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_the_timeline_draws_every_item_of_its_steps_once_at_its_offset():
+    """One collection per step and colour, and still every item of the shown steps at its
+    offset from its own step's start; items of later steps are not drawn."""
+    from rowgate.trace import plots
+
+    ks = [gs.Kernel("gemv", 10.0, gap_before=20.0), gs.Kernel("norm", 2.0),
+          gs.Kernel("gemv", 7.0)]
+    a = analyse(gs.Builder(mode="graph").doc([ks] * 6), "graph")
+    spans = plots.timeline_spans(a, max_steps=4)
+    assert {row for row, _ in spans} == {0, 1, 2, 3}
+    for row in range(4):
+        step = a.steps[row]
+        mine = sorted(((w.ts - step.ts) / 1e3, max(w.dur / 1e3, 1e-4))
+                      for w in a.items if w.step == row)
+        drawn = sorted(x for (r, _), xs in spans.items() if r == row for x in xs)
+        assert drawn == mine and len(drawn) >= len(ks)
+    assert all(x >= 0 for xs in spans.values() for x, _ in xs)
+
+
 def test_persistent_step_kernels_are_the_model_and_not_a_graph_route():
     """The megakernel mode: the cubin cuda.core launches (driver API) inside the step call
     is the forward; torch's staging fill beside it is not; no graph route is claimed."""

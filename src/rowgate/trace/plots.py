@@ -21,6 +21,19 @@ def _pyplot() -> ModuleType:
     return importlib.import_module("matplotlib.pyplot")
 
 
+def timeline_spans(a: Analysis, max_steps: int = 4
+                   ) -> dict[tuple[int, str], list[tuple[float, float]]]:
+    """What `timeline` draws: per (step row, colour), each item of the first `max_steps`
+    steps as (ms from its step's start, ms long; at least 0.1 µs so it shows)."""
+    shown = a.steps[:max_steps]
+    spans: dict[tuple[int, str], list[tuple[float, float]]] = {}
+    for w in a.items:
+        if 0 <= w.step < len(shown):
+            spans.setdefault((w.step, COLORS.get(w.kind, "#333333")), []).append(
+                ((w.ts - shown[w.step].ts) / 1e3, max(w.dur / 1e3, 1e-4)))
+    return spans
+
+
 def timeline(a: Analysis, title: str, path: Path, max_steps: int = 4) -> None:
     """The first steps' work on one axis, one row per step, time from each step's start."""
     plt = _pyplot()
@@ -28,9 +41,10 @@ def timeline(a: Analysis, title: str, path: Path, max_steps: int = 4) -> None:
     fig, ax = plt.subplots(figsize=(12, 1.0 + 0.6 * len(shown)))
     for row, s in enumerate(shown):
         ax.broken_barh([(0, s.dur / 1e3)], (row - 0.45, 0.9), facecolors="#eeeeee")
-        for w in (w for w in a.items if w.step == row):
-            ax.broken_barh([((w.ts - s.ts) / 1e3, max(w.dur / 1e3, 1e-4))], (row - 0.4, 0.8),
-                           facecolors=COLORS.get(w.kind, "#333333"))
+    # One collection per step and colour: an artist per item made a 12-step megakernel
+    # trace's picture take seconds (thousands of kernels a step).
+    for (row, color), xs in timeline_spans(a, max_steps).items():
+        ax.broken_barh(xs, (row - 0.4, 0.8), facecolors=color)
     ax.set_yticks(range(len(shown)), [f"step {s.index}" for s in shown])
     ax.set_xlabel("ms from step start (grey: the step; colour: device work / top-level ops)")
     ax.set_title(title)

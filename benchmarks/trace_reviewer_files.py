@@ -21,6 +21,7 @@ from pathlib import Path
 from rowgate.gates.trace import TraceGate, captured, judging
 from rowgate.rows import row as rows
 from rowgate.trace import captures, events, holistic, plots
+from rowgate.trace.capture import TRACE_FILE
 
 
 def _timed(parts: dict[str, list[float]], name: str, fn: Callable[..., object],
@@ -46,7 +47,7 @@ def once(bundle: Path, row_file: Path, gate: str, parts: dict[str, list[float]])
                 _timed(parts, f"{r.name}: timeline", plots.timeline, r.analysis, r.name,
                        out / "bench-timeline.png")
             _timed(parts, f"{r.name}: HTA", holistic.breakdown,
-                   events.read_doc(out / r.name / captures.TRACE_FILE))
+                   events.read_doc(out / r.name / TRACE_FILE))
         _timed(parts, "all reviewer files", captures.write_reviewer_files, found, out, row.id)
 
 

@@ -246,6 +246,20 @@ def test_a_gpu_trace_without_hta_installed_says_so_in_the_reviewer_file(monkeypa
     assert out["why"].endswith("pip install 'rowgate[trace]'")
 
 
+def test_an_hta_that_does_not_load_is_recorded_not_raised(monkeypatch):
+    """HTA importing against a pandas or numpy it was not built for raises other errors
+    than ImportError (a binary-incompatibility ValueError); the trace gate goes on."""
+    class Broken:
+        def __getattr__(self, name: str) -> object:
+            raise ValueError("numpy.dtype size changed, may indicate binary incompatibility")
+
+    monkeypatch.setitem(sys.modules, "hta.trace_analysis", Broken())
+    ks = [gs.Kernel("gemv", 10.0), gs.Kernel("norm", 2.0, gap_before=20.0)]
+    out = holistic.breakdown(gs.Builder().doc([ks] * 3))
+    assert out == {"supported": False, "why": "HTA did not load here: ValueError: "
+                   "numpy.dtype size changed, may indicate binary incompatibility"}
+
+
 def test_hta_reads_a_gpu_trace():
     ks = [gs.Kernel("gemv", 10.0), gs.Kernel("norm", 2.0, gap_before=20.0)]
     out = holistic.breakdown(gs.Builder().doc([ks] * 3))

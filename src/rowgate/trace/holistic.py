@@ -54,6 +54,11 @@ def breakdown(doc: dict[str, Any]) -> dict[str, Any]:
         # the reviewer file says so, as for a trace HTA cannot read; no verdict needs it
         return {"supported": False, "why": f"HTA is not installed here ({exc}): pip "
                                            f"install 'rowgate[trace]'"}
+    except Exception as exc:  # noqa: BLE001
+        # Installed beside a pandas or numpy it was not built for (a device image's own,
+        # shadowed or not): a second opinion that cannot load is recorded, never raised.
+        return {"supported": False, "why": f"HTA did not load here: "
+                                           f"{type(exc).__name__}: {exc}"}
 
     with tempfile.TemporaryDirectory(prefix="rowgate-hta-") as tmp:
         # HTA wants a rank per file; a single-process capture is rank 0.

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from rowgate.engines import INDUCTOR_CACHE, INDUCTOR_CACHE_ENV, use_compile_cache
+from rowgate.engines import compile_cache_dir, use_compile_cache
 from rowgate.engines.interface import EngineError, WorkloadPass
 from rowgate.engines.qwen3 import (
     DTYPES,
@@ -199,7 +198,7 @@ def compile_cache_note(compiled: bool) -> str:
         return "none (not compiled)"
     from torch._dynamo.utils import counters
 
-    cache = Path(os.environ.get(INDUCTOR_CACHE_ENV, str(INDUCTOR_CACHE)))
+    cache = compile_cache_dir()  # where use_compile_cache pointed the compile
     hits, misses = (counters["inductor"].get(k, 0)
                     for k in ("fxgraph_cache_hit", "fxgraph_cache_miss"))
     note = f"{cache}: {hits} graph(s) from the cache, {misses} compiled here"

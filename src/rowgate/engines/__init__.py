@@ -23,7 +23,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from rowgate import plugins
-from rowgate.engines._process import INDUCTOR_CACHE, INDUCTOR_CACHE_ENV, use_compile_cache
+from rowgate.engines._process import (
+    INDUCTOR_CACHE,
+    INDUCTOR_CACHE_ENV,
+    compile_cache_dir,
+    use_compile_cache,
+)
 from rowgate.engines.interface import (
     Engine,
     EngineError,
@@ -36,7 +41,8 @@ from rowgate.engines.interface import (
 from rowgate.rows.spec import Arm
 
 __all__ = ["INDUCTOR_CACHE", "INDUCTOR_CACHE_ENV", "Engine", "EngineError", "EnginePlugin",
-           "PassResult", "Request", "RequestOutput", "WorkloadPass", "create", "flag", "integer",
+           "PassResult", "Request", "RequestOutput", "WorkloadPass", "compile_cache_dir", "create",
+           "flag", "integer",
            "plugin", "use_compile_cache", "why_not_mode", "why_unavailable", "why_untraceable"]
 
 _TRUE = ("1", "true", "yes", "on")
